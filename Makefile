@@ -1,0 +1,59 @@
+# powerd: `make demo` runs the whole loop on this machine; `make test` runs every test.
+# Both create the virtual environment; `make test` also installs the Debian
+# services the tests start (mosquitto, systemd-analyze) when they are missing.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian packages the test suite needs, as "command:package" pairs.
+DEB_NEEDS := mosquitto:mosquitto systemd-analyze:systemd
+
+.PHONY: demo test lint format bench deps venv clean
+
+demo: venv
+	$(BIN)/powerd demo
+
+test: deps venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest -q
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: venv
+	$(BIN)/python -m bench.run
+
+deps:
+	@missing=""; \
+	for need in $(DEB_NEEDS); do \
+	  cmd=$${need%%:*}; pkg=$${need##*:}; \
+	  command -v $$cmd >/dev/null 2>&1 || [ -x /usr/sbin/$$cmd ] || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@# Debian's python3 ships venv/ensurepip separately
+	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
+	  echo "installing Debian package python3-venv"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,3 @@
+from powerd.cli import main
+
+main()

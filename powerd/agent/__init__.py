@@ -1,0 +1,1 @@
+"""The node agent: reads GPUs, publishes telemetry, applies caps, keeps the node safe alone."""

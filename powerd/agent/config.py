@@ -1,0 +1,279 @@
+"""The agent's configuration: a TOML file, then command-line overrides.
+
+Every error names the file and the key, and nothing is half-loaded: either a
+complete, validated ``AgentConfig`` comes back or ``ConfigError`` is raised.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
+
+OnExit = Literal["keep", "restore"]
+AgentMode = Literal["controlled", "local"]
+
+# Meta provisions a 1200 W GB200 at 960 W (shared/DOMAIN.md): with no planner
+# output yet, the failsafe cap defaults to that same 80 % of the device maximum.
+DEFAULT_FAILSAFE_FRACTION = 0.8
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class FailsafeConfig:
+    cap_w: float | None = None  # one cap for every GPU
+    caps_w: dict[int, float] = field(default_factory=dict)  # per GPU index, wins over cap_w
+    fraction: float = DEFAULT_FAILSAFE_FRACTION  # of cap_max_w, when no cap is given
+
+    def cap_for(self, index: int, cap_max_w: float) -> float:
+        if index in self.caps_w:
+            return self.caps_w[index]
+        if self.cap_w is not None:
+            return self.cap_w
+        return self.fraction * cap_max_w
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    cluster: str = "default"
+    mode: AgentMode = "controlled"
+    period_s: float = 1.0
+    failsafe_after_s: float = 10.0
+    on_exit: OnExit = "keep"
+    simulate: str | None = None  # "4xH100": simulated GPUs instead of NVML
+    gpu_indices: tuple[int, ...] | None = None  # None: every GPU NVML finds
+    broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
+    failsafe: FailsafeConfig = field(default_factory=FailsafeConfig)
+    source: str = "<defaults>"
+
+    def with_overrides(self, **overrides: Any) -> AgentConfig:
+        """Apply command-line overrides (None means not given) and validate again."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "broker" in given and isinstance(given["broker"], str):
+            url = given["broker"]
+            try:
+                given["broker"] = parse_broker_url(url, base=self.broker)
+            except ValueError as exc:
+                raise ConfigError(f"--broker: {exc}") from None
+        updated = replace(self, **given)
+        _validate(updated, "command line")
+        return updated
+
+
+_KNOWN = {
+    "agent": {
+        "node",
+        "cluster",
+        "mode",
+        "period_s",
+        "failsafe_after_s",
+        "on_exit",
+        "simulate",
+        "gpu_indices",
+    },
+    "broker": {
+        "url",
+        "username",
+        "password_file",
+        "ca_file",
+        "cert_file",
+        "key_file",
+        "keepalive_s",
+        "reconnect_min_s",
+        "reconnect_max_s",
+    },
+    "failsafe": {"cap_w", "caps_w", "fraction"},
+}
+
+
+def default_node_name() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def load_config(path: str | Path | None) -> AgentConfig:
+    """Read a TOML config; ``None`` gives the defaults (node name: the short hostname)."""
+    if path is None:
+        config = AgentConfig(node=default_node_name())
+        _validate(config, "defaults")
+        return config
+    path = Path(path)
+    where = str(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+
+    for section, value in raw.items():
+        if section not in _KNOWN:
+            raise ConfigError(f"{where}: unknown section [{section}]; known: {sorted(_KNOWN)}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: [{section}] must be a table")
+        unknown = set(value) - _KNOWN[section]
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key(s) {sorted(unknown)} in [{section}]; "
+                f"known: {sorted(_KNOWN[section])}"
+            )
+
+    agent = raw.get("agent", {})
+    broker_raw = raw.get("broker", {})
+    failsafe_raw = raw.get("failsafe", {})
+    get = _Getter(where)
+
+    broker_url = get.str(broker_raw, "broker.url", "mqtt://localhost")
+    try:
+        broker = parse_broker_url(broker_url)
+        broker = replace(
+            broker,
+            username=get.opt_str(broker_raw, "broker.username", broker.username),
+            password_file=get.opt_str(broker_raw, "broker.password_file", None),
+            ca_file=get.opt_str(broker_raw, "broker.ca_file", None),
+            cert_file=get.opt_str(broker_raw, "broker.cert_file", None),
+            key_file=get.opt_str(broker_raw, "broker.key_file", None),
+            keepalive_s=get.number(broker_raw, "broker.keepalive_s", broker.keepalive_s),
+            reconnect_min_s=get.number(
+                broker_raw, "broker.reconnect_min_s", broker.reconnect_min_s
+            ),
+            reconnect_max_s=get.number(
+                broker_raw, "broker.reconnect_max_s", broker.reconnect_max_s
+            ),
+        )
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{where}: broker.url: {exc}") from None
+
+    caps_raw = failsafe_raw.get("caps_w", {})
+    if not isinstance(caps_raw, dict):
+        raise ConfigError(f"{where}: failsafe.caps_w must be a table of GPU index = watts")
+    caps_w: dict[int, float] = {}
+    for key, value in caps_raw.items():
+        try:
+            index = int(key)
+        except ValueError:
+            index = -1
+        if not 0 <= index <= 1023:
+            raise ConfigError(f"{where}: failsafe.caps_w key {key!r} is not a GPU index (0..1023)")
+        caps_w[index] = get.number({key: value}, f"failsafe.caps_w.{key}", None, key=key)
+
+    indices = agent.get("gpu_indices")
+    if indices is not None and (
+        not isinstance(indices, list)
+        or not all(type(i) is int and i >= 0 for i in indices)
+        or len(set(indices)) != len(indices)
+    ):
+        raise ConfigError(
+            f"{where}: agent.gpu_indices must be a list of distinct GPU indices (ints ≥ 0)"
+        )
+
+    config = AgentConfig(
+        node=get.str(agent, "agent.node", default_node_name()),
+        cluster=get.str(agent, "agent.cluster", "default"),
+        mode=get.str(agent, "agent.mode", "controlled"),  # type: ignore[arg-type]
+        period_s=get.number(agent, "agent.period_s", 1.0),
+        failsafe_after_s=get.number(agent, "agent.failsafe_after_s", 10.0),
+        on_exit=get.str(agent, "agent.on_exit", "keep"),  # type: ignore[arg-type]
+        simulate=get.opt_str(agent, "agent.simulate", None),
+        gpu_indices=tuple(indices) if indices is not None else None,
+        broker=broker,
+        failsafe=FailsafeConfig(
+            cap_w=get.number(failsafe_raw, "failsafe.cap_w", None),
+            caps_w=caps_w,
+            fraction=get.number(failsafe_raw, "failsafe.fraction", DEFAULT_FAILSAFE_FRACTION),
+        ),
+        source=where,
+    )
+    _validate(config, where)
+    return config
+
+
+class _Getter:
+    """Typed reads from a TOML table with errors that name the file and key."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def str(self, table: dict, dotted: str, default: Any) -> Any:
+        value = table.get(dotted.rsplit(".", 1)[-1], default)
+        if not isinstance(value, str):
+            raise ConfigError(f"{self.where}: {dotted} must be a string, got {value!r}")
+        return value
+
+    def opt_str(self, table: dict, dotted: str, default: Any) -> Any:
+        value = table.get(dotted.rsplit(".", 1)[-1], default)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{self.where}: {dotted} must be a string, got {value!r}")
+        return value or default
+
+    def number(self, table: dict, dotted: str, default: Any, key: str | None = None) -> Any:
+        value = table.get(key if key is not None else dotted.rsplit(".", 1)[-1], default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{self.where}: {dotted} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{self.where}: {dotted} must be finite, got {value!r}")
+        return float(value)
+
+
+def _validate(config: AgentConfig, where: str) -> None:
+    try:
+        check_name(config.node, "node")
+    except ProtocolError:
+        raise ConfigError(
+            f"{where}: node name {config.node!r} must match {NAME_PATTERN}; "
+            "set agent.node or --node"
+        ) from None
+    try:
+        check_name(config.cluster, "cluster")
+    except ProtocolError:
+        raise ConfigError(
+            f"{where}: cluster name {config.cluster!r} must match {NAME_PATTERN}"
+        ) from None
+    if config.mode not in ("controlled", "local"):
+        raise ConfigError(
+            f"{where}: agent.mode must be 'controlled' or 'local', not {config.mode!r}"
+        )
+    if config.on_exit not in ("keep", "restore"):
+        raise ConfigError(
+            f"{where}: agent.on_exit must be 'keep' or 'restore', not {config.on_exit!r}"
+        )
+    if not 0.05 <= config.period_s <= 3600:
+        raise ConfigError(
+            f"{where}: agent.period_s must be in [0.05, 3600] s, got {config.period_s}"
+        )
+    if not config.period_s <= config.failsafe_after_s <= 86400:
+        raise ConfigError(
+            f"{where}: agent.failsafe_after_s must be at least period_s ({config.period_s} s) "
+            f"and at most a day, got {config.failsafe_after_s}"
+        )
+    fs = config.failsafe
+    for label, cap in [("failsafe.cap_w", fs.cap_w)] + [
+        (f"failsafe.caps_w.{i}", c) for i, c in fs.caps_w.items()
+    ]:
+        if cap is not None and not 1.0 <= cap <= 5000.0:
+            raise ConfigError(
+                f"{where}: {label} = {cap} W is not a per-GPU cap in watts "
+                "(expected 1..5000 W; a value in mW or kW?)"
+            )
+    if not 0.05 <= fs.fraction <= 1.0:
+        raise ConfigError(f"{where}: failsafe.fraction must be in [0.05, 1.0], got {fs.fraction}")
+    b = config.broker
+    if not 0 < b.reconnect_min_s <= b.reconnect_max_s:
+        raise ConfigError(f"{where}: need 0 < broker.reconnect_min_s <= broker.reconnect_max_s")
+    if not 1 <= b.keepalive_s <= 65535:
+        raise ConfigError(f"{where}: broker.keepalive_s must be in [1, 65535] s")

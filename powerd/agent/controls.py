@@ -1,0 +1,107 @@
+"""Writing caps and clock locks to GPUs: clamped, written only when they change, read back.
+
+After GEOPM's service: a control is written only when its value differs from
+what the device holds, and every result reported is what the device says
+afterwards, not what was asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from msgspec import UNSET
+
+from powerd.gpu import Gpu, GpuError
+from powerd.protocol import AckError, GpuAck, GpuCommand
+
+log = logging.getLogger("powerd.agent")
+
+# Watts closer than this count as the same setting: NVML stores limits in mW.
+_CAP_TOLERANCE_W = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCommandResult:
+    ack: GpuAck
+    errors: list[AckError]
+
+
+def set_cap(gpu: Gpu, cap_w: float) -> tuple[float, bool]:
+    """Clamp ``cap_w`` into the device's range and write it if it differs.
+
+    Returns (the value written or kept, whether it was clamped).
+    """
+    limits = gpu.power_limit_range()
+    target_w = limits.clamp(cap_w)
+    if abs(gpu.power_limit_w() - target_w) > _CAP_TOLERANCE_W:
+        gpu.set_power_limit_w(target_w)
+    return target_w, target_w != cap_w
+
+
+def set_clock_lock(gpu: Gpu, max_mhz: float | None) -> bool:
+    """Lock the max SM clock (clamped to the supported range) or unlock with None.
+
+    Returns whether the value was clamped.
+    """
+    if max_mhz is None:
+        if gpu.locked_max_sm_clock_mhz() is not None:
+            gpu.unlock_sm_clock()
+        return False
+    target = gpu.sm_clock_range().clamp(max_mhz)
+    if gpu.locked_max_sm_clock_mhz() != target:
+        gpu.lock_max_sm_clock_mhz(target)
+    return target != round(max_mhz)
+
+
+def apply_gpu_command(gpu: Gpu, command: GpuCommand) -> GpuCommandResult:
+    """Apply one GPU's part of a command; failures become ack errors, never exceptions."""
+    errors: list[AckError] = []
+    clamped = False
+    if command.cap_w is not UNSET:
+        try:
+            _, was_clamped = set_cap(gpu, command.cap_w)
+            clamped |= was_clamped
+        except GpuError as exc:
+            errors.append(AckError(index=gpu.index, message=f"power cap: {exc}"))
+    if command.max_sm_clock_mhz is not UNSET:
+        try:
+            clamped |= set_clock_lock(gpu, command.max_sm_clock_mhz)
+        except GpuError as exc:
+            errors.append(AckError(index=gpu.index, message=f"clock lock: {exc}"))
+    return GpuCommandResult(ack=read_back(gpu, clamped, errors), errors=errors)
+
+
+def read_back(gpu: Gpu, clamped: bool, errors: list[AckError]) -> GpuAck:
+    """What the device holds now; a failed read is reported as null plus an error."""
+    cap_w: float | None = None
+    lock_mhz: int | None = None
+    try:
+        cap_w = gpu.enforced_cap_w()
+        lock_mhz = gpu.locked_max_sm_clock_mhz()
+    except GpuError as exc:
+        errors.append(AckError(index=gpu.index, message=f"reading back: {exc}"))
+    return GpuAck(index=gpu.index, cap_w=cap_w, max_sm_clock_mhz=lock_mhz, clamped=clamped)
+
+
+def apply_failsafe(gpu: Gpu, cap_w: float) -> None:
+    """Put one GPU in its failsafe state: the failsafe cap, clocks unlocked.
+
+    Errors are logged, not raised: one broken GPU must not stop the others
+    from being made safe.
+    """
+    try:
+        written_w, clamped = set_cap(gpu, cap_w)
+        if clamped:
+            log.warning(
+                "gpu %d: failsafe cap %.0f W is outside the device range, using %.0f W",
+                gpu.index,
+                cap_w,
+                written_w,
+            )
+    except GpuError as exc:
+        log.error("gpu %d: could not apply failsafe cap %.0f W: %s", gpu.index, cap_w, exc)
+    try:
+        set_clock_lock(gpu, None)
+    except GpuError as exc:
+        log.error("gpu %d: could not remove clock lock for failsafe: %s", gpu.index, exc)

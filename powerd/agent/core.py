@@ -1,0 +1,321 @@
+"""The agent's decisions, with no I/O: commands, heartbeats, deadlines, failsafe.
+
+The async daemon (``powerd.agent.daemon``) feeds it payloads and ticks and
+publishes what it returns. Keeping this synchronous and clock-injected is what
+lets the safety rules be tested exhaustively without a broker.
+
+Safety rules (docs/PROTOCOL.md):
+1. ``start()`` applies failsafe caps before anything else happens.
+2. Commands are applied only in ``(epoch, seq)`` order, and only from a
+   controller whose heartbeat is live and whose epoch is not older than the
+   newest epoch seen; everything else is acknowledged as stale or rejected.
+3. Every cap is clamped into the device range before it is written.
+4. No payload can raise out of ``on_command``/``on_heartbeat``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from powerd import __version__
+from powerd.agent.config import AgentMode, FailsafeConfig
+from powerd.agent.controls import apply_failsafe, apply_gpu_command
+from powerd.gpu import Gpu, GpuError, PowerLimitRange
+from powerd.protocol import (
+    Ack,
+    AckError,
+    AckResult,
+    Command,
+    GpuAck,
+    GpuTelemetry,
+    Heartbeat,
+    Mode,
+    NodeState,
+    ProtocolError,
+    Status,
+    Telemetry,
+    decode,
+    peek_order,
+)
+from powerd.ratelimit import LogOncePer
+
+log = logging.getLogger("powerd.agent")
+
+MAX_ACK_ERRORS = 32
+
+
+@dataclass
+class AgentCounters:
+    commands_applied: int = 0
+    commands_partial: int = 0
+    commands_stale: int = 0
+    payloads_rejected: int = 0  # malformed: failed validation
+    commands_refused: int = 0  # well-formed, but no live controller or local mode
+    heartbeats_ignored: int = 0
+    failsafe_entries: int = 0
+    gpu_read_errors: int = 0
+
+
+class AgentCore:
+    """Everything the agent decides, for one node's GPUs."""
+
+    def __init__(
+        self,
+        node: str,
+        gpus: Sequence[Gpu],
+        failsafe: FailsafeConfig,
+        failsafe_after_s: float,
+        mode: AgentMode = "controlled",
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.gpus = {gpu.index: gpu for gpu in gpus}
+        if len(self.gpus) != len(gpus):
+            raise ValueError("two GPUs share an index")
+        self.failsafe_after_s = failsafe_after_s
+        self.configured_mode = mode
+        self._monotonic = monotonic
+        self._wall = wall
+        self._limits: dict[int, PowerLimitRange] = {
+            i: g.power_limit_range() for i, g in self.gpus.items()
+        }
+        self.failsafe_caps_w = {
+            i: lim.clamp(failsafe.cap_for(i, lim.max_w)) for i, lim in self._limits.items()
+        }
+        self.mode: Mode = "local" if mode == "local" else "failsafe"
+        self.counters = AgentCounters()
+        self.telemetry_seq = 0
+        self._last_applied: tuple[int, int] = (-1, -1)
+        self._newest_epoch = -1
+        self._heartbeat_deadline = float("-inf")  # monotonic time the live heartbeat expires
+        self._command_deadline: float | None = None  # set once a command has a ttl running
+        self._command_ttl_s: float | None = None
+        self._bad_input_log = LogOncePer(log)
+        self._read_error_log = LogOncePer(log)
+
+    # --- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Apply the failsafe caps. Called before connecting anywhere."""
+        for index, gpu in self.gpus.items():
+            apply_failsafe(gpu, self.failsafe_caps_w[index])
+        log.info(
+            "failsafe caps applied at start: %s",
+            ", ".join(f"gpu{i}={w:.0f}W" for i, w in self.failsafe_caps_w.items()),
+        )
+
+    def stop(self, on_exit: str) -> None:
+        """Leave the GPUs as configured: ``keep`` the current caps or ``restore`` defaults."""
+        if on_exit != "restore":
+            log.info("exit: keeping current caps (on_exit = keep)")
+            return
+        for gpu in self.gpus.values():
+            try:
+                gpu.restore_defaults()
+            except GpuError as exc:
+                log.error("gpu %d: could not restore defaults on exit: %s", gpu.index, exc)
+        log.info("exit: default power limits restored and clock locks removed")
+
+    # --- inputs ------------------------------------------------------------
+
+    def on_heartbeat(self, payload: bytes) -> None:
+        """A controller heartbeat: refreshes liveness if it is a current leader's."""
+        now_mono, now_wall = self._monotonic(), self._wall()
+        try:
+            beat = decode(Heartbeat, payload)
+        except ProtocolError as exc:
+            self.counters.payloads_rejected += 1
+            self._bad_input_log.warning("heartbeat", now_mono, "rejected heartbeat: %s", exc)
+            return
+        if beat.state != "leader" or beat.epoch < self._newest_epoch:
+            self.counters.heartbeats_ignored += 1
+            return
+        if beat.epoch > self._newest_epoch:
+            if self._newest_epoch >= 0:
+                log.info(
+                    "controller epoch %d -> %d (%s)",
+                    self._newest_epoch,
+                    beat.epoch,
+                    beat.controller,
+                )
+            self._newest_epoch = beat.epoch
+        age_s = max(0.0, now_wall - beat.ts)
+        deadline = now_mono + self.failsafe_after_s - age_s
+        if deadline <= now_mono:
+            self.counters.heartbeats_ignored += 1  # a stale retained heartbeat: no live leader
+            return
+        self._heartbeat_deadline = max(self._heartbeat_deadline, deadline)
+        if self._command_ttl_s is not None:
+            self._command_deadline = now_mono + self._command_ttl_s
+        if self.mode == "failsafe":
+            log.info("live controller %s (epoch %d): leaving failsafe", beat.controller, beat.epoch)
+            self.mode = "controlled"
+
+    def on_command(self, payload: bytes) -> Ack:
+        """Apply a command if it is valid, current and in order; always return its ack."""
+        now_mono = self._monotonic()
+        try:
+            command = decode(Command, payload)
+        except ProtocolError as exc:
+            self.counters.payloads_rejected += 1
+            self._bad_input_log.warning("command", now_mono, "rejected command: %s", exc)
+            epoch, seq = peek_order(payload)
+            return self._ack(epoch, seq, "rejected", [], [AckError(index=None, message=str(exc))])
+
+        if self.mode == "local":
+            return self._reject(command, "agent runs in local mode and takes no commands")
+        if not self.controller_live(now_mono):
+            return self._reject(command, "no live controller heartbeat: agent is in failsafe")
+        order = (command.epoch, command.seq)
+        if command.epoch < self._newest_epoch or order <= self._last_applied:
+            self.counters.commands_stale += 1
+            return self._ack(command.epoch, command.seq, "stale", [], [])
+
+        acks: list[GpuAck] = []
+        errors: list[AckError] = []
+        for gpu_command in command.gpus:
+            gpu = self.gpus.get(gpu_command.index)
+            if gpu is None:
+                errors.append(
+                    AckError(
+                        index=gpu_command.index,
+                        message=f"unknown GPU index {gpu_command.index}; "
+                        f"this node has {sorted(self.gpus)}",
+                    )
+                )
+                continue
+            result = apply_gpu_command(gpu, gpu_command)
+            acks.append(result.ack)
+            errors.extend(result.errors)
+            if result.ack.clamped:
+                log.info(
+                    "command %d/%d: gpu %d: value clamped into device range", *order, gpu.index
+                )
+
+        self._last_applied = order
+        self._newest_epoch = max(self._newest_epoch, command.epoch)
+        self._command_ttl_s = command.ttl_s
+        self._command_deadline = now_mono + command.ttl_s
+        if errors:
+            self.counters.commands_partial += 1
+            for error in errors:
+                log.warning("command %d/%d: gpu %s: %s", *order, error.index, error.message)
+        else:
+            self.counters.commands_applied += 1
+        return self._ack(
+            command.epoch, command.seq, "partial" if errors else "applied", acks, errors
+        )
+
+    def tick(self) -> None:
+        """Check the deadlines; enter failsafe when the controller is gone."""
+        if self.mode != "controlled":
+            return
+        now_mono = self._monotonic()
+        if now_mono > self._heartbeat_deadline:
+            self.enter_failsafe(f"no controller heartbeat for {self.failsafe_after_s:g} s")
+        elif self._command_deadline is not None and now_mono > self._command_deadline:
+            self.enter_failsafe(f"last command expired (ttl {self._command_ttl_s:g} s)")
+
+    def enter_failsafe(self, reason: str) -> None:
+        log.warning("entering failsafe: %s", reason)
+        self.mode = "failsafe"
+        self.counters.failsafe_entries += 1
+        self._heartbeat_deadline = float("-inf")
+        self._command_deadline = None
+        self._command_ttl_s = None
+        for index, gpu in self.gpus.items():
+            apply_failsafe(gpu, self.failsafe_caps_w[index])
+
+    def controller_live(self, now_mono: float | None = None) -> bool:
+        now_mono = self._monotonic() if now_mono is None else now_mono
+        return self.mode == "controlled" and now_mono <= self._heartbeat_deadline
+
+    # --- outputs -----------------------------------------------------------
+
+    def telemetry(self) -> Telemetry:
+        """One sample of every GPU that answers. A GPU that fails is left out and logged."""
+        gpus: list[GpuTelemetry] = []
+        for index, gpu in self.gpus.items():
+            try:
+                s = gpu.sample()
+            except GpuError as exc:
+                self.counters.gpu_read_errors += 1
+                self._read_error_log.warning(
+                    f"gpu{index}",
+                    self._monotonic(),
+                    "gpu %d: read failed, left out of telemetry: %s",
+                    index,
+                    exc,
+                )
+                continue
+            limits = self._limits[index]
+            gpus.append(
+                GpuTelemetry(
+                    index=s.index,
+                    uuid=s.uuid,
+                    power_w=max(0.0, s.power_w),
+                    energy_j=s.energy_j,
+                    cap_w=s.cap_w,
+                    cap_min_w=limits.min_w,
+                    cap_max_w=limits.max_w,
+                    sm_clock_mhz=s.sm_clock_mhz,
+                    max_sm_clock_mhz=s.max_sm_clock_mhz,
+                    util_pct=min(100.0, max(0.0, s.util_pct)),
+                    temp_c=s.temp_c,
+                    power_reading=s.power_reading.value,
+                )
+            )
+        self.telemetry_seq += 1
+        return Telemetry(
+            v=1, node=self.node, ts=self._wall(), seq=self.telemetry_seq, mode=self.mode, gpus=gpus
+        )
+
+    @property
+    def node_state(self) -> NodeState:
+        return "failsafe" if self.mode == "failsafe" else "online"
+
+    def status(self, state: NodeState | None = None) -> Status:
+        return Status(
+            v=1,
+            node=self.node,
+            state=state or self.node_state,
+            ts=self._wall(),
+            gpus=len(self.gpus),
+            agent_version=__version__,
+        )
+
+    def _reject(self, command: Command, why: str) -> Ack:
+        self.counters.commands_refused += 1
+        self._bad_input_log.warning("command-state", self._monotonic(), "command refused: %s", why)
+        return self._ack(
+            command.epoch, command.seq, "rejected", [], [AckError(index=None, message=why)]
+        )
+
+    def _ack(
+        self,
+        epoch: int,
+        seq: int,
+        result: AckResult,
+        gpus: list[GpuAck],
+        errors: list[AckError],
+    ) -> Ack:
+        if len(errors) > MAX_ACK_ERRORS:  # keep the ack well inside the 64 KiB payload limit
+            more = len(errors) - (MAX_ACK_ERRORS - 1)
+            errors = [
+                *errors[: MAX_ACK_ERRORS - 1],
+                AckError(index=None, message=f"{more} more errors"),
+            ]
+        return Ack(
+            v=1,
+            node=self.node,
+            epoch=epoch,
+            seq=seq,
+            ts=self._wall(),
+            result=result,
+            gpus=gpus,
+            errors=errors,
+        )

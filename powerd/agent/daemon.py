@@ -1,0 +1,232 @@
+"""The agent daemon: a thin asyncio shell around ``AgentCore``.
+
+Two loops run side by side:
+- the *sample loop*, every ``period_s`` whatever the network does: deadline
+  checks (failsafe), a telemetry sample, the status when the mode changed, the
+  systemd watchdog ping. It never waits on the broker, so a node stays safe
+  and its watchdog fed while the broker is unreachable.
+- the *connection loop*: connect with a last will (offline status, retained),
+  subscribe, hand every message to the core, publish its acks; on any broker
+  failure, reconnect with exponential backoff and jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+
+import aiomqtt
+
+from powerd.agent.config import AgentConfig
+from powerd.agent.core import AgentCore
+from powerd.backoff import Backoff
+from powerd.gpu import Gpu
+from powerd.protocol import NodeState, Topics, encode
+from powerd.ratelimit import TokenBucket
+from powerd.systemd import SystemdNotifier
+
+log = logging.getLogger("powerd.agent")
+
+PUBLISH_TIMEOUT_S = 5.0
+# Acks for malformed commands: enough for a controller to see what is wrong,
+# too few for a flood of garbage to become a flood of acks.
+REJECTED_ACKS_PER_S = 5.0
+
+
+class AgentDaemon:
+    def __init__(
+        self,
+        config: AgentConfig,
+        gpus: Sequence[Gpu],
+        notifier: SystemdNotifier | None = None,
+        rng: random.Random | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.topics = Topics(config.cluster)
+        self.core = AgentCore(
+            node=config.node,
+            gpus=gpus,
+            failsafe=config.failsafe,
+            failsafe_after_s=config.failsafe_after_s,
+            mode=config.mode,
+            monotonic=monotonic,
+            wall=wall,
+        )
+        self.notifier = notifier or SystemdNotifier()
+        self.connected = asyncio.Event()  # set while a broker session is up
+        self.connections = 0  # successful connects so far
+        self._sampled = asyncio.Condition()  # notified after every sample-loop pass
+        self._client: aiomqtt.Client | None = None
+        self._published_state: NodeState | None = None
+        self._backoff = Backoff(
+            config.broker.reconnect_min_s, config.broker.reconnect_max_s, rng=rng
+        )
+        self._rejected_acks = TokenBucket(REJECTED_ACKS_PER_S, 2 * REJECTED_ACKS_PER_S, monotonic)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set; then leave the GPUs as configured and say offline."""
+        self.core.start()  # safety rule 1: failsafe caps before connecting anywhere
+        self.notifier.ready(f"failsafe caps applied on {len(self.core.gpus)} GPU(s)")
+        tasks = {
+            asyncio.create_task(self._sample_loop(), name="sample"),
+            asyncio.create_task(self._connection_loop(), name="connection"),
+        }
+        stopper = asyncio.create_task(stop.wait(), name="stop")
+        try:
+            done, _ = await asyncio.wait(tasks | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stopper}:
+                task.result()  # a loop that ended on its own is a bug: raise it
+        finally:
+            self.notifier.stopping()
+            stopper.cancel()
+            await self._shutdown(tasks)
+
+    async def _shutdown(self, tasks: set[asyncio.Task]) -> None:
+        sample = next(t for t in tasks if t.get_name() == "sample")
+        sample.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sample
+        self.core.stop(self.config.on_exit)
+        client = self._client
+        if client is not None:
+            try:
+                await client.publish(
+                    self.topics.status(self.config.node),
+                    encode(self.core.status("offline")),
+                    qos=1,
+                    retain=True,
+                    timeout=2.0,
+                )
+            except (aiomqtt.MqttError, TimeoutError) as exc:
+                log.warning("could not publish offline status on exit: %s", exc)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        log.info("agent stopped")
+
+    # --- the sample loop ---------------------------------------------------
+
+    async def _sample_loop(self) -> None:
+        period_s = self.config.period_s
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        topic = self.topics.telemetry(self.config.node)
+        while True:
+            self.core.tick()
+            telemetry = encode(self.core.telemetry())
+            client = self._client
+            if client is not None:
+                # QoS 0 and never awaited for long: a slow broker costs samples
+                # (seq shows the gap), never the deadline checks.
+                with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+                    await client.publish(topic, telemetry, qos=0, timeout=period_s)
+            await self._publish_status_if_changed()
+            self.notifier.watchdog()
+            async with self._sampled:
+                self._sampled.notify_all()
+            next_at += period_s
+            delay = next_at - loop.time()
+            if delay < 0:  # fell behind (suspended, overloaded): skip, don't burst
+                next_at = loop.time()
+                delay = 0
+            await asyncio.sleep(delay)
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> None:
+        """Wait until ``predicate()`` holds after a sample-loop pass (for tests and the demo)."""
+        async with self._sampled:
+            await asyncio.wait_for(self._sampled.wait_for(predicate), timeout_s)
+
+    async def _publish_status_if_changed(self, force: bool = False) -> None:
+        state = self.core.node_state
+        client = self._client
+        if client is None or (state == self._published_state and not force):
+            return
+        try:
+            await client.publish(
+                self.topics.status(self.config.node),
+                encode(self.core.status(state)),
+                qos=1,
+                retain=True,
+                timeout=PUBLISH_TIMEOUT_S,
+            )
+        except (aiomqtt.MqttError, TimeoutError) as exc:
+            log.warning("could not publish status %s: %s", state, exc)
+            return
+        if state != self._published_state:
+            log.info("status %s published", state)
+        self._published_state = state
+        self.notifier.status(f"{state}, mode {self.core.mode}")
+
+    # --- the connection loop -----------------------------------------------
+
+    async def _connection_loop(self) -> None:
+        broker = self.config.broker
+        node = self.config.node
+        while True:
+            try:
+                will = aiomqtt.Will(
+                    topic=self.topics.status(node),
+                    payload=encode(self.core.status("offline")),
+                    qos=1,
+                    retain=True,
+                )
+                async with aiomqtt.Client(
+                    **broker.client_kwargs(),
+                    identifier=f"powerd-agent-{self.config.cluster}-{node}",
+                    will=will,
+                    clean_session=True,
+                    timeout=PUBLISH_TIMEOUT_S,
+                ) as client:
+                    await self._session(client)
+            except aiomqtt.MqttError as exc:
+                log.warning("broker %s: %s", broker.display, exc)
+            except ValueError as exc:  # unreadable password file and the like
+                log.error("broker %s: %s", broker.display, exc)
+            finally:
+                self._client = None
+                self.connected.clear()
+                self._published_state = None
+            delay_s = self._backoff.next_delay_s()
+            log.info("reconnecting to %s in %.1f s", broker.display, delay_s)
+            await asyncio.sleep(delay_s)
+
+    async def _session(self, client: aiomqtt.Client) -> None:
+        node = self.config.node
+        if self.config.mode == "controlled":
+            await client.subscribe(self.topics.command(node), qos=1)
+            await client.subscribe(self.topics.heartbeat, qos=1)
+        self._client = client
+        self.connections += 1
+        self._backoff.reset()
+        log.info("connected to %s as node %s", self.config.broker.display, node)
+        await self._publish_status_if_changed(force=True)
+        self.connected.set()
+        command_topic = self.topics.command(node)
+        async for message in client.messages:
+            payload = message.payload
+            if not isinstance(payload, bytes | bytearray):
+                payload = b"" if payload is None else str(payload).encode()
+            try:
+                if message.topic.value == command_topic:
+                    await self._on_command(client, bytes(payload))
+                else:
+                    self.core.on_heartbeat(bytes(payload))
+                await self._publish_status_if_changed()
+            except aiomqtt.MqttError:
+                raise
+            except Exception:  # safety rule 3: no input stops the agent
+                log.exception("unexpected error handling a message on %s", message.topic.value)
+
+    async def _on_command(self, client: aiomqtt.Client, payload: bytes) -> None:
+        ack = self.core.on_command(payload)
+        if ack.result == "rejected" and not self._rejected_acks.take():
+            return
+        await client.publish(
+            self.topics.ack(self.config.node), encode(ack), qos=1, timeout=PUBLISH_TIMEOUT_S
+        )

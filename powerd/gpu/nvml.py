@@ -1,0 +1,391 @@
+"""NVML backend: real NVIDIA GPUs through nvidia-ml-py (``import pynvml``).
+
+Modelled on Zeus's ``zeus/device/gpu/nvidia.py``. Every NVML call goes through
+``NvmlGpu._call`` (or ``_nvml_errors`` directly in ``open_nvml``), the one place
+where ``pynvml.NVMLError`` is translated into the exception types of
+``powerd.gpu.errors``; no raw ``NVMLError`` leaves this module.
+
+The ``nvml`` module is passed in rather than imported at each call so that the
+tests can inject a fake (``tests/fakes/fake_pynvml.py``). Constants and the
+``NVMLError`` class always come from the real ``pynvml``, which imports
+without a driver (the shared library is loaded by ``nvmlInit``).
+
+NVML speaks milliwatts, millijoules and MHz; this backend speaks watts, joules
+and MHz, with the unit in each name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import numbers
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+from typing import Any, NoReturn
+
+import pynvml
+
+from powerd.gpu.base import ClockRange, Gpu, PowerLimitRange, PowerReading
+from powerd.gpu.errors import (
+    GpuError,
+    GpuLibraryError,
+    GpuLostError,
+    GpuNotFoundError,
+    GpuNotSupportedError,
+    GpuPermissionError,
+    GpuValueError,
+)
+
+logger = logging.getLogger("powerd.gpu.nvml")
+
+__all__ = ["NvmlGpu", "open_nvml", "shutdown_nvml"]
+
+_ROOT_HINT = "run the agent as root (or grant CAP_SYS_ADMIN)"
+_DRIVER_HINT = (
+    "is the NVIDIA driver installed and loaded? Check that `nvidia-smi` works on this node"
+)
+
+# Errors that say the library or driver is not usable at all.
+_LIBRARY_ERRORS = frozenset(
+    {
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        pynvml.NVML_ERROR_UNINITIALIZED,
+        # Driver upgraded under a running system: the library and kernel module disagree.
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    }
+)
+# The call does not exist in this driver's NVML: as good as not supported.
+_NOT_SUPPORTED_ERRORS = frozenset(
+    {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+)
+
+# Which member of the c_nvmlValue_t union holds a field value, by its valueType.
+_VALUE_MEMBERS: dict[int, str] = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+
+
+def _nvml_error_text(err: pynvml.NVMLError) -> str:
+    """NVML's own words for an error, never raising (``str()`` may call into the library)."""
+    try:
+        return str(err)
+    except Exception:  # pragma: no cover - defensive: str() of an unknown code needs the library
+        return f"NVML error {getattr(err, 'value', '?')}"
+
+
+def _translate(err: pynvml.NVMLError, call: str, where: str) -> GpuError:
+    """Map one NVMLError onto the project's exception types, with an operator-useful message.
+
+    ``call`` names the NVML function, ``where`` the GPU ("GPU 0 (NVIDIA H100 ...)") or "NVML".
+    """
+    code = getattr(err, "value", None)
+    text = _nvml_error_text(err)
+    if code == pynvml.NVML_ERROR_NO_PERMISSION:
+        return GpuPermissionError(
+            f"{call} on {where} was refused: insufficient permissions "
+            f"(NVML_ERROR_NO_PERMISSION); {_ROOT_HINT}"
+        )
+    if code in _NOT_SUPPORTED_ERRORS:
+        return GpuNotSupportedError(
+            f"{call} is not supported on {where} by this GPU or driver ({text})"
+        )
+    if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+        return GpuLostError(
+            f"{where} is lost during {call}: the GPU fell off the bus or stopped answering "
+            "(NVML_ERROR_GPU_IS_LOST). Check `nvidia-smi` and `dmesg` (Xid errors); "
+            "the node needs attention (drain it; a GPU reset or reboot is usually required)"
+        )
+    if code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+        return GpuValueError(f"{call} on {where} rejected its arguments (NVML: {text})")
+    if code in _LIBRARY_ERRORS:
+        hint = _DRIVER_HINT
+        if code == pynvml.NVML_ERROR_UNINITIALIZED:
+            hint += " (or NVML was shut down before this call)"
+        return GpuLibraryError(f"NVML is not usable for {call} on {where}: {text}; {hint}")
+    return GpuError(f"{call} on {where} failed: {text} (NVML error code {code})")
+
+
+@contextlib.contextmanager
+def _nvml_errors(call: str, where: str) -> Iterator[None]:
+    """Translate any NVMLError raised inside the block (the only translation point)."""
+    try:
+        yield
+    except pynvml.NVMLError as err:
+        raise _translate(err, call, where) from err
+
+
+def _as_text(value: str | bytes) -> str:
+    """NVML strings come back as ``str`` from nvidia-ml-py >= 11.5, as ``bytes`` before."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _field_value(field: Any) -> float:
+    """The number in a ``c_nvmlFieldValue_t``, read from the union member its valueType names."""
+    member = _VALUE_MEMBERS.get(int(field.valueType))
+    if member is None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+    return float(getattr(field.value, member))
+
+
+class NvmlGpu(Gpu):
+    """One NVIDIA GPU driven through NVML.
+
+    Probes at construction which power reading the device offers (instantaneous
+    field or 1 s average), whether it has an energy counter, and its SM clock
+    range. Power limits and their constraints are read from NVML on each call.
+    """
+
+    def __init__(self, nvml: ModuleType | Any, index: int, handle: Any) -> None:
+        """Wrap the device at ``index`` whose NVML handle is ``handle``.
+
+        ``nvml`` is the ``pynvml`` module, or anything with the same functions.
+        """
+        self._nvml = nvml
+        self._handle = handle
+        self.index = index
+        self.name = "name unknown"  # until the real name is read, for error messages
+        self.name = _as_text(self._call("nvmlDeviceGetName"))
+        self.uuid = _as_text(self._call("nvmlDeviceGetUUID"))
+        self._locked_max_mhz: int | None = None
+        self._power_reading = self._probe_power()
+        self._has_energy = self._probe_energy()
+        self._clock_range, self._clock_range_error = self._probe_clock_range()
+
+    def __repr__(self) -> str:
+        return f"NvmlGpu(index={self.index}, name={self.name!r}, uuid={self.uuid!r})"
+
+    # -- NVML access -------------------------------------------------------------------------
+
+    @property
+    def _where(self) -> str:
+        return f"GPU {self.index} ({self.name})"
+
+    def _call(self, fn_name: str, *args: Any) -> Any:
+        """Call ``nvml.<fn_name>(handle, *args)``, translating NVML errors."""
+        with _nvml_errors(fn_name, self._where):
+            return getattr(self._nvml, fn_name)(self._handle, *args)
+
+    def _instant_power_mw(self) -> float:
+        call = "nvmlDeviceGetFieldValues(NVML_FI_DEV_POWER_INSTANT)"
+        with _nvml_errors(call, self._where):
+            fields = self._nvml.nvmlDeviceGetFieldValues(
+                self._handle, [pynvml.NVML_FI_DEV_POWER_INSTANT]
+            )
+            field = fields[0]
+            if field.nvmlReturn != pynvml.NVML_SUCCESS:  # per-field status, not the call's
+                raise pynvml.NVMLError(field.nvmlReturn)
+            return _field_value(field)
+
+    # -- probes at open ----------------------------------------------------------------------
+
+    def _probe_power(self) -> PowerReading:
+        try:
+            self._instant_power_mw()
+        except (GpuLostError, GpuLibraryError):
+            raise
+        except GpuError as err:
+            # Drivers that do not know the field answer NOT_SUPPORTED or INVALID_ARGUMENT.
+            logger.info(
+                "%s: power from nvmlDeviceGetPowerUsage (1 s average on Ampere and newer); "
+                "instantaneous power unavailable: %s",
+                self._where,
+                err,
+            )
+            return PowerReading.AVERAGE_1S
+        logger.info("%s: power from NVML_FI_DEV_POWER_INSTANT (instantaneous)", self._where)
+        return PowerReading.INSTANT
+
+    def _probe_energy(self) -> bool:
+        try:
+            self._call("nvmlDeviceGetTotalEnergyConsumption")
+        except GpuNotSupportedError:
+            logger.info("%s: no energy counter (pre-Volta?); energy_j() returns None", self._where)
+            return False
+        return True
+
+    def _probe_clock_range(self) -> tuple[ClockRange | None, GpuNotSupportedError | None]:
+        """SM clock range: max from GetMaxClockInfo, min = the lowest graphics clock
+        supported at the highest memory clock.
+
+        Fallback where the supported-clock lists are unavailable: ``min_mhz = 0``,
+        meaning "no floor": a lock then asks NVML for ``(0, max)``, as
+        ``nvidia-smi -lgc 0,MAX`` does, and the driver keeps its own lowest clock.
+        Where not even the max clock can be read, clock control is reported as
+        unsupported by ``sm_clock_range`` and ``lock_max_sm_clock_mhz``.
+        """
+        try:
+            max_mhz = int(self._call("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM))
+        except GpuNotSupportedError as err:
+            logger.warning(
+                "%s: SM clock range unknown, clock locking disabled: %s", self._where, err
+            )
+            return None, err
+        try:
+            mem_clocks = self._call("nvmlDeviceGetSupportedMemoryClocks")
+            if not mem_clocks:
+                raise GpuNotSupportedError(f"{self._where} lists no supported memory clocks")
+            graphics = self._call("nvmlDeviceGetSupportedGraphicsClocks", max(mem_clocks))
+            if not graphics:
+                raise GpuNotSupportedError(f"{self._where} lists no supported graphics clocks")
+            min_mhz = int(min(graphics))
+        except GpuNotSupportedError as err:
+            logger.warning(
+                "%s: supported SM clocks unknown (%s); assuming 0-%d MHz, "
+                "a clock lock will leave the floor to the driver",
+                self._where,
+                err,
+                max_mhz,
+            )
+            min_mhz = 0
+        return ClockRange(min_mhz=min(min_mhz, max_mhz), max_mhz=max_mhz), None
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def _limit_constraints_mw(self) -> tuple[int, int]:
+        min_mw, max_mw = self._call("nvmlDeviceGetPowerManagementLimitConstraints")
+        return int(min_mw), int(max_mw)
+
+    def power_limit_range(self) -> PowerLimitRange:
+        """Min and max power limit the device accepts, and its default, in watts."""
+        min_mw, max_mw = self._limit_constraints_mw()
+        default_mw = self._call("nvmlDeviceGetPowerManagementDefaultLimit")
+        return PowerLimitRange(
+            min_w=min_mw / 1000, max_w=max_mw / 1000, default_w=default_mw / 1000
+        )
+
+    def sm_clock_range(self) -> ClockRange:
+        """Lowest and highest SM clock the device supports, in MHz (probed at open)."""
+        if self._clock_range is None:
+            raise GpuNotSupportedError(str(self._clock_range_error))
+        return self._clock_range
+
+    def power_reading(self) -> PowerReading:
+        """``INSTANT`` where NVML_FI_DEV_POWER_INSTANT works, else ``AVERAGE_1S``."""
+        return self._power_reading
+
+    def power_w(self) -> float:
+        """Current board power draw in watts (see ``power_reading`` for which kind)."""
+        if self._power_reading is PowerReading.INSTANT:
+            return self._instant_power_mw() / 1000
+        return self._call("nvmlDeviceGetPowerUsage") / 1000
+
+    def energy_j(self) -> float | None:
+        """Energy since the driver loaded, in joules; None where the device has no counter."""
+        if not self._has_energy:
+            return None
+        return self._call("nvmlDeviceGetTotalEnergyConsumption") / 1000
+
+    def power_limit_w(self) -> float:
+        """The power management limit set on the device, in watts."""
+        return self._call("nvmlDeviceGetPowerManagementLimit") / 1000
+
+    def enforced_cap_w(self) -> float:
+        """The limit enforced now (minimum over all limiters, out-of-band ones too), in watts."""
+        return self._call("nvmlDeviceGetEnforcedPowerLimit") / 1000
+
+    def sm_clock_mhz(self) -> int:
+        """Current SM clock in MHz."""
+        return int(self._call("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM))
+
+    def locked_max_sm_clock_mhz(self) -> int | None:
+        """The max SM clock this backend locked, None when unlocked (or locked by others)."""
+        return self._locked_max_mhz
+
+    def util_pct(self) -> float:
+        """GPU utilisation over NVML's last sample period, in percent."""
+        return float(self._call("nvmlDeviceGetUtilizationRates").gpu)
+
+    def temp_c(self) -> float:
+        """GPU core temperature in degrees Celsius."""
+        return float(self._call("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU))
+
+    # -- setters -----------------------------------------------------------------------------
+
+    def _reject(self, message: str) -> NoReturn:
+        raise GpuValueError(f"{self._where}: {message}")
+
+    def set_power_limit_w(self, cap_w: float) -> None:
+        """Set the power management limit; ``GpuValueError`` outside the device's range.
+
+        Validated before NVML is called, so a rejected value changes nothing.
+        """
+        if isinstance(cap_w, bool) or not isinstance(cap_w, numbers.Real):
+            self._reject(f"power limit must be a number of watts, got {cap_w!r}")
+        min_mw, max_mw = self._limit_constraints_mw()
+        if not math.isfinite(cap_w) or not min_mw / 1000 <= cap_w <= max_mw / 1000:
+            self._reject(
+                f"power limit {cap_w} W is outside the range the device accepts, "
+                f"{min_mw / 1000:g}-{max_mw / 1000:g} W (clamp with PowerLimitRange.clamp)"
+            )
+        self._call("nvmlDeviceSetPowerManagementLimit", round(cap_w * 1000))
+
+    def lock_max_sm_clock_mhz(self, max_mhz: int) -> None:
+        """Lock SM clocks to [lowest supported, ``max_mhz``]; ``GpuValueError`` outside range."""
+        if isinstance(max_mhz, bool) or not isinstance(max_mhz, numbers.Integral):
+            self._reject(f"max SM clock must be a whole number of MHz, got {max_mhz!r}")
+        clocks = self.sm_clock_range()
+        if not clocks.min_mhz <= max_mhz <= clocks.max_mhz:
+            self._reject(
+                f"max SM clock {max_mhz} MHz is outside the supported range "
+                f"{clocks.min_mhz}-{clocks.max_mhz} MHz (clamp with ClockRange.clamp)"
+            )
+        self._call("nvmlDeviceSetGpuLockedClocks", clocks.min_mhz, int(max_mhz))
+        self._locked_max_mhz = int(max_mhz)
+
+    def unlock_sm_clock(self) -> None:
+        """Remove any SM clock lock (``nvmlDeviceResetGpuLockedClocks``)."""
+        self._call("nvmlDeviceResetGpuLockedClocks")
+        self._locked_max_mhz = None
+
+
+def open_nvml(
+    nvml: ModuleType | Any | None = None, indices: Sequence[int] | None = None
+) -> list[NvmlGpu]:
+    """Initialise NVML and open the GPUs at ``indices`` (all of them when None).
+
+    Raises ``GpuNotFoundError`` for an index the node does not have, or when it
+    has no GPU; NVML is shut down again if opening fails. Pair with ``shutdown_nvml``.
+    """
+    nvml = nvml if nvml is not None else pynvml
+    with _nvml_errors("nvmlInit", "NVML"):
+        nvml.nvmlInit()
+    try:
+        with _nvml_errors("nvmlDeviceGetCount", "NVML"):
+            count = int(nvml.nvmlDeviceGetCount())
+        if count == 0:
+            raise GpuNotFoundError("NVML sees no GPU on this node; check `nvidia-smi`")
+        wanted = list(range(count)) if indices is None else list(indices)
+        if len(set(wanted)) != len(wanted):
+            raise GpuValueError(f"GPU indices repeat: {wanted}")
+        for index in wanted:
+            if not 0 <= index < count:
+                raise GpuNotFoundError(
+                    f"no GPU at index {index}: this node has {count} GPU(s), indices 0-{count - 1}"
+                )
+        gpus = []
+        for index in wanted:
+            with _nvml_errors("nvmlDeviceGetHandleByIndex", f"GPU {index}"):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            gpus.append(NvmlGpu(nvml, index, handle))
+    except BaseException:
+        with contextlib.suppress(pynvml.NVMLError):
+            nvml.nvmlShutdown()
+        raise
+    return gpus
+
+
+def shutdown_nvml(nvml: ModuleType | Any | None = None) -> None:
+    """Shut NVML down (once per ``open_nvml``); the GPUs opened become unusable."""
+    nvml = nvml if nvml is not None else pynvml
+    with _nvml_errors("nvmlShutdown", "NVML"):
+        nvml.nvmlShutdown()

@@ -1,0 +1,357 @@
+"""The powerd wire protocol, version 1: every payload and topic, in one place.
+
+Both sides import this module; nothing else encodes or decodes payloads. The
+contract it enforces is ``docs/PROTOCOL.md``. Decoding is strict: a payload
+that is not a JSON object, lacks a required field, has a wrong type, a
+non-finite number, a name that does not match its topic, or is over 64 KiB
+raises ``ProtocolError`` with a reason, and nothing else. Unknown fields are
+ignored, so version 1 can grow optional fields.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+PROTOCOL_VERSION = 1
+MAX_PAYLOAD_BYTES = 64 * 1024
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z"  # \Z: "$" would allow a final newline
+_NAME_RE = re.compile(NAME_PATTERN)
+
+Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
+Version = Literal[1]
+NonNegInt = Annotated[int, Meta(ge=0)]
+GpuIndex = Annotated[int, Meta(ge=0, le=1023)]
+PositiveW = Annotated[float, Meta(gt=0)]
+NonNegFloat = Annotated[float, Meta(ge=0)]
+Percent = Annotated[float, Meta(ge=0, le=100)]
+ClockMhz = Annotated[int, Meta(ge=0, le=100_000)]
+
+Mode = Literal["controlled", "failsafe", "local"]
+AckResult = Literal["applied", "partial", "stale", "rejected"]
+NodeState = Literal["online", "failsafe", "offline"]
+Phase = Literal["startup", "compute", "communication", "checkpoint", "eval", "idle", "shutdown"]
+PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
+Priority = Literal["high", "normal", "low"]
+ControllerState = Literal["leader", "standby"]
+
+
+class ProtocolError(ValueError):
+    """A payload or topic that breaks the protocol; the message says how."""
+
+
+class _Payload(Struct, forbid_unknown_fields=False, omit_defaults=True):
+    """Base of every message: rejects non-finite numbers anywhere inside it."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self, type(self).__name__)
+
+
+def _check_finite(obj: Any, where: str) -> None:
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            raise ValueError(f"non-finite number at {where}")
+    elif isinstance(obj, Struct):
+        for field in obj.__struct_fields__:
+            _check_finite(getattr(obj, field), f"{where}.{field}")
+    elif isinstance(obj, list | tuple):
+        for i, item in enumerate(obj):
+            _check_finite(item, f"{where}[{i}]")
+
+
+# --- telemetry: agent -> anyone, every sample period -------------------------
+
+
+class GpuTelemetry(_Payload):
+    index: GpuIndex
+    uuid: str
+    power_w: NonNegFloat
+    energy_j: NonNegFloat | None
+    cap_w: NonNegFloat
+    cap_min_w: NonNegFloat
+    cap_max_w: NonNegFloat
+    sm_clock_mhz: ClockMhz
+    max_sm_clock_mhz: ClockMhz | None
+    util_pct: Percent
+    temp_c: float
+    # optional additions to v1
+    power_reading: Literal["instant", "average_1s", "simulated"] | None = None
+
+
+class Telemetry(_Payload):
+    v: Version
+    node: Name
+    ts: float
+    seq: NonNegInt
+    mode: Mode
+    gpus: list[GpuTelemetry]
+
+
+# --- command: controller -> one node ----------------------------------------
+
+
+class GpuCommand(_Payload):
+    index: GpuIndex
+    cap_w: PositiveW | UnsetType = UNSET
+    # null removes a clock lock; absent leaves it as it is
+    max_sm_clock_mhz: Annotated[float, Meta(gt=0)] | UnsetType | None = UNSET
+
+
+class Command(_Payload):
+    v: Version
+    epoch: NonNegInt
+    seq: NonNegInt
+    ts: float
+    ttl_s: Annotated[float, Meta(gt=0)]
+    gpus: list[GpuCommand]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        seen: set[int] = set()
+        for gpu in self.gpus:
+            if gpu.index in seen:
+                raise ValueError(f"GPU index {gpu.index} appears twice in `gpus`")
+            seen.add(gpu.index)
+
+
+# --- ack: agent -> controller, once per command ------------------------------
+
+
+class GpuAck(_Payload):
+    index: GpuIndex
+    cap_w: NonNegFloat | None
+    max_sm_clock_mhz: ClockMhz | None
+    clamped: bool
+
+
+class AckError(_Payload):
+    """One failure in applying a command. ``index`` is null for the whole command."""
+
+    index: GpuIndex | None
+    message: str
+
+
+class Ack(_Payload):
+    v: Version
+    node: Name
+    epoch: NonNegInt
+    seq: NonNegInt
+    ts: float
+    result: AckResult
+    gpus: list[GpuAck]
+    errors: list[AckError]
+
+
+# --- status: retained, the last will publishes the offline form --------------
+
+
+class Status(_Payload):
+    v: Version
+    node: Name
+    state: NodeState
+    ts: float
+    gpus: NonNegInt
+    agent_version: str
+
+
+# --- phase: a training job announces a phase change --------------------------
+
+
+class PhaseEvent(_Payload):
+    v: Version
+    job: Name
+    ts: float
+    phase: Phase
+    nodes: list[Name] | None = None
+    priority: Priority = "normal"
+    expected_s: NonNegFloat | None = None
+
+
+# --- heartbeat: controller -> agents, every second, retained -----------------
+
+
+class Heartbeat(_Payload):
+    v: Version
+    epoch: NonNegInt
+    ts: float
+    controller: Name
+    state: ControllerState
+
+
+# --- topics -------------------------------------------------------------------
+
+TOPIC_ROOT = "powerd/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Every topic of one cluster."""
+
+    cluster: str = "default"
+
+    def __post_init__(self) -> None:
+        check_name(self.cluster, "cluster")
+
+    @property
+    def prefix(self) -> str:
+        return f"{TOPIC_ROOT}/{self.cluster}"
+
+    def telemetry(self, node: str) -> str:
+        return f"{self.prefix}/nodes/{check_name(node, 'node')}/telemetry"
+
+    def command(self, node: str) -> str:
+        return f"{self.prefix}/nodes/{check_name(node, 'node')}/command"
+
+    def ack(self, node: str) -> str:
+        return f"{self.prefix}/nodes/{check_name(node, 'node')}/ack"
+
+    def status(self, node: str) -> str:
+        return f"{self.prefix}/nodes/{check_name(node, 'node')}/status"
+
+    def phase(self, job: str) -> str:
+        return f"{self.prefix}/jobs/{check_name(job, 'job')}/phase"
+
+    @property
+    def heartbeat(self) -> str:
+        return f"{self.prefix}/controller/heartbeat"
+
+    # wildcards for subscribers
+    @property
+    def all_telemetry(self) -> str:
+        return f"{self.prefix}/nodes/+/telemetry"
+
+    @property
+    def all_acks(self) -> str:
+        return f"{self.prefix}/nodes/+/ack"
+
+    @property
+    def all_status(self) -> str:
+        return f"{self.prefix}/nodes/+/status"
+
+    @property
+    def all_phases(self) -> str:
+        return f"{self.prefix}/jobs/+/phase"
+
+    def parse(self, topic: str) -> tuple[str, str | None]:
+        """Split a topic of this cluster into (kind, name).
+
+        kind is one of telemetry, command, ack, status, phase, heartbeat; name is
+        the node or job (None for the heartbeat). Raises ProtocolError otherwise.
+        """
+        head = self.prefix + "/"
+        if not topic.startswith(head):
+            raise ProtocolError(f"topic {topic!r} is not under {self.prefix!r}")
+        parts = topic[len(head) :].split("/")
+        if parts == ["controller", "heartbeat"]:
+            return "heartbeat", None
+        if len(parts) == 3 and parts[0] == "nodes" and parts[2] in _NODE_KINDS:
+            return parts[2], check_name(parts[1], "node")
+        if len(parts) == 3 and parts[0] == "jobs" and parts[2] == "phase":
+            return "phase", check_name(parts[1], "job")
+        raise ProtocolError(f"topic {topic!r} is not a powerd v1 topic")
+
+
+_NODE_KINDS = frozenset({"telemetry", "command", "ack", "status"})
+
+
+def check_name(name: str, what: str) -> str:
+    """Return ``name`` if it is a valid cluster, node or job name, else raise ProtocolError."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ProtocolError(f"{what} name {name!r} must match {NAME_PATTERN}")
+    return name
+
+
+# --- encoding and decoding ----------------------------------------------------
+
+Message = Telemetry | Command | Ack | Status | PhaseEvent | Heartbeat
+M = TypeVar("M", Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat)
+
+_ENCODER = msgspec.json.Encoder()
+_DECODERS: dict[type, msgspec.json.Decoder] = {
+    cls: msgspec.json.Decoder(cls)
+    for cls in (Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat)
+}
+_NAME_FIELD: dict[type, str] = {Telemetry: "node", Ack: "node", Status: "node", PhaseEvent: "job"}
+
+
+def encode(message: Message) -> bytes:
+    """Encode a message as compact UTF-8 JSON.
+
+    Refuses, with ProtocolError, to send anything ``decode`` would reject: the
+    encoded bytes are decoded again, because msgspec checks constraints only
+    when decoding. That costs microseconds and keeps every sender honest.
+    """
+    try:
+        _check_finite(message, type(message).__name__)
+    except ValueError as exc:
+        raise ProtocolError(f"cannot encode {type(message).__name__}: {exc}") from None
+    data = _ENCODER.encode(message)
+    decode(type(message), data)
+    return data
+
+
+def decode(
+    cls: type[M], payload: bytes | bytearray | memoryview | str, name: str | None = None
+) -> M:
+    """Decode and validate one payload as ``cls``.
+
+    ``name`` is the node or job name from the topic; where the message carries
+    one, the two must match. Raises ProtocolError, and only that, on any
+    invalid input.
+    """
+    if isinstance(payload, str):
+        payload = payload.encode("utf-8", "surrogatepass")
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise ProtocolError(f"payload must be bytes, not {type(payload).__name__}")
+    size = memoryview(payload).nbytes  # bytes, whatever the memoryview's item size
+    if size > MAX_PAYLOAD_BYTES:
+        raise ProtocolError(f"payload of {size} bytes is over {MAX_PAYLOAD_BYTES}")
+    try:
+        message = _DECODERS[cls].decode(payload)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"invalid {cls.__name__}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"not a valid JSON {cls.__name__}: {exc}") from None
+    except (ValueError, TypeError, RecursionError) as exc:  # belt and braces
+        raise ProtocolError(f"invalid {cls.__name__}: {exc}") from None
+    field = _NAME_FIELD.get(cls)
+    if field is not None and name is not None and getattr(message, field) != name:
+        raise ProtocolError(
+            f"{cls.__name__}.{field} {getattr(message, field)!r} does not match topic name {name!r}"
+        )
+    return message
+
+
+def peek_order(payload: bytes | str) -> tuple[int, int]:
+    """Best-effort (epoch, seq) of a command that failed validation, for its rejected ack.
+
+    Returns (0, 0) when the payload does not even carry them as integers.
+    """
+    try:
+        # the stdlib parser, not msgspec: it reads 1e999 elsewhere in the payload
+        # as inf instead of giving up, so epoch and seq are still found
+        raw = json.loads(payload, parse_constant=_not_json)
+    except Exception:  # anything at all: this runs on payloads already known to be bad
+        return 0, 0
+    if not isinstance(raw, dict):
+        return 0, 0
+    epoch, seq = raw.get("epoch"), raw.get("seq")
+    if type(epoch) is int and type(seq) is int and epoch >= 0 and seq >= 0:
+        return epoch, seq
+    return 0, 0
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def names(items: Iterable[str], what: str) -> list[str]:
+    """Validate a list of names (nodes, jobs)."""
+    return [check_name(item, what) for item in items]

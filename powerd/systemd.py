@@ -1,0 +1,55 @@
+"""sd_notify for ``Type=notify`` units: readiness, watchdog pings, status, stopping.
+
+A few lines over a Unix datagram socket, so no dependency on python-systemd.
+Outside systemd (no ``$NOTIFY_SOCKET``) every call does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+log = logging.getLogger("powerd.systemd")
+
+
+class SystemdNotifier:
+    def __init__(self, socket_path: str | None = None) -> None:
+        path = socket_path if socket_path is not None else os.environ.get("NOTIFY_SOCKET")
+        self._address: str | None = None
+        self._sock: socket.socket | None = None
+        if path:
+            # A leading '@' names a socket in the abstract namespace.
+            self._address = "\0" + path[1:] if path.startswith("@") else path
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        usec = os.environ.get("WATCHDOG_USEC", "")
+        self.watchdog_interval_s: float | None = int(usec) / 1e6 if usec.isdigit() else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._sock is not None
+
+    def notify(self, message: str) -> None:
+        if self._sock is None or self._address is None:
+            return
+        try:
+            self._sock.sendto(message.encode(), self._address)
+        except OSError as exc:  # systemd gone or socket full: never fatal
+            log.debug("sd_notify %r failed: %s", message, exc)
+
+    def ready(self, status: str = "") -> None:
+        self.notify("READY=1" + (f"\nSTATUS={status}" if status else ""))
+
+    def watchdog(self) -> None:
+        self.notify("WATCHDOG=1")
+
+    def status(self, status: str) -> None:
+        self.notify(f"STATUS={status}")
+
+    def stopping(self) -> None:
+        self.notify("STOPPING=1")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -1,0 +1,195 @@
+"""Real servers for the test suite: Mosquitto on a free port, and an MQTT probe client.
+
+Nothing here is a mock: the broker is Debian's ``mosquitto`` with its own
+config file, started and stopped by the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiomqtt
+
+from powerd.mqtt_url import NO_DELAY
+
+MOSQUITTO_CANDIDATES = ("mosquitto", "/usr/sbin/mosquitto")
+
+
+def find_mosquitto() -> str:
+    for candidate in MOSQUITTO_CANDIDATES:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise RuntimeError(
+        "mosquitto is not installed; `make test` installs it (apt-get install -y mosquitto)"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout_s: float = 10.0) -> None:
+    """Block until something accepts TCP connections on 127.0.0.1:port."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"nothing listening on port {port} after {timeout_s} s"
+                ) from None
+            time.sleep(0.02)
+
+
+class Mosquitto:
+    """One Mosquitto process with its own config, on a free port (kept across restarts)."""
+
+    def __init__(self, workdir: Path, extra_config: str = "") -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.extra_config = extra_config
+        self.config_path = workdir / "mosquitto.conf"
+        self.log_path = workdir / "mosquitto.log"
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.config_path.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "persistence false\n"
+            "max_inflight_messages 100\n"
+            "max_queued_messages 100000\n"
+            f"{self.extra_config}\n"
+        )
+        log = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            [find_mosquitto(), "-c", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for_port(self.port)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"mosquitto did not start: {self.log_path.read_text()}") from None
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@dataclass
+class Received:
+    topic: str
+    payload: bytes
+    retain: bool
+    at: float  # monotonic time of arrival
+
+
+class MqttProbe:
+    """A test client that records every message it receives and lets tests await them."""
+
+    def __init__(self, url_port: int, subscriptions: list[str]) -> None:
+        self.port = url_port
+        self.subscriptions = subscriptions
+        self.messages: list[Received] = []
+        self._changed = asyncio.Condition()
+        self._client: aiomqtt.Client | None = None
+        self._reader: asyncio.Task | None = None
+
+    async def __aenter__(self) -> MqttProbe:
+        self._client = aiomqtt.Client("127.0.0.1", self.port, socket_options=NO_DELAY)
+        await self._client.__aenter__()
+        for topic in self.subscriptions:
+            await self._client.subscribe(topic, qos=1)
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                await self._reader
+        if self._client is not None:
+            with contextlib.suppress(aiomqtt.MqttError):
+                await self._client.__aexit__(None, None, None)
+
+    async def _read(self) -> None:
+        assert self._client is not None
+        async for message in self._client.messages:
+            payload = message.payload if isinstance(message.payload, bytes) else b""
+            async with self._changed:
+                self.messages.append(
+                    Received(message.topic.value, payload, message.retain, time.monotonic())
+                )
+                self._changed.notify_all()
+
+    async def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        assert self._client is not None
+        await self._client.publish(topic, payload, qos=qos, retain=retain)
+
+    def mark(self) -> int:
+        """A position in the message log: ``expect(..., after=mark)`` looks only past it."""
+        return len(self.messages)
+
+    async def expect(
+        self,
+        topic_filter: str,
+        predicate: Callable[[Received], bool] = lambda _m: True,
+        after: int = 0,
+        timeout_s: float = 10.0,
+    ) -> Received:
+        """The first message past ``after`` on a matching topic for which ``predicate`` holds."""
+        pattern = topic_filter.replace("+", "*").replace("#", "*")
+        checked = after
+
+        def find() -> Received | None:
+            nonlocal checked
+            while checked < len(self.messages):
+                message = self.messages[checked]
+                checked += 1
+                if fnmatch.fnmatchcase(message.topic, pattern) and predicate(message):
+                    return message
+            return None
+
+        async def wait() -> Received:
+            async with self._changed:
+                while (found := find()) is None:
+                    await self._changed.wait()
+                return found
+
+        try:
+            return await asyncio.wait_for(wait(), timeout_s)
+        except TimeoutError:
+            seen = sorted({m.topic for m in self.messages[after:]})
+            raise AssertionError(
+                f"no message on {topic_filter} matching within {timeout_s} s; topics seen: {seen}"
+            ) from None

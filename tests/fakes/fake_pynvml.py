@@ -1,0 +1,495 @@
+"""A stateful fake of the pynvml API, built from ``GpuModel`` descriptions.
+
+    fake = FakeNvml([gpu_model("H100"), gpu_model("A100")])
+    gpus = open_nvml(fake)            # the fake object is usable as the ``nvml`` module
+    fake.set_demand(0, 650.0)         # the workload wants 650 W on GPU 0
+    fake.advance(2.0)                 # two seconds pass: energy accumulates
+    fake.inject("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_GPU_IS_LOST, device=1)
+
+It behaves like NVML where the backend depends on it:
+
+* errors are the REAL ``pynvml.NVMLError`` subclasses (``pynvml.NVMLError(code)``),
+  and the constants, ctypes structures (``c_nvmlFieldValue_t``, ``c_nvmlUtilization_t``)
+  and ``NVMLError*`` classes are the real module's (attribute access falls through);
+* every call except ``nvmlInit`` raises NVML_ERROR_UNINITIALIZED before ``nvmlInit``
+  or after the matching ``nvmlShutdown`` (init is reference-counted, as in pynvml);
+* units are NVML's: mW, mJ, MHz, and integer arguments go through ``ctypes.c_uint``
+  like pynvml's, so a float power limit raises ``TypeError`` as the real binding does;
+* setters feed getters: ``SetPowerManagementLimit`` -> ``GetPowerManagementLimit`` and
+  ``GetEnforcedPowerLimit``; ``set_external_limit`` adds an out-of-band limiter, and
+  the enforced limit is the minimum of both;
+* out-of-range power limits and clock locks (min > max, or outside the supported
+  clocks) raise NVML_ERROR_INVALID_ARGUMENT and change nothing; a bad device index
+  raises NVML_ERROR_INVALID_ARGUMENT;
+* ``require_root = True`` makes every setter raise NVML_ERROR_NO_PERMISSION;
+* models without instant power answer ``nvmlDeviceGetFieldValues`` with a per-field
+  ``nvmlReturn`` of NOT_SUPPORTED (the call itself succeeds, as in NVML); models
+  without an energy counter raise NOT_SUPPORTED from GetTotalEnergyConsumption;
+* power draw is the settable demand clipped by the enforced limit; the SM clock
+  drops when the limit bites and never exceeds a clock lock; energy integrates
+  the draw over time (an injected ``clock`` callable, plus ``advance(seconds)``);
+* ``inject(call, code, times=1 | None, device=i | None)`` makes the next ``times``
+  matching calls fail (None: forever); NVML_ERROR_GPU_IS_LOST injected on a device
+  loses it: from then on every call on its handle fails with GPU_IS_LOST
+  (``lose_gpu(i)`` does the same at once); ``set_field_return(i, field_id, code)``
+  makes one field of ``nvmlDeviceGetFieldValues`` fail per field;
+* ``calls`` logs every API call as ``(name, device index or None)``.
+
+Simplifications: ``nvmlDeviceGetPowerUsage`` returns the current draw (no 1 s
+averaging); temperature and utilisation follow the draw unless set explicitly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from powerd.gpu.models import GpuModel
+
+# Memory clocks every fake device lists, highest first (as NVML lists them).
+MEMORY_CLOCKS_MHZ: tuple[int, ...] = (2619, 1593, 405)
+GRAPHICS_CLOCK_STEP_MHZ = 15
+
+SETTERS = frozenset(
+    {
+        "nvmlDeviceSetPowerManagementLimit",
+        "nvmlDeviceSetGpuLockedClocks",
+        "nvmlDeviceResetGpuLockedClocks",
+    }
+)
+
+_VALUE_MEMBERS = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: ("dVal", float),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: ("uiVal", int),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: ("ulVal", int),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: ("ullVal", int),
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: ("sllVal", int),
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: ("siVal", int),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: ("usVal", int),
+}
+
+
+def nvml_error(code: int) -> pynvml.NVMLError:
+    """The real pynvml exception for ``code`` (its subclass, e.g. NVMLError_NoPermission)."""
+    return pynvml.NVMLError(code)
+
+
+def _uint(value: Any) -> int:
+    """Convert an argument the way pynvml's ``c_uint(...)`` does (TypeError for floats)."""
+    return ctypes.c_uint(value).value
+
+
+@dataclass(frozen=True, slots=True)
+class FakeHandle:
+    """What ``nvmlDeviceGetHandleByIndex`` returns: opaque to the backend."""
+
+    owner_id: int
+    index: int
+
+
+@dataclass(slots=True)
+class FakeDevice:
+    """The state of one fake GPU; tests may read it (and set it, with care)."""
+
+    index: int
+    model: GpuModel
+    uuid: str
+    limit_mw: int
+    demand_w: float
+    external_limit_mw: int | None = None
+    locked_clocks_mhz: tuple[int, int] | None = None
+    energy_mj: float = 0.0
+    lost: bool = False
+    util_pct: int | None = None  # None: follows the demand
+    temp_c: int | None = None  # None: follows the draw
+
+    @property
+    def min_limit_mw(self) -> int:
+        return round(self.model.cap_min_w * 1000)
+
+    @property
+    def max_limit_mw(self) -> int:
+        return round(self.model.cap_max_w * 1000)
+
+    @property
+    def default_limit_mw(self) -> int:
+        return round(self.model.cap_default_w * 1000)
+
+    @property
+    def enforced_limit_mw(self) -> int:
+        if self.external_limit_mw is None:
+            return self.limit_mw
+        return min(self.limit_mw, self.external_limit_mw)
+
+    @property
+    def draw_w(self) -> float:
+        return max(0.0, min(self.demand_w, self.enforced_limit_mw / 1000))
+
+    @property
+    def sm_clock_mhz(self) -> int:
+        m = self.model
+        idle = m.idle_power_w
+        if self.demand_w <= idle:
+            clock = float(m.sm_clock_min_mhz)
+        else:
+            # Linear in the share of the wanted dynamic power the limit lets through.
+            share = min(1.0, max(0.0, (self.draw_w - idle) / (self.demand_w - idle)))
+            clock = m.sm_clock_min_mhz + (m.sm_clock_max_mhz - m.sm_clock_min_mhz) * share
+        if self.locked_clocks_mhz is not None:
+            clock = min(clock, self.locked_clocks_mhz[1])
+        return int(clock)
+
+    def graphics_clocks_mhz(self, memory_clock_mhz: int) -> list[int]:
+        """Supported graphics clocks, highest first; narrower (and lower) at low memory clocks."""
+        m = self.model
+        if memory_clock_mhz == MEMORY_CLOCKS_MHZ[0]:
+            top, bottom = m.sm_clock_max_mhz, m.sm_clock_min_mhz
+        else:
+            # Lower memory clocks allow lower graphics clocks only: a backend that takes
+            # the minimum over every memory clock would get a wrong floor.
+            top, bottom = min(m.sm_clock_max_mhz, 1000), m.sm_clock_min_mhz // 2
+        clocks = list(range(top, bottom, -GRAPHICS_CLOCK_STEP_MHZ))
+        if clocks[-1] != bottom:
+            clocks.append(bottom)
+        return clocks
+
+
+@dataclass(slots=True)
+class Injection:
+    call: str
+    code: int
+    times: int | None
+    device: int | None
+
+
+class FakeNvml:
+    """A fake ``pynvml`` module with state: pass it wherever the backend takes ``nvml``."""
+
+    def __init__(
+        self,
+        models: Iterable[GpuModel],
+        *,
+        clock: Callable[[], float] | None = None,
+        start_energy_mj: float = 0.0,
+        power_value_type: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT,
+        names_as_bytes: bool = False,
+    ) -> None:
+        self.devices: list[FakeDevice] = [
+            FakeDevice(
+                index=i,
+                model=m,
+                uuid=f"GPU-{i:08x}-fake-{m.key.lower()}-0000-{i:012x}",
+                limit_mw=round(m.cap_default_w * 1000),
+                demand_w=m.idle_power_w,
+                energy_mj=start_energy_mj,
+            )
+            for i, m in enumerate(models)
+        ]
+        self.require_root = False
+        self.power_value_type = power_value_type
+        self.names_as_bytes = names_as_bytes
+        self.injections: list[Injection] = []
+        self.field_returns: dict[tuple[int, int], int] = {}  # (device, field id) -> nvmlReturn
+        self.calls: list[tuple[str, int | None]] = []  # (NVML function, device index or None)
+        self._clock = clock
+        self._offset_s = 0.0
+        self._last_s = self._now()
+        self._refcount = 0
+
+    # -- test controls ---------------------------------------------------------------------
+
+    def as_module(self) -> FakeNvml:
+        """The object to pass as the ``nvml`` module (the fake itself)."""
+        return self
+
+    @property
+    def initialized(self) -> bool:
+        return self._refcount > 0
+
+    def device(self, index: int) -> FakeDevice:
+        return self.devices[index]
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` of fake time pass (on top of the injected clock, if any)."""
+        if seconds < 0:
+            raise ValueError("time only moves forward")
+        self._sync()
+        self._offset_s += seconds
+        self._sync()
+
+    def set_demand(self, index: int, watts: float) -> None:
+        """The power the workload would draw without any limit."""
+        self._sync()
+        self.devices[index].demand_w = watts
+
+    def set_external_limit(self, index: int, mw: int | None) -> None:
+        """An out-of-band limiter (BMC, power brake) in mW; None removes it."""
+        self._sync()
+        self.devices[index].external_limit_mw = mw
+
+    def set_util(self, index: int, pct: int | None) -> None:
+        self.devices[index].util_pct = pct
+
+    def set_temperature(self, index: int, temp_c: int | None) -> None:
+        self.devices[index].temp_c = temp_c
+
+    def set_field_return(self, index: int, field_id: int, code: int | None) -> None:
+        """Force the per-field ``nvmlReturn`` of ``field_id`` on a device (None: normal)."""
+        if code is None:
+            self.field_returns.pop((index, field_id), None)
+        else:
+            self.field_returns[(index, field_id)] = code
+
+    def lose_gpu(self, index: int) -> None:
+        """The GPU falls off the bus: every later call on it fails with GPU_IS_LOST."""
+        self.devices[index].lost = True
+
+    def inject(
+        self, call: str, error_code: int, times: int | None = 1, device: int | None = None
+    ) -> None:
+        """Make the next ``times`` calls of ``call`` (None: all) fail with ``error_code``.
+
+        ``device`` restricts it to calls on that device's handle. GPU_IS_LOST with a
+        device loses that device for good.
+        """
+        if not call.startswith("nvml"):
+            raise ValueError(f"{call!r} is not an NVML function name")
+        if times is not None and times < 1:
+            raise ValueError("times must be >= 1 or None")
+        self.injections.append(Injection(call, error_code, times, device))
+
+    def clear_injections(self) -> None:
+        self.injections.clear()
+
+    def calls_to(self, call: str, device: int | None = None) -> int:
+        """How many times ``call`` was made (on ``device``, if given)."""
+        return sum(1 for n, d in self.calls if n == call and (device is None or d == device))
+
+    # -- machinery -------------------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        # Constants, error classes and ctypes structures come from the real module.
+        if name.startswith(("NVML", "c_nvml", "_nvml")):
+            return getattr(pynvml, name)
+        raise AttributeError(f"FakeNvml does not implement {name!r}")
+
+    def _now(self) -> float:
+        return (self._clock() if self._clock is not None else 0.0) + self._offset_s
+
+    def _sync(self) -> None:
+        """Integrate every device's draw into its energy counter up to now."""
+        now = self._now()
+        dt = now - self._last_s
+        if dt > 0:
+            for dev in self.devices:
+                dev.energy_mj += dev.draw_w * dt * 1000  # W * s = J; counter in mJ
+        self._last_s = max(now, self._last_s)
+
+    def _enter(
+        self, call: str, handle: Any = None, *, needs_init: bool = True
+    ) -> FakeDevice | None:
+        """Bookkeeping every API call does first; returns the handle's device."""
+        dev = None if handle is None else self._device_of(handle)
+        self.calls.append((call, None if dev is None else dev.index))
+        if needs_init and not self.initialized:
+            raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
+        if handle is not None and dev is None:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if dev is not None and dev.lost:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        self._fire_injection(call, dev)
+        if call in SETTERS and self.require_root:
+            raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+        self._sync()
+        return dev
+
+    def _device_of(self, handle: Any) -> FakeDevice | None:
+        if (
+            isinstance(handle, FakeHandle)
+            and handle.owner_id == id(self)
+            and 0 <= handle.index < len(self.devices)
+        ):
+            return self.devices[handle.index]
+        return None
+
+    def _fire_injection(self, call: str, dev: FakeDevice | None) -> None:
+        for inj in self.injections:
+            if inj.call != call:
+                continue
+            if inj.device is not None and (dev is None or dev.index != inj.device):
+                continue
+            if inj.times is not None:
+                inj.times -= 1
+                if inj.times == 0:
+                    self.injections.remove(inj)
+            if inj.code == pynvml.NVML_ERROR_GPU_IS_LOST and dev is not None:
+                dev.lost = True
+            raise nvml_error(inj.code)
+
+    def _dev(self, call: str, handle: Any) -> FakeDevice:
+        dev = self._enter(call, handle)
+        assert dev is not None
+        return dev
+
+    # -- library ---------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit", needs_init=False)
+        self._refcount += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self._enter("nvmlInitWithFlags", needs_init=False)
+        self._refcount += 1
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self._refcount -= 1
+
+    def nvmlErrorString(self, result: int) -> str:
+        return str(nvml_error(result))
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return "999.99-fake"
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        index = _uint(index)
+        if index >= len(self.devices):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if self.devices[index].lost:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return FakeHandle(id(self), index)
+
+    # -- identity --------------------------------------------------------------------------
+
+    def nvmlDeviceGetName(self, handle: Any) -> str | bytes:
+        name = self._dev("nvmlDeviceGetName", handle).model.name
+        return name.encode() if self.names_as_bytes else name
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes:
+        uuid = self._dev("nvmlDeviceGetUUID", handle).uuid
+        return uuid.encode() if self.names_as_bytes else uuid
+
+    # -- power and energy ------------------------------------------------------------------
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
+        dev = self._dev("nvmlDeviceGetFieldValues", handle)
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for i, fid in enumerate(fieldIds):
+            try:
+                values[i].fieldId, values[i].scopeId = fid
+            except TypeError:
+                values[i].fieldId = fid
+            values[i].timestamp = int(self._now() * 1e6)
+            forced = self.field_returns.get((dev.index, values[i].fieldId))
+            if forced is not None:
+                values[i].nvmlReturn = forced
+            elif (
+                values[i].fieldId == pynvml.NVML_FI_DEV_POWER_INSTANT
+                and dev.model.has_instant_power
+            ):
+                member, kind = _VALUE_MEMBERS[self.power_value_type]
+                values[i].valueType = self.power_value_type
+                setattr(values[i].value, member, kind(round(dev.draw_w * 1000)))
+                values[i].nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return round(self._dev("nvmlDeviceGetPowerUsage", handle).draw_w * 1000)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        dev = self._dev("nvmlDeviceGetTotalEnergyConsumption", handle)
+        if not dev.model.has_energy_counter:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(dev.energy_mj)
+
+    # -- power limits ----------------------------------------------------------------------
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> list[int]:
+        dev = self._dev("nvmlDeviceGetPowerManagementLimitConstraints", handle)
+        return [dev.min_limit_mw, dev.max_limit_mw]
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
+        return self._dev("nvmlDeviceGetPowerManagementDefaultLimit", handle).default_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
+        return self._dev("nvmlDeviceGetPowerManagementLimit", handle).limit_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        return self._dev("nvmlDeviceGetEnforcedPowerLimit", handle).enforced_limit_mw
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle: Any, limit: int) -> None:
+        dev = self._dev("nvmlDeviceSetPowerManagementLimit", handle)
+        limit_mw = _uint(limit)
+        if not dev.min_limit_mw <= limit_mw <= dev.max_limit_mw:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        dev.limit_mw = limit_mw
+
+    # -- clocks ----------------------------------------------------------------------------
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
+        dev = self._dev("nvmlDeviceGetClockInfo", handle)
+        if type in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            return dev.sm_clock_mhz
+        if type == pynvml.NVML_CLOCK_MEM:
+            return MEMORY_CLOCKS_MHZ[0]
+        raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:
+        dev = self._dev("nvmlDeviceGetMaxClockInfo", handle)
+        if type in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            return dev.model.sm_clock_max_mhz
+        if type == pynvml.NVML_CLOCK_MEM:
+            return MEMORY_CLOCKS_MHZ[0]
+        raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, handle: Any) -> list[int]:
+        self._dev("nvmlDeviceGetSupportedMemoryClocks", handle)
+        return list(MEMORY_CLOCKS_MHZ)
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, handle: Any, memoryClockMHz: int) -> list[int]:
+        dev = self._dev("nvmlDeviceGetSupportedGraphicsClocks", handle)
+        if _uint(memoryClockMHz) not in MEMORY_CLOCKS_MHZ:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return dev.graphics_clocks_mhz(memoryClockMHz)
+
+    def nvmlDeviceSetGpuLockedClocks(
+        self, handle: Any, minGpuClockMHz: int, maxGpuClockMHz: int
+    ) -> None:
+        dev = self._dev("nvmlDeviceSetGpuLockedClocks", handle)
+        lo, hi = _uint(minGpuClockMHz), _uint(maxGpuClockMHz)
+        m = dev.model
+        if lo > hi or lo < m.sm_clock_min_mhz or hi > m.sm_clock_max_mhz:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        dev.locked_clocks_mhz = (lo, hi)
+
+    def nvmlDeviceResetGpuLockedClocks(self, handle: Any) -> None:
+        self._dev("nvmlDeviceResetGpuLockedClocks", handle).locked_clocks_mhz = None
+
+    # -- utilisation and temperature -------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        dev = self._dev("nvmlDeviceGetUtilizationRates", handle)
+        gpu = dev.util_pct
+        if gpu is None:
+            gpu = 100 if dev.demand_w > dev.model.idle_power_w else 0
+        return pynvml.c_nvmlUtilization_t(gpu=gpu, memory=gpu // 2)
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        dev = self._dev("nvmlDeviceGetTemperature", handle)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if dev.temp_c is not None:
+            return dev.temp_c
+        return int(30 + 50 * dev.draw_w / dev.model.cap_max_w)

@@ -1,0 +1,41 @@
+"""The shipped unit file passes `systemd-analyze verify` with ExecStart pointing at this install."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from powerd.cli import render_agent_unit
+
+
+def test_agent_unit_verifies(tmp_path: Path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.fail("systemd-analyze missing: `make test` installs the systemd package")
+    unit = tmp_path / "powerd-agent.service"
+    unit.write_text(render_agent_unit(sys.executable, "/etc/powerd/agent.toml"))
+    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = unit.read_text()
+    for line in (
+        "Type=notify",
+        "WatchdogSec=",
+        "Restart=on-failure",
+        "NoNewPrivileges=yes",
+        "DeviceAllow=char-nvidia-frontend rw",
+        "ProtectSystem=strict",
+    ):
+        assert line in text
+    assert "\nPrivateDevices=" not in text  # it would hide /dev/nvidia*: NVML writes need them
+
+
+def test_broken_unit_fails_verification(tmp_path: Path):
+    """The check can fail: a unit whose ExecStart does not exist is refused."""
+    unit = tmp_path / "powerd-agent.service"
+    unit.write_text(render_agent_unit("/nonexistent/powerd", "/etc/powerd/agent.toml"))
+    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True)
+    assert result.returncode != 0
