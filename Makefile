@@ -28,7 +28,7 @@ format: venv
 	$(BIN)/ruff check --fix .
 
 bench: venv
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.bench_agent --seconds 60 --json bench/results/agent.json
 
 deps:
 	@missing=""; \

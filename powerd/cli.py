@@ -37,6 +37,7 @@ def main() -> None:
 
     \b
     powerd agent       the node agent (systemd service on every GPU node)
+    powerd gpus        what the agent reads from this node's GPUs
     powerd demo        the whole loop on this machine, simulated GPUs, no servers
     powerd unit agent  print the systemd unit for the agent
 
@@ -181,7 +182,7 @@ def demo(duration_s: float, spec: str, live: bool | None) -> None:
 
     from powerd.demo import run_demo
 
-    setup_logging("warning")
+    setup_logging("error")  # the demo shows the agent's events itself
     if duration_s < 6:
         raise click.BadParameter("at least 6 s, to see the whole script", param_hint="--duration")
     console = Console()
@@ -197,6 +198,82 @@ def demo(duration_s: float, spec: str, live: bool | None) -> None:
     if not result.ok:
         raise click.ClickException("the demo did not show the expected behaviour (see above)")
     console.print("[green]ok[/]: commands applied and clamped, failsafe reached on its own")
+
+
+@main.command()
+@click.option("--simulate", metavar="SPEC", help="Simulated GPUs instead of NVML, e.g. 4xH100.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per GPU instead of a table.")
+def gpus(simulate: str | None, as_json: bool) -> None:
+    """Show what the agent reads from each GPU: power, energy, limits, clocks.
+
+    Read-only: a quick check on a new node that NVML answers and which power
+    reading (instantaneous or 1 s average) the agent will publish.
+    """
+    import dataclasses
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from powerd.gpu.open import close_gpus, open_gpus
+
+    setup_logging("warning")
+    try:
+        opened = open_gpus(simulate)
+    except GpuError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        rows = []
+        for gpu in opened:
+            try:
+                sample, limits = gpu.sample(), gpu.power_limit_range()
+            except GpuError as exc:
+                rows.append({"index": gpu.index, "error": str(exc)})
+                continue
+            rows.append(
+                {
+                    **dataclasses.asdict(sample),
+                    "name": gpu.name,
+                    "cap_min_w": limits.min_w,
+                    "cap_max_w": limits.max_w,
+                    "cap_default_w": limits.default_w,
+                }
+            )
+    finally:
+        close_gpus(opened)
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row, default=str))
+        return
+    table = Table(title=", ".join(sorted({str(r.get("name", "?")) for r in rows})))
+    columns = {
+        "GPU": "index",
+        "W": "power_w",
+        "reading": "power_reading",
+        "kJ": "energy_j",
+        "cap W": "cap_w",
+        "min W": "cap_min_w",
+        "max W": "cap_max_w",
+        "SM MHz": "sm_clock_mhz",
+        "lock": "max_sm_clock_mhz",
+        "util %": "util_pct",
+        "°C": "temp_c",
+    }
+    for header in columns:
+        table.add_column(header, justify="right")
+    for row in rows:
+        if "error" in row:
+            table.add_row(str(row["index"]), f"[red]{row['error']}[/]")
+            continue
+        row["energy_j"] = None if row["energy_j"] is None else row["energy_j"] / 1000
+        table.add_row(*[_cell(row[key]) for key in columns.values()])
+    Console().print(table)
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.0f}"
+    return "-" if value is None else str(value)
 
 
 @main.group()

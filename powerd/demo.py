@@ -77,6 +77,7 @@ async def run_demo(
     """Run the scripted demo; return what the telemetry showed."""
     console = console or Console()
     result = DemoResult()
+    events: list[str] = _EventLog(console if not live_view else None)
     scale = duration_s / 24.0  # the script is written for 24 s
     async with EmbeddedBroker() as broker:
         gpus = open_simulated(spec)
@@ -92,7 +93,6 @@ async def run_demo(
         daemon = AgentDaemon(config, gpus)
         stop = asyncio.Event()
         agent_task = asyncio.create_task(daemon.run(stop))
-        events: list[str] = []
         latest: dict[str, Telemetry] = {}
 
         async with aiomqtt.Client("127.0.0.1", broker.port) as client:
@@ -120,10 +120,20 @@ async def run_demo(
         stop.set()
         await agent_task
         result.energy_j = sum(g.energy_j() or 0.0 for g in gpus)
-    if not live_view:
-        for line in events:
-            console.print(line)
     return result
+
+
+class _EventLog(list):
+    """The demo's event lines; printed as they come when there is no live view."""
+
+    def __init__(self, console: Console | None) -> None:
+        super().__init__()
+        self._console = console
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        if self._console is not None:
+            self._console.print(line, highlight=False)
 
 
 class _Operator:
@@ -203,6 +213,7 @@ async def _read(
             result.samples += 1
             if not result.modes_seen or result.modes_seen[-1] != sample.mode:
                 result.modes_seen.append(sample.mode)
+                events.append(f"        agent telemetry says mode: {sample.mode}")
             for g in sample.gpus:
                 result.max_power_over_cap_w = max(result.max_power_over_cap_w, g.power_w - g.cap_w)
         elif kind == "ack" and node:

@@ -77,7 +77,8 @@ class WorkloadCurve:
     t_min_s: float  # time per unit of work unconstrained, seconds on the source GPU
 
     def __post_init__(self) -> None:
-        for field, value in self.to_dict().items():
+        for field in self.__dataclass_fields__:
+            value = getattr(self, field)
             if not math.isfinite(value):
                 raise ValueError(f"WorkloadCurve.{field} must be finite, got {value!r}")
         if self.p_static < 0 or self.p_dyn < 0 or self.p_wait < 0:

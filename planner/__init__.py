@@ -1,0 +1,1 @@
+"""Offline sizing of power budgets and static caps from measured profiles (`powerplan`, issue 4)."""
