@@ -23,13 +23,13 @@ TOPICS = Topics("test")
 FAILSAFE_CAP_W = 500.0
 
 
-def agent_config(broker: Mosquitto, **overrides: object) -> AgentConfig:
+def agent_config(server: Mosquitto, **overrides: object) -> AgentConfig:
     config = AgentConfig(
         node=NODE,
         cluster=TOPICS.cluster,
         period_s=0.1,
         failsafe_after_s=1.0,
-        broker=replace(parse_broker_url(broker.url), reconnect_min_s=0.05, reconnect_max_s=0.5),
+        broker=replace(parse_broker_url(server.url), reconnect_min_s=0.05, reconnect_max_s=0.5),
         failsafe=FailsafeConfig(cap_w=FAILSAFE_CAP_W),
     )
     return replace(config, **overrides)
@@ -37,11 +37,11 @@ def agent_config(broker: Mosquitto, **overrides: object) -> AgentConfig:
 
 @contextlib.asynccontextmanager
 async def running_agent(
-    broker: Mosquitto, gpus: Sequence[Gpu] | None = None, **overrides: object
+    server: Mosquitto, gpus: Sequence[Gpu] | None = None, **overrides: object
 ) -> AsyncIterator[AgentDaemon]:
     """An agent daemon on simulated H100s, connected; stopped cleanly on exit."""
     gpus = list(gpus) if gpus is not None else list(open_simulated("4xH100"))
-    daemon = AgentDaemon(agent_config(broker, **overrides), gpus)
+    daemon = AgentDaemon(agent_config(server, **overrides), gpus)
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))
     try:

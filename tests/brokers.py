@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import getpass
 import shutil
 import socket
 import subprocess
@@ -58,22 +59,40 @@ def wait_for_port(port: int, timeout_s: float = 10.0) -> None:
 class Mosquitto:
     """One Mosquitto process with its own config, on a free port (kept across restarts)."""
 
-    def __init__(self, workdir: Path, extra_config: str = "") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        extra_config: str = "",
+        listener_options: str = "",
+        allow_anonymous: bool = True,
+        tls: bool = False,
+    ) -> None:
+        """``listener_options``: lines for the listener (certificates, require_certificate);
+        ``extra_config``: lines for the broker (password_file, acl_file)."""
         self.workdir = workdir
         self.port = free_port()
         self.extra_config = extra_config
+        self.listener_options = listener_options
+        self.allow_anonymous = allow_anonymous
+        self.tls = tls
         self.config_path = workdir / "mosquitto.conf"
         self.log_path = workdir / "mosquitto.log"
         self._proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
+        return f"{'mqtts' if self.tls else 'mqtt'}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         self.config_path.write_text(
+            # Started as root, mosquitto drops to user "mosquitto", which cannot read the
+            # test's private tmp dirs (certificates, password file); as anyone else this
+            # line does nothing.
+            f"user {getpass.getuser()}\n"
+            f"per_listener_settings false\n"
+            f"allow_anonymous {'true' if self.allow_anonymous else 'false'}\n"
             f"listener {self.port} 127.0.0.1\n"
-            "allow_anonymous true\n"
+            f"{self.listener_options}\n"
             "persistence false\n"
             "max_inflight_messages 100\n"
             "max_queued_messages 100000\n"
@@ -117,16 +136,20 @@ class Received:
 class MqttProbe:
     """A test client that records every message it receives and lets tests await them."""
 
-    def __init__(self, url_port: int, subscriptions: list[str]) -> None:
+    def __init__(self, url_port: int, subscriptions: list[str], **client_kwargs: object) -> None:
+        """``client_kwargs`` go to aiomqtt.Client: username, password, tls_context."""
         self.port = url_port
         self.subscriptions = subscriptions
+        self.client_kwargs = client_kwargs
         self.messages: list[Received] = []
         self._changed = asyncio.Condition()
         self._client: aiomqtt.Client | None = None
         self._reader: asyncio.Task | None = None
 
     async def __aenter__(self) -> MqttProbe:
-        self._client = aiomqtt.Client("127.0.0.1", self.port, socket_options=NO_DELAY)
+        self._client = aiomqtt.Client(
+            "127.0.0.1", self.port, socket_options=NO_DELAY, **self.client_kwargs
+        )
         await self._client.__aenter__()
         for topic in self.subscriptions:
             await self._client.subscribe(topic, qos=1)

@@ -9,6 +9,7 @@ import pytest
 
 from powerd.backoff import Backoff
 from powerd.ratelimit import LogOncePer, TokenBucket
+from tests.clocks import ManualClock
 
 
 class FixedRandom(random.Random):
@@ -20,17 +21,6 @@ class FixedRandom(random.Random):
 
     def random(self) -> float:
         return self.value
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 # --- Backoff ---------------------------------------------------------------------
@@ -102,13 +92,13 @@ def test_long_outage_keeps_giving_delays() -> None:
 
 
 def test_bucket_allows_burst_then_refuses() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     bucket = TokenBucket(rate_per_s=2.0, burst=3.0, clock=clock)
     assert [bucket.take() for _ in range(5)] == [True, True, True, False, False]
 
 
 def test_bucket_refills_at_rate() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     bucket = TokenBucket(rate_per_s=2.0, burst=3.0, clock=clock)
     for _ in range(3):
         assert bucket.take()
@@ -123,14 +113,14 @@ def test_bucket_refills_at_rate() -> None:
 
 
 def test_bucket_never_holds_more_than_burst() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     bucket = TokenBucket(rate_per_s=10.0, burst=2.0, clock=clock)
     clock.advance(3600.0)
     assert [bucket.take() for _ in range(4)] == [True, True, False, False]
 
 
 def test_bucket_average_rate_over_time() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     bucket = TokenBucket(rate_per_s=5.0, burst=5.0, clock=clock)
     taken = 0
     for _ in range(10_000):  # 100 s of attempts every 10 ms

@@ -7,55 +7,21 @@ from collections.abc import Callable
 
 import pytest
 
-from powerd.agent.config import FailsafeConfig
 from powerd.agent.core import AgentCore
 from powerd.gpu import GpuPermissionError
-from powerd.gpu.simulated import SimulatedGpu, open_simulated
-from powerd.protocol import (
-    MAX_PAYLOAD_BYTES,
-    Ack,
-    Command,
-    GpuCommand,
-    Heartbeat,
-    decode,
-    encode,
-    peek_order,
+from powerd.gpu.simulated import SimulatedGpu
+from powerd.protocol import MAX_PAYLOAD_BYTES, Ack, GpuCommand, decode, encode, peek_order
+from tests.core_harness import (
+    FAILSAFE_W,
+    WALL0,
+    FakeClock,
+    Node,
+    command,
+    controlled_core,
+    heartbeat_each_second,
+    settings_of,
+    started_core,
 )
-
-WALL0 = 1_795_320_000.0
-NODE = "r01-n03"
-FAILSAFE_W = 500.0
-AFTER_S = 10.0
-
-
-class FakeClock:
-    """Monotonic and wall time that move together, and only when told to."""
-
-    def __init__(self) -> None:
-        self.mono = 5_000.0
-        self.wall = WALL0
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def time(self) -> float:
-        return self.wall
-
-    def advance(self, seconds: float) -> None:
-        self.mono += seconds
-        self.wall += seconds
-
-
-def heartbeat(clock: FakeClock, epoch: int = 1) -> bytes:
-    return encode(Heartbeat(v=1, epoch=epoch, ts=clock.wall, controller="ctl-a", state="leader"))
-
-
-def command(epoch: int, seq: int, *gpus: GpuCommand, ttl_s: float = 30.0) -> bytes:
-    return encode(Command(v=1, epoch=epoch, seq=seq, ts=WALL0, ttl_s=ttl_s, gpus=list(gpus)))
-
-
-def settings_of(gpus: list[SimulatedGpu]) -> list[tuple[float, int | None]]:
-    return [(g.power_limit_w(), g.locked_max_sm_clock_mhz()) for g in gpus]
 
 
 @pytest.fixture
@@ -64,19 +30,9 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def node(clock: FakeClock) -> tuple[AgentCore, list[SimulatedGpu]]:
+def node(clock: FakeClock) -> Node:
     """Controlled by a live leader, with (2, 5) applied: GPU i at 300 + 10 i W, locked 1200."""
-    gpus = open_simulated("4xH100", clock=clock.monotonic)
-    core = AgentCore(
-        NODE,
-        gpus,
-        FailsafeConfig(cap_w=FAILSAFE_W),
-        AFTER_S,
-        monotonic=clock.monotonic,
-        wall=clock.time,
-    )
-    core.start()
-    core.on_heartbeat(heartbeat(clock, 2))
+    core, gpus = controlled_core(clock, epoch=2)
     ack = core.on_command(
         command(
             2,
@@ -86,6 +42,16 @@ def node(clock: FakeClock) -> tuple[AgentCore, list[SimulatedGpu]]:
     )
     assert ack.result == "applied"
     return core, gpus
+
+
+def with_overrides(body: dict[str, object], overrides: dict[str, object]) -> bytes:
+    """``body`` as JSON text, with fields replaced (or removed with a value of ...)."""
+    for key, value in overrides.items():
+        if value is ...:
+            del body[key]
+        else:
+            body[key] = value
+    return json.dumps(body).encode()
 
 
 def raw_command(**overrides: object) -> bytes:
@@ -98,12 +64,7 @@ def raw_command(**overrides: object) -> bytes:
         "ttl_s": 30,
         "gpus": [{"index": 0, "cap_w": 650.0}],
     }
-    for key, value in overrides.items():
-        if value is ...:
-            del body[key]
-        else:
-            body[key] = value
-    return json.dumps(body).encode()
+    return with_overrides(body, overrides)
 
 
 # (payload, epoch and seq the rejected ack carries)
@@ -208,7 +169,7 @@ def assert_rejected_and_nothing_changed(
 
 @pytest.mark.parametrize(("payload", "order"), MALFORMED)
 def test_malformed_command_is_rejected_and_changes_nothing(
-    node: tuple[AgentCore, list[SimulatedGpu]], payload: bytes, order: tuple[int, int]
+    node: Node, payload: bytes, order: tuple[int, int]
 ) -> None:
     core, gpus = node
     ack = assert_rejected_and_nothing_changed(core, gpus, payload, 0)
@@ -217,26 +178,20 @@ def test_malformed_command_is_rejected_and_changes_nothing(
 
 
 @pytest.mark.parametrize("payload", OVERFLOWING)
-def test_overflowing_number_is_rejected_and_changes_nothing(
-    node: tuple[AgentCore, list[SimulatedGpu]], payload: bytes
-) -> None:
+def test_overflowing_number_is_rejected_and_changes_nothing(node: Node, payload: bytes) -> None:
     core, gpus = node
     assert_rejected_and_nothing_changed(core, gpus, payload, 0)
 
 
 @pytest.mark.parametrize("payload", OVERFLOWING)
-def test_overflowing_number_ack_carries_epoch_and_seq(
-    node: tuple[AgentCore, list[SimulatedGpu]], payload: bytes
-) -> None:
+def test_overflowing_number_ack_carries_epoch_and_seq(node: Node, payload: bytes) -> None:
     core, _ = node
     ack = core.on_command(payload)
     assert ack.result == "rejected"
     assert (ack.epoch, ack.seq) == (2, 9)
 
 
-def test_rejected_command_takes_no_place_in_the_order(
-    node: tuple[AgentCore, list[SimulatedGpu]],
-) -> None:
+def test_rejected_command_takes_no_place_in_the_order(node: Node) -> None:
     core, gpus = node
     assert core.on_command(raw_command(gpus=[{"index": 0, "cap_w": 0}])).result == "rejected"
     # the same (2, 9), well-formed this time, is applied, not stale
@@ -245,9 +200,7 @@ def test_rejected_command_takes_no_place_in_the_order(
     assert gpus[0].power_limit_w() == 650.0
 
 
-def test_a_flood_of_garbage_is_counted_and_survived(
-    node: tuple[AgentCore, list[SimulatedGpu]],
-) -> None:
+def test_a_flood_of_garbage_is_counted_and_survived(node: Node) -> None:
     core, gpus = node
     before = settings_of(gpus)
     payloads = [p.values[0] for p in MALFORMED + OVERFLOWING]
@@ -260,16 +213,7 @@ def test_a_flood_of_garbage_is_counted_and_survived(
 
 
 def test_malformed_command_in_failsafe_is_still_rejected_as_malformed(clock: FakeClock) -> None:
-    gpus = open_simulated("2xH100", clock=clock.monotonic)
-    core = AgentCore(
-        NODE,
-        gpus,
-        FailsafeConfig(cap_w=FAILSAFE_W),
-        AFTER_S,
-        monotonic=clock.monotonic,
-        wall=clock.time,
-    )
-    core.start()
+    core, gpus = started_core(clock, "2xH100")
     ack = core.on_command(raw_command(gpus=[{"index": 0, "cap_w": -1}]))
     assert (ack.result, ack.epoch, ack.seq) == ("rejected", 2, 9)
     assert core.counters.payloads_rejected == 1
@@ -288,12 +232,7 @@ def raw_heartbeat(clock: FakeClock, **overrides: object) -> bytes:
         "controller": "ctl-a",
         "state": "leader",
     }
-    for key, value in overrides.items():
-        if value is ...:
-            del body[key]
-        else:
-            body[key] = value
-    return json.dumps(body).encode()
+    return with_overrides(body, overrides)
 
 
 MakeHeartbeat = Callable[[FakeClock], bytes]
@@ -317,16 +256,7 @@ BAD_HEARTBEATS: dict[str, MakeHeartbeat] = {
 def test_malformed_heartbeat_does_not_make_it_controlled(
     clock: FakeClock, make: MakeHeartbeat
 ) -> None:
-    gpus = open_simulated("2xH100", clock=clock.monotonic)
-    core = AgentCore(
-        NODE,
-        gpus,
-        FailsafeConfig(cap_w=FAILSAFE_W),
-        AFTER_S,
-        monotonic=clock.monotonic,
-        wall=clock.time,
-    )
-    core.start()
+    core, _ = started_core(clock, "2xH100")
     core.on_heartbeat(make(clock))
     assert core.mode == "failsafe"
     assert core.counters.payloads_rejected == 1
@@ -335,20 +265,17 @@ def test_malformed_heartbeat_does_not_make_it_controlled(
 
 @pytest.mark.parametrize("make", BAD_HEARTBEATS.values(), ids=BAD_HEARTBEATS.keys())
 def test_malformed_heartbeat_does_not_keep_it_alive(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]], make: MakeHeartbeat
+    clock: FakeClock, node: Node, make: MakeHeartbeat
 ) -> None:
     core, gpus = node
-    for _ in range(11):
-        clock.advance(1.0)
-        core.on_heartbeat(make(clock))
-        core.tick()
+    heartbeat_each_second(clock, core, 11, make)
     assert core.mode == "failsafe"
     assert core.counters.payloads_rejected == 11
     assert [g.power_limit_w() for g in gpus] == [FAILSAFE_W] * 4
 
 
 def test_malformed_heartbeat_with_a_higher_epoch_does_not_raise_the_epoch(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
+    clock: FakeClock, node: Node
 ) -> None:
     core, _ = node
     core.on_heartbeat(raw_heartbeat(clock, epoch=9, state="boss"))
@@ -358,23 +285,21 @@ def test_malformed_heartbeat_with_a_higher_epoch_does_not_raise_the_epoch(
 # --- stop ----------------------------------------------------------------------------
 
 
-def test_stop_restore_puts_back_defaults_and_unlocks(
-    node: tuple[AgentCore, list[SimulatedGpu]],
-) -> None:
+def test_stop_restore_puts_back_defaults_and_unlocks(node: Node) -> None:
     core, gpus = node
     assert settings_of(gpus) == [(300.0 + 10 * i, 1200) for i in range(4)]
     core.stop("restore")
     assert settings_of(gpus) == [(700.0, None)] * 4  # H100 default limit
 
 
-def test_stop_restore_survives_a_failing_gpu(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_stop_restore_survives_a_failing_gpu(node: Node) -> None:
     core, gpus = node
     gpus[2].inject_error("set_power_limit_w", GpuPermissionError("not root"))
     core.stop("restore")  # logs, does not raise
     assert [g.power_limit_w() for g in gpus] == [700.0, 700.0, 320.0, 700.0]
 
 
-def test_stop_keep_changes_nothing(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_stop_keep_changes_nothing(node: Node) -> None:
     core, gpus = node
     before = settings_of(gpus)
     core.stop("keep")

@@ -6,67 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerd.agent.config import FailsafeConfig
-from powerd.agent.core import MAX_ACK_ERRORS, AgentCore
+from powerd.agent.core import MAX_ACK_ERRORS
 from powerd.gpu import GpuNotSupportedError, GpuPermissionError
-from powerd.gpu.simulated import SimulatedGpu, open_simulated
-from powerd.protocol import MAX_PAYLOAD_BYTES, Ack, Command, GpuCommand, Heartbeat, decode, encode
-
-WALL0 = 1_795_320_000.0
-NODE = "r01-n03"
-FAILSAFE_W = 500.0
-AFTER_S = 10.0
-
-
-class FakeClock:
-    """Monotonic and wall time that move together, and only when told to."""
-
-    def __init__(self) -> None:
-        self.mono = 5_000.0
-        self.wall = WALL0
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def time(self) -> float:
-        return self.wall
-
-    def advance(self, seconds: float) -> None:
-        self.mono += seconds
-        self.wall += seconds
-
-
-def command(epoch: int, seq: int, *gpus: GpuCommand, ttl_s: float = 30.0) -> bytes:
-    return encode(Command(v=1, epoch=epoch, seq=seq, ts=WALL0, ttl_s=ttl_s, gpus=list(gpus)))
-
-
-def cap(index: int, cap_w: float) -> GpuCommand:
-    return GpuCommand(index=index, cap_w=cap_w)
-
-
-def controlled_node(spec: str = "4xH100") -> tuple[AgentCore, list[SimulatedGpu]]:
-    """A started core on simulated GPUs, following a live leader of epoch 1."""
-    clock = FakeClock()
-    gpus = open_simulated(spec, clock=clock.monotonic)
-    core = AgentCore(
-        NODE,
-        gpus,
-        FailsafeConfig(cap_w=FAILSAFE_W),
-        AFTER_S,
-        monotonic=clock.monotonic,
-        wall=clock.time,
-    )
-    core.start()
-    core.on_heartbeat(
-        encode(Heartbeat(v=1, epoch=1, ts=clock.wall, controller="ctl-a", state="leader"))
-    )
-    assert core.mode == "controlled"
-    return core, gpus
+from powerd.gpu.simulated import SimulatedGpu
+from powerd.protocol import MAX_PAYLOAD_BYTES, Ack, GpuCommand, decode, encode
+from tests.core_harness import FAILSAFE_W, FakeClock, Node, cap, command, controlled_core
 
 
 @pytest.fixture
-def node() -> tuple[AgentCore, list[SimulatedGpu]]:
-    return controlled_node()
+def node() -> Node:
+    """A started core on 4 simulated H100s, following a live leader of epoch 1."""
+    return controlled_core(FakeClock())
 
 
 def settings_of_gpu(gpu: SimulatedGpu) -> tuple[float, int | None]:
@@ -102,7 +52,7 @@ def round_trip(ack: Ack) -> Ack:
     ],
 )
 def test_cap_clamped_into_device_range(
-    node: tuple[AgentCore, list[SimulatedGpu]], asked_w: float, enforced_w: float, clamped: bool
+    node: Node, asked_w: float, enforced_w: float, clamped: bool
 ) -> None:
     core, gpus = node
     ack = round_trip(core.on_command(command(1, 1, cap(1, asked_w))))
@@ -115,13 +65,13 @@ def test_cap_clamped_into_device_range(
 
 
 def test_clamp_follows_each_model() -> None:
-    core, gpus = controlled_node("2xA100")  # 100..400 W
+    core, gpus = controlled_core(FakeClock(), "2xA100")  # 100..400 W
     ack = core.on_command(command(1, 1, cap(0, 700.0), cap(1, 50.0)))
     assert by_index(ack) == {0: (400.0, None, True), 1: (100.0, None, True)}
     assert [g.power_limit_w() for g in gpus] == [400.0, 100.0]
 
 
-def test_clamped_flag_is_per_gpu(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_clamped_flag_is_per_gpu(node: Node) -> None:
     core, _ = node
     ack = core.on_command(
         command(
@@ -141,9 +91,7 @@ def test_clamped_flag_is_per_gpu(node: tuple[AgentCore, list[SimulatedGpu]]) -> 
     }
 
 
-def test_read_back_is_the_enforced_cap_not_the_request(
-    node: tuple[AgentCore, list[SimulatedGpu]],
-) -> None:
+def test_read_back_is_the_enforced_cap_not_the_request(node: Node) -> None:
     core, gpus = node
     gpus[0].set_external_limit_w(450.0)  # an out-of-band limiter (BMC, power brake)
     ack = core.on_command(command(1, 1, cap(0, 600.0), cap(1, 600.0)))
@@ -156,7 +104,7 @@ def test_read_back_is_the_enforced_cap_not_the_request(
 @settings(max_examples=60, deadline=None)
 @given(st.floats(min_value=1e-6, max_value=1e6, allow_nan=False, allow_infinity=False))
 def test_no_cap_escapes_the_device_range(asked_w: float) -> None:
-    core, gpus = controlled_node("1xH100")
+    core, gpus = controlled_core(FakeClock(), "1xH100")
     ack = core.on_command(command(1, 1, cap(0, asked_w)))
     assert ack.result == "applied"
     limit_w = gpus[0].power_limit_w()
@@ -169,9 +117,7 @@ def test_no_cap_escapes_the_device_range(asked_w: float) -> None:
 # --- unknown GPUs and failing GPUs -----------------------------------------------
 
 
-def test_unknown_index_is_an_error_and_the_rest_apply(
-    node: tuple[AgentCore, list[SimulatedGpu]],
-) -> None:
+def test_unknown_index_is_an_error_and_the_rest_apply(node: Node) -> None:
     core, gpus = node
     ack = round_trip(core.on_command(command(1, 1, cap(0, 300.0), cap(7, 300.0), cap(2, 310.0))))
     assert ack.result == "partial"
@@ -186,7 +132,7 @@ def test_unknown_index_is_an_error_and_the_rest_apply(
     assert core.on_command(command(1, 1, cap(0, 320.0))).result == "stale"
 
 
-def test_failing_setter_makes_a_partial_ack(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_failing_setter_makes_a_partial_ack(node: Node) -> None:
     core, gpus = node
     gpus[1].inject_error("set_power_limit_w", GpuPermissionError("insufficient permissions"))
     ack = round_trip(core.on_command(command(1, 1, cap(0, 300.0), cap(1, 300.0), cap(2, 300.0))))
@@ -207,9 +153,7 @@ def test_failing_setter_makes_a_partial_ack(node: tuple[AgentCore, list[Simulate
     assert gpus[1].power_limit_w() == 300.0
 
 
-def test_failing_clock_lock_still_applies_the_cap(
-    node: tuple[AgentCore, list[SimulatedGpu]],
-) -> None:
+def test_failing_clock_lock_still_applies_the_cap(node: Node) -> None:
     core, gpus = node
     gpus[0].inject_error("lock_max_sm_clock_mhz", GpuNotSupportedError("clock locking"))
     ack = core.on_command(command(1, 1, GpuCommand(index=0, cap_w=350.0, max_sm_clock_mhz=1200)))
@@ -219,9 +163,7 @@ def test_failing_clock_lock_still_applies_the_cap(
     assert by_index(ack) == {0: (350.0, None, False)}
 
 
-def test_failing_read_back_reports_null_and_an_error(
-    node: tuple[AgentCore, list[SimulatedGpu]],
-) -> None:
+def test_failing_read_back_reports_null_and_an_error(node: Node) -> None:
     core, gpus = node
     gpus[3].inject_error("enforced_cap_w", GpuNotSupportedError("no enforced limit"))
     ack = round_trip(core.on_command(command(1, 1, cap(3, 333.0))))
@@ -232,7 +174,7 @@ def test_failing_read_back_reports_null_and_an_error(
     assert gpus[3].power_limit_w() == 333.0  # the write itself went through
 
 
-def test_lost_gpu_makes_a_partial_ack(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_lost_gpu_makes_a_partial_ack(node: Node) -> None:
     core, gpus = node
     gpus[2].lose()
     ack = core.on_command(command(1, 1, cap(0, 300.0), cap(2, 300.0), cap(3, 300.0)))
@@ -241,7 +183,7 @@ def test_lost_gpu_makes_a_partial_ack(node: tuple[AgentCore, list[SimulatedGpu]]
     assert gpus[0].power_limit_w() == gpus[3].power_limit_w() == 300.0
 
 
-def test_many_unknown_indices_are_truncated(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_many_unknown_indices_are_truncated(node: Node) -> None:
     core, gpus = node
     unknown = list(range(4, 1024))  # every other index the protocol allows
     payload = command(1, 1, *[cap(i, 300.0) for i in range(4)], *[cap(i, 300.0) for i in unknown])
@@ -262,7 +204,7 @@ def test_many_unknown_indices_are_truncated(node: tuple[AgentCore, list[Simulate
     assert decode(Ack, data).errors[-1].message == summary.message
 
 
-def test_exactly_max_errors_are_not_truncated(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_exactly_max_errors_are_not_truncated(node: Node) -> None:
     core, _ = node
     unknown = list(range(100, 100 + MAX_ACK_ERRORS))
     ack = core.on_command(command(1, 1, *[cap(i, 300.0) for i in unknown]))

@@ -2,75 +2,31 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from powerd.agent.config import FailsafeConfig
 from powerd.agent.core import AgentCore
 from powerd.gpu import GpuPermissionError
-from powerd.gpu.simulated import SimulatedGpu, open_simulated
-from powerd.protocol import Command, GpuCommand, Heartbeat, encode
-
-WALL0 = 1_795_320_000.0
-NODE = "r01-n03"
-FAILSAFE_W = 500.0
-AFTER_S = 10.0
-
-
-class FakeClock:
-    """Monotonic and wall time that move together, and only when told to."""
-
-    def __init__(self) -> None:
-        self.mono = 5_000.0
-        self.wall = WALL0
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def time(self) -> float:
-        return self.wall
-
-    def advance(self, seconds: float) -> None:
-        self.mono += seconds
-        self.wall += seconds
-
-
-def heartbeat(
-    clock: FakeClock, epoch: int = 1, *, age_s: float = 0.0, state: str = "leader"
-) -> bytes:
-    return encode(
-        Heartbeat(v=1, epoch=epoch, ts=clock.wall - age_s, controller="ctl-a", state=state)  # type: ignore[arg-type]
-    )
-
-
-def command(epoch: int, seq: int, *gpus: GpuCommand, ttl_s: float = 30.0) -> bytes:
-    return encode(Command(v=1, epoch=epoch, seq=seq, ts=WALL0, ttl_s=ttl_s, gpus=list(gpus)))
+from powerd.protocol import Command, GpuCommand, encode
+from tests.core_harness import (
+    AFTER_S,
+    FAILSAFE_W,
+    FakeClock,
+    Node,
+    command,
+    heartbeat,
+    heartbeat_each_second,
+    make_core,
+    mode_after,
+    settings_of,
+    started_core,
+)
 
 
 def all_gpus(count: int, cap_w: float, clock_mhz: int | None = None) -> list[GpuCommand]:
     return [GpuCommand(index=i, cap_w=cap_w, max_sm_clock_mhz=clock_mhz) for i in range(count)]
-
-
-def settings_of(gpus: list[SimulatedGpu]) -> list[tuple[float, int | None]]:
-    return [(g.power_limit_w(), g.locked_max_sm_clock_mhz()) for g in gpus]
-
-
-def make_core(
-    clock: FakeClock,
-    failsafe: FailsafeConfig | None = None,
-    mode: str = "controlled",
-    spec: str = "4xH100",
-) -> tuple[AgentCore, list[SimulatedGpu]]:
-    gpus = open_simulated(spec, clock=clock.monotonic)
-    core = AgentCore(
-        NODE,
-        gpus,
-        failsafe if failsafe is not None else FailsafeConfig(cap_w=FAILSAFE_W),
-        AFTER_S,
-        mode=mode,  # type: ignore[arg-type]
-        monotonic=clock.monotonic,
-        wall=clock.time,
-    )
-    return core, gpus
 
 
 @pytest.fixture
@@ -79,11 +35,9 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def node(clock: FakeClock) -> tuple[AgentCore, list[SimulatedGpu]]:
+def node(clock: FakeClock) -> Node:
     """A started core on 4 H100s, failsafe cap 500 W, no heartbeat yet."""
-    core, gpus = make_core(clock)
-    core.start()
-    return core, gpus
+    return started_core(clock)
 
 
 def controlled_with_command(clock: FakeClock, core: AgentCore, ttl_s: float = 30.0) -> None:
@@ -140,7 +94,7 @@ def test_start_survives_a_failing_gpu(clock: FakeClock) -> None:
     assert gpus[1].locked_max_sm_clock_mhz() is None  # the clock part still ran
 
 
-def test_mode_before_any_heartbeat_is_failsafe(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_mode_before_any_heartbeat_is_failsafe(node: Node) -> None:
     core, _ = node
     assert core.mode == "failsafe"
     assert core.node_state == "failsafe"
@@ -166,9 +120,7 @@ def test_local_mode(clock: FakeClock) -> None:
     assert ack.errors[0].index is None
     assert settings_of(gpus) == FAILSAFE_STATE
     assert core.counters.commands_refused == 1
-    clock.advance(AFTER_S * 3)
-    core.tick()
-    assert core.mode == "local"
+    assert mode_after(clock, core, AFTER_S * 3) == "local"
     assert core.counters.failsafe_entries == 0
     assert core.telemetry().mode == "local"
 
@@ -176,9 +128,7 @@ def test_local_mode(clock: FakeClock) -> None:
 # --- commands need a live leader ------------------------------------------------
 
 
-def test_commands_refused_before_a_heartbeat(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_commands_refused_before_a_heartbeat(clock: FakeClock, node: Node) -> None:
     core, gpus = node
     ack = core.on_command(command(1, 1, *all_gpus(4, 300.0)))
     assert (ack.result, ack.epoch, ack.seq, ack.gpus) == ("rejected", 1, 1, [])
@@ -191,9 +141,7 @@ def test_commands_refused_before_a_heartbeat(
     assert core.on_command(command(1, 1, *all_gpus(4, 300.0))).result == "applied"
 
 
-def test_leader_heartbeat_makes_it_controlled(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_leader_heartbeat_makes_it_controlled(clock: FakeClock, node: Node) -> None:
     core, _ = node
     core.on_heartbeat(heartbeat(clock))
     assert core.mode == "controlled"
@@ -203,9 +151,7 @@ def test_leader_heartbeat_makes_it_controlled(
 
 
 @pytest.mark.parametrize("age_s", [AFTER_S, AFTER_S + 0.001, 3600.0, 86400.0 * 30])
-def test_old_heartbeat_does_not_count(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]], age_s: float
-) -> None:
+def test_old_heartbeat_does_not_count(clock: FakeClock, node: Node, age_s: float) -> None:
     core, gpus = node
     core.on_heartbeat(heartbeat(clock, age_s=age_s))  # e.g. a stale retained heartbeat
     assert core.mode == "failsafe"
@@ -214,34 +160,22 @@ def test_old_heartbeat_does_not_count(
     assert settings_of(gpus) == FAILSAFE_STATE
 
 
-def test_aged_heartbeat_counts_only_for_what_is_left(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_aged_heartbeat_counts_only_for_what_is_left(clock: FakeClock, node: Node) -> None:
     core, _ = node
     core.on_heartbeat(heartbeat(clock, age_s=8.0))  # sent 8 s ago: live for 2 s more
     assert core.mode == "controlled"
-    clock.advance(1.5)
-    core.tick()
-    assert core.mode == "controlled"
-    clock.advance(1.0)
-    core.tick()
-    assert core.mode == "failsafe"
+    assert mode_after(clock, core, 1.5) == "controlled"
+    assert mode_after(clock, core, 1.0) == "failsafe"
 
 
-def test_heartbeat_from_the_future_counts_as_fresh_not_longer(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_heartbeat_from_the_future_counts_as_fresh_not_longer(clock: FakeClock, node: Node) -> None:
     core, _ = node
     core.on_heartbeat(heartbeat(clock, age_s=-300.0))  # controller clock 5 min ahead
     assert core.mode == "controlled"
-    clock.advance(AFTER_S + 0.5)
-    core.tick()
-    assert core.mode == "failsafe"
+    assert mode_after(clock, core, AFTER_S + 0.5) == "failsafe"
 
 
-def test_standby_heartbeats_do_not_count(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_standby_heartbeats_do_not_count(clock: FakeClock, node: Node) -> None:
     core, gpus = node
     core.on_heartbeat(heartbeat(clock, epoch=1, state="standby"))
     assert core.mode == "failsafe"
@@ -249,23 +183,15 @@ def test_standby_heartbeats_do_not_count(
     assert core.on_command(command(1, 1, *all_gpus(4, 300.0))).result == "rejected"
     # nor do they keep a leader's liveness going
     core.on_heartbeat(heartbeat(clock, epoch=1))
-    for _ in range(12):
-        clock.advance(1.0)
-        core.on_heartbeat(heartbeat(clock, epoch=1, state="standby"))
-        core.tick()
+    heartbeat_each_second(clock, core, 12, partial(heartbeat, epoch=1, state="standby"))
     assert core.mode == "failsafe"
     assert settings_of(gpus) == FAILSAFE_STATE
 
 
-def test_heartbeats_of_an_older_epoch_do_not_keep_it_alive(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_heartbeats_of_an_older_epoch_do_not_keep_it_alive(clock: FakeClock, node: Node) -> None:
     core, _ = node
     core.on_heartbeat(heartbeat(clock, epoch=2))
-    for _ in range(12):
-        clock.advance(1.0)
-        core.on_heartbeat(heartbeat(clock, epoch=1))  # the deposed controller
-        core.tick()
+    heartbeat_each_second(clock, core, 12, partial(heartbeat, epoch=1))  # the deposed controller
     assert core.mode == "failsafe"
     assert core.counters.heartbeats_ignored == 12
 
@@ -273,19 +199,13 @@ def test_heartbeats_of_an_older_epoch_do_not_keep_it_alive(
 # --- losing the controller ---------------------------------------------------------
 
 
-def test_no_heartbeat_for_failsafe_after_s_enters_failsafe(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_no_heartbeat_for_failsafe_after_s_enters_failsafe(clock: FakeClock, node: Node) -> None:
     core, gpus = node
     controlled_with_command(clock, core)
     assert settings_of(gpus) == COMMANDED_STATE
-    clock.advance(AFTER_S)  # exactly at the deadline: still live
-    core.tick()
-    assert core.mode == "controlled"
+    assert mode_after(clock, core, AFTER_S) == "controlled"  # exactly at the deadline: still live
     assert settings_of(gpus) == COMMANDED_STATE
-    clock.advance(0.5)
-    core.tick()
-    assert core.mode == "failsafe"
+    assert mode_after(clock, core, 0.5) == "failsafe"
     assert core.node_state == "failsafe"
     assert settings_of(gpus) == FAILSAFE_STATE
     assert core.counters.failsafe_entries == 1
@@ -296,9 +216,7 @@ def test_no_heartbeat_for_failsafe_after_s_enters_failsafe(
     assert core.counters.failsafe_entries == 1
 
 
-def test_regular_heartbeats_keep_it_controlled(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_regular_heartbeats_keep_it_controlled(clock: FakeClock, node: Node) -> None:
     core, gpus = node
     controlled_with_command(clock, core, ttl_s=30.0)
     for second in range(1, 121):
@@ -311,14 +229,10 @@ def test_regular_heartbeats_keep_it_controlled(
     assert core.counters.failsafe_entries == 0
 
 
-def test_command_ttl_expiry_enters_failsafe(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_command_ttl_expiry_enters_failsafe(clock: FakeClock, node: Node) -> None:
     core, gpus = node
     controlled_with_command(clock, core, ttl_s=3.0)
-    clock.advance(3.0)
-    core.tick()
-    assert core.mode == "controlled"
+    assert mode_after(clock, core, 3.0) == "controlled"
     clock.advance(0.5)  # the heartbeat is still live (10 s), the command is not
     assert core.controller_live()
     core.tick()
@@ -327,69 +241,47 @@ def test_command_ttl_expiry_enters_failsafe(
     assert core.counters.failsafe_entries == 1
 
 
-def test_command_ttl_is_refreshed_by_live_heartbeats(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_command_ttl_is_refreshed_by_live_heartbeats(clock: FakeClock, node: Node) -> None:
     # docs/PROTOCOL.md: failsafe when no newer command *or heartbeat of a live
     # controller* arrives within ttl_s
     core, gpus = node
     controlled_with_command(clock, core, ttl_s=3.0)
-    for _ in range(60):
-        clock.advance(1.0)
-        core.on_heartbeat(heartbeat(clock))
-        core.tick()
+    heartbeat_each_second(clock, core, 60)
     assert core.mode == "controlled"
     assert settings_of(gpus) == COMMANDED_STATE
     # once the heartbeats stop, the ttl (shorter than failsafe_after_s) expires first
-    clock.advance(3.5)
-    core.tick()
-    assert core.mode == "failsafe"
+    assert mode_after(clock, core, 3.5) == "failsafe"
     assert settings_of(gpus) == FAILSAFE_STATE
 
 
-def test_stale_or_standby_heartbeats_do_not_refresh_the_ttl(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_stale_or_standby_heartbeats_do_not_refresh_the_ttl(clock: FakeClock, node: Node) -> None:
     core, _ = node
     controlled_with_command(clock, core, ttl_s=3.0)
     clock.advance(2.0)
     core.on_heartbeat(heartbeat(clock, state="standby"))
     core.on_heartbeat(heartbeat(clock, age_s=AFTER_S + 1))
-    clock.advance(1.5)
-    core.tick()
-    assert core.mode == "failsafe"
+    assert mode_after(clock, core, 1.5) == "failsafe"
 
 
-def test_each_command_sets_its_own_ttl(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_each_command_sets_its_own_ttl(clock: FakeClock, node: Node) -> None:
     core, _ = node
     controlled_with_command(clock, core, ttl_s=3.0)
     clock.advance(2.0)
     assert core.on_command(command(1, 2, *all_gpus(4, 310.0), ttl_s=5.0)).result == "applied"
-    clock.advance(4.5)  # 6.5 s after the first command, 4.5 s after the second
-    core.tick()
-    assert core.mode == "controlled"
-    clock.advance(1.0)
-    core.tick()
-    assert core.mode == "failsafe"
+    # 6.5 s after the first command, 4.5 s after the second
+    assert mode_after(clock, core, 4.5) == "controlled"
+    assert mode_after(clock, core, 1.0) == "failsafe"
 
 
-def test_stale_command_does_not_extend_the_ttl(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_stale_command_does_not_extend_the_ttl(clock: FakeClock, node: Node) -> None:
     core, _ = node
     controlled_with_command(clock, core, ttl_s=3.0)
     clock.advance(2.0)
     assert core.on_command(command(1, 1, *all_gpus(4, 300.0), ttl_s=60.0)).result == "stale"
-    clock.advance(1.5)
-    core.tick()
-    assert core.mode == "failsafe"
+    assert mode_after(clock, core, 1.5) == "failsafe"
 
 
-def test_ttl_is_measured_from_receipt_not_sender_ts(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_ttl_is_measured_from_receipt_not_sender_ts(clock: FakeClock, node: Node) -> None:
     core, _ = node
     core.on_heartbeat(heartbeat(clock))
     # sent (by its ts) an hour ago: with a 5 s ttl it is still good for 5 s from now
@@ -397,25 +289,17 @@ def test_ttl_is_measured_from_receipt_not_sender_ts(
         Command(v=1, epoch=1, seq=1, ts=clock.wall - 3600, ttl_s=5.0, gpus=all_gpus(4, 300.0))
     )
     assert core.on_command(old).result == "applied"
-    clock.advance(4.5)
-    core.tick()
-    assert core.mode == "controlled"
-    clock.advance(1.0)
-    core.tick()
-    assert core.mode == "failsafe"
+    assert mode_after(clock, core, 4.5) == "controlled"
+    assert mode_after(clock, core, 1.0) == "failsafe"
 
 
 # --- recovery -------------------------------------------------------------------
 
 
-def test_heartbeat_returning_makes_it_controlled_again(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_heartbeat_returning_makes_it_controlled_again(clock: FakeClock, node: Node) -> None:
     core, gpus = node
     controlled_with_command(clock, core)
-    clock.advance(AFTER_S + 1)
-    core.tick()
-    assert core.mode == "failsafe"
+    assert mode_after(clock, core, AFTER_S + 1) == "failsafe"
 
     core.on_heartbeat(heartbeat(clock))
     assert core.mode == "controlled"
@@ -427,22 +311,16 @@ def test_heartbeat_returning_makes_it_controlled_again(
     assert [g.power_limit_w() for g in gpus] == [320.0] * 4
 
     # and a second loss is a second failsafe entry
-    clock.advance(AFTER_S + 1)
-    core.tick()
-    assert core.mode == "failsafe"
+    assert mode_after(clock, core, AFTER_S + 1) == "failsafe"
     assert settings_of(gpus) == FAILSAFE_STATE
     assert core.counters.failsafe_entries == 2
 
 
-def test_failsafe_with_a_lost_gpu_still_protects_the_others(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_failsafe_with_a_lost_gpu_still_protects_the_others(clock: FakeClock, node: Node) -> None:
     core, gpus = node
     controlled_with_command(clock, core)
     gpus[0].lose()
-    clock.advance(AFTER_S + 1)
-    core.tick()  # does not raise
-    assert core.mode == "failsafe"
+    assert mode_after(clock, core, AFTER_S + 1) == "failsafe"  # the tick does not raise
     assert settings_of(gpus[1:]) == FAILSAFE_STATE[1:]
     # telemetry leaves the lost GPU out and counts the failure
     telemetry = core.telemetry()

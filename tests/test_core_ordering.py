@@ -6,49 +6,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerd.agent.config import FailsafeConfig
-from powerd.agent.core import AgentCore
-from powerd.gpu.simulated import SimulatedGpu, open_simulated
-from powerd.protocol import Ack, Command, GpuCommand, Heartbeat, encode
-
-WALL0 = 1_795_320_000.0
-NODE = "r01-n03"
-FAILSAFE_W = 500.0
-AFTER_S = 10.0
-
-
-class FakeClock:
-    """Monotonic and wall time that move together, and only when told to."""
-
-    def __init__(self) -> None:
-        self.mono = 5_000.0
-        self.wall = WALL0
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def time(self) -> float:
-        return self.wall
-
-    def advance(self, seconds: float) -> None:
-        self.mono += seconds
-        self.wall += seconds
-
-
-def heartbeat(clock: FakeClock, epoch: int = 1) -> bytes:
-    return encode(Heartbeat(v=1, epoch=epoch, ts=clock.wall, controller="ctl-a", state="leader"))
-
-
-def command(epoch: int, seq: int, *gpus: GpuCommand, ttl_s: float = 30.0) -> bytes:
-    return encode(Command(v=1, epoch=epoch, seq=seq, ts=WALL0, ttl_s=ttl_s, gpus=list(gpus)))
-
-
-def cap(index: int, cap_w: float) -> GpuCommand:
-    return GpuCommand(index=index, cap_w=cap_w)
-
-
-def settings_of(gpus: list[SimulatedGpu]) -> list[tuple[float, int | None]]:
-    return [(g.power_limit_w(), g.locked_max_sm_clock_mhz()) for g in gpus]
+from powerd.protocol import Ack, GpuCommand, encode
+from tests.core_harness import (
+    FAILSAFE_W,
+    NODE,
+    FakeClock,
+    Node,
+    cap,
+    command,
+    controlled_core,
+    heartbeat,
+    settings_of,
+)
 
 
 @pytest.fixture
@@ -57,21 +26,9 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def node(clock: FakeClock) -> tuple[AgentCore, list[SimulatedGpu]]:
+def node(clock: FakeClock) -> Node:
     """A started core on 4 simulated H100s, following a live leader of epoch 1."""
-    gpus = open_simulated("4xH100", clock=clock.monotonic)
-    core = AgentCore(
-        NODE,
-        gpus,
-        FailsafeConfig(cap_w=FAILSAFE_W),
-        AFTER_S,
-        monotonic=clock.monotonic,
-        wall=clock.time,
-    )
-    core.start()
-    core.on_heartbeat(heartbeat(clock, 1))
-    assert core.mode == "controlled"
-    return core, gpus
+    return controlled_core(clock)
 
 
 def assert_stale(ack: Ack, epoch: int, seq: int) -> None:
@@ -81,7 +38,7 @@ def assert_stale(ack: Ack, epoch: int, seq: int) -> None:
     assert ack.errors == []
 
 
-def test_commands_in_order_apply(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_commands_in_order_apply(node: Node) -> None:
     core, gpus = node
     assert core.on_command(command(1, 1, cap(0, 300.0))).result == "applied"
     assert core.on_command(command(1, 2, cap(0, 350.0))).result == "applied"
@@ -91,9 +48,7 @@ def test_commands_in_order_apply(node: tuple[AgentCore, list[SimulatedGpu]]) -> 
     assert core.counters.commands_stale == 0
 
 
-def test_ack_describes_the_command(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_ack_describes_the_command(clock: FakeClock, node: Node) -> None:
     core, _ = node
     clock.advance(0.25)
     ack = core.on_command(command(1, 7, GpuCommand(index=2, cap_w=610.0, max_sm_clock_mhz=1410)))
@@ -106,9 +61,7 @@ def test_ack_describes_the_command(
     encode(ack)  # a valid payload
 
 
-def test_same_order_is_stale_and_changes_nothing(
-    node: tuple[AgentCore, list[SimulatedGpu]],
-) -> None:
+def test_same_order_is_stale_and_changes_nothing(node: Node) -> None:
     core, gpus = node
     core.on_command(command(1, 5, cap(0, 300.0)))
     before = settings_of(gpus)
@@ -119,7 +72,7 @@ def test_same_order_is_stale_and_changes_nothing(
     assert core.counters.commands_applied == 1
 
 
-def test_lower_seq_is_stale(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_lower_seq_is_stale(node: Node) -> None:
     core, gpus = node
     core.on_command(command(1, 5, cap(0, 300.0)))
     for seq in (4, 0):
@@ -128,9 +81,7 @@ def test_lower_seq_is_stale(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
     assert core.counters.commands_stale == 2
 
 
-def test_lower_epoch_is_stale_whatever_its_seq(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_lower_epoch_is_stale_whatever_its_seq(clock: FakeClock, node: Node) -> None:
     core, gpus = node
     core.on_command(command(1, 3, cap(0, 300.0)))
     core.on_heartbeat(heartbeat(clock, 2))  # failover: a new controller incarnation
@@ -141,7 +92,7 @@ def test_lower_epoch_is_stale_whatever_its_seq(
 
 
 def test_epoch_below_newest_heartbeat_is_stale_before_any_command(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
+    clock: FakeClock, node: Node
 ) -> None:
     core, gpus = node
     core.on_heartbeat(heartbeat(clock, 3))
@@ -153,9 +104,7 @@ def test_epoch_below_newest_heartbeat_is_stale_before_any_command(
     assert gpus[0].power_limit_w() == 300.0
 
 
-def test_higher_epoch_accepted_with_any_seq(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
-) -> None:
+def test_higher_epoch_accepted_with_any_seq(clock: FakeClock, node: Node) -> None:
     core, gpus = node
     assert core.on_command(command(1, 1000, cap(0, 300.0))).result == "applied"
     core.on_heartbeat(heartbeat(clock, 2))
@@ -168,7 +117,7 @@ def test_higher_epoch_accepted_with_any_seq(
 
 
 def test_heartbeat_of_an_older_epoch_is_ignored_after_a_newer_command(
-    clock: FakeClock, node: tuple[AgentCore, list[SimulatedGpu]]
+    clock: FakeClock, node: Node
 ) -> None:
     core, _ = node
     core.on_command(command(4, 0, cap(0, 300.0)))
@@ -177,7 +126,7 @@ def test_heartbeat_of_an_older_epoch_is_ignored_after_a_newer_command(
     assert core.counters.heartbeats_ignored == ignored + 1
 
 
-def test_out_of_order_delivery(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_out_of_order_delivery(node: Node) -> None:
     core, gpus = node
     deliveries = [(1, 1), (1, 3), (1, 2), (2, 0), (1, 4), (2, 1), (2, 1), (2, 2)]
     results = []
@@ -200,18 +149,7 @@ def test_out_of_order_delivery(node: tuple[AgentCore, list[SimulatedGpu]]) -> No
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 4)), min_size=1, max_size=12))
 def test_only_increasing_orders_apply(orders: list[tuple[int, int]]) -> None:
-    clock = FakeClock()
-    gpus = open_simulated("1xH100", clock=clock.monotonic)
-    core = AgentCore(
-        NODE,
-        gpus,
-        FailsafeConfig(cap_w=FAILSAFE_W),
-        AFTER_S,
-        monotonic=clock.monotonic,
-        wall=clock.time,
-    )
-    core.start()
-    core.on_heartbeat(heartbeat(clock, 1))
+    core, gpus = controlled_core(FakeClock(), "1xH100")
     newest: tuple[int, int] | None = None
     expected_cap = FAILSAFE_W
     for epoch, seq in orders:
@@ -228,7 +166,7 @@ def test_only_increasing_orders_apply(orders: list[tuple[int, int]]) -> None:
 # --- GPUs and fields left out ------------------------------------------------
 
 
-def test_gpus_left_out_keep_their_settings(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_gpus_left_out_keep_their_settings(node: Node) -> None:
     core, gpus = node
     core.on_command(
         command(
@@ -248,9 +186,7 @@ def test_gpus_left_out_keep_their_settings(node: tuple[AgentCore, list[Simulated
     ]
 
 
-def test_empty_gpu_list_changes_nothing_but_counts(
-    node: tuple[AgentCore, list[SimulatedGpu]],
-) -> None:
+def test_empty_gpu_list_changes_nothing_but_counts(node: Node) -> None:
     core, gpus = node
     before = settings_of(gpus)
     ack = core.on_command(command(1, 1))
@@ -259,7 +195,7 @@ def test_empty_gpu_list_changes_nothing_but_counts(
     assert core.on_command(command(1, 1)).result == "stale"  # it still took its place in order
 
 
-def test_cap_absent_leaves_the_cap(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_cap_absent_leaves_the_cap(node: Node) -> None:
     core, gpus = node
     core.on_command(command(1, 1, cap(0, 300.0)))
     ack = core.on_command(command(1, 2, GpuCommand(index=0, max_sm_clock_mhz=1000)))
@@ -267,7 +203,7 @@ def test_cap_absent_leaves_the_cap(node: tuple[AgentCore, list[SimulatedGpu]]) -
     assert (ack.gpus[0].cap_w, ack.gpus[0].max_sm_clock_mhz) == (300.0, 1000)
 
 
-def test_clock_lock_absent_null_and_value(node: tuple[AgentCore, list[SimulatedGpu]]) -> None:
+def test_clock_lock_absent_null_and_value(node: Node) -> None:
     core, gpus = node
     # a value locks
     ack = core.on_command(command(1, 1, GpuCommand(index=0, max_sm_clock_mhz=1410)))
@@ -307,7 +243,7 @@ def test_null_clock_is_sent_as_null() -> None:
     ],
 )
 def test_clock_lock_clamped_into_range(
-    node: tuple[AgentCore, list[SimulatedGpu]], asked: float, locked: int, clamped: bool
+    node: Node, asked: float, locked: int, clamped: bool
 ) -> None:
     core, gpus = node
     ack = core.on_command(command(1, 1, GpuCommand(index=3, max_sm_clock_mhz=asked)))

@@ -22,26 +22,16 @@ from powerd.gpu.simulated import (
     parse_spec,
 )
 from powerd.protocol import PHASES
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
+from tests.clocks import ManualClock
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def gpu(clock: FakeClock) -> SimulatedGpu:
+def gpu(clock: ManualClock) -> SimulatedGpu:
     return open_simulated("H100", clock=clock)[0]
 
 
@@ -53,7 +43,7 @@ def gpu(clock: FakeClock) -> SimulatedGpu:
     [("4xH100", 4, "H100"), ("8xGB200", 8, "GB200"), ("2xA100", 2, "A100"), ("H100", 1, "H100"),
      (" 2 x a40 ", 2, "A40"), ("64xV100", 64, "V100"), ("1xP100", 1, "P100")],
 )  # fmt: skip
-def test_a_spec_names_count_and_model(spec: str, count: int, key: str, clock: FakeClock) -> None:
+def test_a_spec_names_count_and_model(spec: str, count: int, key: str, clock: ManualClock) -> None:
     gpus = open_simulated(spec, clock=clock)
     assert len(gpus) == count
     assert [g.index for g in gpus] == list(range(count))
@@ -83,7 +73,7 @@ def test_a_bad_spec_says_what_is_wrong(spec: str, reason: str) -> None:
     assert "H100" in str(caught.value) or "count" in str(caught.value)
 
 
-def test_uuids_are_stable_and_differ_by_seed(clock: FakeClock) -> None:
+def test_uuids_are_stable_and_differ_by_seed(clock: ManualClock) -> None:
     first = [g.uuid for g in open_simulated("2xH100", clock=clock, seed=1)]
     again = [g.uuid for g in open_simulated("2xH100", clock=clock, seed=1)]
     other = [g.uuid for g in open_simulated("2xH100", clock=clock, seed=2)]
@@ -115,7 +105,7 @@ def test_a_power_limit_reads_back_in_milliwatts(gpu: SimulatedGpu) -> None:
 
 @pytest.mark.parametrize("cap_w", [199.9, 700.1, 0.0, -5.0, 1e9, math.nan, math.inf])
 def test_a_power_limit_out_of_range_raises_and_changes_nothing(
-    gpu: SimulatedGpu, clock: FakeClock, cap_w: float
+    gpu: SimulatedGpu, clock: ManualClock, cap_w: float
 ) -> None:
     gpu.set_power_limit_w(450.0)
     before = gpu.sample()
@@ -199,7 +189,7 @@ def test_a_bad_phase_is_refused(gpu: SimulatedGpu) -> None:
     assert gpu.phase == "compute"
 
 
-def test_the_initial_phase_is_configurable(clock: FakeClock) -> None:
+def test_the_initial_phase_is_configurable(clock: ManualClock) -> None:
     gpus = open_simulated("2xA100", clock=clock, phase="idle")
     assert [g.phase for g in gpus] == ["idle", "idle"]
     assert gpus[0].power_w() == pytest.approx(55.0)
@@ -266,7 +256,7 @@ def test_workloads_are_named_and_change_the_draw(gpu: SimulatedGpu) -> None:
         open_simulated("H100", workload="mystery")
 
 
-def test_curves_transfer_to_bigger_gpus(clock: FakeClock) -> None:
+def test_curves_transfer_to_bigger_gpus(clock: ManualClock) -> None:
     for spec, cap_max in (("GB200", 1200.0), ("H100", 700.0), ("A100", 400.0)):
         g = open_simulated(spec, clock=clock)[0]
         assert g.power_w() / cap_max == pytest.approx(g.curve.demand_frac, rel=0.01)
@@ -276,7 +266,7 @@ def test_curves_transfer_to_bigger_gpus(clock: FakeClock) -> None:
 
 
 def test_energy_integrates_the_power_it_reports_exactly(
-    gpu: SimulatedGpu, clock: FakeClock
+    gpu: SimulatedGpu, clock: ManualClock
 ) -> None:
     expected = gpu.energy_j()
     assert expected == 0.0
@@ -290,7 +280,7 @@ def test_energy_integrates_the_power_it_reports_exactly(
     assert expected > 0
 
 
-def test_energy_follows_phase_changes(gpu: SimulatedGpu, clock: FakeClock) -> None:
+def test_energy_follows_phase_changes(gpu: SimulatedGpu, clock: ManualClock) -> None:
     clock.advance(60.0)
     busy = gpu.energy_j()
     gpu.set_phase("idle")
@@ -300,18 +290,18 @@ def test_energy_follows_phase_changes(gpu: SimulatedGpu, clock: FakeClock) -> No
     assert idle_power * 60.0 < 0.2 * busy
 
 
-def test_a_clock_going_backwards_adds_no_energy(gpu: SimulatedGpu, clock: FakeClock) -> None:
+def test_a_clock_going_backwards_adds_no_energy(gpu: SimulatedGpu, clock: ManualClock) -> None:
     clock.advance(10.0)
     energy = gpu.energy_j()
     clock.advance(-5.0)
     assert gpu.energy_j() == energy
 
 
-def test_a_gpu_without_an_energy_counter_reports_none(clock: FakeClock) -> None:
+def test_a_gpu_without_an_energy_counter_reports_none(clock: ManualClock) -> None:
     assert open_simulated("P100", clock=clock)[0].energy_j() is None
 
 
-def test_power_noise_is_small_seeded_and_under_the_cap(clock: FakeClock) -> None:
+def test_power_noise_is_small_seeded_and_under_the_cap(clock: ManualClock) -> None:
     def series(seed: int) -> list[float]:
         g = open_simulated("H100", clock=clock, seed=seed)[0]
         g.set_power_limit_w(500.0)
@@ -331,7 +321,7 @@ def test_power_noise_is_small_seeded_and_under_the_cap(clock: FakeClock) -> None
     assert all(abs(p / centre - 1) <= NOISE_LIMIT + 1e-12 for p in a + c)
 
 
-def test_temperature_follows_power_with_a_lag(gpu: SimulatedGpu, clock: FakeClock) -> None:
+def test_temperature_follows_power_with_a_lag(gpu: SimulatedGpu, clock: ManualClock) -> None:
     clock.advance(10 * TEMP_TAU_S)
     hot = gpu.temp_c()
     gpu.set_phase("idle")
@@ -389,7 +379,7 @@ def test_injection_is_checked(gpu: SimulatedGpu) -> None:
         gpu.inject_error("power_w", GpuError("x"), times=0)
 
 
-def test_a_lost_gpu_fails_every_call(gpu: SimulatedGpu, clock: FakeClock) -> None:
+def test_a_lost_gpu_fails_every_call(gpu: SimulatedGpu, clock: ManualClock) -> None:
     gpu.lose()
     assert gpu.lost
     for name in sorted(NVML_METHODS):
@@ -406,7 +396,7 @@ def test_a_lost_gpu_fails_every_call(gpu: SimulatedGpu, clock: FakeClock) -> Non
         gpu.power_w()
 
 
-def test_losing_one_gpu_leaves_the_others(clock: FakeClock) -> None:
+def test_losing_one_gpu_leaves_the_others(clock: ManualClock) -> None:
     gpus = open_simulated("2xH100", clock=clock)
     gpus[0].lose()
     assert gpus[1].sample().power_w > 0

@@ -61,6 +61,7 @@ class AgentDaemon:
         self.notifier = notifier or SystemdNotifier()
         self.connected = asyncio.Event()  # set while a broker session is up
         self.connections = 0  # successful connects so far
+        self.connect_failures = 0  # sessions that failed or broke
         self._sampled = asyncio.Condition()  # notified after every sample-loop pass
         self._client: aiomqtt.Client | None = None
         self._published_state: NodeState | None = None
@@ -185,8 +186,10 @@ class AgentDaemon:
                 ) as client:
                     await self._session(client)
             except aiomqtt.MqttError as exc:
+                self.connect_failures += 1
                 log.warning("broker %s: %s", broker.display, exc)
-            except ValueError as exc:  # unreadable password file and the like
+            except (ValueError, OSError) as exc:  # unreadable password or TLS files
+                self.connect_failures += 1
                 log.error("broker %s: %s", broker.display, exc)
             finally:
                 self._client = None
