@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the test suite needs, as "command:package" pairs.
-DEB_NEEDS := mosquitto:mosquitto systemd-analyze:systemd
+DEB_NEEDS := mosquitto:mosquitto systemd-analyze:systemd victoria-metrics:victoria-metrics influxd:influxdb
 
 .PHONY: demo test lint format bench deps venv clean
 
@@ -29,6 +29,10 @@ format: venv
 
 bench: venv
 	$(BIN)/python -m bench.bench_agent --seconds 60 --json bench/results/agent.json
+	$(BIN)/python -m bench.bench_policy --json bench/results/policy.json
+	$(BIN)/python -m bench.bench_controller --cycles 10 --json bench/results/controller.json
+	$(BIN)/python -m bench.bench_controller --cycles 10 --fine-every-s 10 --json bench/results/controller-fine10.json
+	$(BIN)/python -m bench.bench_planner --whatif-s 60 --json bench/results/planner.json
 
 deps:
 	@missing=""; \

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.common import machine, report
 from tests.brokers import Mosquitto, MqttProbe
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -94,18 +93,6 @@ async def measure(broker: Mosquitto, period_s: float, window_s: float) -> dict:
     }
 
 
-def machine() -> str:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.machine(),
-    )
-    return f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-
-
 async def main_async(seconds: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         broker = Mosquitto(Path(tmp))
@@ -132,10 +119,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
     result = asyncio.run(main_async(args.seconds))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -4,3 +4,40 @@ No I/O, no clocks, no MQTT: the controller calls them every cycle and the
 planner replays profiles through the same functions. Filled in by the cluster
 controller work (issue 3).
 """
+
+from policies.capping import Decision, PolicySettings, decide, overhead_below
+from policies.phases import infer_phases
+from policies.tree import (
+    HIGH,
+    LOW,
+    NORMAL,
+    PHASE_CODES,
+    PHASES,
+    PRIORITY_CODES,
+    RACK,
+    ROW,
+    SERVER,
+    SITE,
+    ClusterState,
+    Tree,
+)
+
+__all__ = [
+    "HIGH",
+    "LOW",
+    "NORMAL",
+    "PHASES",
+    "PHASE_CODES",
+    "PRIORITY_CODES",
+    "RACK",
+    "ROW",
+    "SERVER",
+    "SITE",
+    "ClusterState",
+    "Decision",
+    "PolicySettings",
+    "Tree",
+    "decide",
+    "infer_phases",
+    "overhead_below",
+]

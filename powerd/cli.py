@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -37,9 +38,10 @@ def main() -> None:
 
     \b
     powerd agent       the node agent (systemd service on every GPU node)
+    powerd controller  the cluster controller: keeps every rack, row and the site in budget
     powerd gpus        what the agent reads from this node's GPUs
     powerd demo        the whole loop on this machine, simulated GPUs, no servers
-    powerd unit agent  print the systemd unit for the agent
+    powerd unit agent  print the systemd unit for the agent (unit controller: the controller)
 
     The wire protocol is in docs/PROTOCOL.md.
     """
@@ -158,46 +160,226 @@ async def run_agent(config: AgentConfig) -> None:
 
 @main.command()
 @click.option(
-    "--duration", "duration_s", type=float, default=24.0, show_default=True, help="Seconds to run."
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Controller config file (TOML). Without it: defaults (broker mqtt://localhost).",
 )
 @click.option(
-    "--gpus",
-    "spec",
-    default="4xH100",
+    "--budgets",
+    "budgets_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Budget tree (TOML, docs/BUDGETS.md): site, rows, racks, nodes and their budgets.",
+)
+@click.option("--broker", help="Broker URL, mqtt://HOST[:PORT] or mqtts://HOST[:PORT] (TLS).")
+@click.option("--cluster", help="Cluster name, the topic prefix is powerd/v1/CLUSTER.")
+@click.option("--name", help="This controller's name [default: short hostname].")
+@click.option("--cycle-s", type=float, help="Control period [default: 1].")
+@click.option(
+    "--record",
+    metavar="URL|FILE",
+    help="Record telemetry: influx+http://HOST:PORT?org=O&bucket=B, or a line-protocol file.",
+)
+@click.option(
+    "--no-record",
+    is_flag=True,
+    help="Record nothing (default: the configured recorder, else telemetry.lp in the state dir).",
+)
+@click.option(
+    "--log-level",
+    default="info",
     show_default=True,
-    help="Simulated GPUs on the demo node, COUNTxMODEL.",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+def controller(
+    config_path: Path | None,
+    budgets_path: Path,
+    broker: str | None,
+    cluster: str | None,
+    name: str | None,
+    cycle_s: float | None,
+    record: str | None,
+    no_record: bool,
+    log_level: str,
+) -> None:
+    """Run the cluster controller.
+
+    Every cycle it sums the agents' telemetry up the budget tree (node, rack,
+    row, site), caps the GPUs of any tree node above its capping threshold
+    down to its target (low-priority jobs first, then the GPUs drawing most),
+    hands watts back gradually below the uncapping threshold within every
+    level's ramp limit, locks SM clocks during communication phases, and sends
+    each node a command only when its caps change. A silent or offline node
+    counts at its failsafe power.
+
+    It leads with an epoch one above the highest it finds in the retained
+    heartbeat, and steps down when it sees a newer one: a second controller
+    started with the same settings is a standby that takes over when the
+    leader goes silent.
+    """
+    from powerd.controller.app import run_controller
+    from powerd.controller.config import load_controller_config
+    from powerd.topology import BudgetError
+
+    setup_logging(log_level)
+    try:
+        config = load_controller_config(config_path).with_overrides(
+            broker=broker, cluster=cluster, name=name, cycle_s=cycle_s
+        )
+        if record is not None and no_record:
+            raise ConfigError("give --record or --no-record, not both")
+        if record is not None:
+            is_url = "://" in record
+            config = config.with_overrides(
+                recorder=dataclasses.replace(
+                    config.recorder,
+                    enabled=True,
+                    url=record if is_url else None,
+                    file=None if is_url else record,
+                )
+            )
+        if no_record:
+            config = config.with_overrides(
+                recorder=dataclasses.replace(config.recorder, enabled=False)
+            )
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        asyncio.run(run_controller(config, budgets_path))
+    except (BudgetError, OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@click.option(
+    "--duration",
+    "duration_s",
+    type=float,
+    default=40.0,
+    show_default=True,
+    help="Seconds the jobs run (setup and teardown add about 3 s). At least 20.",
 )
 @click.option(
-    "--live/--no-live", default=None, help="Live table [default: when the output is a terminal]."
+    "--summary-json",
+    "summary_json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the summary as JSON to this file.",
 )
-def demo(duration_s: float, spec: str, live: bool | None) -> None:
-    """Run a node agent on simulated GPUs with an embedded broker: no servers needed.
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("demo-power.png"),
+    show_default=True,
+    help="PNG of power against budget and limit over time (the temp dir if it cannot be written).",
+)
+@click.option(
+    "--budgets",
+    "budgets_path",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Another budgets file [default: powerd/data/budgets/demo.toml].",
+)
+@click.option(
+    "--live/--no-live", default=None, help="Live view [default: when the output is a terminal]."
+)
+def demo(
+    duration_s: float,
+    summary_json: Path | None,
+    plot_path: Path,
+    budgets_path: Path | None,
+    live: bool | None,
+) -> None:
+    """The whole loop on this machine, no servers: broker, controller, agents, jobs.
 
-    A scripted controller sends heartbeats, caps the GPUs, locks clocks during
-    a communication phase, then goes silent: watch the agent apply, clamp,
-    acknowledge, and fall back to its failsafe caps on its own. Exits non-zero
-    if any GPU drew more than its cap or the agent did not behave.
+    An embedded MQTT broker, the controller, and a node agent on simulated
+    GPUs for every node of the budgets file (2 rows x 4 racks x 8 nodes x 4
+    H100), running two synthetic synchronous LLM training jobs (high priority
+    on row1, low on row2) that announce start, compute, exposed communication,
+    a checkpoint and stop through powerd.jobhook. The budgets are tight: racks,
+    rows and the site must be capped. Prints a summary (seconds over budgets
+    and limits, peak site ramp, energy, throughput relative to uncapped),
+    writes a PNG, and exits 1 if any rack, row, node or the site drew more
+    than its limit.
     """
+    import json
+    import tempfile
+
     from rich.console import Console
+    from rich.live import Live
 
-    from powerd.demo import run_demo
+    from powerd.demo import MIN_DURATION_S, DemoOptions, run_demo
+    from powerd.demo.view import EventLog, LiveView, print_summary
+    from powerd.topology import BudgetError
 
-    setup_logging("error")  # the demo shows the agent's events itself
-    if duration_s < 6:
-        raise click.BadParameter("at least 6 s, to see the whole script", param_hint="--duration")
+    if not MIN_DURATION_S <= duration_s <= 3600:
+        raise click.BadParameter(
+            f"at least {MIN_DURATION_S:g} s (to see every phase) and at most 3600 s",
+            param_hint="--duration",
+        )
+    setup_logging("error")  # the demo shows what happens itself
     console = Console()
-    result = asyncio.run(
-        run_demo(duration_s, spec, console, live_view=console.is_terminal if live is None else live)
-    )
+    if not console.is_terminal:  # a log or a pipe: no reason to wrap at 80 columns
+        console = Console(width=110)
+    live = console.is_terminal if live is None else live
+    options = DemoOptions(duration_s=duration_s, budgets=budgets_path)
     console.print(
-        f"\n{result.samples} telemetry samples, {len(result.acks)} acks "
-        f"({', '.join(sorted({a.result for a in result.acks}))}), modes "
-        f"{' -> '.join(result.modes_seen)}, energy {result.energy_j / 3.6e6 * 1000:.1f} Wh, "
-        f"max power above cap {max(0.0, result.max_power_over_cap_w):.1f} W"
+        f"powerd demo: {duration_s:g} s on {budgets_path or 'powerd/data/budgets/demo.toml'}, "
+        "embedded broker, controller, one agent per node, two training jobs",
+        highlight=False,
     )
-    if not result.ok:
-        raise click.ClickException("the demo did not show the expected behaviour (see above)")
-    console.print("[green]ok[/]: commands applied and clamped, failsafe reached on its own")
+    try:
+        if live:
+            view = LiveView()
+            with Live(console=console, auto_refresh=False, transient=False) as screen:
+                run = asyncio.run(
+                    run_demo(options, lambda state: screen.update(view.render(state), refresh=True))
+                )
+        else:
+            run = asyncio.run(run_demo(options, EventLog(console)))
+    except (BudgetError, ValueError, RuntimeError, OSError) as exc:
+        raise click.ClickException(f"the demo could not run: {exc}") from None
+    except KeyboardInterrupt:
+        console.print("interrupted: no summary")
+        sys.exit(130)
+    summary = run.summary
+
+    from powerd.demo.plot import plot_trace
+
+    try:
+        written = plot_trace(run.trace, plot_path)
+    except OSError:
+        written = plot_trace(run.trace, Path(tempfile.gettempdir()) / plot_path.name)
+    if summary_json is not None:
+        top = run.topology
+        report = summary.to_dict() | {
+            "setup_s": run.setup_s,
+            "wall_s": run.wall_s,
+            "budgets": top.source,
+            "topology": {
+                "rows": len(top.rows),
+                "racks": len(top.racks),
+                "nodes": len(top.servers),
+                "gpus": top.n_gpus,
+            },
+            "agent_period_s": options.agent_period_s,
+            "cycle_s": options.cycle_s,
+            "sample_s": options.sample_s,
+        }
+        report["plot"] = str(written.resolve())
+        summary_json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    console.print()
+    print_summary(console, summary, str(written.resolve()))
+    if summary.limit_violated:
+        for v in summary.limit_violations:
+            console.print(
+                f"[bold red]LIMIT VIOLATED[/]: {v['level']} {v['name']} drew up to "
+                f"{v['peak_w'] / 1e3:.1f} kW, above its {v['limit_w'] / 1e3:g} kW limit, "
+                f"for {v['seconds']:.1f} s (first at {v['first_at_s']:.1f} s)",
+                highlight=False,
+            )
+        sys.exit(summary.exit_code)
+    console.print("[green]ok[/]: no rack, row, node or the site went over its limit")
 
 
 @main.command()
@@ -298,10 +480,49 @@ def unit_agent(exec_path: str | None, config_path: str) -> None:
     click.echo(render_agent_unit(exec_path or _this_executable(), config_path), nl=False)
 
 
+@unit.command("controller")
+@click.option(
+    "--exec",
+    "exec_path",
+    help="Path of the powerd executable for ExecStart [default: this one].",
+)
+@click.option("--config", "config_path", default="/etc/powerd/controller.toml", show_default=True)
+@click.option("--budgets", "budgets_path", default="/etc/powerd/budgets.toml", show_default=True)
+def unit_controller(exec_path: str | None, config_path: str, budgets_path: str) -> None:
+    """Print the controller's unit file, ExecStart pointing at this installation.
+
+    \b
+    powerd unit controller > /etc/systemd/system/powerd-controller.service
+    systemctl daemon-reload && systemctl enable --now powerd-controller
+    """
+    click.echo(
+        render_controller_unit(exec_path or _this_executable(), config_path, budgets_path),
+        nl=False,
+    )
+
+
+def _render_unit(file_name: str, replacements: dict[str, str]) -> str:
+    text = resources.files("powerd.data").joinpath(file_name).read_text()
+    for default, value in replacements.items():
+        text = text.replace(default, value)
+    return text
+
+
 def render_agent_unit(exec_path: str, config_path: str) -> str:
-    text = resources.files("powerd.data").joinpath("powerd-agent.service").read_text()
-    return text.replace("/usr/local/bin/powerd", exec_path).replace(
-        "/etc/powerd/agent.toml", config_path
+    return _render_unit(
+        "powerd-agent.service",
+        {"/usr/local/bin/powerd": exec_path, "/etc/powerd/agent.toml": config_path},
+    )
+
+
+def render_controller_unit(exec_path: str, config_path: str, budgets_path: str) -> str:
+    return _render_unit(
+        "powerd-controller.service",
+        {
+            "/usr/local/bin/powerd": exec_path,
+            "/etc/powerd/controller.toml": config_path,
+            "/etc/powerd/budgets.toml": budgets_path,
+        },
     )
 
 

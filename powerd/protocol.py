@@ -51,10 +51,21 @@ class _Payload(Struct, forbid_unknown_fields=False, omit_defaults=True):
     """Base of every message: rejects non-finite numbers anywhere inside it."""
 
     def __post_init__(self) -> None:
-        _check_finite(self, type(self).__name__)
+        # Nested structs run their own __post_init__ when decoded or built, so only
+        # this struct's own numbers are checked here (msgspec adds the path, `$.gpus[0]`).
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if value.__class__ is float:
+                if value - value != 0.0:  # inf - inf and nan - nan are nan
+                    raise ValueError(f"non-finite number at {type(self).__name__}.{name}")
+            elif isinstance(value, list | tuple):
+                for i, item in enumerate(value):
+                    if not isinstance(item, Struct):  # structs check themselves
+                        _check_finite(item, f"{type(self).__name__}.{name}[{i}]")
 
 
 def _check_finite(obj: Any, where: str) -> None:
+    """Every number inside ``obj``, nested structs included (encode: set after construction)."""
     if isinstance(obj, float):
         if not math.isfinite(obj):
             raise ValueError(f"non-finite number at {where}")
@@ -92,6 +103,8 @@ class Telemetry(_Payload):
     seq: NonNegInt
     mode: Mode
     gpus: list[GpuTelemetry]
+    # optional addition to v1: the newest controller epoch the agent has seen (absent: none)
+    epoch: NonNegInt | None = None
 
 
 # --- command: controller -> one node ----------------------------------------

@@ -10,9 +10,6 @@ import asyncio
 import contextlib
 import fnmatch
 import getpass
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,43 +18,22 @@ from pathlib import Path
 import aiomqtt
 
 from powerd.mqtt_url import NO_DELAY
+from tests.servers import ServerProcess, find_program, free_port, port_open
+
+__all__ = ["Mosquitto", "MqttProbe", "find_mosquitto", "free_port"]
 
 MOSQUITTO_CANDIDATES = ("mosquitto", "/usr/sbin/mosquitto")
 
 
 def find_mosquitto() -> str:
-    for candidate in MOSQUITTO_CANDIDATES:
-        found = shutil.which(candidate)
-        if found:
-            return found
-    raise RuntimeError(
-        "mosquitto is not installed; `make test` installs it (apt-get install -y mosquitto)"
-    )
+    return find_program(MOSQUITTO_CANDIDATES, "mosquitto")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout_s: float = 10.0) -> None:
-    """Block until something accepts TCP connections on 127.0.0.1:port."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"nothing listening on port {port} after {timeout_s} s"
-                ) from None
-            time.sleep(0.02)
-
-
-class Mosquitto:
+class Mosquitto(ServerProcess):
     """One Mosquitto process with its own config, on a free port (kept across restarts)."""
+
+    name = "mosquitto"
+    stop_timeout_s = 5.0
 
     def __init__(
         self,
@@ -69,21 +45,18 @@ class Mosquitto:
     ) -> None:
         """``listener_options``: lines for the listener (certificates, require_certificate);
         ``extra_config``: lines for the broker (password_file, acl_file)."""
-        self.workdir = workdir
-        self.port = free_port()
+        super().__init__(workdir)
         self.extra_config = extra_config
         self.listener_options = listener_options
         self.allow_anonymous = allow_anonymous
         self.tls = tls
         self.config_path = workdir / "mosquitto.conf"
-        self.log_path = workdir / "mosquitto.log"
-        self._proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"{'mqtts' if self.tls else 'mqtt'}://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
+    def command(self) -> list[str]:
         self.config_path.write_text(
             # Started as root, mosquitto drops to user "mosquitto", which cannot read the
             # test's private tmp dirs (certificates, password file); as anyone else this
@@ -98,31 +71,10 @@ class Mosquitto:
             "max_queued_messages 100000\n"
             f"{self.extra_config}\n"
         )
-        log = self.log_path.open("ab")
-        self._proc = subprocess.Popen(
-            [find_mosquitto(), "-c", str(self.config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_for_port(self.port)
-        except TimeoutError:
-            self.stop()
-            raise RuntimeError(f"mosquitto did not start: {self.log_path.read_text()}") from None
+        return [find_mosquitto(), "-c", str(self.config_path)]
 
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
+    def ready(self) -> bool:
+        return port_open(self.port)
 
 
 @dataclass

@@ -20,3 +20,16 @@ def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(autouse=True)
+def _keep_root_logging() -> Iterator[None]:
+    """A CLI run in-process (click's CliRunner) calls ``setup_logging``, which reconfigures
+    the root logger (level, handlers): put it back, so later tests' caplog sees warnings."""
+    import logging
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers

@@ -1,32 +1,154 @@
-"""`powerd demo` runs the scripted loop end to end on its embedded broker and exits 0."""
+"""`powerd demo` end to end: embedded broker, controller, 64 agents, two jobs; and its CLI."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import powerd.demo
+from powerd.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def test_demo_runs_and_shows_failsafe():
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One short run (the shortest the demo accepts) shared by the tests below."""
+    where = tmp_path_factory.mktemp("demo")
     result = subprocess.run(
-        [sys.executable, "-m", "powerd", "demo", "--duration", "6", "--no-live"],
+        [
+            sys.executable,
+            *("-m", "powerd", "demo", "--duration", "20", "--no-live"),
+            *("--summary-json", str(where / "summary.json"), "--plot", str(where / "power.png")),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=where,
     )
+    return result, where
+
+
+def test_demo_exits_zero_and_writes_its_summary_and_plot(demo_run):
+    result, where = demo_run
     assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    assert "ack 1: applied" in out
-    assert "clamped on GPU [0]" in out
-    assert "mode: failsafe" in out
-    assert "max power above cap 0.0 W" in out
+    assert "no rack, row, node or the site went over its limit" in result.stdout
+    assert "llm-high (high): communication" in result.stdout  # the event log, without --live
+    png = (where / "power.png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 10_000
+    assert not (where / "demo-power.png").exists()  # --plot was honoured
 
 
-def test_demo_refuses_a_too_short_duration():
+def test_demo_summary_shows_capping_within_limits(demo_run):
+    result, where = demo_run
+    assert result.returncode == 0, result.stdout + result.stderr
+    s = json.loads((where / "summary.json").read_text())
+    assert s["exit_code"] == 0 and s["limit_violated"] is False
+    assert s["over_limit_s"]["any"] == 0 and s["limit_violations"] == []
+    assert all(0 < f <= 1 for f in s["peak_fraction_of_limit"].values())
+    # tight budgets: the controller had to take watts somewhere
+    assert s["capping"]["gpus_cut"] > 0 and s["capping"]["cycles_capping"] > 0
+    assert s["capping"]["min_cap_w"] < 500  # below the failsafe cap the agents start at
+    assert s["energy_site_wh"] > s["energy_gpu_wh"] > 0
+    assert 0 < s["throughput_rel"] <= 1
+    for job in s["jobs"].values():
+        assert 0 < job["throughput_rel"] <= 1 and job["gpus"] == 128
+    assert {"startup", "compute", "communication", "checkpoint", "shutdown"} <= set(
+        s["phases_seen"]
+    )
+    # clock locks follow communication (with a controller cycle or so of lag)
+    assert s["clock_locks"]["communication_locked_share"] > 0.25
+    c = s["commands"]
+    assert c["sent"] > 0 and c["acked"] + c["pending_at_end"] >= 0.95 * c["sent"]
+    assert s["peak_site_ramp_up_w_per_s"] > 0 and s["site_ramp_limit_w_per_s"] == 20_000
+    # the site's ramp limit holds on the sum of caps (slack: commands land a little apart)
+    assert 0 < s["peak_site_cap_ramp_up_w_per_s"] <= 1.5 * s["site_ramp_limit_w_per_s"]
+    assert s["duration_s"] == 20 and s["wall_s"] < 40
+    assert s["samples"] > 150 and s["cycles"] > 30
+
+
+@pytest.mark.parametrize("duration", ["1", "19.5", "4000"])
+def test_demo_refuses_a_duration_out_of_range(duration):
     result = subprocess.run(
-        [sys.executable, "-m", "powerd", "demo", "--duration", "1"],
+        [sys.executable, "-m", "powerd", "demo", "--duration", duration],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 2
-    assert "at least 6 s" in result.stderr
+    assert "at least 20 s" in result.stderr
+
+
+def test_a_limit_violation_makes_the_demo_exit_one(tmp_path, monkeypatch):
+    """The exit code comes from the summary: a canned run with one rack over its limit."""
+    from powerd.demo.summary import summarize
+
+    run = _canned_run()
+    rack = run.trace.names.index("row1-k2")
+    run.trace.node_power_w[5:8, rack] = run.trace.limit_w[rack] + 100.0
+    run.summary = summarize(run.trace)
+
+    async def canned_run_demo(options, on_tick=None):
+        return run
+
+    monkeypatch.setattr(powerd.demo, "run_demo", canned_run_demo)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "s.json"
+    result = CliRunner().invoke(
+        main, ["demo", "--duration", "20", "--no-live", "--summary-json", str(out)]
+    )
+    assert result.exit_code == 1, result.output
+    assert "LIMIT VIOLATED" in result.output and "row1-k2" in result.output
+    s = json.loads(out.read_text())
+    assert s["limit_violated"] is True and s["exit_code"] == 1
+    assert s["limit_violations"][0]["name"] == "row1-k2"
+    assert s["over_limit_s"]["rack"] == pytest.approx(0.3)
+    assert (tmp_path / "demo-power.png").read_bytes().startswith(PNG_MAGIC)  # the default
+
+
+def _canned_run():
+    """A small DemoRun built by hand on the demo's topology (no broker, no agents)."""
+    import numpy as np
+
+    from policies.tree import PHASE_CODES
+    from powerd.demo.runner import DemoRun, default_budgets_path
+    from powerd.demo.summary import JobRecord, Trace, summarize
+    from powerd.topology import load_budgets
+
+    top = load_budgets(default_budgets_path())
+    tree = top.to_tree()
+    n, g = 30, top.n_gpus
+    power = np.full(g, 450.0)
+    node_power = tree.node_sum(power) + tree.overhead_sum()
+    trace = Trace(
+        names=top.names,
+        level=np.asarray(tree.level, dtype=int),
+        limit_w=tree.limit_w,
+        budget_w=tree.budget_w,
+        cap_threshold_w=tree.cap_threshold_w,
+        gpu_job=np.repeat([0, 1], g // 2),
+        overhead_total_w=float(tree.overhead_sum()[0]),
+        site_ramp_limit_w_per_s=float(tree.ramp_w_per_s[0]),
+        t=np.arange(n) * 0.1,
+        node_power_w=np.tile(node_power, (n, 1)),
+        gpu_cap_w=np.full((n, g), 480.0),
+        gpu_locked=np.zeros((n, g), dtype=bool),
+        gpu_phase=np.full((n, g), PHASE_CODES["compute"], dtype=np.int8),
+        gpu_throughput=np.full((n, g), 0.8),
+        gpu_energy_j=np.arange(n) * 0.1 * 450.0 * g,
+        cycle_t=np.zeros(0),
+        cycle_capping=np.zeros((0, top.n_nodes), dtype=bool),
+        cycle_cut=np.zeros((0, g), dtype=bool),
+        jobs=[
+            JobRecord("a", "high", 32, 128, [(0.0, "compute")]),
+            JobRecord("b", "low", 32, 128, [(0.0, "compute")]),
+        ],
+        duration_s=3.0,
+        gpu_row=np.asarray(tree.gpu_ancestor[1], dtype=int),
+    )
+    return DemoRun(top, trace, summarize(trace), setup_s=0.5, wall_s=4.0)

@@ -30,9 +30,8 @@ from powerd.protocol import (
     encode,
     peek_order,
 )
+from tests.protocol_examples import CLASSES, NAME_FIELD
 
-CLASSES = (Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat)
-NAME_FIELD = {Telemetry: "node", Ack: "node", Status: "node", PhaseEvent: "job"}
 NAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 
 FUZZ = settings(

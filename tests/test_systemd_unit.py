@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from powerd.cli import render_agent_unit
+from powerd.cli import render_agent_unit, render_controller_unit
 
 
 def test_agent_unit_verifies(tmp_path: Path):
@@ -39,3 +39,33 @@ def test_broken_unit_fails_verification(tmp_path: Path):
     unit.write_text(render_agent_unit("/nonexistent/powerd", "/etc/powerd/agent.toml"))
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True)
     assert result.returncode != 0
+
+
+def test_controller_unit_verifies(tmp_path: Path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.fail("systemd-analyze missing: `make test` installs the systemd package")
+    unit = tmp_path / "powerd-controller.service"
+    unit.write_text(render_controller_unit(sys.executable, "/etc/x/c.toml", "/etc/x/b.toml"))
+    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = unit.read_text()
+    assert (
+        f"ExecStart={sys.executable} controller --config /etc/x/c.toml --budgets /etc/x/b.toml"
+        in text
+    )
+    for line in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "DynamicUser=yes"):
+        assert line in text
+
+
+def test_controller_unit_is_printed_by_the_cli():
+    from click.testing import CliRunner
+
+    from powerd.cli import main
+
+    result = CliRunner().invoke(main, ["unit", "controller", "--exec", "/opt/p/bin/powerd"])
+    assert result.exit_code == 0, result.output
+    assert (
+        "ExecStart=/opt/p/bin/powerd controller --config /etc/powerd/controller.toml"
+        in result.output
+    )

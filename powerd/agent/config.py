@@ -6,13 +6,12 @@ complete, validated ``AgentConfig`` comes back or ``ConfigError`` is raised.
 
 from __future__ import annotations
 
-import math
 import socket
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from powerd.configfile import BROKER_KEYS, ConfigError, Getter, broker_from_table, read_toml
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
 from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
 
@@ -22,10 +21,6 @@ AgentMode = Literal["controlled", "local"]
 # Meta provisions a 1200 W GB200 at 960 W (shared/DOMAIN.md): with no planner
 # output yet, the failsafe cap defaults to that same 80 % of the device maximum.
 DEFAULT_FAILSAFE_FRACTION = 0.8
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message says where and why."""
 
 
 @dataclass(frozen=True)
@@ -81,17 +76,7 @@ _KNOWN = {
         "simulate",
         "gpu_indices",
     },
-    "broker": {
-        "url",
-        "username",
-        "password_file",
-        "ca_file",
-        "cert_file",
-        "key_file",
-        "keepalive_s",
-        "reconnect_min_s",
-        "reconnect_max_s",
-    },
+    "broker": BROKER_KEYS,
     "failsafe": {"cap_w", "caps_w", "fraction"},
 }
 
@@ -106,56 +91,12 @@ def load_config(path: str | Path | None) -> AgentConfig:
         config = AgentConfig(node=default_node_name())
         _validate(config, "defaults")
         return config
-    path = Path(path)
     where = str(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: cannot read: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
-
-    for section, value in raw.items():
-        if section not in _KNOWN:
-            raise ConfigError(f"{where}: unknown section [{section}]; known: {sorted(_KNOWN)}")
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: [{section}] must be a table")
-        unknown = set(value) - _KNOWN[section]
-        if unknown:
-            raise ConfigError(
-                f"{where}: unknown key(s) {sorted(unknown)} in [{section}]; "
-                f"known: {sorted(_KNOWN[section])}"
-            )
-
+    raw = read_toml(path, _KNOWN)
     agent = raw.get("agent", {})
-    broker_raw = raw.get("broker", {})
     failsafe_raw = raw.get("failsafe", {})
-    get = _Getter(where)
-
-    broker_url = get.str(broker_raw, "broker.url", "mqtt://localhost")
-    try:
-        broker = parse_broker_url(broker_url)
-        broker = replace(
-            broker,
-            username=get.opt_str(broker_raw, "broker.username", broker.username),
-            password_file=get.opt_str(broker_raw, "broker.password_file", None),
-            ca_file=get.opt_str(broker_raw, "broker.ca_file", None),
-            cert_file=get.opt_str(broker_raw, "broker.cert_file", None),
-            key_file=get.opt_str(broker_raw, "broker.key_file", None),
-            keepalive_s=get.number(broker_raw, "broker.keepalive_s", broker.keepalive_s),
-            reconnect_min_s=get.number(
-                broker_raw, "broker.reconnect_min_s", broker.reconnect_min_s
-            ),
-            reconnect_max_s=get.number(
-                broker_raw, "broker.reconnect_max_s", broker.reconnect_max_s
-            ),
-        )
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(f"{where}: broker.url: {exc}") from None
+    get = Getter(where)
+    broker = broker_from_table(raw.get("broker", {}), where)
 
     caps_raw = failsafe_raw.get("caps_w", {})
     if not isinstance(caps_raw, dict):
@@ -199,35 +140,6 @@ def load_config(path: str | Path | None) -> AgentConfig:
     )
     _validate(config, where)
     return config
-
-
-class _Getter:
-    """Typed reads from a TOML table with errors that name the file and key."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def str(self, table: dict, dotted: str, default: Any) -> Any:
-        value = table.get(dotted.rsplit(".", 1)[-1], default)
-        if not isinstance(value, str):
-            raise ConfigError(f"{self.where}: {dotted} must be a string, got {value!r}")
-        return value
-
-    def opt_str(self, table: dict, dotted: str, default: Any) -> Any:
-        value = table.get(dotted.rsplit(".", 1)[-1], default)
-        if value is not None and not isinstance(value, str):
-            raise ConfigError(f"{self.where}: {dotted} must be a string, got {value!r}")
-        return value or default
-
-    def number(self, table: dict, dotted: str, default: Any, key: str | None = None) -> Any:
-        value = table.get(key if key is not None else dotted.rsplit(".", 1)[-1], default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{self.where}: {dotted} must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise ConfigError(f"{self.where}: {dotted} must be finite, got {value!r}")
-        return float(value)
 
 
 def _validate(config: AgentConfig, where: str) -> None:

@@ -271,7 +271,13 @@ class AgentCore:
             )
         self.telemetry_seq += 1
         return Telemetry(
-            v=1, node=self.node, ts=self._wall(), seq=self.telemetry_seq, mode=self.mode, gpus=gpus
+            v=1,
+            node=self.node,
+            ts=self._wall(),
+            seq=self.telemetry_seq,
+            mode=self.mode,
+            gpus=gpus,
+            epoch=self._newest_epoch if self._newest_epoch >= 0 else None,
         )
 
     @property

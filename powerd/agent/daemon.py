@@ -64,6 +64,7 @@ class AgentDaemon:
         self.connect_failures = 0  # sessions that failed or broke
         self._sampled = asyncio.Condition()  # notified after every sample-loop pass
         self._client: aiomqtt.Client | None = None
+        self._stopping = False
         self._published_state: NodeState | None = None
         self._backoff = Backoff(
             config.broker.reconnect_min_s, config.broker.reconnect_max_s, rng=rng
@@ -89,6 +90,7 @@ class AgentDaemon:
             await self._shutdown(tasks)
 
     async def _shutdown(self, tasks: set[asyncio.Task]) -> None:
+        self._stopping = True
         sample = next(t for t in tasks if t.get_name() == "sample")
         sample.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -169,7 +171,9 @@ class AgentDaemon:
     async def _connection_loop(self) -> None:
         broker = self.config.broker
         node = self.config.node
-        while True:
+        # Python 3.11's asyncio.wait_for (used inside aiomqtt) can swallow a cancel: stop on
+        # the flag too, so a lost cancel cannot keep a stopping agent reconnecting.
+        while not self._stopping:
             try:
                 will = aiomqtt.Will(
                     topic=self.topics.status(node),
@@ -195,6 +199,8 @@ class AgentDaemon:
                 self._client = None
                 self.connected.clear()
                 self._published_state = None
+            if self._stopping:
+                return
             delay_s = self._backoff.next_delay_s()
             log.info("reconnecting to %s in %.1f s", broker.display, delay_s)
             await asyncio.sleep(delay_s)

@@ -152,11 +152,17 @@ class OperatingPoint:
 def _points(
     curve: WorkloadCurve,
     device: Device,
-    cap_frac: NDArray[np.float64],
-    lock_frac: float,
+    cap_w: ArrayLike | None,
+    lock_mhz: float | None,
     load: float,
 ) -> tuple[NDArray[np.float64], ...]:
-    """(clock fraction, duty, time / t_min, average power fraction) for each cap."""
+    """(clock fraction, duty, time / t_min, average power fraction) for each cap.
+
+    ``cap_w=None`` is no cap, ``lock_mhz=None`` no clock lock.
+    """
+    cap_frac = _cap_frac(device, cap_w)
+    lock_frac = _lock_frac(device, lock_mhz)
+    load = _check_load(load)
     p_idle, s_min = device.p_idle, device.s_min
     c = np.asarray(cap_frac, dtype=np.float64)
     s_hi = min(max(lock_frac, s_min), 1.0)
@@ -224,9 +230,7 @@ def operating_point(
 
     ``cap_w=None`` is no cap, ``lock_mhz=None`` no clock lock.
     """
-    s, duty, tau, power = _points(
-        curve, device, _cap_frac(device, cap_w), _lock_frac(device, lock_mhz), _check_load(load)
-    )
+    s, duty, tau, power = _points(curve, device, cap_w, lock_mhz, load)
     tau_f = float(tau)
     return OperatingPoint(
         clock_mhz=float(s) * device.clock_max_mhz,
@@ -278,7 +282,5 @@ def predict(
     load: float = 1.0,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Time per unit of work (s) and average power (W) at each cap of ``caps_w``."""
-    _, _, tau, power = _points(
-        curve, device, _cap_frac(device, caps_w), _lock_frac(device, lock_mhz), _check_load(load)
-    )
+    _, _, tau, power = _points(curve, device, caps_w, lock_mhz, load)
     return curve.t_min_s * tau, _watts(power, device, caps_w)

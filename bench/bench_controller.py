@@ -1,0 +1,155 @@
+"""Controller cost at site scale: the work of one control cycle, without the network.
+
+Loads a budgets file (default: the shipped 150 MW / 82,944-GPU site), feeds the
+controller's core one telemetry message per node (encoded protocol payloads,
+as they arrive from the broker), then times, per cycle:
+
+- ``ingest``: decoding and taking in every node's telemetry (the message loop's
+  work for one telemetry period),
+- ``cycle``: ``ControllerCore.cycle()``: arrays, ``policies.decide``, commands,
+- ``records``: building the recorder's ``tree`` and ``decision`` points,
+- ``gpu_records``: building the ``gpu`` points of every telemetry message.
+
+Between cycles a tenth of the racks change load (so commands are sent), the
+rest stay put. Times are medians over ``--cycles`` after one warm-up cycle.
+
+    python -m bench.bench_controller [--budgets FILE] [--cycles 10] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import machine, report
+from powerd.controller.config import ControllerConfig
+from powerd.controller.core import ControllerCore, Layout
+from powerd.controller.records import Records
+from powerd.protocol import GpuTelemetry, Telemetry, encode
+from powerd.topology import load_budgets
+
+
+def telemetry_payloads(
+    topology, tree, power_w: np.ndarray, cap_w: np.ndarray, seq: int, ts: float
+) -> list[tuple[str, bytes]]:
+    out = []
+    for name in topology.servers:
+        gpus = topology.server_gpus(name)
+        out.append(
+            (
+                name,
+                encode(
+                    Telemetry(
+                        v=1,
+                        node=name,
+                        ts=ts,
+                        seq=seq,
+                        mode="controlled",
+                        gpus=[
+                            GpuTelemetry(
+                                index=k,
+                                uuid=f"GPU-{name}-{k}",
+                                power_w=float(power_w[i]),
+                                energy_j=1e9,
+                                cap_w=float(cap_w[i]),
+                                cap_min_w=float(tree.cap_min_w[i]),
+                                cap_max_w=float(tree.cap_max_w[i]),
+                                sm_clock_mhz=1800,
+                                max_sm_clock_mhz=None,
+                                util_pct=95.0,
+                                temp_c=60.0,
+                            )
+                            for k, i in enumerate(gpus)
+                        ],
+                    )
+                ),
+            )
+        )
+    return out
+
+
+def run(budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0) -> dict:
+    topology = load_budgets(budgets)
+    tree = topology.to_tree()
+    config = ControllerConfig(name="bench", cluster="bench")
+    clock = [1000.0]
+    core = ControllerCore(
+        tree,
+        Layout.from_topology(topology),
+        config.settings(),
+        monotonic=lambda: clock[0],
+        wall=lambda: clock[0] + 1.7e9,
+    )
+    core.new_epoch(1)
+    records = Records("bench", topology, "bench", fine_every_s=fine_every_s)
+    rng = np.random.default_rng(seed)
+    n = tree.n_gpus
+    power = rng.uniform(750.0, 950.0, n)
+    cap = tree.cap_max_w.astype(float).copy()
+    gpu_rack = tree.gpu_ancestor[2]
+    racks = np.unique(gpu_rack)
+    timings: dict[str, list[float]] = {"ingest": [], "cycle": [], "records": [], "gpu_records": []}
+    commands_sent = []
+    for c in range(cycles + 1):
+        hot = np.isin(gpu_rack, rng.choice(racks, max(1, len(racks) // 10), replace=False))
+        power = np.where(hot, rng.uniform(1100.0, 1200.0, n), power)
+        payloads = telemetry_payloads(topology, tree, np.minimum(power, cap), cap, c, clock[0])
+        t0 = time.perf_counter()
+        samples = [core.on_telemetry(name, payload) for name, payload in payloads]
+        t1 = time.perf_counter()
+        result = core.cycle()
+        t2 = time.perf_counter()
+        lines = records.cycle(core, result, clock[0] + 1.7e9)
+        t3 = time.perf_counter()
+        n_gpu_lines = sum(len(records.telemetry(core, s)) for s in samples if s is not None)
+        t4 = time.perf_counter()
+        cap = result.decision.cap_w.copy()
+        clock[0] += 1.0
+        for node, _ in result.commands:  # every command acknowledged at once
+            core.pending.pop(core.layout.by_name[node], None)
+        if c == 0:
+            continue  # warm-up
+        timings["ingest"].append(t1 - t0)
+        timings["cycle"].append(t2 - t1)
+        timings["records"].append(t3 - t2)
+        timings["gpu_records"].append(t4 - t3)
+        commands_sent.append(len(result.commands))
+    return {
+        "budgets": str(budgets),
+        "gpus": n,
+        "nodes": len(topology.servers),
+        "tree_nodes": topology.n_nodes,
+        "cycles": cycles,
+        "fine_every_s": fine_every_s,
+        "median_ms": {k: round(statistics.median(v) * 1e3, 1) for k, v in timings.items()},
+        "max_ms": {k: round(max(v) * 1e3, 1) for k, v in timings.items()},
+        "tree_points_last_cycle": len(lines),
+        "gpu_points_last_cycle": n_gpu_lines,
+        "median_commands_per_cycle": statistics.median(commands_sent),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    default = resources.files("powerd.data").joinpath("budgets/site-150mw.toml")
+    parser.add_argument("--budgets", type=Path, default=Path(str(default)))
+    parser.add_argument("--cycles", type=int, default=10)
+    parser.add_argument(
+        "--fine-every-s", type=float, default=0.0, help="recorder.fine_every_s (0: every sample)"
+    )
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    result = run(args.budgets, args.cycles, fine_every_s=args.fine_every_s)
+    result["machine"] = machine()
+    result["command"] = "python -m bench.bench_controller " + " ".join(sys.argv[1:])
+    report(result, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""What every benchmark reports besides its numbers: the machine and how to print results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+
+def machine() -> str:
+    """CPU model, core count, Python and numpy versions: enough to compare runs."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+        platform.machine(),
+    )
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, numpy {np.__version__}"
+    )
+
+
+def report(result: dict, json_path: Path | None) -> None:
+    """Print the result as JSON, and write it to ``json_path`` when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if json_path:
+        json_path.write_text(text + "\n")

@@ -1,0 +1,322 @@
+"""``powerplan size``: topology + workload mix + profiles -> a budgets file the controller loads."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+import pandas as pd
+
+from planner.output import emit, format_option
+
+if TYPE_CHECKING:
+    from planner.mix import Mix, Placement
+    from planner.sizing import Trace
+    from powerd.topology import Topology
+
+HELP = """Size rack, row and site budgets and the failsafe caps from measured profiles.
+
+\b
+TOPOLOGY  a budgets file (docs/BUDGETS.md): the tree, its limits, node budgets,
+          GPU models, capping bands and overheads; its budgets are replaced
+PROFILES  profile files (.csv, .parquet, .lp; see `powerplan profiles --help`)
+--mix     which jobs run: a TOML file of [[jobs]] tables
+          workload = "<a workload of the profiles>", share = 0.25 (of the GPUs)
+          or gpus = 4096, count = 2 (that many equal jobs), priority = "high"
+
+\b
+Method (docs/PLANNER.md):
+- the GPUs of one synchronous job rise and fall together: a job is one
+  correlated load, g GPUs times its profile's mean per-GPU power trace;
+- jobs are not synchronised with each other: each runs from a random offset,
+  and only that gives diversity; jobs fill whole nodes in topology order;
+- every rack, row and the site is sized from the distribution of its
+  aggregate (Monte Carlo over offsets, --samples values per node): the
+  --quantile of its GPU power plus its non-GPU power is the demand, and the
+  budget is demand / cap_threshold (capping starts only above the quantile),
+  at most --max-budget-fraction of the limit. Tail: the empirical quantile
+  when at least 10 distinct samples lie above it, else a generalised Pareto
+  tail over the top 5 %; never above all GPUs at their maximum cap;
+- the failsafe cap per GPU model is the largest at which every node, servers
+  to the site, stays within its limit with all its GPUs at that cap.
+
+\b
+Non-GPU power: each term unset keeps the topology's overheads.
+  --node-w W               per node (CPUs, memory, NICs, fans), e.g. 1000
+  --network-fraction F     switches / back-end network, share of rack IT power, e.g. 0.11
+  --cooling-fraction F     site cooling and conversion, share of site IT power, e.g. 0.27
+  --summer-rise F          cooling grows by this share in summer, e.g. 0.15
+  --terms FILE             the same keys in a TOML file (flags win)
+
+\b
+Output: the budgets file (-o), written whole only when everything checked,
+including that it loads back with the controller's loader; and per node the
+sized demand, budget, tail model, sample size and risk: the share of time
+(and seconds per day) the uncapped demand is above the capping threshold and
+above the limit. Limits, node budgets and capping bands are the topology's.
+"""
+
+
+@dataclass
+class Inputs:
+    top: Topology
+    mix: Mix
+    placement: Placement
+    traces: dict[str, Trace]
+
+
+def column_mapping(pairs: tuple[str, ...]) -> dict[str, str]:
+    from planner.table import COLUMNS
+
+    mapping: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, column = pair.partition("=")
+        if not sep or not column.strip() or name.strip() not in COLUMNS:
+            raise click.BadParameter(
+                f"{pair!r}: give NAME=COLUMN with NAME one of {', '.join(COLUMNS)}",
+                param_hint="--column",
+            )
+        mapping[name.strip()] = column.strip()
+    return mapping
+
+
+def load_inputs(
+    topology: Path,
+    profiles: tuple[Path, ...],
+    mix_path: Path,
+    step_s: float,
+    columns: dict[str, str],
+    workload: str | None,
+) -> Inputs:
+    """Topology, mix, profiles -> placed jobs and their traces; a clear error for bad input."""
+    from planner.mix import check_workloads, load_mix, place
+    from planner.profiles import read_profiles
+    from planner.sizing import traces_from_profiles
+    from planner.table import ProfileError
+    from powerd.topology import BudgetError, load_budgets
+
+    try:
+        top = load_budgets(topology)
+        mix = load_mix(mix_path)
+        table = read_profiles(list(profiles), columns=columns or None, workload=workload)
+        check_workloads(mix, table["workload"].unique(), "the profiles " + _names(profiles))
+        placement = place(top, mix)
+        wanted = table[table["workload"].isin(mix.workloads)]
+        traces = traces_from_profiles(wanted, step_s)
+    except (BudgetError, ProfileError) as exc:
+        raise click.ClickException(str(exc)) from None
+    return Inputs(top, mix, placement, traces)
+
+
+def _names(paths: tuple[Path, ...]) -> str:
+    shown = ", ".join(str(p) for p in paths[:3])
+    return f"({shown}{', ...' if len(paths) > 3 else ''})"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """The whole file or nothing: a temporary file in the same directory, then renamed."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _rack_summary(racks: pd.DataFrame) -> pd.DataFrame:
+    if racks.empty:
+        return racks
+    return pd.DataFrame(
+        {
+            "racks": [len(racks)],
+            "budget_min_w": [racks["budget_w"].min()],
+            "budget_median_w": [racks["budget_w"].median()],
+            "budget_max_w": [racks["budget_w"].max()],
+            "bound_by_limit": [int((racks["bound"] == "limit").sum())],
+            "tail_models": [
+                ", ".join(f"{k} {v}" for k, v in racks["tail_model"].value_counts().items())
+            ],
+            "capping_s_per_day_max": [racks["capping_s_per_day"].max()],
+            "over_limit_s_per_day_max": [racks["over_limit_s_per_day"].max()],
+        }
+    )
+
+
+@click.command(help=HELP)
+@click.argument("topology", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "profiles", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--mix",
+    "mix_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The jobs that run: a TOML file of [[jobs]] (above).",
+)
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The budgets file to write.",
+)
+@click.option(
+    "--quantile",
+    type=click.FloatRange(0.5, 1.0, max_open=True),
+    default=0.999,
+    show_default=True,
+    help="Size each node for this quantile of its demand.",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=100),
+    default=100_000,
+    show_default=True,
+    help="Monte Carlo values per node (offset draws × window).",
+)
+@click.option(
+    "--step-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Resample profiles to this step (the controller's cycle).",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--max-budget-fraction",
+    type=click.FloatRange(0.5, 1.0),
+    default=0.95,
+    show_default=True,
+    help="A budget is at most this share of its limit.",
+)
+@click.option(
+    "--terms",
+    "terms_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Non-GPU power terms (TOML; above).",
+)
+@click.option("--node-w", type=click.FloatRange(min=0), default=None)
+@click.option("--network-fraction", type=click.FloatRange(0, 0.9), default=None)
+@click.option("--cooling-fraction", type=click.FloatRange(0, 5), default=None)
+@click.option("--summer-rise", type=click.FloatRange(0, 5), default=None)
+@click.option(
+    "--column",
+    "column_pairs",
+    multiple=True,
+    metavar="NAME=COLUMN",
+    help="Map a profile column (as in `powerplan profiles`).",
+)
+@click.option("--workload", default=None, help="Workload name for profile rows that have none.")
+@format_option()
+def command(
+    topology: Path,
+    profiles: tuple[Path, ...],
+    mix_path: Path,
+    output: Path,
+    quantile: float,
+    samples: int,
+    step_s: float,
+    seed: int,
+    max_budget_fraction: float,
+    terms_path: Path | None,
+    node_w: float | None,
+    network_fraction: float | None,
+    cooling_fraction: float | None,
+    summer_rise: float | None,
+    column_pairs: tuple[str, ...],
+    workload: str | None,
+    fmt: str,
+) -> None:
+    from planner.budgets_toml import budgets_toml
+    from planner.sizing import SizingError, SizingSettings, size
+    from planner.table import ProfileError
+    from planner.terms import NonGpuTerms, load_terms
+    from powerd.topology import BudgetError
+
+    if not output.parent.is_dir():
+        raise click.BadParameter(f"{output.parent}: no such directory", param_hint="--output")
+    try:
+        terms = load_terms(terms_path) if terms_path else NonGpuTerms()
+        terms = terms.merged(
+            node_w=node_w,
+            network_fraction=network_fraction,
+            cooling_fraction=cooling_fraction,
+            summer_rise=summer_rise,
+        )
+    except (ProfileError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    inputs = load_inputs(
+        topology, profiles, mix_path, step_s, column_mapping(column_pairs), workload
+    )
+    settings = SizingSettings(
+        quantile=quantile, samples=samples, seed=seed, max_budget_fraction=max_budget_fraction
+    )
+    try:
+        sized = size(inputs.top, inputs.placement, inputs.traces, terms, settings)
+        header = [
+            f"powerd budgets file written by `powerplan size` from {topology},",
+            f"mix {mix_path}, profiles {_names(profiles)}.",
+            f"Racks, rows and the site are sized for p{quantile * 100:g} of their demand"
+            f" ({sized.info['samples_per_node']:,} samples per node, seed {seed});",
+            "failsafe caps keep every node within its limit. Method: docs/PLANNER.md.",
+            "",
+        ]
+        text = budgets_toml(inputs.top, sized, header)
+    except (SizingError, BudgetError) as exc:
+        raise click.ClickException(f"{topology}: {exc}") from None
+    write_atomically(output, text)
+
+    table = sized.table
+    jobs = pd.DataFrame(
+        {
+            "job": [j.name for j in inputs.placement.jobs],
+            "workload": [j.workload for j in inputs.placement.jobs],
+            "gpus": inputs.placement.job_gpus,
+            "profile_s": [inputs.traces[j.workload].duration_s for j in inputs.placement.jobs],
+            "profiled_gpus": [inputs.traces[j.workload].gpus for j in inputs.placement.jobs],
+        }
+    )
+    extra = {
+        "output": str(output),
+        "failsafe_cap_w": sized.failsafe_cap_w,
+        **{k: v for k, v in sized.info.items()},
+        "terms": terms.describe(),
+    }
+    if fmt == "table":
+        upper = table[table["level"] != "rack"]
+        racks = table[table["level"] == "rack"]
+        worst = racks.sort_values("capping_s_per_day", ascending=False).head(10)
+        short = [
+            "name",
+            "level",
+            "gpus",
+            "jobs",
+            "limit_w",
+            "demand_q_w",
+            "budget_w",
+            "bound",
+            "tail_model",
+            "n_eff",
+            "capping_s_per_day",
+            "over_limit_s_per_day",
+        ]
+        emit(
+            {
+                "site and rows": upper[short],
+                "racks": _rack_summary(racks),
+                "racks with the most capping": worst[short],
+                "jobs": jobs,
+            },
+            fmt,
+            extra=extra,
+        )
+    else:
+        emit({"nodes": table, "jobs": jobs}, fmt, extra=extra)

@@ -1,0 +1,162 @@
+"""``powerplan whatif``: replay profiles through the controller's policy at given budgets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from planner.output import emit, format_option
+
+HELP = """Replay profiles through the controller's own policy at the budgets of BUDGETS.
+
+\b
+BUDGETS   a budgets file (docs/BUDGETS.md), e.g. one `powerplan size` wrote
+PROFILES  profile files (.csv, .parquet, .lp; see `powerplan profiles --help`)
+--mix     which jobs run (the TOML mix of `powerplan size --help`)
+
+\b
+Every --step-s (the controller's cycle) each GPU of a job demands its job's
+profile, from a random offset per job (jobs are not synchronised with each
+other; the GPUs of one job are), and draws min(demand, the cap set the step
+before); policies.decide, the function the controller runs, then sets the
+next caps, with the job's priority and profiled phases. GPUs start at their
+failsafe caps, as agents do. Idle GPUs draw their model's idle power.
+
+\b
+Per site, row and rack (and summed per level):
+  capping_share          share of steps above the capping threshold: how often
+  cut_mean_w, cut_max_w  watts the node itself took when it capped: how deep
+  withheld_mean_w        GPU watts held below demand under the node
+  s_above_budget         seconds the node's power was above its budget
+  s_above_limit          seconds above its limit (the breaker), under control
+  s_above_limit_uncapped the same for the uncapped demand, for comparison
+Per job: throughput_lost. A synchronous job runs at its slowest GPU's pace; a
+GPU held to r = power/demand runs at r^--speed-exponent (default 0.28: Meta's
+GB200, 1200 -> 1000 W cost ~5 %, shared/DOMAIN.md), or, with --sweep, at the
+relative throughput a measured cap sweep gives (Zeus CSV columns by default).
+"""
+
+
+@click.command(help=HELP)
+@click.argument("budgets", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "profiles", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--mix",
+    "mix_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The jobs that run (the mix of `powerplan size`).",
+)
+@click.option(
+    "--duration-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=3600.0,
+    show_default=True,
+    help="Seconds to replay (profiles wrap around).",
+)
+@click.option(
+    "--step-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="The control cycle; profiles are resampled to it.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the jobs' offsets.")
+@click.option(
+    "--speed-exponent",
+    type=click.FloatRange(0, 2),
+    default=0.28,
+    show_default=True,
+    help="Relative speed = (power/demand)^this, without --sweep.",
+)
+@click.option(
+    "--sweep",
+    "sweep_paths",
+    multiple=True,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="A cap sweep CSV (as `powerplan caps` reads) for the speed under a cap.",
+)
+@click.option(
+    "--sweep-workload-cols",
+    default="dataset,network,batch_size,optimizer",
+    show_default=True,
+    help="Sweep columns that name a workload.",
+)
+@click.option("--column", "column_pairs", multiple=True, metavar="NAME=COLUMN")
+@click.option("--workload", default=None, help="Workload name for profile rows that have none.")
+@format_option()
+def command(
+    budgets: Path,
+    profiles: tuple[Path, ...],
+    mix_path: Path,
+    duration_s: float,
+    step_s: float,
+    seed: int,
+    speed_exponent: float,
+    sweep_paths: tuple[Path, ...],
+    sweep_workload_cols: str,
+    column_pairs: tuple[str, ...],
+    workload: str | None,
+    fmt: str,
+) -> None:
+    import pandas as pd
+
+    from planner.commands_size import column_mapping, load_inputs
+    from planner.table import ProfileError
+    from planner.whatif import WhatifSettings, power_law_speed, replay, sweep_speed
+
+    inputs = load_inputs(
+        budgets, profiles, mix_path, step_s, column_mapping(column_pairs), workload
+    )
+    speed = power_law_speed(speed_exponent)
+    if sweep_paths:
+        from planner.sweep import load_sweep
+
+        cols = [c.strip() for c in sweep_workload_cols.split(",") if c.strip()]
+        try:
+            sweep = pd.concat(
+                [
+                    load_sweep(
+                        p,
+                        workload_cols=cols,
+                        cap_col="power_limit",
+                        time_col="time_per_epoch",
+                        power_col="average_power",
+                    )
+                    for p in sweep_paths
+                ],
+                ignore_index=True,
+            )
+        except ProfileError as exc:
+            raise click.ClickException(str(exc)) from None
+        speed = sweep_speed(sweep)
+    result = replay(
+        inputs.top,
+        inputs.placement,
+        inputs.traces,
+        WhatifSettings(duration_s=duration_s, seed=seed),
+        speed,
+    )
+    extra = {"budgets": str(budgets), **result.info}
+    if fmt == "table":
+        nodes = result.nodes
+        shown = nodes[nodes["level"] != "rack"]
+        racks = nodes[nodes["level"] == "rack"]
+        worst = racks.sort_values(["capping_share", "withheld_mean_w"], ascending=False).head(10)
+        emit(
+            {
+                "levels": result.levels,
+                "site and rows": shown,
+                "racks that capped most": worst,
+                "jobs": result.jobs,
+            },
+            fmt,
+            extra=extra,
+        )
+    else:
+        emit(
+            {"nodes": result.nodes, "levels": result.levels, "jobs": result.jobs}, fmt, extra=extra
+        )

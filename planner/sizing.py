@@ -1,0 +1,452 @@
+"""Size rack, row and site budgets and failsafe caps from profiles (pure: arrays in, numbers out).
+
+The method (docs/PLANNER.md, Method) in four steps:
+
+1. **One trace per workload.** All GPUs of a synchronous job rise and fall
+   together, so a job is one correlated load: its profile is reduced to the
+   mean power of its profiled GPUs at every step (the job's aggregate divided
+   by its GPUs), and a job of ``g`` GPUs draws ``g`` times that trace.
+2. **Diversity only across jobs.** Jobs are not synchronised with each other:
+   each job's trace runs from its own random offset. The GPU power under a
+   tree node is ``sum over jobs j of g_j(node) * trace_j(t + offset_j)``, with
+   ``g_j(node)`` the job's GPUs under the node (from :func:`planner.mix.place`).
+   Monte Carlo over offsets: ``draws`` independent offset sets, each over a
+   window of ``horizon`` steps, ``samples = draws * horizon`` values per node.
+   Nodes with the same job composition have the same distribution, so the
+   work is per unique composition (racks wholly inside one job are one), not
+   per GPU.
+3. **A high quantile of each aggregate** (default p99.9), plus the node's
+   non-GPU power, is the demand a node is sized for; its budget is that demand
+   over its capping threshold (so capping starts only above the quantile),
+   never above its limit. Tail model: the empirical quantile where the sample
+   holds at least ``min_tail_points`` distinct values above it; otherwise a
+   generalised Pareto tail fitted by probability-weighted moments to the top
+   5 % (peaks over threshold); a flat top gives the top itself. Every value is
+   kept ≤ the node's physical maximum (all GPUs at ``cap_max``). The *distinct*
+   sample size is ``n_eff = min(samples, product of the trace lengths of the
+   jobs under the node)``: a rack inside one job sees only that job's trace.
+4. **Failsafe caps**: per GPU model, the largest cap (a common fraction of
+   each model's cap range) at which every tree node, servers to the site,
+   stays within its limit with every GPU at that cap and every overhead in.
+
+The risk of each node: the share of time its demand (uncapped) would be above
+its capping threshold and above its limit, and the same in seconds per day;
+a share of 0 means "below 1 / n_eff", which the table gives as resolution.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from planner.mix import Placement, server_ancestors
+from planner.terms import NonGpuTerms
+from policies.tree import LEVEL_NAMES, PHASE_CODES, RACK, ROW, SERVER, SITE
+from powerd.gpu.models import GPU_MODELS
+from powerd.topology import PLAUSIBLE_W, Topology
+
+SECONDS_PER_DAY = 86_400.0
+# The sample matrix (jobs × samples, float64) stays below this; samples shrink to fit.
+MAX_SAMPLE_BYTES = 512 * 2**20
+# Aggregates are computed for at most this many bytes of unique compositions at a time.
+CHUNK_BYTES = 64 * 2**20
+GPD_TOP_FRACTION = 0.05  # peaks over the 95th percentile
+GPD_MIN_POINTS = 30
+GPD_MAX_POINTS = 5000
+
+
+class SizingError(ValueError):
+    """The inputs cannot give a valid budgets file; the message names the tree node."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One workload's per-GPU power, one value per step: the job's mean over its GPUs."""
+
+    workload: str
+    power_w: np.ndarray  # float64 (T,)
+    phase: np.ndarray  # int8 (T,) PHASE_CODES; "compute" where the profile says nothing
+    step_s: float
+    gpus: int  # GPUs the profile has for this workload
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.power_w) * self.step_s
+
+
+@dataclass(frozen=True)
+class SizingSettings:
+    quantile: float = 0.999
+    samples: int = 100_000  # per tree node: draws × horizon
+    seed: int = 0
+    min_tail_points: int = 10  # distinct samples above the quantile for the empirical estimate
+    # A budget is at most this share of the node's limit: the rest is the margin for the
+    # cycles between a rise and the cap that answers it (docs/BUDGETS.md keeps ~5-10 %).
+    max_budget_fraction: float = 0.95
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.quantile < 1.0:
+            raise ValueError(f"quantile must be in [0.5, 1), not {self.quantile}")
+        if self.samples < 100:
+            raise ValueError(f"samples must be at least 100, not {self.samples}")
+        if not 0.5 <= self.max_budget_fraction <= 1.0:
+            raise ValueError(
+                f"max_budget_fraction must be in [0.5, 1], not {self.max_budget_fraction}"
+            )
+        if self.min_tail_points < 1:
+            raise ValueError(f"min_tail_points must be at least 1, not {self.min_tail_points}")
+
+
+@dataclass
+class Sizing:
+    """What ``size`` decided: per tree node arrays (n_nodes,) and the table people read."""
+
+    limit_w: np.ndarray
+    budget_w: np.ndarray
+    overhead_w: np.ndarray
+    failsafe_cap_w: dict[str, float]  # per GPU model
+    table: pd.DataFrame  # site, rows, racks: demand, budget, tail model, risk
+    info: dict[str, object] = field(default_factory=dict)
+
+
+# --- profiles -> traces ----------------------------------------------------------
+
+
+def traces_from_profiles(profiles: pd.DataFrame, step_s: float = 1.0) -> dict[str, Trace]:
+    """Per workload, the mean power of its GPUs at every step of ``step_s`` (empty steps filled).
+
+    ``profiles`` is the planner's profile table (planner/table.py). Time is
+    counted from each workload's first sample; every GPU's samples in a step
+    are averaged first, then the GPUs, so a GPU sampled more often does not
+    weigh more. Steps with no sample take the previous step's value.
+    """
+    if not (math.isfinite(step_s) and step_s > 0):
+        raise ValueError(f"step_s must be a positive number of seconds, not {step_s}")
+    if profiles.empty:
+        raise ValueError("the profiles are empty")
+    workload_code, workload_names = pd.factorize(profiles["workload"], sort=True)
+    gpu_code = profiles.groupby(["node", "gpu"], sort=False, observed=True).ngroup().to_numpy()
+    time_s = profiles["time_s"].to_numpy(dtype=float)
+    t0 = pd.Series(time_s).groupby(workload_code).transform("min").to_numpy()
+    step = np.floor((time_s - t0) / step_s).astype(np.int64)
+    if "phase" in profiles:
+        phase = profiles["phase"].map(PHASE_CODES).astype("Float64").fillna(PHASE_CODES["compute"])
+        phase_code = phase.to_numpy(dtype=float)
+    else:
+        phase_code = np.full(len(profiles), float(PHASE_CODES["compute"]))
+    frame = pd.DataFrame(
+        {
+            "w": workload_code,
+            "g": gpu_code,
+            "b": step,
+            "p": profiles["power_w"].to_numpy(dtype=float),
+            "ph": phase_code,
+        }
+    )
+    per_gpu = frame.groupby(["w", "g", "b"], sort=False).agg(p=("p", "mean"), ph=("ph", "first"))
+    per_step = per_gpu.groupby(level=["w", "b"]).agg(p=("p", "mean"))
+    # the phase most of the job's GPUs are in at each step
+    votes = per_gpu.groupby([per_gpu.index.get_level_values("w"), "b", "ph"]).size()
+    votes = votes.rename("n").reset_index().sort_values("n", kind="stable", ascending=False)
+    per_step["ph"] = votes.drop_duplicates(["w", "b"]).set_index(["w", "b"])["ph"]
+    gpus = frame.groupby("w")["g"].nunique()
+    out: dict[str, Trace] = {}
+    for w, name in enumerate(workload_names):
+        steps = per_step.loc[w]
+        full = steps.reindex(np.arange(int(steps.index.max()) + 1)).ffill().bfill()
+        out[str(name)] = Trace(
+            workload=str(name),
+            power_w=full["p"].to_numpy(dtype=float),
+            phase=full["ph"].to_numpy().astype(np.int8),
+            step_s=float(step_s),
+            gpus=int(gpus.loc[w]),
+        )
+    return out
+
+
+def job_power_traces(top: Topology, placement: Placement, traces: dict[str, Trace]) -> list:
+    """Each job's per-GPU trace, clipped to the cap range of the GPUs it runs on."""
+    out = []
+    for j, job in enumerate(placement.jobs):
+        first, end = placement.job_servers[j]
+        models = {top.server_model[k] for k in range(int(first), int(end))}
+        cap_max = min(GPU_MODELS[m].cap_max_w for m in models)
+        out.append(np.clip(traces[job.workload].power_w, 0.0, cap_max))
+    return out
+
+
+# --- the tail ----------------------------------------------------------------------
+
+
+def tail_quantile(
+    sorted_w: np.ndarray, p: float, n_eff: float, min_tail_points: int
+) -> tuple[float, str]:
+    """The ``p`` quantile of a sorted sample, and the tail model that gave it.
+
+    ``empirical`` where ``n_eff * (1 - p) >= min_tail_points``; else ``gpd``
+    (peaks over the top 5 %, generalised Pareto by probability-weighted
+    moments, Hosking & Wallis 1987), ``flat`` when the top is one value, and
+    ``max`` (the sample maximum) if the fit is unusable.
+    """
+    n = len(sorted_w)
+    if sorted_w[-1] <= sorted_w[0]:
+        return float(sorted_w[-1]), "constant"
+    if n_eff * (1.0 - p) >= min_tail_points:
+        return float(sorted_w[min(n - 1, math.ceil(p * n) - 1)]), "empirical"
+    k = min(n - 1, max(GPD_MIN_POINTS, math.ceil(GPD_TOP_FRACTION * n)))
+    threshold = float(sorted_w[n - k - 1])
+    stride = max(1, k // GPD_MAX_POINTS)
+    excess = sorted_w[n - k :: stride] - threshold
+    if excess[-1] <= 0:
+        return threshold, "flat"
+    m = len(excess)
+    a0 = float(excess.mean())
+    plotting = (np.arange(1, m + 1) - 0.35) / m
+    a1 = float(np.mean(excess * (1.0 - plotting)))
+    denom = a0 - 2.0 * a1
+    if not denom > 0:
+        return float(sorted_w[-1]), "max"
+    k_shape = a0 / denom - 2.0  # Hosking's k; scipy's c = -k
+    scale = 2.0 * a0 * a1 / denom
+    tail = (1.0 - p) * n / k  # exceedance probability beyond the threshold
+    if tail >= 1.0:
+        return float(sorted_w[min(n - 1, math.ceil(p * n) - 1)]), "empirical"
+    if abs(k_shape) < 1e-9:
+        excess_q = -scale * math.log(tail)
+    else:
+        excess_q = scale / k_shape * (1.0 - tail**k_shape)
+    if not (math.isfinite(excess_q) and excess_q >= 0):
+        return float(sorted_w[-1]), "max"
+    return threshold + excess_q, "gpd"
+
+
+# --- sizing ----------------------------------------------------------------------
+
+
+def _compositions(top: Topology, placement: Placement, lvl: int) -> np.ndarray:
+    """(nodes at level lvl, n_jobs): each job's GPUs under each node."""
+    anc = server_ancestors(top)[lvl] - top.level_start[lvl]
+    n_level = top.level_start[lvl + 1] - top.level_start[lvl]
+    n_jobs = len(placement.jobs)
+    busy = placement.server_job >= 0
+    flat = anc[busy] * n_jobs + placement.server_job[busy]
+    counts = np.bincount(
+        flat, weights=top.server_gpu_count[busy], minlength=n_level * max(n_jobs, 1)
+    )
+    return counts.reshape(n_level, max(n_jobs, 1))[:, :n_jobs]
+
+
+def _sample_matrix(
+    job_traces: list, samples: int, rng: np.random.Generator
+) -> tuple[np.ndarray, int, int]:
+    """(n_jobs, draws * horizon) per-GPU power of each job, each draw from its own offset."""
+    n_jobs = len(job_traces)
+    longest = max((len(t) for t in job_traces), default=1)
+    samples = min(samples, max(100, MAX_SAMPLE_BYTES // (8 * max(n_jobs, 1))))
+    horizon = min(longest, samples)
+    draws = max(1, samples // horizon)
+    s = np.empty((n_jobs, draws * horizon))
+    steps = np.arange(horizon)
+    for j, trace in enumerate(job_traces):
+        offsets = rng.integers(0, len(trace), size=draws)
+        s[j] = trace[(steps[None, :] + offsets[:, None]) % len(trace)].ravel()
+    return s, draws, horizon
+
+
+def size(
+    top: Topology,
+    placement: Placement,
+    traces: dict[str, Trace],
+    terms: NonGpuTerms | None = None,
+    settings: SizingSettings | None = None,
+) -> Sizing:
+    """Budgets for racks, rows and the site, and failsafe caps per model (module docstring)."""
+    terms = terms or NonGpuTerms()
+    settings = settings or SizingSettings()
+    p = settings.quantile
+    rng = np.random.default_rng(settings.seed)
+    job_traces = job_power_traces(top, placement, traces)
+    lengths = np.array([len(t) for t in job_traces], dtype=float)
+    sample, draws, horizon = _sample_matrix(job_traces, settings.samples, rng)
+    n_samples = sample.shape[1]
+
+    n_nodes = top.n_nodes
+    srv = slice(top.level_start[SERVER], top.level_start[SERVER + 1])
+    models = [GPU_MODELS[m] for m in top.server_model]
+    count = top.server_gpu_count.astype(float)
+    idle_server = np.where(
+        placement.server_job < 0, count * np.array([m.idle_power_w for m in models]), 0.0
+    )
+    idle_w = top.subtree_sum(idle_server)
+    max_gpu_w = top.subtree_sum(count * np.array([m.cap_max_w for m in models]))
+
+    own_w = np.asarray(top.overhead_w, dtype=float).copy()
+    if terms.node_w is not None:
+        own_w[srv] = terms.node_w
+    limit_w = np.asarray(top.limit_w, dtype=float).copy()
+    budget_w = np.asarray(top.budget_w, dtype=float).copy()
+    thresholds = np.asarray(top.cap_threshold, dtype=float)
+
+    cols: dict[str, np.ndarray] = {
+        k: np.full(n_nodes, np.nan) for k in ("demand_q_w", "n_eff", "p_capping", "p_over_limit")
+    }
+    tail_model = np.full(n_nodes, "", dtype=object)
+    n_jobs_under = np.zeros(n_nodes, dtype=np.int64)
+
+    floor_w = {lvl: PLAUSIBLE_W[lvl][0] for lvl in PLAUSIBLE_W}  # the loader's least budget
+    for lvl in (RACK, ROW, SITE):
+        first, end = top.level_start[lvl], top.level_start[lvl + 1]
+        nodes = np.arange(first, end)
+        comp = _compositions(top, placement, lvl)
+        n_jobs_under[nodes] = np.count_nonzero(comp, axis=1)
+        unique, inverse = np.unique(comp, axis=0, return_inverse=True)
+        inverse = inverse.ravel()
+        order = np.argsort(inverse, kind="stable")
+        starts = np.searchsorted(inverse[order], np.arange(len(unique) + 1))
+        overhead_sum = top.subtree_sum(np.zeros(len(count)), own_w)
+        below_w = overhead_sum[nodes] - own_w[nodes]  # non-GPU power of the levels below
+        for u, row in _sorted_aggregates(unique, sample):
+            in_use = unique[u] > 0
+            log_combos = float(np.log(lengths[in_use]).sum()) if in_use.any() else math.inf
+            n_eff = n_samples if log_combos >= math.log(n_samples) else math.exp(log_combos)
+            gpu_q, model = tail_quantile(row, p, n_eff, settings.min_tail_points)
+            members = order[starts[u] : starts[u + 1]]
+            for node, below in zip(nodes[members].tolist(), below_w[members], strict=True):
+                gpu_w = min(gpu_q + idle_w[node], max_gpu_w[node])  # with idle GPUs
+                own_w[node] = _own_overhead(top, terms, lvl, node, gpu_w, below)
+                demand = gpu_w + below + own_w[node]
+                most = math.floor(settings.max_budget_fraction * limit_w[node])
+                budget_w[node] = min(most, max(math.ceil(demand / thresholds[node]), floor_w[lvl]))
+                # the samples are the jobs' GPU power; idle GPUs and overheads are constant
+                shift = idle_w[node] + below + own_w[node]
+                cols["demand_q_w"][node] = demand
+                cols["n_eff"][node] = n_eff
+                cols["p_capping"][node] = _exceed(row, thresholds[node] * budget_w[node] - shift)
+                cols["p_over_limit"][node] = _exceed(row, limit_w[node] - shift)
+                tail_model[node] = model
+
+    failsafe, failsafe_power_w = failsafe_caps(top, limit_w, own_w)
+    view = np.arange(0, top.level_start[SERVER])
+    level = np.asarray(top.level)[view]
+    gpus_under = top.subtree_sum(count)[view]
+    table = pd.DataFrame(
+        {
+            "name": [top.names[i] for i in view],
+            "level": [LEVEL_NAMES[int(lv)] for lv in level],
+            "gpus": gpus_under.astype(np.int64),
+            "jobs": n_jobs_under[view],
+            "limit_w": limit_w[view],
+            "demand_q_w": cols["demand_q_w"][view],
+            "budget_w": budget_w[view],
+            "bound": np.where(
+                budget_w[view] >= np.floor(settings.max_budget_fraction * limit_w[view]),
+                "limit",
+                "quantile",
+            ),
+            "overhead_w": own_w[view],
+            "tail_model": tail_model[view],
+            "samples": n_samples,
+            "n_eff": np.round(cols["n_eff"][view]).astype(np.int64),
+            "p_capping": cols["p_capping"][view],
+            "capping_s_per_day": cols["p_capping"][view] * SECONDS_PER_DAY,
+            "p_over_limit": cols["p_over_limit"][view],
+            "over_limit_s_per_day": cols["p_over_limit"][view] * SECONDS_PER_DAY,
+            "resolution_s_per_day": SECONDS_PER_DAY / cols["n_eff"][view],
+            "failsafe_power_w": failsafe_power_w[view],
+        }
+    )
+    info = {
+        "quantile": p,
+        "samples_per_node": n_samples,
+        "draws": draws,
+        "horizon_steps": horizon,
+        "step_s": next(iter(traces.values())).step_s if traces else float("nan"),
+        "seed": settings.seed,
+        "min_tail_points": settings.min_tail_points,
+        "tail_rule": (
+            f"empirical where n_eff*(1-p) >= {settings.min_tail_points}, else GPD over"
+            f" the top {GPD_TOP_FRACTION:.0%} (PWM), capped at all GPUs at cap_max"
+        ),
+    }
+    return Sizing(limit_w, budget_w, own_w, failsafe, table, info)
+
+
+def _sorted_aggregates(unique: np.ndarray, sample: np.ndarray):
+    """(index, sorted GPU power samples) per unique composition, a bounded chunk at a time."""
+    chunk = max(1, CHUNK_BYTES // (8 * sample.shape[1]))
+    for c0 in range(0, len(unique), chunk):
+        block = np.sort(unique[c0 : c0 + chunk] @ sample, axis=1)
+        yield from enumerate(block, start=c0)
+
+
+def _own_overhead(
+    top: Topology, terms: NonGpuTerms, lvl: int, node: int, gpu_w: float, below_w: float
+) -> float:
+    """The node's own non-GPU power: network for racks, cooling for the site, else the file's.
+
+    ``gpu_w`` is the node's GPU power at the quantile, ``below_w`` the non-GPU power
+    under it: together its IT power without its own term.
+    """
+    given = float(top.overhead_w[node])
+    if lvl == RACK and terms.network_fraction is not None:
+        f = terms.network_fraction  # a share of the rack's IT power, network included
+        return f / (1.0 - f) * (gpu_w + below_w)
+    if lvl == SITE:
+        cooling = (
+            given if terms.cooling_fraction is None else terms.cooling_fraction * (gpu_w + below_w)
+        )
+        return cooling * (1.0 + terms.summer_rise)
+    return given
+
+
+def _exceed(sorted_w: np.ndarray, level_w: float) -> float:
+    """The share of a sorted sample strictly above ``level_w``."""
+    return float(len(sorted_w) - np.searchsorted(sorted_w, level_w, side="right")) / len(sorted_w)
+
+
+def failsafe_caps(
+    top: Topology, limit_w: np.ndarray, overhead_w: np.ndarray
+) -> tuple[dict[str, float], np.ndarray]:
+    """Per model the largest failsafe cap at which no tree node exceeds its limit.
+
+    Every model gets the same fraction ``x`` of its cap range
+    (``cap_min + x * (cap_max - cap_min)``, whole watts, rounded down); ``x``
+    is the largest that keeps ``GPUs at their caps + overheads <= limit`` at
+    every node, servers to the site. Returns the caps and each node's power
+    at them. :class:`SizingError` names the node that does not fit even at
+    ``cap_min``.
+    """
+    models = [GPU_MODELS[m] for m in top.server_model]
+    count = top.server_gpu_count.astype(float)
+    cap_min = np.array([m.cap_min_w for m in models])
+    span = np.array([m.cap_max_w - m.cap_min_w for m in models])
+    base = top.subtree_sum(count * cap_min, overhead_w)
+    slope = top.subtree_sum(count * span)
+    room = limit_w - base
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x_node = np.where(slope > 0, room / slope, np.inf)
+    worst = int(np.argmin(x_node))
+    if x_node[worst] < 0:
+        raise SizingError(
+            f"{top.kind(top.names[worst])} {top.names[worst]!r}: with every GPU at its minimum"
+            f" cap and its non-GPU power it draws {base[worst]:,.0f} W, above its limit"
+            f" {limit_w[worst]:,.0f} W: no failsafe cap keeps it within its limit"
+        )
+    x = min(1.0, float(x_node[worst]))
+    keys = list(dict.fromkeys(top.server_model))
+    caps = {
+        key: float(math.floor(GPU_MODELS[key].cap_min_w + x * _span(key) + 1e-9)) for key in keys
+    }
+    while True:  # rounding can only have gone up by float noise: step down until it fits
+        per_server = count * np.array([caps[m] for m in top.server_model])
+        power_w = top.subtree_sum(per_server, overhead_w)
+        if np.all(power_w <= limit_w) or all(caps[k] <= GPU_MODELS[k].cap_min_w for k in keys):
+            return caps, power_w
+        caps = {k: max(GPU_MODELS[k].cap_min_w, c - 1.0) for k, c in caps.items()}
+
+
+def _span(key: str) -> float:
+    return GPU_MODELS[key].cap_max_w - GPU_MODELS[key].cap_min_w

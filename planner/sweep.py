@@ -1,0 +1,205 @@
+"""Read a GPU power-cap sweep: one row per (workload, cap) with speed and average power.
+
+A sweep is what ``powerplan caps`` works from: the same workloads run at
+several power caps, each row giving the time per unit of work (or the
+throughput) and the average GPU power at that cap. Column names are mapped
+by arguments, so the measured Zeus sweeps (``tests/data/zeus-power-limit/``:
+``dataset,network,batch_size,optimizer,power_limit,time_per_epoch,average_power``)
+load as they are.
+
+:func:`load_sweep` returns one ``DataFrame`` sorted by (gpu, workload, cap_w):
+
+============  ========  ===================================================
+column        dtype     meaning
+============  ========  ===================================================
+gpu           string    GPU label (one file = one GPU model)
+workload      string    the mapped workload columns joined by ``/``
+cap_w         float64   power cap, W
+throughput    float64   work per second (``1 / time`` when time is given)
+avg_power_w   float64   average GPU power at that cap, W; NaN without a column
+============  ========  ===================================================
+
+Bad input raises :class:`planner.table.ProfileError` naming the file and the
+1-based line (the header is line 1); nothing is returned.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from planner.table import ProfileError
+
+#: A GPU's power (cap or draw under work) in W lies in this range; outside it
+#: the column is almost surely in another unit (NVML reports mW; site sheets
+#: use kW, where every GPU is below 5). The largest GPU limits in
+#: ../shared/DOMAIN.md are ~1400 W (GB300); idle datacenter GPUs draw > 5 W.
+MIN_PLAUSIBLE_W = 5.0
+MAX_PLAUSIBLE_W = 5000.0
+
+SWEEP_COLUMNS: tuple[str, ...] = ("gpu", "workload", "cap_w", "throughput", "avg_power_w")
+
+
+def default_label(path: str | Path) -> str:
+    """GPU label from a file name: the stem's last ``_`` part (``summary_power_a40`` -> ``a40``)."""
+    return Path(path).stem.rsplit("_", 1)[-1]
+
+
+def _watts(source: Path, line: int, column: str, raw: str, what: str) -> float:
+    value = _number(source, line, column, raw)
+    if value < 0:
+        raise ProfileError(source, f"{column} is {raw!r}: {what} must not be negative", line)
+    if value == 0:
+        raise ProfileError(source, f"{column} is 0: {what} must be above 0 W", line)
+    if value > MAX_PLAUSIBLE_W:
+        raise ProfileError(
+            source,
+            f"{column} is {raw!r}: no GPU {what} is above {MAX_PLAUSIBLE_W:.0f} W;"
+            " is the column in mW? give watts",
+            line,
+        )
+    if value < MIN_PLAUSIBLE_W:
+        raise ProfileError(
+            source,
+            f"{column} is {raw!r}: below {MIN_PLAUSIBLE_W:.0f} W; is the column in kW? give watts",
+            line,
+        )
+    return value
+
+
+def _number(source: Path, line: int, column: str, raw: str) -> float:
+    if not raw:
+        raise ProfileError(source, f"{column} is empty: need a number", line)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ProfileError(source, f"{column} is {raw!r}: not a number", line) from None
+    if not math.isfinite(value):
+        raise ProfileError(source, f"{column} is {raw!r}: need a finite number (no NaN)", line)
+    return value
+
+
+def _positive(source: Path, line: int, column: str, raw: str) -> float:
+    value = _number(source, line, column, raw)
+    if value <= 0:
+        raise ProfileError(source, f"{column} is {raw!r}: must be above 0", line)
+    return value
+
+
+def load_sweep(
+    path: str | Path,
+    *,
+    workload_cols: Sequence[str],
+    cap_col: str,
+    time_col: str | None = None,
+    throughput_col: str | None = None,
+    power_col: str | None = None,
+    label: str | None = None,
+) -> pd.DataFrame:
+    """Read one CSV cap sweep (one GPU model) into the sweep form above.
+
+    Give exactly one of ``time_col`` (time per unit of work; throughput is its
+    inverse) and ``throughput_col``. ``label`` names the GPU (default:
+    :func:`default_label`). Raises :class:`ProfileError` for a missing column,
+    a non-number, NaN, a zero or negative value, power or cap outside
+    5..5000 W (mW or kW), an empty file, a duplicate (workload, cap) row, or a
+    workload measured at a single cap.
+    """
+    source = Path(path)
+    if (time_col is None) == (throughput_col is None):
+        raise ValueError("give exactly one of time_col and throughput_col")
+    if not workload_cols:
+        raise ValueError("workload_cols must name at least one column")
+    gpu = label if label is not None else default_label(source)
+    speed_col = time_col if time_col is not None else throughput_col
+    assert speed_col is not None
+    wanted = [*workload_cols, cap_col, speed_col] + ([power_col] if power_col else [])
+
+    try:
+        text = source.read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise ProfileError(source, f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(source, "not a UTF-8 text (CSV) file") from None
+
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header: list[str] | None = None
+    index: dict[str, int] = {}
+    rows: list[tuple[str, float, float, float]] = []
+    first_line: dict[tuple[str, float], int] = {}
+    caps_by_workload: dict[str, list[int]] = {}
+    for fields in reader:
+        line = reader.line_num
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        if header is None:
+            header = [f.strip() for f in fields]
+            missing = [c for c in wanted if c not in header]
+            if missing:
+                raise ProfileError(
+                    source,
+                    f"missing column(s) {', '.join(missing)}; the header has"
+                    f" {', '.join(header)} (map names with --workload-cols, --cap-col,"
+                    " --time-col/--throughput-col, --power-col)",
+                    line,
+                )
+            index = {c: header.index(c) for c in wanted}
+            continue
+        if len(fields) != len(header):
+            raise ProfileError(
+                source, f"{len(fields)} fields where the header has {len(header)}", line
+            )
+        parts = [fields[index[c]].strip() for c in workload_cols]
+        if any(not p for p in parts):
+            empty = workload_cols[[not p for p in parts].index(True)]
+            raise ProfileError(source, f"{empty} is empty: every row needs its workload", line)
+        workload = "/".join(parts)
+        cap_w = _watts(source, line, cap_col, fields[index[cap_col]].strip(), "power cap")
+        speed = _positive(source, line, speed_col, fields[index[speed_col]].strip())
+        throughput = 1.0 / speed if time_col is not None else speed
+        power_w = (
+            _watts(source, line, power_col, fields[index[power_col]].strip(), "average power")
+            if power_col
+            else math.nan
+        )
+        key = (workload, cap_w)
+        if key in first_line:
+            raise ProfileError(
+                source,
+                f"duplicate row for workload {workload!r} at cap {cap_w:g} W"
+                f" (first on line {first_line[key]})",
+                line,
+            )
+        first_line[key] = line
+        caps_by_workload.setdefault(workload, []).append(line)
+        rows.append((workload, cap_w, throughput, power_w))
+
+    if header is None:
+        raise ProfileError(source, "empty file: need a header and rows", 1)
+    if not rows:
+        raise ProfileError(source, "no data rows after the header", reader.line_num + 1)
+    for workload, lines in caps_by_workload.items():
+        if len(lines) < 2:
+            raise ProfileError(
+                source,
+                f"workload {workload!r} is measured at a single cap: a sweep needs two or more",
+                lines[0],
+            )
+
+    df = pd.DataFrame(rows, columns=["workload", "cap_w", "throughput", "avg_power_w"])
+    df.insert(0, "gpu", gpu)
+    df = df.astype(
+        {
+            "gpu": "string",
+            "workload": "string",
+            "cap_w": "float64",
+            "throughput": "float64",
+            "avg_power_w": "float64",
+        }
+    )
+    return df.sort_values(["gpu", "workload", "cap_w"], ignore_index=True)

@@ -1,0 +1,288 @@
+"""Replay profiles through the controller's own policy at given budgets: what capping costs.
+
+Every step (``step_s``, the controller's cycle) each GPU of a placed job
+demands its job's trace at the job's own random offset (idle GPUs their
+model's idle power), draws ``min(demand, cap)`` with the cap the controller
+set the step before, and ``policies.decide`` (the function the controller
+runs) sets the next caps from that. Agents start at their failsafe caps, as
+they do. Counted per tree node: steps above the capping threshold (how often
+capping bites), the watts it takes (``node_cut_w``: how deep) and the watts
+held below demand under it, seconds above the budget and above the limit,
+and, for comparison, seconds the uncapped demand would be above the limit.
+
+Throughput: a synchronous job runs at the pace of its slowest GPU, so a
+job's speed in a step is the lowest relative speed of its GPUs. A GPU held
+at a fraction ``r = power / demand`` of its demand runs at ``r ** 0.28`` by
+default (``speed_exponent``): 0.28 is what Meta's GB200 figure gives, 1200
+→ 1000 W costing ~5 % speed (shared/DOMAIN.md). With a measured cap sweep
+(``planner.sweep.load_sweep``) the speed is read off the sweep instead: per
+workload where the sweep has the profile's workload name, else the median
+curve of all its workloads, each as relative throughput against cap over the
+power drawn at the sweep's highest cap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from planner.mix import Placement
+from planner.sizing import Trace, job_power_traces
+from policies import (
+    NORMAL,
+    PHASE_CODES,
+    SERVER,
+    ClusterState,
+    PolicySettings,
+    Tree,
+    decide,
+    overhead_below,
+)
+from policies.tree import LEVEL_NAMES
+from powerd.gpu.models import GPU_MODELS
+from powerd.topology import Topology
+
+DEFAULT_SPEED_EXPONENT = 0.28  # ln(0.95) / ln(1000 / 1200): DOMAIN.md, Meta's GB200
+
+# (workload, power / demand in (0, 1]) -> relative speed in (0, 1]
+SpeedModel = Callable[[str, np.ndarray], np.ndarray]
+
+
+def power_law_speed(exponent: float = DEFAULT_SPEED_EXPONENT) -> SpeedModel:
+    if not (math.isfinite(exponent) and 0 <= exponent <= 2):
+        raise ValueError(f"speed exponent must be in 0..2, not {exponent}")
+
+    def speed(workload: str, ratio: np.ndarray) -> np.ndarray:
+        return np.power(np.clip(ratio, 0.0, 1.0), exponent)
+
+    speed.description = f"speed = (power/demand)^{exponent:g}"  # type: ignore[attr-defined]
+    return speed
+
+
+def sweep_speed(sweep: pd.DataFrame) -> SpeedModel:
+    """Relative speed from a cap sweep (planner.sweep form), per workload or the median curve."""
+    grid = np.linspace(0.0, 1.0, 101)
+    curves: dict[str, np.ndarray] = {}
+    for (_, workload), g in sweep.groupby(["gpu", "workload"], sort=True):
+        g = g.sort_values("cap_w")
+        top = g.iloc[-1]
+        drawn = top["avg_power_w"] if math.isfinite(top["avg_power_w"]) else top["cap_w"]
+        x = (g["cap_w"] / drawn).to_numpy(dtype=float)
+        y = (g["throughput"] / top["throughput"]).to_numpy(dtype=float)
+        y = np.minimum(np.maximum.accumulate(y), 1.0)  # more watts never slow a job
+        xs = np.concatenate([[0.0], x, [max(1.0, x[-1])]])
+        ys = np.concatenate([[0.0], y, [1.0]])
+        curve = np.interp(grid, xs, ys)
+        # a GPU not held below its demand runs at full speed: the curve ends at 1
+        curves[str(workload)] = np.minimum(curve / curve[-1], 1.0)
+    if not curves:
+        raise ValueError("the sweep has no workloads")
+    median = np.median(np.stack(list(curves.values())), axis=0)
+
+    def speed(workload: str, ratio: np.ndarray) -> np.ndarray:
+        return np.interp(np.clip(ratio, 0.0, 1.0), grid, curves.get(workload, median))
+
+    speed.description = (  # type: ignore[attr-defined]
+        f"speed read off a cap sweep of {len(curves)} workloads (median curve for the others)"
+    )
+    return speed
+
+
+@dataclass(frozen=True)
+class WhatifSettings:
+    duration_s: float = 3600.0
+    seed: int = 0
+    policy: PolicySettings = field(default_factory=PolicySettings)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"duration_s must be positive, not {self.duration_s}")
+
+
+@dataclass
+class WhatifResult:
+    nodes: pd.DataFrame  # site, rows, racks
+    levels: pd.DataFrame  # one row per level, servers included
+    jobs: pd.DataFrame
+    info: dict[str, object]
+
+
+def replay(
+    top: Topology,
+    placement: Placement,
+    traces: dict[str, Trace],
+    settings: WhatifSettings | None = None,
+    speed: SpeedModel | None = None,
+) -> WhatifResult:
+    """Run the controller's policy over the placed jobs' profiles (module docstring)."""
+    settings = settings or WhatifSettings()
+    speed = speed or power_law_speed()
+    step_s = next(iter(traces.values())).step_s
+    n_steps = max(1, math.ceil(settings.duration_s / step_s))
+    rng = np.random.default_rng(settings.seed)
+    tree = top.to_tree()
+    n_nodes = tree.n_nodes
+    jobs = placement.jobs
+    n_jobs = len(jobs)
+
+    job_traces = job_power_traces(top, placement, traces)
+    lengths = np.array([len(t) for t in job_traces], dtype=np.int64)
+    power_table = np.zeros((n_jobs, int(lengths.max())))  # a mix has at least one job
+    phase_table = np.full(power_table.shape, PHASE_CODES["compute"], dtype=np.int8)
+    for j, job in enumerate(jobs):
+        power_table[j, : lengths[j]] = job_traces[j]
+        phase_table[j, : lengths[j]] = traces[job.workload].phase
+    offsets = rng.integers(0, lengths)  # jobs are not synchronised with each other
+
+    gpu_job = placement.gpu_job(top)
+    busy = gpu_job >= 0
+    job_of = np.where(busy, gpu_job, 0)
+    idle_w = np.repeat(
+        np.array([GPU_MODELS[m].idle_power_w for m in top.server_model]), top.server_gpu_count
+    )
+    job_priority = np.array([j.priority for j in jobs], dtype=np.int8)
+    priority = np.where(busy, job_priority[job_of], NORMAL).astype(np.int8)
+    floor_w = tree.cap_min_w.copy()
+    controllable = np.ones(tree.n_gpus, dtype=bool)
+    idle_phase = np.int8(PHASE_CODES["idle"])
+    overhead_w = overhead_below(tree)
+    busy_idx = np.flatnonzero(busy)
+    job_start = np.searchsorted(gpu_job[busy_idx], np.arange(n_jobs))  # GPUs of a job: contiguous
+    workload_of = [job.workload for job in jobs]
+    groups: dict[str, list[int]] = {}
+    for j, w in enumerate(workload_of):
+        groups.setdefault(w, []).append(j)
+    gpu_groups = {w: np.flatnonzero(np.isin(gpu_job[busy_idx], js)) for w, js in groups.items()}
+
+    all_jobs = np.arange(n_jobs)
+    cap_w = tree.failsafe_cap_w.copy()  # agents start at their failsafe caps
+    acc = {
+        k: np.zeros(n_nodes)
+        for k in (
+            "capping",
+            "cut_sum",
+            "cut_max",
+            "withheld_sum",
+            "withheld_max",
+            "above_budget",
+            "above_limit",
+            "above_limit_uncapped",
+            "peak_w",
+            "peak_demand_w",
+        )
+    }
+    job_acc = {k: np.zeros(n_jobs) for k in ("speed", "capped", "demand_w", "power_w")}
+    speed_gpu = np.ones(len(busy_idx))
+
+    for t in range(n_steps):
+        col = (t + offsets) % lengths
+        now_w = power_table[all_jobs, col]
+        now_phase = phase_table[all_jobs, col]
+        demand_w = np.where(busy, now_w[job_of], idle_w)
+        phase = np.where(busy, now_phase[job_of], idle_phase).astype(np.int8)
+        power_w = np.minimum(demand_w, cap_w)
+        state = ClusterState(power_w, cap_w, priority, floor_w, phase, controllable)
+        decision = decide(tree, state, step_s, settings.policy)
+        node_w = decision.node_power_w
+        node_demand_w = tree.node_sum(demand_w) + overhead_w
+        withheld = np.maximum(node_demand_w - node_w, 0.0)  # float noise below 0
+        acc["capping"] += decision.node_capping
+        acc["cut_sum"] += decision.node_cut_w
+        np.maximum(acc["cut_max"], decision.node_cut_w, out=acc["cut_max"])
+        acc["withheld_sum"] += withheld
+        np.maximum(acc["withheld_max"], withheld, out=acc["withheld_max"])
+        acc["above_budget"] += node_w > tree.budget_w
+        acc["above_limit"] += node_w > tree.limit_w
+        acc["above_limit_uncapped"] += node_demand_w > tree.limit_w
+        np.maximum(acc["peak_w"], node_w, out=acc["peak_w"])
+        np.maximum(acc["peak_demand_w"], node_demand_w, out=acc["peak_demand_w"])
+        d = demand_w[busy_idx]
+        ratio = np.divide(power_w[busy_idx], d, out=np.ones_like(d), where=d > 0)
+        for w, idx in gpu_groups.items():
+            speed_gpu[idx] = speed(w, ratio[idx])
+        job_speed = np.minimum.reduceat(speed_gpu, job_start)  # the slowest GPU sets the pace
+        job_acc["speed"] += job_speed
+        job_acc["capped"] += np.minimum.reduceat(ratio, job_start) < 1.0
+        job_acc["demand_w"] += now_w
+        job_acc["power_w"] += np.add.reduceat(power_w[busy_idx], job_start) / placement.job_gpus
+        cap_w = decision.cap_w
+
+    info = {
+        "steps": n_steps,
+        "step_s": step_s,
+        "duration_s": n_steps * step_s,
+        "seed": settings.seed,
+        "speed_model": getattr(speed, "description", "custom"),
+        "start": "every GPU at its failsafe cap, as agents start",
+    }
+    return _result(top, tree, placement, acc, job_acc, n_steps, info)
+
+
+def _result(
+    top: Topology,
+    tree: Tree,
+    placement: Placement,
+    acc: dict[str, np.ndarray],
+    job_acc: dict[str, np.ndarray],
+    n_steps: int,
+    info: dict[str, object],
+) -> WhatifResult:
+    step_s = float(info["step_s"])  # type: ignore[arg-type]
+    level = np.asarray(tree.level)
+    cut_mean = np.divide(
+        acc["cut_sum"], acc["capping"], out=np.zeros_like(acc["cut_sum"]), where=acc["capping"] > 0
+    )
+    table = pd.DataFrame(
+        {
+            "name": list(top.names),
+            "level": [LEVEL_NAMES[int(v)] for v in level],
+            "budget_w": tree.budget_w,
+            "limit_w": tree.limit_w,
+            "peak_demand_w": acc["peak_demand_w"],
+            "peak_w": acc["peak_w"],
+            "capping_share": acc["capping"] / n_steps,
+            "cut_mean_w": cut_mean,
+            "cut_max_w": acc["cut_max"],
+            "withheld_mean_w": acc["withheld_sum"] / n_steps,
+            "withheld_max_w": acc["withheld_max"],
+            "s_above_budget": acc["above_budget"] * step_s,
+            "s_above_limit": acc["above_limit"] * step_s,
+            "s_above_limit_uncapped": acc["above_limit_uncapped"] * step_s,
+        }
+    )
+    levels = (
+        table.groupby("level", sort=False)
+        .agg(
+            nodes=("name", "size"),
+            capping_share_mean=("capping_share", "mean"),
+            capping_share_max=("capping_share", "max"),
+            cut_max_w=("cut_max_w", "max"),
+            s_above_budget_max=("s_above_budget", "max"),
+            s_above_limit_max=("s_above_limit", "max"),
+            s_above_limit_total=("s_above_limit", "sum"),
+            s_above_limit_uncapped_max=("s_above_limit_uncapped", "max"),
+        )
+        .reset_index()
+    )
+    n = n_steps
+    jobs = pd.DataFrame(
+        {
+            "job": [j.name for j in placement.jobs],
+            "workload": [j.workload for j in placement.jobs],
+            "priority": [("low", "normal", "high")[j.priority] for j in placement.jobs],
+            "gpus": placement.job_gpus,
+            "demand_w_per_gpu": job_acc["demand_w"] / n,
+            "power_w_per_gpu": job_acc["power_w"] / n,
+            "capped_share": job_acc["capped"] / n,
+            "throughput_lost": 1.0 - job_acc["speed"] / n,
+        }
+    )
+    total_gpus = float(placement.job_gpus.sum())
+    lost = float((jobs["throughput_lost"] * jobs["gpus"]).sum() / total_gpus) if total_gpus else 0.0
+    info = {**info, "throughput_lost_site": lost}
+    below_servers = np.asarray(tree.level) < SERVER
+    return WhatifResult(table[below_servers].reset_index(drop=True), levels, jobs, info)

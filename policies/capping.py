@@ -1,0 +1,491 @@
+"""One control cycle: Dynamo-style three-band capping at every level of the power tree.
+
+``decide(tree, state, dt_s, settings)`` is pure: arrays in, a :class:`Decision`
+out. The controller calls it every cycle; the planner replays profiles through
+it. Every step is vectorised over all GPUs and all tree nodes of a level; the
+only Python loops run over the four levels.
+
+The rules, in the order they are applied
+----------------------------------------
+Terms: a GPU's *predicted power* is ``min(power_w, cap)`` if it is
+controllable, else its measured ``power_w`` (an offline or silent GPU does not
+follow the controller; the controller already reports it at its failsafe cap).
+A node's measured power is the measured power of every GPU under it plus its
+``overhead_sum``; its predicted power is the same with predicted GPU power.
+
+1. **Sanitise.** Non-finite power or caps read as the GPU's failsafe cap;
+   negative power as 0; caps and floors are clipped into
+   ``[cap_min_w, cap_max_w]``.
+2. **Staged phases** (``startup`` and ``checkpoint``; DOMAIN.md, Llama 3:
+   job start and checkpoints are the synchronised swings that hurt the site
+   ramp). A controllable GPU in one of them has its cap *lowered* (never
+   raised) to ``max(stage_cap, power_w + headroom, floor_w)`` with
+   ``stage_cap = cap_min + startup_cap_fraction * (cap_max - cap_min)`` and
+   ``headroom = stage_headroom_fraction * (cap_max - cap_min)``, and it is not
+   handed watts back while it stays in that phase. So during a start or a
+   checkpoint the caps sit just above what the GPU draws (never below the
+   staged start cap), and when the phase ends the GPUs climb back through
+   step 4, whose ramp limits hold at every level: the job's rise is bounded
+   by the site, row, rack and server ramps. The rule is stateless: "entering
+   startup" is every cycle spent in it.
+3. **Capping, bottom-up** (servers, racks, rows, site). A node whose measured
+   power is above ``cap_threshold_w`` must come down to ``cap_target_w``: it
+   takes ``R = predicted - target`` (predicted after the cuts of the levels
+   below, so a parent takes only what its children left) from the
+   controllable GPUs under it: all of LOW first, then NORMAL, then HIGH, and
+   inside the class that gives the last watts high-bucket-first, i.e. by
+   water-filling ``a = predicted - floor_w``: every GPU above a level ``L``
+   comes down to ``L`` where ``sum(max(a - L, 0)) = R``. Never below
+   ``floor_w``, never from an uncontrollable GPU. A cut GPU's cap becomes its
+   new predicted power (``min(power_w, cap) - cut``), so a cap that the GPU
+   has not yet followed counts as watts already taken.
+4. **Uncapping.** A controllable GPU that is neither in a staged phase nor
+   waiting (``communication``: it draws little now and all of a job's GPUs
+   rise together when compute resumes, so watts handed back now overshoot the
+   budget then; found by ``powerd demo``) and whose every ancestor is below
+   its ``uncap_threshold_w`` asks for
+   ``min(gap, max(uncap_step_fraction * gap, uncap_min_step_w))``, with
+   ``gap = cap_max - cap``. Every node grants at most
+   ``min(ramp_w_per_s * dt_s, cap_target_w - predicted)`` in total (0 if it
+   is not below its uncapping threshold): the ramp limit, and the headroom
+   that keeps a node from being uncapped into capping again (that assumes
+   every granted watt is drawn, so it is conservative). It also grants at
+   most ``limit_w - cap_sum``, ``cap_sum`` being the sum of the caps under the
+   node (uncontrollable GPUs at what they draw) plus its overhead: watts are
+   never handed back beyond what the breaker takes with every GPU at its cap.
+   Without it, a job's GPUs waiting on a collective (drawing little) are
+   handed watts back, and when they all rise together the node overshoots its
+   limit for a cycle before capping catches it (found by ``powerplan whatif``
+   replaying a compute/communication rhythm). Requests are
+   reconciled exactly: bottom-up every node can pass on
+   ``A = min(budget, sum of its children's A)``; top-down each child gets its
+   share of the parent's grant in proportion to its ``A``; each GPU gets its
+   request scaled by its server's grant over the server's demand. Every
+   ancestor's grant limit holds and no node is starved by a sibling's limit.
+   Between the bands (not above the threshold, not below the uncapping
+   threshold) caps stay as they are.
+5. **Clocks.** ``communication`` locks the SM clock of a controllable GPU to
+   ``tree.comm_clock_mhz`` (NaN: no lock) when ``comm_clock_lock``; every
+   other phase: NaN.
+6. **Power floor cost.** With ``hold_floor_w_per_gpu`` set, the energy that
+   holding it would cost this cycle: ``sum(max(0, floor - power_w)) * dt_s``
+   over the controllable GPUs in a waiting phase (``communication``,
+   ``checkpoint``). Reported only; the busy work itself is the agent's.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from policies.tree import HIGH, LOW, PHASE_CODES, RACK, ROW, SERVER, SITE, ClusterState, Tree
+
+N_PRIORITIES = HIGH - LOW + 1
+LEVELS_BOTTOM_UP = (SERVER, RACK, ROW, SITE)
+STAGED_PHASES = ("startup", "checkpoint")
+WAITING_PHASES = ("communication", "checkpoint")
+_STAGED_CODES = np.array([PHASE_CODES[p] for p in STAGED_PHASES])
+_WAITING_CODES = np.array([PHASE_CODES[p] for p in WAITING_PHASES])
+_COMM_CODE = PHASE_CODES["communication"]
+# Needs below this are rounding, not overload (a site sums ~1e8 W: ~1e-8 W of float noise).
+NEGLIGIBLE_W = 1e-7
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """Tuning of :func:`decide`. Fields are numbers, booleans or None (they come from TOML).
+
+    Defaults are chosen for a 1 s cycle on GB200-class GPUs (200-1200 W,
+    DOMAIN.md) and scale with each GPU's range.
+    """
+
+    # Per cycle, the fraction of a capped GPU's distance to cap_max it may regain
+    # (before ramp limits). 0.2 at 1 s: ~90 % of the gap is back in 10 s, slower than
+    # Dynamo's ~6 s capping response (DOMAIN.md), so handing back never outruns taking.
+    uncap_step_fraction: float = 0.2
+    # Where caps stand for GPUs in `startup` (and the lowest they follow a GPU down to
+    # during a `checkpoint`), as a fraction of the range above cap_min: 0.25 is 450 W
+    # on a 200-1200 W GB200, well above its idle draw, so a starting job is not slowed.
+    startup_cap_fraction: float = 0.25
+    # Lock the SM clock to the tree's comm_clock_mhz during `communication` phases.
+    comm_clock_lock: bool = True
+    # During checkpoint/communication waits, a per-GPU power floor whose energy cost is
+    # reported in Decision.floor_hold_energy_j; None: off.
+    hold_floor_w_per_gpu: float | None = None
+    # The smallest step a capped GPU regains per cycle (W), so the last watts of a gap
+    # come back in finite time instead of shrinking geometrically.
+    uncap_min_step_w: float = 5.0
+    # In staged phases the cap stays this fraction of the range above the GPU's
+    # measured power (50 W on a GB200), so the staged cap does not slow the phase.
+    stage_headroom_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.uncap_step_fraction <= 1.0:
+            raise ValueError(
+                f"uncap_step_fraction must be in (0, 1], not {self.uncap_step_fraction}"
+            )
+        if not 0.0 <= self.startup_cap_fraction <= 1.0:
+            raise ValueError(
+                f"startup_cap_fraction must be in [0, 1], not {self.startup_cap_fraction}"
+            )
+        if not 0.0 <= self.stage_headroom_fraction <= 1.0:
+            raise ValueError(
+                f"stage_headroom_fraction must be in [0, 1], not {self.stage_headroom_fraction}"
+            )
+        if not (np.isfinite(self.uncap_min_step_w) and self.uncap_min_step_w >= 0.0):
+            raise ValueError(f"uncap_min_step_w must be >= 0, not {self.uncap_min_step_w}")
+        if self.hold_floor_w_per_gpu is not None and not (
+            np.isfinite(self.hold_floor_w_per_gpu) and self.hold_floor_w_per_gpu >= 0.0
+        ):
+            raise ValueError(
+                f"hold_floor_w_per_gpu must be >= 0 or None, not {self.hold_floor_w_per_gpu}"
+            )
+
+
+@dataclass
+class Decision:
+    """What one cycle decided. Per GPU (n_gpus,) or per tree node (n_nodes,)."""
+
+    cap_w: np.ndarray  # (n_gpus,) new caps, always within [cap_min_w, cap_max_w]
+    max_sm_clock_mhz: np.ndarray  # (n_gpus,) NaN = no clock lock
+    node_power_w: np.ndarray  # (n_nodes,) measured: GPU power under the node + overhead_sum
+    node_predicted_w: np.ndarray  # (n_nodes,) after the decision: predicted GPU power + overhead
+    node_capping: np.ndarray  # (n_nodes,) bool: node above its capping threshold this cycle
+    floor_hold_energy_j: float  # energy this cycle spent holding a power floor (0 if off)
+    # Diagnostics; empty when a Decision is built by hand (in a test, say).
+    # (n_nodes,) watts each node itself took this cycle, beyond what the levels below took:
+    node_cut_w: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # (n_gpus,) uint8 bitmask: bit `level` (SITE=0 ... SERVER=3) set if that level cut the GPU:
+    cut_levels: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
+
+
+@dataclass(frozen=True)
+class _Structure:
+    """What decide() needs from a tree's shape, in index types numpy uses without copying."""
+
+    level_nodes: tuple[np.ndarray, ...]  # node ids per level
+    level_parent: tuple[np.ndarray, ...]  # their parents
+    ancestor: np.ndarray  # intp (4, n_gpus)
+
+
+_STRUCTURES: dict[int, tuple[weakref.ref, np.ndarray, _Structure]] = {}
+
+
+def _structure(tree: Tree) -> _Structure:
+    """Per-tree cache (the shape arrays are read-only by convention, tree.py)."""
+    key = id(tree)
+    hit = _STRUCTURES.get(key)
+    if hit is not None and hit[0]() is tree and hit[1] is tree.parent:
+        return hit[2]
+    level_nodes = tuple(np.flatnonzero(tree.level == lvl) for lvl in range(4))
+    structure = _Structure(
+        level_nodes=level_nodes,
+        level_parent=tuple(tree.parent[nodes].astype(np.intp) for nodes in level_nodes),
+        ancestor=tree.gpu_ancestor.astype(np.intp),
+    )
+    _STRUCTURES[key] = (
+        weakref.ref(tree, lambda _: _STRUCTURES.pop(key, None)),
+        tree.parent,
+        structure,
+    )
+    return structure
+
+
+def _fold_up(st: _Structure, total: np.ndarray) -> np.ndarray:
+    """Add every node's value into all its ancestors (in place), deepest level first."""
+    n_nodes = len(total)
+    for lvl in (SERVER, RACK, ROW):
+        nodes = st.level_nodes[lvl]
+        if len(nodes):
+            total += np.bincount(st.level_parent[lvl], weights=total[nodes], minlength=n_nodes)
+    return total
+
+
+def _node_sum(st: _Structure, per_gpu: np.ndarray, overhead: np.ndarray) -> np.ndarray:
+    """Like ``tree.node_sum(per_gpu) + overhead``: one pass over the GPUs, then over the nodes."""
+    total = np.bincount(st.ancestor[SERVER], weights=per_gpu, minlength=len(overhead))
+    return _fold_up(st, total.astype(float, copy=False)) + overhead
+
+
+def overhead_below(tree: Tree) -> np.ndarray:
+    """Each node's overhead plus that of every node below it (vectorised ``Tree.overhead_sum``)."""
+    return _fold_up(_structure(tree), np.asarray(tree.overhead_w, dtype=float).copy())
+
+
+def decide(
+    tree: Tree, state: ClusterState, dt_s: float, settings: PolicySettings | None = None
+) -> Decision:
+    """One control cycle over the whole tree; see the module docstring for the rules."""
+    if settings is None:
+        settings = PolicySettings()
+    if not (np.isfinite(dt_s) and dt_s > 0):
+        raise ValueError(f"dt_s must be a positive number of seconds, not {dt_s}")
+    st = _structure(tree)
+    n_nodes, n_gpus = tree.n_nodes, tree.n_gpus
+    overhead = _fold_up(st, np.asarray(tree.overhead_w, dtype=float).copy())
+
+    # 1. sanitise
+    cap_min = np.asarray(tree.cap_min_w, dtype=float)
+    cap_max = np.asarray(tree.cap_max_w, dtype=float)
+    ctl = np.asarray(state.controllable, dtype=bool)
+    power = _finite_or(state.power_w, tree.failsafe_cap_w, cap_min, cap_max)
+    np.maximum(power, 0.0, out=power)
+    cap = _finite_or(state.cap_w, tree.failsafe_cap_w, cap_min, cap_max)
+    np.clip(cap, cap_min, cap_max, out=cap)
+    floor = _finite_or(state.floor_w, cap_min, cap_min, cap_max)
+    np.clip(floor, cap_min, cap_max, out=floor)
+    priority = np.asarray(state.priority)
+    if len(priority) and (priority.min() < LOW or priority.max() > HIGH):
+        priority = np.clip(priority, LOW, HIGH)
+    phase = np.asarray(state.phase)
+
+    node_power = _node_sum(st, power, overhead)
+    capping = node_power > tree.cap_threshold_w
+
+    # 2. staged phases: caps follow the GPU down, not below the staged start cap
+    staged = ctl & _in_codes(phase, _STAGED_CODES)
+    if staged.any():
+        i = np.flatnonzero(staged)
+        span = cap_max[i] - cap_min[i]
+        stage_cap = np.maximum(cap_min[i] + settings.startup_cap_fraction * span, floor[i])
+        np.maximum(stage_cap, power[i] + settings.stage_headroom_fraction * span, out=stage_cap)
+        cap[i] = np.minimum(cap[i], stage_cap)
+
+    # 3. capping, bottom-up
+    pred = np.minimum(power, cap)
+    if not ctl.all():
+        pred[~ctl] = power[~ctl]
+    node_pred = _node_sum(st, pred, overhead)
+    node_cut = np.zeros(n_nodes)
+    cut_levels = np.zeros(n_gpus, dtype=np.uint8)
+    for lvl in LEVELS_BOTTOM_UP:
+        nodes = st.level_nodes[lvl]
+        over = nodes[capping[nodes]]
+        if not len(over):
+            continue
+        need = np.zeros(n_nodes)
+        need[over] = node_pred[over] - tree.cap_target_w[over]
+        if not np.any(need[over] > NEGLIGIBLE_W):
+            continue
+        group = st.ancestor[lvl]
+        idx, spare, spare_after, took = _take(need, group, pred, floor, priority, ctl)
+        was_cut = spare_after < spare
+        idx = idx[was_cut]
+        cut_levels[idx] |= np.uint8(1 << lvl)
+        pred[idx] = floor[idx] + spare_after[was_cut]
+        cap[idx] = np.minimum(cap[idx], pred[idx])
+        node_cut[nodes] += took[nodes]
+        node_pred -= _fold_up(st, took)  # ancestors (and the nodes) lose what was taken
+
+    # 4. uncapping, ramp-limited at every level
+    below = node_power < tree.uncap_threshold_w
+    for lvl in (ROW, RACK, SERVER):  # a node hands back only if all its ancestors do too
+        below[st.level_nodes[lvl]] &= below[st.level_parent[lvl]]
+    waiting = _in_codes(phase, _WAITING_CODES)
+    asking = ctl & ~staged & ~waiting & below[st.ancestor[SERVER]] & (cap < cap_max)
+    if asking.any():
+        i = np.flatnonzero(asking)
+        gap = cap_max[i] - cap[i]
+        step = np.maximum(settings.uncap_step_fraction * gap, settings.uncap_min_step_w)
+        request = np.minimum(gap, step)
+        # what every GPU under a node could draw at its cap (the others at what they draw)
+        held = np.where(ctl, cap, power) if not ctl.all() else cap
+        node_cap_sum = _node_sum(st, held, overhead)
+        budget = np.minimum(tree.ramp_w_per_s * dt_s, tree.cap_target_w - node_pred)
+        np.minimum(budget, tree.limit_w - node_cap_sum, out=budget)
+        budget = np.where(below & (budget > 0), budget, 0.0)  # NaN (a bad tree): nothing
+        grant = _ramp_grants(st, st.ancestor[SERVER][i], request, budget)
+        cap[i] = np.minimum(cap[i] + request * grant, cap_max[i])
+
+    pred = np.minimum(power, cap)
+    if not ctl.all():
+        pred[~ctl] = power[~ctl]
+    node_predicted = _node_sum(st, pred, overhead)
+
+    # 5. clocks
+    clock = np.full(n_gpus, np.nan)
+    if settings.comm_clock_lock:
+        comm = np.flatnonzero(ctl & (phase == _COMM_CODE))
+        clock[comm] = np.asarray(tree.comm_clock_mhz, dtype=float)[comm]
+
+    # 6. what holding a power floor would cost
+    floor_energy = 0.0
+    if settings.hold_floor_w_per_gpu is not None:
+        waiting = ctl & _in_codes(phase, _WAITING_CODES)
+        shortfall = np.maximum(settings.hold_floor_w_per_gpu - power[waiting], 0.0)
+        floor_energy = float(shortfall.sum() * dt_s)
+
+    return Decision(
+        cap_w=cap,
+        max_sm_clock_mhz=clock,
+        node_power_w=node_power,
+        node_predicted_w=node_predicted,
+        node_capping=capping,
+        floor_hold_energy_j=floor_energy,
+        node_cut_w=node_cut,
+        cut_levels=cut_levels,
+    )
+
+
+def _in_codes(phase: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    out = phase == codes[0]
+    for code in codes[1:]:
+        out |= phase == code
+    return out
+
+
+def _finite_or(values, fallback, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """A float copy of ``values``; non-finite entries read as ``fallback`` clipped into
+    ``[low, high]`` (``high`` where the fallback is not finite either)."""
+    out = np.array(values, dtype=float)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        fallback = np.asarray(fallback, dtype=float)[bad]
+        out[bad] = np.clip(
+            np.where(np.isfinite(fallback), fallback, high[bad]), low[bad], high[bad]
+        )
+    return out
+
+
+def _take(
+    need: np.ndarray,
+    group: np.ndarray,
+    pred: np.ndarray,
+    floor: np.ndarray,
+    priority: np.ndarray,
+    ctl: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Take ``need[node]`` watts under every node of one level at once.
+
+    Returns the GPUs that can give (controllable, above their floor, under a
+    node that needs watts), what each had and has left above its floor, and
+    the watts each node took. Priority classes are emptied in order (LOW,
+    NORMAL, HIGH); the class that gives the last watts is water-filled.
+    """
+    needy = np.flatnonzero(need > 0)
+    sel = need[group] > 0
+    sel &= ctl
+    sel &= pred > floor
+    idx = np.flatnonzero(sel)
+    spare = pred[idx]
+    spare -= floor[idx]  # what each can give
+    seg = group[idx]
+    seg *= N_PRIORITIES
+    seg += priority[idx]  # (node, class) segments
+    n_seg = len(need) * N_PRIORITIES
+    have = np.bincount(seg, weights=spare, minlength=n_seg).astype(float, copy=False)
+    have = have.reshape(-1, N_PRIORITIES)[needy]
+    before = np.cumsum(have, axis=1)
+    before -= have  # what the classes taken earlier hold
+    needy_take = np.clip(need[needy, None] - before, 0.0, have)
+    needy_take[needy_take <= NEGLIGIBLE_W] = 0.0  # rounding left by an earlier class: no cut
+    node_took = np.zeros(len(need))
+    node_took[needy] = needy_take.sum(axis=1)
+    take = np.zeros((len(need), N_PRIORITIES))
+    take[needy] = needy_take
+    take = take.ravel()
+    full_class = np.zeros((len(need), N_PRIORITIES), dtype=bool)
+    full_class[needy] = (needy_take >= have) & (have > 0)
+    seg_take = take[seg]
+    full = full_class.ravel()[seg]  # the whole class goes to its floor
+    spare_after = spare.copy()
+    spare_after[full] = 0.0
+    part = seg_take > 0
+    part &= ~full
+    n_part = np.count_nonzero(part)
+    if 0 < n_part == len(idx):  # every GPU is water-filled (one class per node): no gathers
+        spare_after = _water_fill(spare, seg, take)
+    elif n_part:
+        part = np.flatnonzero(part)
+        spare_after[part] = _water_fill(spare[part], seg[part], take)
+    return idx, spare, spare_after, node_took
+
+
+def _water_fill(spare: np.ndarray, seg: np.ndarray, take: np.ndarray) -> np.ndarray:
+    """``min(spare, L)``, with per segment the level ``L``: ``sum(max(spare - L, 0)) == take[seg]``.
+
+    One sort by (segment, spare descending) of an int64 key: the segment id in
+    the high bits, the spare's float bits below it (positive floats order like
+    their bit patterns; the dropped low bits only matter for near-ties, which
+    the correction step absorbs). Segments are then contiguous runs, and every
+    per-segment sum is an ``np.add.reduceat``. In a segment with sorted spares
+    ``s_1 >= s_2 >= ...`` and running sums ``C_j``, cutting down to ``s_j``
+    removes ``D_j = C_j - j s_j`` (non-decreasing in j). With ``k`` the number
+    of positions with ``D_j < take``, the level is ``(C_k - take) / k``, which
+    lies in ``[s_{k+1}, s_k]``. A final Newton step on the piecewise linear
+    ``sum(max(spare - L, 0))`` makes the sum exact to rounding.
+    """
+    n = len(spare)
+    seg_bits = max(1, int(seg.max()).bit_length())
+    low_bits = 63 - seg_bits
+    key = spare.view(np.int64) >> seg_bits  # spare > 0: order-preserving
+    np.subtract(np.int64((1 << low_bits) - 1), key, out=key)  # descending spare
+    key |= seg << low_bits
+    order = np.argsort(key, kind="stable")  # stable sort: fast (runs) when GPUs come grouped
+    del key
+    s = spare[order]
+    s_seg = seg[order]
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    np.not_equal(s_seg[1:], s_seg[:-1], out=first[1:])
+    start = np.flatnonzero(first)
+    count = np.diff(np.append(start, n))
+    seg_take = take[s_seg[start]]
+    del s_seg, first
+    running = np.cumsum(s)
+    running -= np.repeat(running[start] - s[start], count)  # running sum inside each segment
+    work = np.arange(1.0, n + 1.0)
+    work -= np.repeat(start.astype(float), count)  # position j inside the segment
+    work *= s
+    np.subtract(running, work, out=work)  # D_j
+    short = work < np.repeat(seg_take, count)
+    k = np.maximum(np.add.reduceat(short, start, dtype=np.intp), 1)  # k >= 1 (D_1 = 0 < take)
+    level = (running[start + k - 1] - seg_take) / k
+    # Newton step: absorbs rounding and near-tie misordering
+    np.subtract(s, np.repeat(level, count), out=work)
+    above = work > 0
+    np.maximum(work, 0.0, out=work)
+    removed = np.add.reduceat(work, start)
+    n_above = np.add.reduceat(above, start, dtype=np.intp)
+    level += _ratio(removed - seg_take, n_above, cap=False)
+    np.maximum(level, 0.0, out=level)
+    np.minimum(s, np.repeat(level, count), out=work)
+    out = np.empty(n)
+    out[order] = work
+    return out
+
+
+def _ramp_grants(
+    st: _Structure, server: np.ndarray, request: np.ndarray, budget: np.ndarray
+) -> np.ndarray:
+    """Per request, the fraction of it granted so every ancestor's budget holds.
+
+    Bottom-up each node can pass on ``A = min(budget, demand)``, demand being
+    the sum of its children's ``A`` (for a server, of its GPUs' requests);
+    top-down a child gets ``A_child * grant_parent / demand_parent``, and a
+    GPU its request times ``grant_server / demand_server``.
+    """
+    n_nodes = len(budget)
+    demand = np.bincount(server, weights=request, minlength=n_nodes).astype(float, copy=False)
+    allowed = np.zeros(n_nodes)
+    for lvl in LEVELS_BOTTOM_UP:
+        nodes = st.level_nodes[lvl]
+        allowed[nodes] = np.minimum(budget[nodes], demand[nodes])
+        if lvl != SITE and len(nodes):
+            demand += np.bincount(st.level_parent[lvl], weights=allowed[nodes], minlength=n_nodes)
+    grant = np.zeros(n_nodes)
+    roots = st.level_nodes[SITE]
+    grant[roots] = allowed[roots]
+    for lvl in (ROW, RACK, SERVER):
+        nodes, parent = st.level_nodes[lvl], st.level_parent[lvl]
+        grant[nodes] = allowed[nodes] * _ratio(grant[parent], demand[parent])
+    return _ratio(grant, demand)[server]
+
+
+def _ratio(num: np.ndarray, den: np.ndarray, cap: bool = True) -> np.ndarray:
+    """``num / den`` where ``den > 0``, else 0; at most 1 unless ``cap`` is False."""
+    out = np.zeros(np.shape(num))
+    np.divide(num, den, out=out, where=den > 0)
+    return np.minimum(out, 1.0) if cap else out

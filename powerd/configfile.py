@@ -1,0 +1,113 @@
+"""Reading powerd's TOML config files: errors that name the file and the key.
+
+Shared by the agent's and the controller's configs, so both spell a broker,
+a typo or a wrong type the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from powerd.mqtt_url import BrokerSettings, parse_broker_url
+
+BROKER_KEYS = frozenset(
+    {
+        "url",
+        "username",
+        "password_file",
+        "ca_file",
+        "cert_file",
+        "key_file",
+        "keepalive_s",
+        "reconnect_min_s",
+        "reconnect_max_s",
+    }
+)
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message says where and why."""
+
+
+def read_toml(path: str | Path, known: dict[str, Any]) -> dict[str, Any]:
+    """Parse a TOML file whose top-level tables and their keys must be in ``known``."""
+    where = str(path)
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    for section, value in raw.items():
+        if section not in known:
+            raise ConfigError(f"{where}: unknown section [{section}]; known: {sorted(known)}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: [{section}] must be a table")
+        unknown = set(value) - set(known[section])
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key(s) {sorted(unknown)} in [{section}]; "
+                f"known: {sorted(known[section])}"
+            )
+    return raw
+
+
+class Getter:
+    """Typed reads from a TOML table with errors that name the file and key."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def str(self, table: dict, dotted: str, default: Any) -> Any:
+        value = table.get(dotted.rsplit(".", 1)[-1], default)
+        if not isinstance(value, str):
+            raise ConfigError(f"{self.where}: {dotted} must be a string, got {value!r}")
+        return value
+
+    def opt_str(self, table: dict, dotted: str, default: Any) -> Any:
+        value = table.get(dotted.rsplit(".", 1)[-1], default)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{self.where}: {dotted} must be a string, got {value!r}")
+        return value or default
+
+    def number(self, table: dict, dotted: str, default: Any, key: str | None = None) -> Any:
+        value = table.get(key if key is not None else dotted.rsplit(".", 1)[-1], default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{self.where}: {dotted} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{self.where}: {dotted} must be finite, got {value!r}")
+        return float(value)
+
+
+def broker_from_table(table: dict[str, Any], where: str) -> BrokerSettings:
+    """The ``[broker]`` table: URL plus credential, TLS and reconnect settings."""
+    get = Getter(where)
+    url = get.str(table, "broker.url", "mqtt://localhost")
+    try:
+        broker = parse_broker_url(url)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: broker.url: {exc}") from None
+    broker = replace(
+        broker,
+        username=get.opt_str(table, "broker.username", broker.username),
+        password_file=get.opt_str(table, "broker.password_file", None),
+        ca_file=get.opt_str(table, "broker.ca_file", None),
+        cert_file=get.opt_str(table, "broker.cert_file", None),
+        key_file=get.opt_str(table, "broker.key_file", None),
+        keepalive_s=get.number(table, "broker.keepalive_s", broker.keepalive_s),
+        reconnect_min_s=get.number(table, "broker.reconnect_min_s", broker.reconnect_min_s),
+        reconnect_max_s=get.number(table, "broker.reconnect_max_s", broker.reconnect_max_s),
+    )
+    if not 0 < broker.reconnect_min_s <= broker.reconnect_max_s:
+        raise ConfigError(f"{where}: need 0 < broker.reconnect_min_s <= broker.reconnect_max_s")
+    if not 1 <= broker.keepalive_s <= 65535:
+        raise ConfigError(f"{where}: broker.keepalive_s must be in [1, 65535] s")
+    return broker

@@ -1,0 +1,71 @@
+"""Putting a controller together: budgets file + configuration -> a runnable service."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from powerd.controller.config import ControllerConfig
+from powerd.controller.core import ControllerCore, Layout
+from powerd.controller.records import Records
+from powerd.controller.service import ControllerService
+from powerd.recorder import Recorder, open_recorder
+from powerd.topology import Topology, load_budgets
+
+log = logging.getLogger("powerd.controller")
+
+
+def open_configured_recorder(config: ControllerConfig) -> Recorder | None:
+    """The recorder the configuration names: InfluxDB URL, a file, the default file, or none.
+
+    With neither ``recorder.url`` nor ``recorder.file`` set, points go to
+    ``telemetry.lp`` in the state directory (``powerd.recorder.default_file_path``),
+    which ``powerplan profiles`` reads; ``recorder.enabled = false`` records nothing.
+    """
+    rec = config.recorder
+    if not rec.enabled:
+        return None
+    if rec.url:
+        return open_recorder(rec.url, token_file=rec.token_file)
+    if rec.file:
+        return open_recorder(Path(rec.file).expanduser())
+    return open_recorder(None)
+
+
+def build_service(
+    config: ControllerConfig, topology: Topology, recorder: Recorder | None = None
+) -> ControllerService:
+    layout = Layout.from_topology(topology)
+    core = ControllerCore(topology.to_tree(), layout, config.settings())
+    records = None
+    if recorder is not None:
+        records = Records(
+            config.cluster, topology, config.name, fine_every_s=config.recorder.fine_every_s
+        )
+    return ControllerService(config, core, layout, recorder=recorder, records=records)
+
+
+async def run_controller(config: ControllerConfig, budgets_path: Path) -> None:
+    """Load the budgets, run until SIGTERM/SIGINT, close the recorder."""
+    topology = load_budgets(budgets_path)
+    recorder = open_configured_recorder(config)
+    service = build_service(config, topology, recorder)
+    log.info(
+        "powerd controller %s: cluster %s, %s (%d nodes, %d GPUs, site budget %.0f kW), "
+        "broker %s, recorder %s",
+        config.name,
+        config.cluster,
+        budgets_path,
+        len(topology.servers),
+        topology.n_gpus,
+        topology.budget_w[0] / 1e3,
+        config.broker.display,
+        "none" if recorder is None else type(recorder).__name__,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await service.run(stop)

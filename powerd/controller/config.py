@@ -1,0 +1,180 @@
+"""The controller's configuration: a TOML file, then command-line overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from policies import PolicySettings
+from powerd.configfile import BROKER_KEYS, ConfigError, Getter, broker_from_table, read_toml
+from powerd.controller.core import ControllerSettings
+from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
+
+_TIMING_KEYS = (
+    "cycle_s",
+    "heartbeat_s",
+    "stale_after_s",
+    "ack_timeout_s",
+    "command_ttl_s",
+    "takeover_after_s",
+    "epoch_discovery_s",
+    "infer_window_s",
+    "agent_failsafe_after_s",
+)
+
+
+@dataclass(frozen=True)
+class RecorderConfig:
+    enabled: bool = True  # false: record nothing
+    url: str | None = None  # influx v2 write API, see powerd.recorder.open_recorder
+    token_file: str | None = None
+    file: str | None = None  # line-protocol file when no url is given
+    # Per-GPU and per-node (server) points at most this often per node; site, row,
+    # rack and decision points every cycle. 0 keeps every sample; on an 83K-GPU
+    # site 10 s cuts the recorder's work tenfold (bench/RESULTS.md).
+    fine_every_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    name: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    cluster: str = "default"
+    cycle_s: float = 1.0
+    heartbeat_s: float = 1.0
+    stale_after_s: float = 5.0  # telemetry older than this: counted at failsafe power
+    ack_timeout_s: float = 3.0  # resend a command not acknowledged within this
+    command_ttl_s: float = 30.0  # agents fall back to failsafe if nothing newer comes
+    takeover_after_s: float = 10.0  # a standby leads once the leader is silent this long
+    epoch_discovery_s: float = 1.0  # wait this long at start for the retained heartbeat
+    agent_failsafe_after_s: float = 10.0  # the agents' failsafe_after_s (a silent node's grace)
+    infer_phases: bool = True  # infer waits from power for jobs that do not announce them
+    infer_window_s: float = 30.0  # power history the inference looks at
+    broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    recorder: RecorderConfig = field(default_factory=RecorderConfig)
+    source: str = "<defaults>"
+
+    def settings(self) -> ControllerSettings:
+        """What the core needs of this configuration."""
+        return ControllerSettings(
+            cycle_s=self.cycle_s,
+            stale_after_s=self.stale_after_s,
+            ack_timeout_s=self.ack_timeout_s,
+            command_ttl_s=self.command_ttl_s,
+            agent_failsafe_after_s=self.agent_failsafe_after_s,
+            infer_phases=self.infer_phases,
+            infer_window_s=self.infer_window_s,
+            policy=self.policy,
+        )
+
+    def with_overrides(self, **overrides: Any) -> ControllerConfig:
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if isinstance(given.get("broker"), str):
+            try:
+                given["broker"] = parse_broker_url(given["broker"], base=self.broker)
+            except ValueError as exc:
+                raise ConfigError(f"--broker: {exc}") from None
+        updated = replace(self, **given)
+        validate(updated, "command line")
+        return updated
+
+
+def _policy_keys() -> set[str]:
+    return {f.name for f in dataclasses.fields(PolicySettings)}
+
+
+def load_controller_config(path: str | Path | None) -> ControllerConfig:
+    if path is None:
+        config = ControllerConfig()
+        validate(config, "defaults")
+        return config
+    where = str(path)
+    known = {
+        "controller": {"name", "cluster", "infer_phases", *_TIMING_KEYS},
+        "broker": BROKER_KEYS,
+        "policy": _policy_keys(),
+        "recorder": {"enabled", "url", "token_file", "file", "fine_every_s"},
+    }
+    raw = read_toml(path, known)
+    get = Getter(where)
+    section = raw.get("controller", {})
+    defaults = ControllerConfig()
+    timing = {k: get.number(section, f"controller.{k}", getattr(defaults, k)) for k in _TIMING_KEYS}
+    policy_raw = raw.get("policy", {})
+    policy_defaults = PolicySettings()
+    policy_values: dict[str, Any] = {}
+    for key, value in policy_raw.items():
+        default = getattr(policy_defaults, key)
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}: policy.{key} must be true or false")
+            policy_values[key] = value
+        else:
+            policy_values[key] = get.number(policy_raw, f"policy.{key}", default)
+    try:
+        policy = replace(policy_defaults, **policy_values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: [policy]: {exc}") from None
+    rec = raw.get("recorder", {})
+    infer = _flag(
+        section, "infer_phases", defaults.infer_phases, f"{where}: controller.infer_phases"
+    )
+    config = ControllerConfig(
+        name=get.str(section, "controller.name", defaults.name),
+        cluster=get.str(section, "controller.cluster", "default"),
+        broker=broker_from_table(raw.get("broker", {}), where),
+        policy=policy,
+        recorder=RecorderConfig(
+            enabled=_flag(rec, "enabled", True, f"{where}: recorder.enabled"),
+            url=get.opt_str(rec, "recorder.url", None),
+            token_file=get.opt_str(rec, "recorder.token_file", None),
+            file=get.opt_str(rec, "recorder.file", None),
+            fine_every_s=get.number(rec, "recorder.fine_every_s", 0.0),
+        ),
+        source=where,
+        infer_phases=infer,
+        **timing,
+    )
+    validate(config, where)
+    return config
+
+
+def _flag(table: dict[str, Any], key: str, default: bool, what: str) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{what} must be true or false")
+    return value
+
+
+def validate(config: ControllerConfig, where: str) -> None:
+    for what, name in (("controller", config.name), ("cluster", config.cluster)):
+        try:
+            check_name(name, what)
+        except ProtocolError:
+            raise ConfigError(f"{where}: {what} name {name!r} must match {NAME_PATTERN}") from None
+    if not 0.05 <= config.cycle_s <= 60:
+        raise ConfigError(f"{where}: controller.cycle_s must be in [0.05, 60] s")
+    if not 0.05 <= config.heartbeat_s <= 60:
+        raise ConfigError(f"{where}: controller.heartbeat_s must be in [0.05, 60] s")
+    if config.stale_after_s < 2 * config.cycle_s:
+        raise ConfigError(f"{where}: controller.stale_after_s must be at least 2 cycles")
+    if config.ack_timeout_s <= 0:
+        raise ConfigError(f"{where}: controller.ack_timeout_s must be > 0 s")
+    if config.command_ttl_s <= config.ack_timeout_s:
+        raise ConfigError(f"{where}: controller.command_ttl_s must exceed ack_timeout_s")
+    if config.takeover_after_s <= 2 * config.heartbeat_s:
+        raise ConfigError(f"{where}: controller.takeover_after_s must exceed 2 heartbeats")
+    if not 0 <= config.epoch_discovery_s <= 30:
+        raise ConfigError(f"{where}: controller.epoch_discovery_s must be in [0, 30] s")
+    if not 0 < config.agent_failsafe_after_s <= 86400:
+        raise ConfigError(f"{where}: controller.agent_failsafe_after_s must be in (0, 86400] s")
+    if not 2 * config.cycle_s <= config.infer_window_s <= 3600:
+        raise ConfigError(f"{where}: controller.infer_window_s must be in [2 cycles, 3600] s")
+    if not 0 <= config.recorder.fine_every_s <= 3600:
+        raise ConfigError(f"{where}: recorder.fine_every_s must be in [0, 3600] s")
+    if config.recorder.url and config.recorder.file:
+        raise ConfigError(f"{where}: give recorder.url or recorder.file, not both")

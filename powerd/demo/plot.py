@@ -1,0 +1,130 @@
+"""The demo's PNG: site and row power against budget and limit over time, phases shaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from policies.tree import ROW, SITE
+from powerd.demo.summary import Trace
+
+PHASE_COLOURS = {
+    "startup": "#9ecae1",
+    "communication": "#c994c7",
+    "checkpoint": "#fdae6b",
+}
+JOB_COLOURS = ("tab:blue", "tab:green", "tab:olive", "tab:cyan")  # not the phases' colours
+MAX_ROW_PANELS = 4
+
+
+def _spans(phases: list[tuple[float, str]], end_s: float) -> list[tuple[float, float, str]]:
+    """(start, end, phase) of every phase in a job's log."""
+    out = []
+    for k, (at, phase) in enumerate(phases):
+        until = phases[k + 1][0] if k + 1 < len(phases) else end_s
+        if until > at:
+            out.append((at, until, phase))
+    return out
+
+
+def plot_trace(trace: Trace, path: str | Path, title: str = "powerd demo") -> Path:
+    """Write the PNG; return its path. Uses matplotlib's Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    path = Path(path)
+    t = trace.t
+    end_s = float(t[-1]) if len(t) else trace.duration_s
+    rows = [k for k in np.flatnonzero(trace.level == ROW)]
+    row_panels = rows if len(rows) <= MAX_ROW_PANELS else []
+    n_panels = 1 + (len(row_panels) if row_panels else 1) + 1
+    fig, axes = plt.subplots(
+        n_panels, 1, figsize=(11, 2.6 * n_panels), sharex=True, constrained_layout=True
+    )
+    # the jobs on each row (by where their GPUs are), for shading
+    gpu_row = _gpu_row(trace)
+
+    def shade(ax, jobs: list[int]) -> None:
+        for k in jobs:
+            for start, stop, phase in _spans(trace.jobs[k].phases, end_s):
+                colour = PHASE_COLOURS.get(phase)
+                if colour:
+                    ax.axvspan(start, stop, color=colour, alpha=0.35, lw=0)
+
+    def power_panel(ax, node: int, label: str, jobs: list[int]) -> None:
+        shade(ax, jobs)
+        ax.plot(t, trace.node_power_w[:, node] / 1e3, color="black", lw=1.2, label="power")
+        ax.axhline(trace.budget_w[node] / 1e3, color="tab:orange", ls="--", lw=1, label="budget")
+        ax.axhline(
+            trace.cap_threshold_w[node] / 1e3,
+            color="tab:orange",
+            ls=":",
+            lw=0.8,
+            label="capping threshold",
+        )
+        ax.axhline(trace.limit_w[node] / 1e3, color="tab:red", lw=1.2, label="limit")
+        ax.set_ylabel("kW")
+        ax.set_title(label, loc="left", fontsize=10)
+        ax.grid(alpha=0.3)
+
+    all_jobs = list(range(len(trace.jobs)))
+    power_panel(axes[0], SITE, f"site {trace.names[SITE]}", [])
+    axes[0].legend(loc="upper left", fontsize=8, ncol=4)
+    if row_panels:
+        for ax, row in zip(axes[1:], row_panels, strict=False):
+            jobs = [k for k in all_jobs if np.any((trace.gpu_job == k) & (gpu_row == row))]
+            names = ", ".join(f"{trace.jobs[k].name} ({trace.jobs[k].priority})" for k in jobs)
+            power_panel(ax, row, f"row {trace.names[row]}" + (f": {names}" if names else ""), jobs)
+    else:  # many rows: every row's power as a fraction of its budget
+        ax = axes[1]
+        for row in rows:
+            ax.plot(t, trace.node_power_w[:, row] / trace.budget_w[row], lw=0.8)
+        ax.axhline(1.0, color="tab:orange", ls="--", lw=1)
+        ax.set_ylabel("power / budget")
+        ax.set_title("rows", loc="left", fontsize=10)
+    ax = axes[-1]
+    locks = ax.twinx()
+    for k in all_jobs:
+        mine = trace.gpu_job == k
+        if not mine.any() or not len(t):
+            continue
+        name = trace.jobs[k].name
+        colour = JOB_COLOURS[k % len(JOB_COLOURS)]
+        ax.plot(
+            t, trace.gpu_cap_w[:, mine].mean(axis=1), lw=1.2, color=colour, label=f"{name}: cap"
+        )
+        share = trace.gpu_locked[:, mine].mean(axis=1) * 100
+        locks.fill_between(
+            t,
+            0,
+            share,
+            color=colour,
+            alpha=0.25,
+            step="post",
+            lw=0,
+            label=f"{name}: GPUs clock-locked",
+        )
+    ax.set_ylabel("mean cap, W per GPU")
+    locks.set_ylabel("clock-locked, % of GPUs")
+    locks.set_ylim(0, 400)  # the locks in the lower quarter, under the caps
+    ax.set_title("GPU power caps and clock locks, by job", loc="left", fontsize=10)
+    ax.set_xlabel("seconds since the jobs' clock started")
+    ax.grid(alpha=0.3)
+    lines, labels = ax.get_legend_handles_labels()
+    more, more_labels = locks.get_legend_handles_labels()
+    ax.legend(lines + more, labels + more_labels, loc="upper right", fontsize=8, ncol=2)
+    handles = [Patch(color=c, alpha=0.35, label=p) for p, c in PHASE_COLOURS.items()]
+    fig.legend(handles=handles, loc="outside upper right", ncol=3, fontsize=8, title="job phase")
+    fig.suptitle(title, x=0.01, ha="left")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _gpu_row(trace: Trace) -> np.ndarray:
+    """The tree index of each GPU's row (-1 where the trace does not say)."""
+    return trace.gpu_row if trace.gpu_row is not None else np.full(len(trace.gpu_job), -1)

@@ -1,0 +1,197 @@
+"""The synthetic training jobs of the demo: who runs where, and the phases they go through.
+
+A synchronous data-parallel LLM job moves all its GPUs together: a start
+(loading the model and data: GPUs nearly idle), then steps of compute followed
+by *exposed* communication (the part of the gradient all-reduce that
+computation does not hide: every GPU waits on the network), a checkpoint now
+and then (GPUs nearly idle, storage busy), and a stop. This synchronisation is
+what makes a training site's power swing (shared/DOMAIN.md: Llama 3,
+Meta's "large, synchronized power oscillations").
+
+Each job announces its phases through :class:`powerd.jobhook.PhaseReporter`,
+the documented client a real training loop uses, and switches every simulated
+GPU it runs on to the same phase at the same moment.
+
+Time is compressed so the whole story fits in well under a minute: a step is
+a few seconds of compute and one second of exposed communication, a
+checkpoint a few seconds (a real job computes for seconds to minutes per step
+and checkpoints for tens of seconds every half hour or so). One second of
+waiting is still two controller cycles, so the controller sees every phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from powerd.gpu.simulated import SimulatedGpu
+from powerd.jobhook import PhaseReporter
+from powerd.topology import Topology
+
+MIN_DURATION_S = 20.0  # what the shortest script needs to show every phase
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """When a job does what, in seconds since the demo's clock started."""
+
+    name: str
+    priority: str  # high, normal, low
+    nodes: tuple[str, ...]
+    start_s: float
+    startup_s: float
+    compute_s: float
+    comm_s: float
+    checkpoint_after_s: float  # the first step boundary after this starts the checkpoint
+    checkpoint_s: float
+    stop_s: float
+
+    def timeline(self) -> list[tuple[float, str]]:
+        """(at, phase) for every phase change, ``startup`` first and ``shutdown`` last."""
+        out = [(self.start_s, "startup")]
+        t = self.start_s + self.startup_s
+        out.append((t, "compute"))
+        checkpointed = False
+        while True:
+            comm_at = t + self.compute_s
+            if comm_at + self.comm_s > self.stop_s:
+                break
+            out.append((comm_at, "communication"))
+            t = comm_at + self.comm_s
+            out.append((t, "compute"))
+            if not checkpointed and t >= self.checkpoint_after_s:
+                if t + self.checkpoint_s + 1.0 > self.stop_s:  # no time to come back
+                    break
+                out.append((t, "checkpoint"))
+                t += self.checkpoint_s
+                out.append((t, "compute"))
+                checkpointed = True
+        out.append((self.stop_s, "shutdown"))
+        # a checkpoint replaces the compute that began at the same instant
+        return [(at, ph) for k, (at, ph) in enumerate(out) if not _superseded(out, k)]
+
+
+def _superseded(events: list[tuple[float, str]], k: int) -> bool:
+    return k + 1 < len(events) and events[k + 1][0] == events[k][0]
+
+
+def default_jobs(topology: Topology, duration_s: float) -> list[JobPlan]:
+    """Two jobs: a high-priority one on the first row, a low-priority one on the others.
+
+    The high-priority job starts staged (its caps rise gradually from the
+    staged start cap, so it never needs capping); the low-priority one jumps
+    straight into compute a few seconds later, so capping must bite.
+
+    Each row's budget bounds its own job's swings; the site, which both share,
+    is where priorities decide: when it must come down, the low-priority job
+    gives first. Their steps differ in length, so their communication phases
+    drift in and out of step with each other, as two independent jobs' do.
+    With a single row, its racks are split in half between the two jobs.
+    """
+    if duration_s < MIN_DURATION_S:
+        raise ValueError(f"the demo needs at least {MIN_DURATION_S:g} s, not {duration_s:g}")
+    by_rack: dict[str, list[str]] = {}
+    for name in topology.servers:
+        by_rack.setdefault(topology.parent_of(name) or "", []).append(name)
+    racks_by_row: dict[str, list[str]] = {}
+    for rack in by_rack:
+        racks_by_row.setdefault(topology.parent_of(rack) or "", []).append(rack)
+    rows = list(racks_by_row.values())
+    if len(rows) >= 2:
+        first_racks, other_racks = rows[0], [r for racks in rows[1:] for r in racks]
+    else:
+        half = max(1, len(rows[0]) // 2)
+        first_racks, other_racks = rows[0][:half], rows[0][half:]
+    first = [n for rack in first_racks for n in by_rack[rack]]
+    rest = [n for rack in other_racks for n in by_rack[rack]]
+    d = duration_s
+    plans = [
+        JobPlan(
+            name="llm-high",
+            priority="high",
+            nodes=tuple(first),
+            start_s=1.0,
+            startup_s=2.5,
+            compute_s=3.0,
+            comm_s=1.5,
+            checkpoint_after_s=0.50 * d,
+            checkpoint_s=3.0,
+            stop_s=d - 3.5,
+        ),
+        # The low-priority job starts once its idle racks have had their caps handed
+        # back, and skips the staged start (it announces startup and computes at once,
+        # as a job resumed from an in-memory checkpoint does): its racks and row jump
+        # from idle to full compute under high caps, and the controller must cap them.
+        JobPlan(
+            name="llm-low",
+            priority="low",
+            nodes=tuple(rest),
+            start_s=max(3.0, 0.15 * d),
+            startup_s=0.1,
+            compute_s=3.5,
+            comm_s=1.5,
+            checkpoint_after_s=0.45 * d,
+            checkpoint_s=3.0,
+            stop_s=d - 2.0,
+        ),
+    ]
+    return [p for p in plans if p.nodes]
+
+
+class TrainingJob:
+    """Runs one plan: announces each phase and switches the job's GPUs to it."""
+
+    def __init__(
+        self,
+        plan: JobPlan,
+        gpus: Sequence[SimulatedGpu],
+        reporter: PhaseReporter,
+        t0: float,
+        on_phase: Callable[[JobPlan, float, str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.plan = plan
+        self.gpus = list(gpus)
+        self.reporter = reporter
+        self.t0 = t0
+        self.clock = clock
+        self.on_phase = on_phase
+        self.phases: list[tuple[float, str]] = []  # (at, phase) as it happened
+
+    @property
+    def phase(self) -> str | None:
+        return self.phases[-1][1] if self.phases else None
+
+    async def run(self) -> None:
+        plan, reporter = self.plan, self.reporter
+        try:
+            for at, phase in plan.timeline():
+                await asyncio.sleep(max(0.0, self.t0 + at - self.clock()))
+                if phase == "startup":
+                    reporter.startup(nodes=plan.nodes, expected_s=plan.startup_s)
+                elif phase == "communication":
+                    reporter.set_phase(phase, expected_s=plan.comm_s)
+                elif phase == "checkpoint":
+                    reporter.set_phase(phase, expected_s=plan.checkpoint_s)
+                elif phase != "shutdown":
+                    reporter.set_phase(phase)
+                self._switch(phase)
+                if phase == "shutdown":  # announces it, then flushes: blocking, so in a thread
+                    await asyncio.to_thread(reporter.shutdown, 2.0)
+        finally:
+            if self.phase is None:  # cut short before it started
+                await asyncio.to_thread(reporter.close, 1.0)
+            elif self.phase != "shutdown":  # cut short: the job is gone all the same
+                self._switch("shutdown")
+                await asyncio.to_thread(reporter.shutdown, 1.0)
+
+    def _switch(self, phase: str) -> None:
+        gpu_phase = "idle" if phase == "shutdown" else phase
+        for gpu in self.gpus:
+            gpu.set_phase(gpu_phase)
+        at = self.clock() - self.t0
+        self.phases.append((at, phase))
+        if self.on_phase is not None:
+            self.on_phase(self.plan, at, phase)

@@ -1,0 +1,308 @@
+"""What a demo run recorded, and what it adds up to: pure functions over numpy arrays.
+
+The runner fills a :class:`Trace` (ground truth sampled from the simulated
+GPUs, what the controller decided every cycle, what the jobs did);
+:func:`summarize` turns it into a :class:`Summary`, the numbers printed at the
+end, written by ``--summary-json`` and behind the exit code. No I/O and no
+clocks here, so the tests build traces by hand.
+
+Definitions
+-----------
+- *Power of a tree node*: the power every GPU under it draws (read from the
+  simulated devices, not from telemetry: what the breaker sees) plus every
+  overhead under it (node CPUs and fans, rack switches, site facility).
+- *Seconds over*: sample ``i`` stands for ``[t_i, t_{i+1})``; a level is over
+  its budget (limit) during a sample when any tree node of that level draws
+  more than its ``budget_w`` (``limit_w``). ``any`` counts a sample once when
+  any tree node at any level is over.
+- *Site ramp*: the largest rise (and fall) of site power over any window of
+  ``RAMP_WINDOW_S`` (1 s), in W/s; and the largest rise of the sum of the GPUs'
+  caps, which is what the site's ``ramp_w_per_s`` limits (power itself jumps
+  when a job leaves a wait under caps set while it waited).
+- *Energy*: the GPUs' energy counters (exact) plus every overhead times the
+  run's length.
+- *Throughput relative to uncapped*: over the GPU-seconds a job spends in a
+  phase that does training work (``compute``, ``eval``), the mean of each
+  GPU's speed relative to the same GPU in the same phase with no cap and no
+  clock lock (``SimulatedGpu.throughput_rel``). 1.0 means capping cost
+  nothing; the phases themselves follow the job's script, so communication and
+  checkpoints (no progress, capped or not) do not count either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from policies.tree import LEVEL_NAMES, PHASE_CODES, PHASES
+
+PROGRESS_PHASES = ("compute", "eval")
+RAMP_WINDOW_S = 1.0
+EXIT_OK, EXIT_LIMIT_VIOLATED = 0, 1
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One synthetic job: what it was and the phases it went through."""
+
+    name: str
+    priority: str
+    nodes: int
+    gpus: int
+    phases: list[tuple[float, str]]  # (seconds since the start, phase), in order
+
+
+@dataclass
+class Trace:
+    """Everything a run recorded. Times are seconds since the jobs' clock started.
+
+    Samples (``n_samples``) are ground truth read from the simulated GPUs every
+    ``sample_s``; cycles (``n_cycles``) are the controller's decisions.
+    """
+
+    # --- the tree (n_nodes,) and GPUs (n_gpus,) ---
+    names: tuple[str, ...]
+    level: np.ndarray  # int: SITE, ROW, RACK, SERVER
+    limit_w: np.ndarray
+    budget_w: np.ndarray
+    cap_threshold_w: np.ndarray
+    gpu_job: np.ndarray  # int: index into ``jobs``, -1 for none
+    overhead_total_w: float  # every overhead in the tree
+    site_ramp_limit_w_per_s: float  # inf: none
+    # --- samples ---
+    t: np.ndarray  # (n_samples,)
+    node_power_w: np.ndarray  # (n_samples, n_nodes)
+    gpu_cap_w: np.ndarray  # (n_samples, n_gpus) enforced
+    gpu_locked: np.ndarray  # (n_samples, n_gpus) bool: SM clock locked
+    gpu_phase: np.ndarray  # (n_samples, n_gpus) int8 phase code
+    gpu_throughput: np.ndarray  # (n_samples, n_gpus) relative to unconstrained
+    gpu_energy_j: np.ndarray  # (n_samples,) sum of the GPUs' energy counters
+    # --- controller cycles ---
+    cycle_t: np.ndarray  # (n_cycles,)
+    cycle_capping: np.ndarray  # (n_cycles, n_nodes) bool: took watts from GPUs under it
+    cycle_cut: np.ndarray  # (n_cycles, n_gpus) bool: the cycle lowered this GPU's cap
+    commands_sent: int = 0
+    acks_received: int = 0
+    resends: int = 0
+    acks_missing: int = 0
+    commands_pending_at_end: int = 0  # not acknowledged yet when the controller stopped
+    jobs: list[JobRecord] = field(default_factory=list)
+    duration_s: float = 0.0
+    gpu_row: np.ndarray | None = None  # (n_gpus,) tree index of each GPU's row, for the plot
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.names)
+
+
+@dataclass
+class Summary:
+    duration_s: float
+    samples: int
+    cycles: int
+    over_budget_s: dict[str, float]  # per level, and "any"
+    over_limit_s: dict[str, float]
+    peak_fraction_of_budget: dict[str, float]  # per level: max power / budget
+    peak_fraction_of_limit: dict[str, float]
+    limit_violations: list[dict[str, Any]]  # per tree node over its limit: when, how much
+    peak_site_w: float
+    peak_site_ramp_up_w_per_s: float
+    peak_site_ramp_down_w_per_s: float
+    peak_site_cap_ramp_up_w_per_s: float  # the same for the sum of the GPUs' caps
+    site_ramp_limit_w_per_s: float | None  # on the sum of caps, what the controller enforces
+    energy_gpu_wh: float
+    energy_site_wh: float
+    throughput_rel: float | None  # every job together; None if no job did any work
+    jobs: dict[str, dict[str, Any]]
+    commands: dict[str, int]
+    capping: dict[str, Any]
+    clock_locks: dict[str, float]
+    phases_seen: list[str]
+
+    @property
+    def limit_violated(self) -> bool:
+        return bool(self.limit_violations)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_LIMIT_VIOLATED if self.limit_violated else EXIT_OK
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["limit_violated"] = self.limit_violated
+        out["exit_code"] = self.exit_code
+        return out
+
+
+def sample_durations(t: np.ndarray) -> np.ndarray:
+    """How long each sample stands for: up to the next one; the last, the median step."""
+    t = np.asarray(t, dtype=float)
+    if len(t) < 2:
+        return np.zeros(len(t))
+    steps = np.diff(t)
+    return np.append(steps, np.median(steps))
+
+
+def peak_ramps(t: np.ndarray, power_w: np.ndarray, window_s: float = RAMP_WINDOW_S):
+    """(largest rise, largest fall) of ``power_w`` over ``window_s``, in W/s (both >= 0).
+
+    Each sample is compared with the latest sample at least ``window_s`` older.
+    """
+    t = np.asarray(t, dtype=float)
+    p = np.asarray(power_w, dtype=float)
+    if len(t) < 2 or t[-1] - t[0] < window_s:
+        return 0.0, 0.0
+    earlier = np.searchsorted(t, t - window_s, side="right") - 1
+    ok = earlier >= 0
+    i, j = np.flatnonzero(ok), earlier[ok]
+    rate = (p[i] - p[j]) / (t[i] - t[j])
+    return max(0.0, float(rate.max())), max(0.0, float(-rate.min()))
+
+
+def summarize(trace: Trace) -> Summary:
+    dt = sample_durations(trace.t)
+    levels = [int(x) for x in np.unique(trace.level)]
+    power = np.asarray(trace.node_power_w, dtype=float)
+    n_samples = len(trace.t)
+    over_budget = power > trace.budget_w[None, :]
+    over_limit = power > trace.limit_w[None, :]
+
+    def seconds(mask: np.ndarray) -> dict[str, float]:
+        out = {
+            LEVEL_NAMES[lvl]: float(dt[mask[:, trace.level == lvl].any(axis=1)].sum())
+            for lvl in levels
+        }
+        out["any"] = float(dt[mask.any(axis=1)].sum()) if n_samples else 0.0
+        return out
+
+    def peak_fraction(of: np.ndarray) -> dict[str, float]:
+        if not n_samples:
+            return {LEVEL_NAMES[lvl]: 0.0 for lvl in levels}
+        frac = power / of[None, :]
+        return {LEVEL_NAMES[lvl]: float(frac[:, trace.level == lvl].max()) for lvl in levels}
+
+    violations = []
+    for k in np.flatnonzero(over_limit.any(axis=0)):
+        hit = over_limit[:, k]
+        first = int(np.argmax(hit))
+        violations.append(
+            {
+                "name": trace.names[k],
+                "level": LEVEL_NAMES[int(trace.level[k])],
+                "limit_w": float(trace.limit_w[k]),
+                "peak_w": float(power[hit, k].max()),
+                "seconds": float(dt[hit].sum()),
+                "first_at_s": float(trace.t[first]),
+            }
+        )
+    violations.sort(key=lambda v: v["peak_w"] / v["limit_w"], reverse=True)
+
+    site = power[:, 0] if n_samples else np.zeros(0)
+    up, down = peak_ramps(trace.t, site)
+    cap_sum = np.asarray(trace.gpu_cap_w, dtype=float).sum(axis=1) if n_samples else site
+    cap_up, _ = peak_ramps(trace.t, cap_sum)
+    elapsed = float(trace.t[-1] - trace.t[0]) if n_samples > 1 else 0.0
+    gpu_j = float(trace.gpu_energy_j[-1] - trace.gpu_energy_j[0]) if n_samples > 1 else 0.0
+    site_j = gpu_j + trace.overhead_total_w * elapsed
+
+    jobs, throughput = _jobs(trace, dt)
+    ramp_limit = float(trace.site_ramp_limit_w_per_s)
+    return Summary(
+        duration_s=float(trace.duration_s),
+        samples=n_samples,
+        cycles=len(trace.cycle_t),
+        over_budget_s=seconds(over_budget),
+        over_limit_s=seconds(over_limit),
+        peak_fraction_of_budget=peak_fraction(trace.budget_w),
+        peak_fraction_of_limit=peak_fraction(trace.limit_w),
+        limit_violations=violations,
+        peak_site_w=float(site.max()) if n_samples else 0.0,
+        peak_site_ramp_up_w_per_s=up,
+        peak_site_ramp_down_w_per_s=down,
+        peak_site_cap_ramp_up_w_per_s=cap_up,
+        site_ramp_limit_w_per_s=ramp_limit if np.isfinite(ramp_limit) else None,
+        energy_gpu_wh=gpu_j / 3600.0,
+        energy_site_wh=site_j / 3600.0,
+        throughput_rel=throughput,
+        jobs=jobs,
+        commands={
+            "sent": int(trace.commands_sent),
+            "acked": int(trace.acks_received),
+            "resent": int(trace.resends),
+            "acks_missing": int(trace.acks_missing),
+            "pending_at_end": int(trace.commands_pending_at_end),
+        },
+        capping=_capping(trace, dt),
+        clock_locks=_clock_locks(trace, dt),
+        phases_seen=[p for p in PHASES if any(p == ph for j in trace.jobs for _, ph in j.phases)],
+    )
+
+
+def _progress_mask(phase: np.ndarray) -> np.ndarray:
+    return np.isin(phase, [PHASE_CODES[p] for p in PROGRESS_PHASES])
+
+
+def _jobs(trace: Trace, dt: np.ndarray) -> tuple[dict[str, dict[str, Any]], float | None]:
+    progress = _progress_mask(trace.gpu_phase) if len(trace.t) else np.zeros((0, 0), bool)
+    weights = dt[:, None] * progress if len(trace.t) else progress
+    out: dict[str, dict[str, Any]] = {}
+    work_all = time_all = 0.0
+    for k, job in enumerate(trace.jobs):
+        mine = trace.gpu_job == k
+        gpu_s = float(weights[:, mine].sum()) if len(trace.t) else 0.0
+        work = float((weights[:, mine] * trace.gpu_throughput[:, mine]).sum()) if gpu_s else 0.0
+        work_all += work
+        time_all += gpu_s
+        caps = trace.gpu_cap_w[:, mine][progress[:, mine]] if gpu_s else np.zeros(0)
+        out[job.name] = {
+            "priority": job.priority,
+            "nodes": job.nodes,
+            "gpus": job.gpus,
+            "throughput_rel": work / gpu_s if gpu_s else None,
+            "progress_gpu_s": gpu_s,
+            "mean_cap_in_compute_w": float(caps.mean()) if len(caps) else None,
+            "phases": [[round(at, 2), phase] for at, phase in job.phases],
+        }
+    return out, (work_all / time_all if time_all else None)
+
+
+def _capping(trace: Trace, dt: np.ndarray) -> dict[str, Any]:
+    capping = np.asarray(trace.cycle_capping, dtype=bool)
+    levels = [int(x) for x in np.unique(trace.level)]
+    cycles_by_level, nodes_by_level = {}, {}
+    for lvl in levels:
+        at = trace.level == lvl
+        cycles_by_level[LEVEL_NAMES[lvl]] = int(capping[:, at].any(axis=1).sum())
+        nodes_by_level[LEVEL_NAMES[lvl]] = [
+            trace.names[k] for k in np.flatnonzero(at & capping.any(axis=0))
+        ]
+    cut = np.asarray(trace.cycle_cut, dtype=bool)
+    in_job = trace.gpu_job >= 0
+    caps = trace.gpu_cap_w[:, in_job] if len(trace.t) else np.zeros((0, 0))
+    return {
+        "cycles_capping": int(capping.any(axis=1).sum()),
+        "cycles_capping_by_level": cycles_by_level,
+        "nodes_capping": nodes_by_level,
+        "gpus_cut": int(cut.any(axis=0).sum()),
+        "gpu_cuts": int(cut.sum()),
+        "min_cap_w": float(caps.min()) if caps.size else None,
+        "max_cap_w": float(caps.max()) if caps.size else None,
+    }
+
+
+def _clock_locks(trace: Trace, dt: np.ndarray) -> dict[str, float]:
+    if not len(trace.t):
+        return {"gpu_s": 0.0, "communication_gpu_s": 0.0, "communication_locked_share": 0.0}
+    locked = np.asarray(trace.gpu_locked, dtype=bool)
+    comm = trace.gpu_phase == PHASE_CODES["communication"]
+    comm_s = float((dt[:, None] * comm).sum())
+    return {
+        "gpu_s": float((dt[:, None] * locked).sum()),
+        "communication_gpu_s": comm_s,
+        "communication_locked_share": (
+            float((dt[:, None] * (comm & locked)).sum()) / comm_s if comm_s else 0.0
+        ),
+        "outside_communication_gpu_s": float((dt[:, None] * (locked & ~comm)).sum()),
+    }

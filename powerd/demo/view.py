@@ -1,0 +1,275 @@
+"""What the demo shows on the terminal: the live view, the event log, the final summary."""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from policies.tree import RACK, ROW, SITE, Tree
+from powerd.demo.runner import LiveState
+from powerd.demo.summary import Summary
+
+BAR_WIDTH = 24
+CAPPING_SHOWN_S = 3.0  # how long the view keeps showing that a node capped
+MAX_RACKS_SHOWN = 16
+STATUS_EVERY_S = 5.0
+
+
+class _TreeView:
+    """Per-topology constants: which tree nodes to show and which job runs under each."""
+
+    def __init__(self, state: LiveState) -> None:
+        top = state.topology
+        self.tree = top.to_tree()
+        self.gpus_under = np.maximum(self.tree.node_sum(np.ones(top.n_gpus)), 1.0)
+        shown = [0]
+        racks_shown = 0
+        for row in top.rows:
+            shown.append(top.node_index(row))
+            for rack in top.racks:
+                if top.parent_of(rack) == row and racks_shown < MAX_RACKS_SHOWN:
+                    shown.append(top.node_index(rack))
+                    racks_shown += 1
+        self.shown = shown
+        self.names = top.names
+        self.level = top.level
+        # GPU -> job index, for the job column
+        self.gpu_job = np.full(top.n_gpus, -1)
+        for k, job in enumerate(state.jobs):
+            for node in job.plan.nodes:
+                gpus = top.server_gpus(node)
+                self.gpu_job[gpus.start : gpus.stop] = k
+
+    def jobs_under(self, node: int) -> list[int]:
+        mask = self.tree.gpu_ancestor[int(self.level[node])] == node
+        return sorted({int(j) for j in np.unique(self.gpu_job[mask]) if j >= 0})
+
+
+def _bar(power_w: float, budget_w: float, threshold_w: float, limit_w: float) -> Text:
+    """Power as a bar on a scale up to the limit; ┃ marks the budget."""
+    frac = max(0.0, power_w / limit_w)
+    filled = min(BAR_WIDTH, round(frac * BAR_WIDTH))
+    mark = min(BAR_WIDTH - 1, round(budget_w / limit_w * BAR_WIDTH))
+    style = "green" if power_w <= threshold_w else "yellow" if power_w <= limit_w else "bold red"
+    text = Text()
+    for i in range(BAR_WIDTH):
+        if i == mark:
+            text.append("┃", style="bold white" if i < filled else "white")
+        elif i < filled:
+            text.append("█", style=style)
+        else:
+            text.append("·", style="grey42")
+    return text
+
+
+class LiveView:
+    """Renders the state as a table of site, rows and racks (``rich.live.Live`` updates it)."""
+
+    def __init__(self) -> None:
+        self._tree: _TreeView | None = None
+
+    def render(self, state: LiveState) -> Group:
+        if self._tree is None:
+            self._tree = _TreeView(state)
+        tv = self._tree
+        tree = tv.tree
+        header = Text.assemble(
+            ("powerd demo", "bold"),
+            f" · {state.elapsed_s():4.1f} / {state.duration_s:g} s · controller epoch "
+            f"{state.epoch} · {state.cycles} cycles · commands {state.commands_sent} sent, "
+            f"{state.acks_received} acked",
+        )
+        jobs = Text()
+        for job in state.jobs:
+            phase = job.phase or "waiting"
+            jobs.append(f"{job.plan.name}", style="bold")
+            jobs.append(f" ({job.plan.priority}, {len(job.gpus)} GPUs): ")
+            jobs.append(f"{phase:<14}", style=_PHASE_STYLE.get(phase, ""))
+        table = Table(box=None, pad_edge=False, header_style="bold", collapse_padding=True)
+        for column, justify, width in (
+            ("", "left", 12),
+            ("kW", "right", 6),
+            ("budget", "right", 6),
+            ("limit", "right", 5),
+            ("0 ── power ── limit", "left", BAR_WIDTH),
+            ("capping", "center", 7),
+            ("mean cap W", "right", 10),
+            ("clock-locked", "right", 12),
+            ("job: phase", "left", 24),
+        ):
+            table.add_column(
+                column, justify=justify, no_wrap=True, min_width=width, overflow="ellipsis"
+            )
+        power = state.node_power_w
+        cap_sum = tree.node_sum(state.gpu_cap_w) if state.gpu_cap_w is not None else None
+        locked = (
+            tree.node_sum(state.gpu_locked.astype(float)) if state.gpu_locked is not None else None
+        )
+        now_s = state.elapsed_s()
+        for node in tv.shown:
+            lvl = int(tv.level[node])
+            indent = {SITE: "", ROW: " ", RACK: "  "}.get(lvl, "   ")
+            p = float(power[node]) if power is not None else float("nan")
+            jobs_here = tv.jobs_under(node)
+            job_text = Text()
+            if len(jobs_here) == 1:
+                job = state.jobs[jobs_here[0]]
+                job_text.append(job.plan.name + ": ")
+                job_text.append(job.phase or "-", style=_PHASE_STYLE.get(job.phase or "", ""))
+            elif jobs_here:
+                job_text.append(f"{len(jobs_here)} jobs")
+            since = now_s - state.last_capping_s[node] if state.last_capping_s is not None else 1e9
+            if since <= 0.01 + (state.cycle_s or 0.5):
+                capping = Text("●", style="bold yellow")
+            elif since <= CAPPING_SHOWN_S:
+                capping = Text("○", style="yellow")
+            else:
+                capping = Text("·", style="grey42")
+            table.add_row(
+                indent + tv.names[node],
+                f"{p / 1e3:6.1f}",
+                f"{tree.budget_w[node] / 1e3:g}",
+                f"{tree.limit_w[node] / 1e3:g}",
+                _bar(p, tree.budget_w[node], tree.cap_threshold_w[node], tree.limit_w[node])
+                if power is not None
+                else "",
+                capping,
+                f"{cap_sum[node] / tv.gpus_under[node]:4.0f}" if cap_sum is not None else "",
+                f"{int(locked[node])}/{int(tv.gpus_under[node])}" if locked is not None else "",
+                job_text,
+            )
+        events = Text("\n".join(state.events[-6:]), style="grey70")
+        legend = Text(
+            "bar: power up to the limit, ┃ the budget; green below the capping threshold "
+            "(98 % of budget), yellow above it, red above the limit\n"
+            f"capping: ● the controller is taking watts under that node now, ○ did so in the "
+            f"last {CAPPING_SHOWN_S:g} s",
+            style="grey50",
+        )
+        return Group(header, jobs, Text(""), table, Text(""), events, legend)
+
+
+_PHASE_STYLE = {
+    "startup": "cyan",
+    "compute": "green",
+    "communication": "magenta",
+    "checkpoint": "yellow",
+    "shutdown": "grey50",
+}
+
+
+class EventLog:
+    """Without a live view: each job phase change as it happens and a status line every 5 s."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._printed = 0
+        self._next_status_s = STATUS_EVERY_S
+        self._tree: Tree | None = None
+
+    def __call__(self, state: LiveState) -> None:
+        for line in state.events[self._printed :]:
+            self.console.print(line, highlight=False)
+        self._printed = len(state.events)
+        elapsed = state.elapsed_s()
+        if elapsed >= self._next_status_s and state.node_power_w is not None:
+            self._next_status_s += STATUS_EVERY_S
+            if self._tree is None:
+                self._tree = state.topology.to_tree()
+            self.console.print(status_line(state, elapsed, self._tree), highlight=False)
+
+
+def status_line(state: LiveState, elapsed_s: float, tree: Tree) -> str:
+    """One line: site and row power, who is capping, how many GPUs are clock-locked."""
+    top = state.topology
+    power = state.node_power_w
+    assert power is not None
+    rows = ", ".join(f"{r} {power[top.node_index(r)] / 1e3:.1f}" for r in top.rows[:4])
+    capping: list[str] = []
+    if state.last_capping_s is not None:
+        recent = elapsed_s - state.last_capping_s <= STATUS_EVERY_S
+        capping = [top.names[k] for k in np.flatnonzero(recent)]
+    shown = ", ".join(capping[:4]) + ("…" if len(capping) > 4 else "") if capping else "none"
+    locked = int(state.gpu_locked.sum()) if state.gpu_locked is not None else 0
+    return (
+        f"{elapsed_s:5.1f} s  site {power[0] / 1e3:.1f} kW (budget {tree.budget_w[0] / 1e3:g}, "
+        f"limit {tree.limit_w[0] / 1e3:g}) · rows {rows} kW · capped: {shown} · "
+        f"{locked} GPUs locked"
+    )
+
+
+def print_summary(console: Console, summary: Summary, plot_path: str | None) -> None:
+    """The end-of-run numbers, as a table."""
+    s = summary
+    table = Table(title="powerd demo: summary", show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+
+    def per_level(values: dict[str, float]) -> str:
+        return ", ".join(f"{k} {v:.1f}" for k, v in values.items() if k != "any")
+
+    table.add_row("run", f"{s.duration_s:g} s, {s.samples} samples, {s.cycles} controller cycles")
+    table.add_row(
+        "seconds over a budget", f"{s.over_budget_s['any']:.1f} s ({per_level(s.over_budget_s)})"
+    )
+    over_limit = s.over_limit_s["any"]
+    table.add_row(
+        "seconds over a limit",
+        Text(
+            f"{over_limit:.1f} s ({per_level(s.over_limit_s)})",
+            style="bold red" if over_limit > 0 else "green",
+        ),
+    )
+    table.add_row(
+        "closest to a limit",
+        ", ".join(f"{k} {v:.0%}" for k, v in s.peak_fraction_of_limit.items()),
+    )
+    ramp_limit = (
+        f" (limit {s.site_ramp_limit_w_per_s / 1e3:g} kW/s)" if s.site_ramp_limit_w_per_s else ""
+    )
+    table.add_row(
+        "peak site ramp (1 s)",
+        f"power +{s.peak_site_ramp_up_w_per_s / 1e3:.1f} kW/s, "
+        f"-{s.peak_site_ramp_down_w_per_s / 1e3:.1f} kW/s; sum of caps "
+        f"+{s.peak_site_cap_ramp_up_w_per_s / 1e3:.1f} kW/s{ramp_limit}",
+    )
+    table.add_row(
+        "energy", f"{s.energy_site_wh / 1e3:.3f} kWh at the site, {s.energy_gpu_wh:.0f} Wh in GPUs"
+    )
+    thr = "n/a" if s.throughput_rel is None else f"{s.throughput_rel:.3f}"
+    per_job = ", ".join(
+        f"{name} ({j['priority']}) "
+        + ("n/a" if j["throughput_rel"] is None else f"{j['throughput_rel']:.3f}")
+        for name, j in s.jobs.items()
+    )
+    table.add_row("throughput vs uncapped", f"{thr} ({per_job})")
+    c = s.commands
+    table.add_row(
+        "commands",
+        f"{c['sent']} sent, {c['acked']} acked, {c['pending_at_end']} in flight at the end, "
+        f"{c['resent']} resent after a missing ack",
+    )
+    cap = s.capping
+    capped = ", ".join(f"{k} {len(v)}" for k, v in cap["nodes_capping"].items() if v)
+    table.add_row(
+        "capping",
+        f"{cap['cycles_capping']} cycles capped somewhere (tree nodes that capped: "
+        f"{capped or 'none'}); {cap['gpus_cut']} GPUs cut; caps "
+        + (
+            f"{cap['min_cap_w']:.0f}-{cap['max_cap_w']:.0f} W"
+            if cap["min_cap_w"] is not None
+            else "n/a"
+        ),
+    )
+    lk = s.clock_locks
+    table.add_row(
+        "clock locks",
+        f"{lk['gpu_s']:.0f} GPU-s locked; {lk['communication_locked_share']:.0%} of "
+        "communication GPU-time locked",
+    )
+    table.add_row("phases seen", ", ".join(s.phases_seen))
+    if plot_path:
+        table.add_row("plot", plot_path)
+    console.print(table)

@@ -1,0 +1,611 @@
+"""What powerd writes to the time-series store: the one place that names it.
+
+Four measurements, each a ``Measurement`` constant that lists its tags and
+fields with their types and units (``docs/TELEMETRY.md`` is the same table in
+prose; the Grafana dashboards query these names in InfluxQL):
+
+- ``gpu``: one point per GPU per telemetry sample (written by the controller
+  from the agents' telemetry),
+- ``tree``: one point per budget-tree node (site, row, rack, node) per
+  control cycle,
+- ``decision``: one point per control cycle: what the controller did and how
+  healthy the cluster looked,
+- ``phase_event``: one point per phase change a training job announced.
+
+Everything is built as InfluxDB line protocol strings: the one internal form,
+which both the v2 write API and the local ``.lp`` file take as they are.
+Escaping follows the InfluxDB 2.x line protocol rules (which VictoriaMetrics
+applies too): commas, spaces and equals signs escaped in tag keys, tag values
+and field keys, double quotes and backslashes in string field values, and
+backslashes doubled everywhere, so a value that ends in a backslash cannot
+swallow the separator after it. Newlines, carriage returns and tabs, which
+line protocol cannot carry, become the two characters ``\\n``, ``\\r``,
+``\\t`` (as influxdb-client's ``Point`` writes them).
+
+Types never vary between points, so InfluxDB never sees a field type
+conflict: every field is declared FLOAT, INT or STRING and the builders
+coerce to it (``*_w``, ``*_s``, ``*_pct``, clocks: always floats; counts,
+epochs and 0/1 flags: always integers). A field that is ``None`` or not
+finite is left out of the point; a point with no field left is not written
+(the builders return ``None``). Timestamps are Unix seconds (float) in, whole
+nanoseconds out (``precision=ns``); every point carries one, so points written
+late (after an outage) keep the time they describe.
+
+``parse_line`` reads a line back (tests, and the planner reading a ``.lp`` file).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from powerd.protocol import PHASES, PhaseEvent, Telemetry
+
+FieldType = Literal["float", "int", "string"]
+FLOAT: FieldType = "float"
+INT: FieldType = "int"
+STRING: FieldType = "string"
+
+LEVELS: tuple[str, ...] = ("site", "row", "rack", "node")  # policies.tree.LEVEL_NAMES
+MODES: tuple[str, ...] = ("controlled", "failsafe", "local")
+PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
+
+
+# --- line protocol: escaping ---------------------------------------------------
+
+_MEASUREMENT_ESCAPES = str.maketrans(
+    {"\\": "\\\\", ",": "\\,", " ": "\\ ", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+)
+_KEY_ESCAPES = str.maketrans(
+    {"\\": "\\\\", ",": "\\,", "=": "\\=", " ": "\\ ", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+)
+# In a string field only \" and \\ are escapes; a newline would end the line.
+_STRING_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r"})
+
+
+def escape_measurement(name: str) -> str:
+    return name.translate(_MEASUREMENT_ESCAPES)
+
+
+def escape_key(text: str) -> str:
+    """Escape a tag key, a tag value or a field key."""
+    return text.translate(_KEY_ESCAPES)
+
+
+def escape_string(text: str) -> str:
+    """Escape a string field value and put it in double quotes."""
+    return '"' + text.translate(_STRING_ESCAPES) + '"'
+
+
+def to_ns(ts: float) -> int:
+    """Unix seconds (float) to the nanosecond timestamp of a point, rounded to the microsecond.
+
+    A float holds today's Unix time to about 0.24 µs: the digits below the
+    microsecond are noise (1795325176.01 would be ...176009999872 ns), so they
+    are rounded away; the write precision stays ``ns``.
+    """
+    if type(ts) is not float or ts - ts != 0.0:  # not a finite float: check it properly
+        if isinstance(ts, bool) or not isinstance(ts, numbers.Real) or not math.isfinite(ts):
+            raise ValueError(f"timestamp must be finite Unix seconds, not {ts!r}")
+        ts = float(ts)
+    return round(ts * 1e6) * 1000
+
+
+# --- the schema ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tag:
+    name: str
+    description: str
+    required: bool = False
+    allowed: tuple[str, ...] | None = None  # enumerated values; None: any string
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: FieldType
+    unit: str
+    description: str
+
+
+_PREFIX_CACHE_MAX = 200_000  # distinct tag sets kept escaped (one per GPU x job x phase x mode)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measurement: its tags, its fields, who writes it and how often."""
+
+    name: str
+    description: str
+    writer: str
+    rate: str
+    tags: tuple[Tag, ...]
+    fields: tuple[Field, ...]
+    _tags: dict[str, Tag] = field(init=False, repr=False, compare=False)
+    _fields: dict[str, tuple[str, FieldType]] = field(init=False, repr=False, compare=False)
+    _prefixes: dict[tuple, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_tags", {t.name: t for t in self.tags})
+        object.__setattr__(
+            self, "_fields", {f.name: (escape_key(f.name), f.type) for f in self.fields}
+        )
+        object.__setattr__(self, "_prefixes", {})
+
+    @property
+    def tag_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tags)
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def field_type(self, name: str) -> FieldType:
+        return self._fields[name][1]
+
+    def line(self, ts: float, tags: Mapping[str, Any], fields: Mapping[str, Any]) -> str | None:
+        """One point as a line of line protocol (no newline), or None when no field has a value.
+
+        Raises ValueError for a tag or field this measurement does not have, a
+        missing required tag, a value outside an enumerated tag's values, or a
+        value of the wrong kind (a string for a number): programming errors,
+        not data errors.
+        """
+        key = tuple(tags.items())
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            prefix = self._prefix(tags)
+            if len(self._prefixes) >= _PREFIX_CACHE_MAX:
+                self._prefixes.clear()
+            self._prefixes[key] = prefix
+        parts = []
+        specs = self._fields
+        for name, value in fields.items():
+            spec = specs.get(name)
+            if spec is None:
+                raise ValueError(f"measurement {self.name!r} has no field {name!r}")
+            if value is None:
+                continue
+            if spec[1] is FLOAT and type(value) is float:  # the hot path, inline
+                if value - value == 0.0:  # finite; nan and inf are left out
+                    parts.append(f"{spec[0]}={value!r}")
+                continue
+            text = _format_value(value, spec[1], self.name, name)
+            if text is not None:
+                parts.append(f"{spec[0]}={text}")
+        if not parts:
+            return None
+        return f"{prefix} {','.join(parts)} {to_ns(ts)}"
+
+    def _prefix(self, tags: Mapping[str, Any]) -> str:
+        pairs = []
+        for name, value in tags.items():
+            spec = self._tags.get(name)
+            if spec is None:
+                raise ValueError(f"measurement {self.name!r} has no tag {name!r}")
+            if value is None or value == "":
+                continue
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                raise ValueError(f"{self.name}: tag {name} must be a string, not {value!r}")
+            text = str(value)
+            if spec.allowed is not None and text not in spec.allowed:
+                raise ValueError(f"{self.name}: tag {name} is {text!r}, not one of {spec.allowed}")
+            pairs.append((name, text))
+        present = {name for name, _ in pairs}
+        for spec in self.tags:
+            if spec.required and spec.name not in present:
+                raise ValueError(f"{self.name}: tag {spec.name} is required")
+        # sorted by key, as InfluxDB prefers
+        return ",".join(
+            [escape_measurement(self.name)]
+            + [f"{escape_key(k)}={escape_key(v)}" for k, v in sorted(pairs)]
+        )
+
+
+def _format_value(value: Any, kind: FieldType, measurement: str, name: str) -> str | None:
+    cls = type(value)
+    if kind == FLOAT:
+        if cls is float:  # the common case first: no ABC checks
+            return repr(value) if value - value == 0.0 else None  # nan, inf: left out
+        if cls is int:
+            return repr(float(value))
+    elif kind == INT:
+        if cls is int or cls is bool:
+            return f"{int(value)}i"
+    else:
+        return escape_string(str(value))
+    if isinstance(value, str | bytes) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{measurement}: field {name} must be a number, not {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        return None
+    if kind == FLOAT:
+        return repr(number)
+    # INT: numpy integers, whole floats (numpy sums) to their integer
+    return f"{int(value) if isinstance(value, numbers.Integral) else round(number)}i"
+
+
+def _tag(name: str, description: str, required: bool = False, allowed=None) -> Tag:
+    return Tag(name, description, required, allowed)
+
+
+_CLUSTER = _tag("cluster", "cluster name (controller.cluster)", required=True)
+_SITE = _tag("site", "site (root of the budget tree)")
+_ROW = _tag("row", "row the point is under")
+_RACK = _tag("rack", "rack the point is under")
+
+GPU = Measurement(
+    name="gpu",
+    description="one GPU's telemetry sample",
+    writer="controller (from every agent's telemetry)",
+    rate="one point per GPU per telemetry period (default 1 s)",
+    tags=(
+        _CLUSTER,
+        _SITE,
+        _ROW,
+        _RACK,
+        _tag("node", "server (agent) name", required=True),
+        _tag("gpu", "GPU index on the node (0-based)", required=True),
+        _tag("job", "training job running on the node; absent when none is known"),
+        _tag("phase", "job phase", allowed=PHASES),
+        _tag("mode", "agent mode: controlled, failsafe or local", allowed=MODES),
+    ),
+    fields=(
+        Field("power_w", FLOAT, "W", "power drawn"),
+        Field("energy_j", FLOAT, "J", "energy counter since the driver loaded (monotonic)"),
+        Field("cap_w", FLOAT, "W", "power limit the GPU enforces now (read back)"),
+        Field("cap_min_w", FLOAT, "W", "lowest power limit the GPU accepts"),
+        Field("cap_max_w", FLOAT, "W", "highest power limit the GPU accepts"),
+        Field("sm_clock_mhz", FLOAT, "MHz", "SM clock"),
+        Field("max_sm_clock_mhz", FLOAT, "MHz", "SM clock lock; absent when not locked"),
+        Field("util_pct", FLOAT, "%", "GPU utilisation"),
+        Field("temp_c", FLOAT, "°C", "GPU temperature"),
+        Field("capped", INT, "0/1", "1 when cap_w is below cap_max_w"),
+        Field("seq", INT, "count", "telemetry sequence number of the node (gaps: lost samples)"),
+    ),
+)
+
+TREE = Measurement(
+    name="tree",
+    description="one budget-tree node's aggregates after a control cycle",
+    writer="controller",
+    rate="one point per tree node (site, rows, racks, nodes) per control cycle (default 1 s)",
+    tags=(
+        _CLUSTER,
+        _tag("level", "site, row, rack or node", required=True, allowed=LEVELS),
+        _tag("name", "the tree node's name", required=True),
+        _SITE,
+        _ROW,
+        _RACK,
+    ),
+    fields=(
+        Field("power_w", FLOAT, "W", "measured power under the node (GPUs plus overhead)"),
+        Field("budget_w", FLOAT, "W", "planned power of the node"),
+        Field("limit_w", FLOAT, "W", "hard limit (the breaker)"),
+        Field("cap_threshold_w", FLOAT, "W", "capping starts above this"),
+        Field("cap_target_w", FLOAT, "W", "capping brings the node down to this"),
+        Field("uncap_threshold_w", FLOAT, "W", "caps are handed back below this"),
+        Field("predicted_w", FLOAT, "W", "power predicted for the next cycle under the new caps"),
+        Field("cap_sum_w", FLOAT, "W", "sum of the GPU caps under the node, plus overhead"),
+        Field("capped_share", FLOAT, "fraction", "share of GPUs under the node with cap < cap_max"),
+        Field("capping", INT, "0/1", "1 while the node is being capped"),
+    ),
+)
+
+DECISION = Measurement(
+    name="decision",
+    description="one control cycle: what the controller did and the cluster's health",
+    writer="controller (the leader)",
+    rate="one point per control cycle (default 1 s)",
+    tags=(_CLUSTER, _tag("controller", "name of the controller that led the cycle")),
+    fields=(
+        Field("cycle_s", FLOAT, "s", "time the cycle took (policy, commands)"),
+        Field("commands_sent", INT, "count", "commands published this cycle"),
+        Field("resends", INT, "count", "commands re-sent for want of an ack"),
+        Field("acks_received", INT, "count", "acks received since the last cycle"),
+        Field("acks_missing", INT, "count", "commands past ack_timeout_s without an ack"),
+        Field("stale_nodes", INT, "count", "nodes whose telemetry is older than stale_after_s"),
+        Field("failsafe_nodes", INT, "count", "nodes reporting failsafe mode"),
+        Field("offline_nodes", INT, "count", "nodes whose status is offline"),
+        Field("rejected_payloads", INT, "count", "invalid payloads received (cumulative)"),
+        Field("epoch", INT, "count", "controller epoch (grows at every failover)"),
+        Field("gpus_capped", INT, "count", "GPUs with cap < cap_max after the cycle"),
+        Field("site_ramp_w_per_s", FLOAT, "W/s", "rate of change of the site's cap sum"),
+    ),
+)
+
+PHASE_EVENT = Measurement(
+    name="phase_event",
+    description="a phase change announced by a training job",
+    writer="controller (from jobs/{job}/phase)",
+    rate="one point per announcement (a few per job per minute at most)",
+    tags=(
+        _CLUSTER,
+        _tag("job", "job name", required=True),
+        _tag("phase", "the phase entered", required=True, allowed=PHASES),
+        _tag("priority", "job priority: high, normal or low", allowed=PRIORITIES),
+    ),
+    fields=(
+        Field("events", INT, "count", "always 1: sum(events) counts announcements"),
+        Field("nodes", INT, "count", "nodes named in the event; absent: all the job's nodes"),
+        Field("expected_s", FLOAT, "s", "how long the job expects the phase to last"),
+    ),
+)
+
+MEASUREMENTS: tuple[Measurement, ...] = (GPU, TREE, DECISION, PHASE_EVENT)
+
+
+# --- builders ------------------------------------------------------------------
+
+
+def gpu_line(
+    ts: float,
+    *,
+    cluster: str,
+    node: str,
+    gpu: int,
+    site: str | None = None,
+    row: str | None = None,
+    rack: str | None = None,
+    job: str | None = None,
+    phase: str | None = None,
+    mode: str | None = None,
+    **fields: float | int | None,
+) -> str | None:
+    """One ``gpu`` point; ``fields`` are those of ``GPU`` (power_w, cap_w, ...)."""
+    tags = {
+        "cluster": cluster,
+        "site": site,
+        "row": row,
+        "rack": rack,
+        "node": node,
+        "gpu": gpu,
+        "job": job,
+        "phase": phase,
+        "mode": mode,
+    }
+    return GPU.line(ts, tags, fields)
+
+
+def telemetry_lines(
+    cluster: str,
+    telemetry: Telemetry,
+    *,
+    site: str | None = None,
+    row: str | None = None,
+    rack: str | None = None,
+    job: str | None = None,
+    phase: str | None = None,
+) -> list[str]:
+    """``gpu`` points for every GPU of one decoded telemetry message.
+
+    The placement (site, row, rack) and the job and phase running on the node
+    come from the controller; the rest from the message.
+    """
+    lines = []
+    for g in telemetry.gpus:
+        line = gpu_line(
+            telemetry.ts,
+            cluster=cluster,
+            node=telemetry.node,
+            gpu=g.index,
+            site=site,
+            row=row,
+            rack=rack,
+            job=job,
+            phase=phase,
+            mode=telemetry.mode,
+            power_w=g.power_w,
+            energy_j=g.energy_j,
+            cap_w=g.cap_w,
+            cap_min_w=g.cap_min_w,
+            cap_max_w=g.cap_max_w,
+            sm_clock_mhz=g.sm_clock_mhz,
+            max_sm_clock_mhz=g.max_sm_clock_mhz,
+            util_pct=g.util_pct,
+            temp_c=g.temp_c,
+            capped=g.cap_w < g.cap_max_w,
+            seq=telemetry.seq,
+        )
+        if line is not None:
+            lines.append(line)
+    return lines
+
+
+def tree_line(
+    ts: float,
+    *,
+    cluster: str,
+    level: str,
+    name: str,
+    site: str | None = None,
+    row: str | None = None,
+    rack: str | None = None,
+    **fields: float | int | bool | None,
+) -> str | None:
+    """One ``tree`` point; ``fields`` are those of ``TREE`` (power_w, budget_w, ...)."""
+    tags = {
+        "cluster": cluster,
+        "level": level,
+        "name": name,
+        "site": site,
+        "row": row,
+        "rack": rack,
+    }
+    return TREE.line(ts, tags, fields)
+
+
+def decision_line(
+    ts: float,
+    *,
+    cluster: str,
+    controller: str | None = None,
+    **fields: float | int | None,
+) -> str | None:
+    """One ``decision`` point; ``fields`` are those of ``DECISION`` (cycle_s, epoch, ...)."""
+    return DECISION.line(ts, {"cluster": cluster, "controller": controller}, fields)
+
+
+def phase_event_line(
+    ts: float,
+    *,
+    cluster: str,
+    job: str,
+    phase: str,
+    priority: str | None = None,
+    nodes: int | None = None,
+    expected_s: float | None = None,
+) -> str:
+    """One ``phase_event`` point."""
+    line = PHASE_EVENT.line(
+        ts,
+        {"cluster": cluster, "job": job, "phase": phase, "priority": priority},
+        {"events": 1, "nodes": nodes, "expected_s": expected_s},
+    )
+    assert line is not None  # `events` is always there
+    return line
+
+
+def phase_event_from_message(cluster: str, event: PhaseEvent) -> str:
+    """The ``phase_event`` point of one decoded phase message."""
+    return phase_event_line(
+        event.ts,
+        cluster=cluster,
+        job=event.job,
+        phase=event.phase,
+        priority=event.priority,
+        nodes=None if event.nodes is None else len(event.nodes),
+        expected_s=event.expected_s,
+    )
+
+
+# --- reading line protocol back -----------------------------------------------
+
+
+class ParsedLine(NamedTuple):
+    measurement: str
+    tags: dict[str, str]
+    fields: dict[str, float | int | bool | str]
+    ts_ns: int | None
+
+
+_UNESCAPE = {"\\": "\\", ",": ",", "=": "=", " ": " "}
+
+
+def parse_line(line: str) -> ParsedLine:
+    """Parse one line of line protocol (InfluxDB 2.x rules); ValueError if it is not valid.
+
+    Accepts what any writer produces, not only powerd: unsigned (``u``) and
+    boolean fields included. Comments and blank lines are not lines: skip them first.
+    """
+    n = len(line)
+    i = 0
+
+    def token(stops: str, what: str) -> str:
+        nonlocal i
+        out = []
+        while i < n:
+            c = line[i]
+            if c == "\\" and i + 1 < n and line[i + 1] in _UNESCAPE and line[i + 1] in stops + "\\":
+                out.append(line[i + 1])
+                i += 2
+                continue
+            if c in stops:
+                break
+            if c in "\n\r":
+                raise ValueError(f"newline inside {what}")
+            out.append(c)
+            i += 1
+        text = "".join(out)
+        if not text:
+            raise ValueError(f"empty {what} at column {i} of {line!r}")
+        return text
+
+    measurement = token(", ", "measurement")
+    tags: dict[str, str] = {}
+    while i < n and line[i] == ",":
+        i += 1
+        key = token(",= ", "tag key")
+        if i >= n or line[i] != "=":
+            raise ValueError(f"tag {key!r} has no value in {line!r}")
+        i += 1
+        tags[key] = token(",= ", "tag value")
+    if i >= n or line[i] != " ":
+        raise ValueError(f"no fields in {line!r}")
+    i += 1
+    fields: dict[str, float | int | bool | str] = {}
+    while True:
+        key = token(",= ", "field key")
+        if i >= n or line[i] != "=":
+            raise ValueError(f"field {key!r} has no value in {line!r}")
+        i += 1
+        if i < n and line[i] == '"':
+            i += 1
+            out = []
+            while True:
+                if i >= n:
+                    raise ValueError(f"unterminated string in field {key!r} of {line!r}")
+                c = line[i]
+                if c == "\\" and i + 1 < n and line[i + 1] in '"\\':
+                    out.append(line[i + 1])
+                    i += 2
+                elif c == '"':
+                    i += 1
+                    break
+                else:
+                    out.append(c)
+                    i += 1
+            fields[key] = "".join(out)
+        else:
+            start = i
+            while i < n and line[i] not in ", ":
+                i += 1
+            fields[key] = _parse_number(line[start:i], key)
+        if i < n and line[i] == ",":
+            i += 1
+            continue
+        break
+    ts_ns = None
+    if i < n:
+        if line[i] != " ":
+            raise ValueError(f"unexpected {line[i]!r} at column {i} of {line!r}")
+        text = line[i + 1 :].strip()
+        if not text or not text.lstrip("-").isdigit():
+            raise ValueError(f"bad timestamp {text!r} in {line!r}")
+        ts_ns = int(text)
+    return ParsedLine(measurement, tags, fields, ts_ns)
+
+
+_TRUE = {"t", "T", "true", "True", "TRUE"}
+_FALSE = {"f", "F", "false", "False", "FALSE"}
+
+
+def _parse_number(text: str, key: str) -> float | int | bool:
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    try:
+        if text.endswith(("i", "u")):
+            value = int(text[:-1])
+            if text.endswith("u") and value < 0:
+                raise ValueError
+            return value
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"field {key!r}: {text!r} is not a number") from None
+    if not math.isfinite(value) or text.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+        raise ValueError(f"field {key!r}: {text!r} is not a finite number")
+    return value
+
+
+def iter_lines(text: str) -> Iterable[ParsedLine]:
+    """Every point of a line-protocol document (a ``.lp`` file), skipping blanks and comments."""
+    for raw in text.splitlines():
+        if raw.strip() and not raw.lstrip().startswith("#"):
+            yield parse_line(raw)

@@ -1,0 +1,100 @@
+"""The one way the suite runs a real server: a child process on a free port, awaited until ready.
+
+Mosquitto (``tests.brokers``), VictoriaMetrics and InfluxDB 1.x (``tests.tsdb``)
+build on ``ServerProcess``: it starts the command with its output in a log
+file, waits for ``ready()`` (or for the process to die, which is an error
+showing the log's tail), and stops it with SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_program(candidates: Sequence[str], package: str) -> str:
+    """The first of ``candidates`` on PATH (or absolute); an error saying how to install it."""
+    for candidate in candidates:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise RuntimeError(
+        f"{candidates[0]} is not installed; `make test` installs it (apt-get install -y {package})"
+    )
+
+
+class ServerProcess:
+    """A server child process with a log file; subclasses give ``command()`` and ``ready()``."""
+
+    name = "server"
+    stop_timeout_s = 10.0
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()  # kept across restarts
+        self.log_path = workdir / f"{self.name}.log"
+        self._proc: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str] | None:
+        return None  # inherit
+
+    def ready(self) -> bool:
+        """True once the server answers."""
+        raise NotImplementedError
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env()
+            )
+        deadline = time.monotonic() + timeout_s
+        while not self.ready():
+            if self._proc.poll() is not None:
+                self._proc = None
+                raise RuntimeError(f"{self.name} exited: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} not ready in {timeout_s} s: {self.log_tail()}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,34 @@
+"""The controller benchmark runs and reports what it measures (how fast is for bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+
+def test_controller_benchmark_runs(tmp_path: Path):
+    out = tmp_path / "controller.json"
+    budgets = resources.files("powerd.data").joinpath("budgets/demo.toml")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.bench_controller",
+            *("--budgets", str(budgets), "--cycles", "3", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["gpus"] == 256
+    assert report["nodes"] == 64
+    assert report["gpu_points_last_cycle"] == 256  # every GPU recorded (fine_every_s 0)
+    assert report["tree_points_last_cycle"] == report["tree_nodes"] + 1  # + the decision point
+    assert set(report["median_ms"]) == {"ingest", "cycle", "records", "gpu_records"}
+    assert all(v > 0 for v in report["median_ms"].values())
+    assert report["command"].startswith("python -m bench.bench_controller")
