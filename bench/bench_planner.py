@@ -13,7 +13,9 @@ What is timed is the command a capacity engineer runs, in its own process
 the Monte Carlo sizing of every rack, row and the site, the failsafe caps,
 writing the budgets file and loading it back. Peak memory is that process's
 maximum resident set (``getrusage(RUSAGE_CHILDREN).ru_maxrss``). With
-``--whatif-s N`` it also times ``powerplan whatif`` over N control cycles.
+``--whatif-s N`` it also times ``powerplan whatif`` over N control cycles; with
+``--report`` also ``powerplan report`` on the sized file (its replay is
+``--whatif-s`` long, or left out).
 
     python -m bench.bench_planner [--json bench/results/planner.json] [--workloads 20 ...]
 """
@@ -104,6 +106,7 @@ def main() -> None:
     parser.add_argument("--profile-s", type=int, default=3600)
     parser.add_argument("--samples", type=int, default=100_000)
     parser.add_argument("--whatif-s", type=int, default=0, help="also replay this many cycles")
+    parser.add_argument("--report", action="store_true", help="also time powerplan report")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -146,6 +149,21 @@ def main() -> None:
                 "peak_rss_mib_max_so_far": round(whatif_mib, 1),
                 "throughput_lost_site": replayed["throughput_lost_site"],
                 "levels": replayed["levels"],
+            }
+        reported = None
+        if args.report:
+            report_argv = [
+                *(sys.executable, "-m", "planner.cli", "report", str(out)),
+                str(work / "profiles.parquet"),
+                *("--mix", str(work / "mix.toml"), "-o", str(work / "report")),
+                *("--samples", str(args.samples), "--whatif-s", str(args.whatif_s)),
+            ]
+            report_s, report_mib, _ = run_child(report_argv)
+            reported = {
+                "wall_s": round(report_s, 2),
+                "peak_rss_mib_max_so_far": round(report_mib, 1),
+                "whatif_s": args.whatif_s,
+                "files": sorted(p.name for p in (work / "report").iterdir()),
             }
 
     nodes = sized["nodes"]
@@ -195,6 +213,8 @@ def main() -> None:
     }
     if whatif is not None:
         result["whatif"] = whatif
+    if reported is not None:
+        result["report"] = reported
     report(result, args.json)
 
 

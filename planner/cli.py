@@ -1,13 +1,18 @@
 """The ``powerplan`` command: capacity planning from measured power profiles.
 
-Each subcommand lives in its own module (``planner/commands_*.py``) and is
-registered here; this file only groups them.
+Each subcommand lives in its own module (``planner/commands_*.py``); this file
+only groups them.
 """
 
 from __future__ import annotations
 
 import click
 
+from planner.commands_caps import command as caps_command
+from planner.commands_profiles import command as profiles_command
+from planner.commands_report import command as report_command
+from planner.commands_size import command as size_command
+from planner.commands_whatif import command as whatif_command
 from powerd import __version__
 
 
@@ -21,27 +26,17 @@ def main() -> None:
     powerplan caps      the GPU power cap that maximises throughput inside a fixed site power
     powerplan size      topology + workload mix + profiles -> a budgets file for the controller
     powerplan whatif    replay profiles through the controller's policies at given budgets
-    powerplan report    a Markdown or HTML report with plots
+    powerplan report    a Markdown or HTML report with plots on a budgets file
 
     The method, with its reasoning, is in docs/PLANNER.md.
     """
 
 
-def _register() -> None:
-    """Add every subcommand module that exists (they are built one by one)."""
-    import importlib
-
-    for name in ("profiles", "caps", "size", "whatif", "report"):
-        try:
-            module = importlib.import_module(f"planner.commands_{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"planner.commands_{name}":
-                raise
-            continue
-        main.add_command(module.command, name)
-
-
-_register()
+main.add_command(profiles_command, "profiles")
+main.add_command(caps_command, "caps")
+main.add_command(size_command, "size")
+main.add_command(whatif_command, "whatif")
+main.add_command(report_command, "report")
 
 if __name__ == "__main__":
     main()

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import pandas as pd
 
-from planner.caps import CapsResult, recommend
+from planner.caps import recommend
+from planner.mix import load_mix
 from planner.output import emit, format_option
-from planner.sweep import default_label, load_sweep
+from planner.sweep import default_label, load_sweeps
 from planner.table import ProfileError
 
 ZEUS_WORKLOAD_COLS = "dataset,network,batch_size,optimizer"
@@ -17,19 +17,17 @@ ZEUS_WORKLOAD_COLS = "dataset,network,batch_size,optimizer"
 
 def _toml_mix(path: Path) -> dict[str, float]:
     """Weights from a ``powerplan size`` mix file: jobs' ``share`` (or ``gpus``) per workload."""
-    import tomllib
-
     try:
-        jobs = tomllib.loads(path.read_text(encoding="utf-8")).get("jobs", [])
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise click.BadParameter(f"{path}: {exc}") from None
-    keys = {("share" if "share" in job else "gpus") for job in jobs}
-    if len(keys) != 1 or any(not isinstance(job.get("workload"), str) for job in jobs):
-        raise click.BadParameter(f"{path}: need [[jobs]] with workload and all share or all gpus")
-    (key,) = keys
+        jobs = load_mix(path).jobs
+    except ProfileError as exc:
+        raise click.BadParameter(str(exc)) from None
+    by_share = {job.share is not None for job in jobs}
+    if len(by_share) != 1:
+        raise click.BadParameter(f"{path}: need [[jobs]] with all share or all gpus")
     weights: dict[str, float] = {}
     for job in jobs:
-        weights[job["workload"]] = weights.get(job["workload"], 0.0) + float(job.get(key, 0))
+        amount = job.share if job.share is not None else job.gpus
+        weights[job.workload] = weights.get(job.workload, 0.0) + float(amount or 0)
     return weights
 
 
@@ -65,43 +63,6 @@ def parse_mix(value: str) -> dict[str, float]:
     if not weights:
         raise click.BadParameter(f"{source}: no workload=weight entries")
     return weights
-
-
-def plot_caps(result: CapsResult, path: Path) -> None:
-    """Throughput per provisioned W (relative to the max cap) against the cap, per GPU."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    gpus = sorted(result.curves["gpu"].unique())
-    fig, axes = plt.subplots(
-        1, len(gpus), figsize=(5 * len(gpus), 4), squeeze=False, constrained_layout=True
-    )
-    best = result.per_workload.set_index(["gpu", "workload"])
-    for ax, gpu in zip(axes[0], gpus, strict=True):
-        curves = result.curves[result.curves["gpu"] == gpu]
-        names = sorted(curves["workload"].unique())
-        for name in names:
-            c = curves[curves["workload"] == name]
-            row = best.loc[(gpu, name)]
-            ref = row["thr_per_mw_max_cap"]
-            label = name if len(names) <= 8 else None
-            (line,) = ax.plot(c["cap_w"], c["thr_per_mw"] / ref, lw=0.8, alpha=0.5, label=label)
-            ax.plot(row["cap_w"], row["thr_per_mw"] / ref, "o", ms=3, color=line.get_color())
-        mc = result.mix_curves[result.mix_curves["gpu"] == gpu]
-        if len(mc):
-            ref = mc["thr_per_mw"].iat[-1]
-            ax.plot(mc["cap_w"], mc["thr_per_mw"] / ref, "k-", lw=2.5, label="mix")
-            m = result.mix[result.mix["gpu"] == gpu].iloc[0]
-            ax.plot(m["cap_w"], m["thr_per_mw"] / ref, "k*", ms=14, label=f"mix: {m['cap_w']:g} W")
-        ax.axhline(1.0, color="grey", lw=0.5)
-        ax.set_title(f"{gpu} ({len(names)} workloads), overhead {result.overhead_w:g} W")
-        ax.set_xlabel("power cap, W")
-        ax.set_ylabel("throughput per provisioned W / same at max cap")
-        ax.legend(fontsize=7)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 @click.command()
@@ -193,20 +154,14 @@ def command(
         raise click.UsageError("--workload-cols names no column")
     weights = parse_mix(mix) if mix is not None else None
     try:
-        sweep = pd.concat(
-            [
-                load_sweep(
-                    f,
-                    workload_cols=cols,
-                    cap_col=cap_col,
-                    time_col=time_col,
-                    throughput_col=throughput_col,
-                    power_col=power_col or None,
-                    label=label,
-                )
-                for f, label in zip(files, labels, strict=True)
-            ],
-            ignore_index=True,
+        sweep = load_sweeps(
+            files,
+            workload_cols=cols,
+            cap_col=cap_col,
+            time_col=time_col,
+            throughput_col=throughput_col,
+            power_col=power_col or None,
+            labels=labels,
         )
     except ProfileError as exc:
         raise click.ClickException(str(exc)) from None
@@ -217,6 +172,8 @@ def command(
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     if plot_path:
+        from planner.plots import plot_caps
+
         plot_caps(result, Path(plot_path))
     emit(
         {"caps": result.per_workload, "mix": result.mix},

@@ -8,25 +8,11 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from planner.output import emit, format_option
+from planner.output import column_mapping, emit, format_option, write_whole
 from planner.profiles import read_influx, read_profiles, summarise
-from planner.table import COLUMNS, ProfileError
+from planner.table import ProfileError
 
 OUT_SUFFIXES = (".parquet", ".pq", ".csv")
-
-
-def _mapping(pairs: tuple[str, ...]) -> dict[str, str]:
-    mapping: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, column = pair.partition("=")
-        name, column = name.strip(), column.strip()
-        if not sep or not column or name not in COLUMNS:
-            raise click.BadParameter(
-                f"{pair!r}: give NAME=COLUMN with NAME one of {', '.join(COLUMNS)}",
-                param_hint="--column",
-            )
-        mapping[name] = column
-    return mapping
 
 
 def _token(token_file: Path | None) -> str | None:
@@ -37,16 +23,11 @@ def _token(token_file: Path | None) -> str | None:
 
 
 def _write(table: pd.DataFrame, path: Path) -> None:
-    """Write the normalised table whole or not at all (a temporary file, then renamed)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        if path.suffix.lower() == ".csv":
-            table.to_csv(tmp, index=False)
-        else:
-            table.to_parquet(tmp, index=False)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write the normalised table whole or not at all."""
+    if path.suffix.lower() == ".csv":
+        write_whole(path, lambda tmp: table.to_csv(tmp, index=False))
+    else:
+        write_whole(path, lambda tmp: table.to_parquet(tmp, index=False))
 
 
 @click.command(
@@ -126,7 +107,7 @@ def command(
     normalised_out: Path | None,
     fmt: str,
 ) -> None:
-    columns = _mapping(column_pairs)
+    columns = column_mapping(column_pairs)
     if (influx_url is None) != (query is None):
         raise click.UsageError("give --influx URL and --query Q together")
     if not files and influx_url is None:

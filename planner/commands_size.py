@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 import pandas as pd
 
-from planner.output import emit, format_option
+from planner.output import column_mapping, emit, format_option, write_whole
 
 if TYPE_CHECKING:
     from planner.mix import Mix, Placement
@@ -67,21 +65,7 @@ class Inputs:
     mix: Mix
     placement: Placement
     traces: dict[str, Trace]
-
-
-def column_mapping(pairs: tuple[str, ...]) -> dict[str, str]:
-    from planner.table import COLUMNS
-
-    mapping: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, column = pair.partition("=")
-        if not sep or not column.strip() or name.strip() not in COLUMNS:
-            raise click.BadParameter(
-                f"{pair!r}: give NAME=COLUMN with NAME one of {', '.join(COLUMNS)}",
-                param_hint="--column",
-            )
-        mapping[name.strip()] = column.strip()
-    return mapping
+    profiles: pd.DataFrame  # the normalised rows of the mix's workloads
 
 
 def load_inputs(
@@ -109,25 +93,12 @@ def load_inputs(
         traces = traces_from_profiles(wanted, step_s)
     except (BudgetError, ProfileError) as exc:
         raise click.ClickException(str(exc)) from None
-    return Inputs(top, mix, placement, traces)
+    return Inputs(top, mix, placement, traces, wanted)
 
 
 def _names(paths: tuple[Path, ...]) -> str:
     shown = ", ".join(str(p) for p in paths[:3])
     return f"({shown}{', ...' if len(paths) > 3 else ''})"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """The whole file or nothing: a temporary file in the same directory, then renamed."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _rack_summary(racks: pd.DataFrame) -> pd.DataFrame:
@@ -272,7 +243,7 @@ def command(
         text = budgets_toml(inputs.top, sized, header)
     except (SizingError, BudgetError) as exc:
         raise click.ClickException(f"{topology}: {exc}") from None
-    write_atomically(output, text)
+    write_whole(output, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
     table = sized.table
     jobs = pd.DataFrame(

@@ -102,9 +102,9 @@ def command(
     workload: str | None,
     fmt: str,
 ) -> None:
-    import pandas as pd
 
-    from planner.commands_size import column_mapping, load_inputs
+    from planner.commands_size import load_inputs
+    from planner.output import column_mapping
     from planner.table import ProfileError
     from planner.whatif import WhatifSettings, power_law_speed, replay, sweep_speed
 
@@ -113,23 +113,11 @@ def command(
     )
     speed = power_law_speed(speed_exponent)
     if sweep_paths:
-        from planner.sweep import load_sweep
+        from planner.sweep import load_sweeps
 
         cols = [c.strip() for c in sweep_workload_cols.split(",") if c.strip()]
         try:
-            sweep = pd.concat(
-                [
-                    load_sweep(
-                        p,
-                        workload_cols=cols,
-                        cap_col="power_limit",
-                        time_col="time_per_epoch",
-                        power_col="average_power",
-                    )
-                    for p in sweep_paths
-                ],
-                ignore_index=True,
-            )
+            sweep = load_sweeps(sweep_paths, workload_cols=cols)
         except ProfileError as exc:
             raise click.ClickException(str(exc)) from None
         speed = sweep_speed(sweep)

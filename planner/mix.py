@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.table import ProfileError
+from planner.table import ProfileError, read_input_text
 from policies.tree import NORMAL, PRIORITY_CODES, SERVER
 from powerd.topology import Topology
 
@@ -73,14 +73,7 @@ class Placement:
 
 def load_mix(path: str | Path) -> Mix:
     """Read and check a mix file; :class:`ProfileError` names the file and the job at fault."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ProfileError(source, f"cannot read the mix: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ProfileError(source, "the mix is not UTF-8 text (TOML)") from None
-    return parse_mix(text, source)
+    return parse_mix(read_input_text(path, "the mix", "text (TOML)"), str(path))
 
 
 def parse_mix(text: str, source: str = "<mix>") -> Mix:

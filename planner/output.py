@@ -4,13 +4,48 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
 import click
 import pandas as pd
 
 FORMATS = ("table", "json", "csv")
+
+
+def write_whole(path: Path, write: Callable[[Path], None]) -> None:
+    """The whole file or nothing: ``write`` fills a temporary file in the same
+    directory, which is then renamed over ``path``; on any error it is removed."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def column_mapping(pairs: tuple[str, ...]) -> dict[str, str]:
+    """``--column NAME=COLUMN`` options (NAME one of the profile table's columns) as a dict."""
+    from planner.table import COLUMNS
+
+    mapping: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, column = pair.partition("=")
+        name, column = name.strip(), column.strip()
+        if not sep or not column or name not in COLUMNS:
+            raise click.BadParameter(
+                f"{pair!r}: give NAME=COLUMN with NAME one of {', '.join(COLUMNS)}",
+                param_hint="--column",
+            )
+        mapping[name] = column
+    return mapping
 
 
 def format_option(default: str = "table"):
@@ -74,17 +109,17 @@ def emit(
         for column in df.columns:
             table.add_column(str(column), justify="right" if _numeric(df[column]) else "left")
         for row in df.itertuples(index=False):
-            table.add_row(*[_cell(v) for v in row])
+            table.add_row(*[cell_text(v) for v in row])
         console.print(table)
     for key, value in (extra or {}).items():
-        console.print(f"{key}: {_cell(value)}")
+        console.print(f"{key}: {cell_text(value)}")
 
 
 def _numeric(series: pd.Series) -> bool:
     return pd.api.types.is_numeric_dtype(series)
 
 
-def _cell(value: Any) -> str:
+def cell_text(value: Any) -> str:
     if value is None or value is pd.NA:
         return "-"
     if isinstance(value, float):

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from planner.table import COLUMNS, FLOAT_COLUMNS, REQUIRED, ProfileError
+from planner.table import COLUMNS, FLOAT_COLUMNS, REQUIRED, ProfileError, read_input_text
 from powerd.protocol import PHASES
 
 #: A GPU whose median power is above this is in mW (no GPU draws 5 kW).
@@ -334,12 +334,7 @@ def _read_file(path: Path) -> tuple[pd.DataFrame, _Origin, int | None]:
         if raw.empty:
             raise ProfileError(path, "empty file: no rows")
         return raw.reset_index(drop=True), _Origin(str(path), np.arange(1, len(raw) + 1)), None
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except OSError as exc:
-        raise ProfileError(path, f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ProfileError(path, "not a UTF-8 text file") from None
+    text = read_input_text(path)
     if suffix in CSV_SUFFIXES:
         return _read_csv(path, text)
     return _read_lp(path, text)

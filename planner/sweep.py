@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from planner.table import ProfileError
+from planner.table import ProfileError, read_input_text
 
 #: A GPU's power (cap or draw under work) in W lies in this range; outside it
 #: the column is almost surely in another unit (NVML reports mW; site sheets
@@ -120,12 +120,7 @@ def load_sweep(
     assert speed_col is not None
     wanted = [*workload_cols, cap_col, speed_col] + ([power_col] if power_col else [])
 
-    try:
-        text = source.read_text(encoding="utf-8-sig")
-    except OSError as exc:
-        raise ProfileError(source, f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ProfileError(source, "not a UTF-8 text (CSV) file") from None
+    text = read_input_text(source, kind="text (CSV)")
 
     reader = csv.reader(io.StringIO(text, newline=""))
     header: list[str] | None = None
@@ -203,3 +198,38 @@ def load_sweep(
         }
     )
     return df.sort_values(["gpu", "workload", "cap_w"], ignore_index=True)
+
+
+def load_sweeps(
+    paths: Sequence[str | Path],
+    *,
+    workload_cols: Sequence[str],
+    cap_col: str = "power_limit",
+    time_col: str | None = "time_per_epoch",
+    throughput_col: str | None = None,
+    power_col: str | None = "average_power",
+    labels: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Several sweeps (one GPU model each) as one table; defaults read the Zeus CSVs.
+
+    ``labels`` names each file's GPU (default: :func:`default_label`). Raises
+    :class:`ProfileError` naming the first bad file.
+    """
+    names = list(labels) if labels is not None else [default_label(p) for p in paths]
+    if len(names) != len(paths):
+        raise ValueError(f"{len(names)} labels for {len(paths)} sweep files")
+    return pd.concat(
+        [
+            load_sweep(
+                path,
+                workload_cols=workload_cols,
+                cap_col=cap_col,
+                time_col=time_col,
+                throughput_col=throughput_col,
+                power_col=power_col,
+                label=name,
+            )
+            for path, name in zip(paths, names, strict=True)
+        ],
+        ignore_index=True,
+    )

@@ -45,3 +45,17 @@ class ProfileError(ValueError):
         self.problem = problem
         where = self.source if line is None else f"{self.source}:{line}"
         super().__init__(f"{where}: {problem}")
+
+
+def read_input_text(path: str | Path, what: str = "", kind: str = "text") -> str:
+    """A planner input file's text (UTF-8, a byte-order mark dropped), or a ProfileError.
+
+    ``what`` names the input in the message ("the mix"); ``kind`` the format ("TOML").
+    """
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        reading = f"cannot read {what}".rstrip()
+        raise ProfileError(path, f"{reading}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(path, f"not a UTF-8 {kind} file") from None

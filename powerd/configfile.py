@@ -76,6 +76,12 @@ class Getter:
             raise ConfigError(f"{self.where}: {dotted} must be a string, got {value!r}")
         return value or default
 
+    def flag(self, table: dict, dotted: str, default: bool) -> bool:
+        value = table.get(dotted.rsplit(".", 1)[-1], default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.where}: {dotted} must be true or false")
+        return value
+
     def number(self, table: dict, dotted: str, default: Any, key: str | None = None) -> Any:
         value = table.get(key if key is not None else dotted.rsplit(".", 1)[-1], default)
         if value is None:

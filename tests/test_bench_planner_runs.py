@@ -17,7 +17,7 @@ def test_planner_benchmark_runs(tmp_path: Path):
             *(sys.executable, "-m", "bench.bench_planner"),
             *("--topology", str(ROOT / "powerd" / "data" / "budgets" / "demo.toml")),
             *("--workloads", "3", "--profiled-gpus", "4", "--profile-s", "300"),
-            *("--samples", "2000", "--whatif-s", "5", "--json", str(out)),
+            *("--samples", "2000", "--whatif-s", "5", "--report", "--json", str(out)),
         ],
         capture_output=True,
         text=True,
@@ -38,5 +38,7 @@ def test_planner_benchmark_runs(tmp_path: Path):
     assert report["size"]["output_bytes"] > 0
     assert set(report["result"]["failsafe_cap_w"]) == {"H100"}
     assert report["whatif"]["cycles"] == 5
+    assert report["report"]["wall_s"] > 0
+    assert "report.md" in report["report"]["files"] and "capping.png" in report["report"]["files"]
     assert report["command"].startswith("python -m bench.bench_planner")
     assert report["machine"]

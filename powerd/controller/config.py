@@ -107,12 +107,10 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
     policy_raw = raw.get("policy", {})
     policy_defaults = PolicySettings()
     policy_values: dict[str, Any] = {}
-    for key, value in policy_raw.items():
+    for key in policy_raw:
         default = getattr(policy_defaults, key)
         if isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where}: policy.{key} must be true or false")
-            policy_values[key] = value
+            policy_values[key] = get.flag(policy_raw, f"policy.{key}", default)
         else:
             policy_values[key] = get.number(policy_raw, f"policy.{key}", default)
     try:
@@ -120,34 +118,24 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: [policy]: {exc}") from None
     rec = raw.get("recorder", {})
-    infer = _flag(
-        section, "infer_phases", defaults.infer_phases, f"{where}: controller.infer_phases"
-    )
     config = ControllerConfig(
         name=get.str(section, "controller.name", defaults.name),
         cluster=get.str(section, "controller.cluster", "default"),
         broker=broker_from_table(raw.get("broker", {}), where),
         policy=policy,
         recorder=RecorderConfig(
-            enabled=_flag(rec, "enabled", True, f"{where}: recorder.enabled"),
+            enabled=get.flag(rec, "recorder.enabled", True),
             url=get.opt_str(rec, "recorder.url", None),
             token_file=get.opt_str(rec, "recorder.token_file", None),
             file=get.opt_str(rec, "recorder.file", None),
             fine_every_s=get.number(rec, "recorder.fine_every_s", 0.0),
         ),
         source=where,
-        infer_phases=infer,
+        infer_phases=get.flag(section, "controller.infer_phases", defaults.infer_phases),
         **timing,
     )
     validate(config, where)
     return config
-
-
-def _flag(table: dict[str, Any], key: str, default: bool, what: str) -> bool:
-    value = table.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{what} must be true or false")
-    return value
 
 
 def validate(config: ControllerConfig, where: str) -> None:

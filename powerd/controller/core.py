@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from powerd.ratelimit import LogOncePer
 from powerd.topology import Topology
 
 log = logging.getLogger("powerd.controller")
+_M = TypeVar("_M", Telemetry, Status, Ack)
 
 CAP_TOLERANCE_W = 1.0  # smaller cap changes are not worth a command
 CAP_BOUND_FRACTION = 0.9  # a capped GPU drawing this share of its cap is held by it
@@ -129,7 +131,7 @@ class ControllerCore:
         self.cap_w = tree.failsafe_cap_w.astype(float).copy()  # read back from the devices
         self.clock_mhz = np.full(n_gpus, np.nan)  # locks in force, read back
         self.last_seen = np.full(n_servers, -math.inf)  # monotonic time of last telemetry
-        self.mode = ["unknown"] * n_servers
+        self.mode = np.full(n_servers, "unknown", dtype="<U10")  # as each node last reported
         self.offline = np.zeros(n_servers, dtype=bool)
         self.jobs: dict[str, Job] = {}
         self.server_job: list[str | None] = [None] * n_servers  # the job each server runs
@@ -145,6 +147,8 @@ class ControllerCore:
         self.last_dt_s = settings.cycle_s
         self._last_cycle_mono: float | None = None
         window = max(2, round(settings.infer_window_s / settings.cycle_s))
+        if not settings.infer_phases:
+            window = 0  # no history kept (20 MB at 83K GPUs and a 30 s window)
         self._history_w = np.full((n_gpus, window), np.nan)  # ring of per-cycle power
         self._history_next = 0
         self._log = LogOncePer(log)
@@ -153,14 +157,10 @@ class ControllerCore:
 
     def on_telemetry(self, node: str, payload: bytes) -> Telemetry | None:
         """Take in one telemetry message; the decoded message, or None if it was refused."""
-        server = self._server(node, "telemetry")
-        if server is None:
+        got = self._decode_from(node, Telemetry, payload, "telemetry")
+        if got is None:
             return None
-        try:
-            sample = decode(Telemetry, payload, node)
-        except ProtocolError as exc:
-            self._reject(node, exc)
-            return None
+        server, sample = got
         gpus = self.layout.gpu_slices[server]
         for g in sample.gpus:
             if g.index >= len(gpus):
@@ -185,14 +185,10 @@ class ControllerCore:
         return sample
 
     def on_status(self, node: str, payload: bytes) -> None:
-        server = self._server(node, "status")
-        if server is None:
+        got = self._decode_from(node, Status, payload, "status")
+        if got is None:
             return
-        try:
-            status = decode(Status, payload, node)
-        except ProtocolError as exc:
-            self._reject(node, exc)
-            return
+        server, status = got
         self.offline[server] = status.state == "offline"
         if status.state == "offline":
             log.warning(
@@ -200,14 +196,10 @@ class ControllerCore:
             )
 
     def on_ack(self, node: str, payload: bytes) -> None:
-        server = self._server(node, "ack")
-        if server is None:
+        got = self._decode_from(node, Ack, payload, "ack")
+        if got is None:
             return
-        try:
-            ack = decode(Ack, payload, node)
-        except ProtocolError as exc:
-            self._reject(node, exc)
-            return
+        server, ack = got
         pending = self.pending.get(server)
         if ack.epoch != self.epoch or pending is None or ack.seq < pending[0]:
             return  # an old command's ack
@@ -301,8 +293,8 @@ class ControllerCore:
         self._last_cycle_mono = now
         self.last_dt_s = dt_s
         counters, self.counters = self.counters, CycleCounters()
-        self._remember_power(now)
-        if self.settings.infer_phases:
+        if self.settings.infer_phases:  # the power history is only for the inference
+            self._remember_power(now)
             self._infer_phases()
         state, live = self.cluster_state(now, counters)
         for server in np.flatnonzero(~live | self._in_mode("failsafe")):
@@ -482,7 +474,7 @@ class ControllerCore:
         return ordinal
 
     def _in_mode(self, mode: str) -> np.ndarray:
-        return np.array([m == mode for m in self.mode], dtype=bool)
+        return self.mode == mode
 
     def _forget_commanded(self, server: int) -> None:
         gpus = self.layout.gpu_slices[server]
@@ -501,6 +493,20 @@ class ControllerCore:
                 node,
             )
         return server
+
+    def _decode_from(
+        self, node: str, kind: type[_M], payload: bytes, what: str
+    ) -> tuple[int, _M] | None:
+        """The sending server's index and the decoded message; None (logged, counted if
+        invalid) for a node not in the budgets file or a payload the protocol refuses."""
+        server = self._server(node, what)
+        if server is None:
+            return None
+        try:
+            return server, decode(kind, payload, node)
+        except ProtocolError as exc:
+            self._reject(node, exc)
+            return None
 
     def count_rejected(self) -> None:
         self.counters.rejected_payloads += 1

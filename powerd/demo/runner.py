@@ -9,7 +9,7 @@ thread each). They speak the wire protocol to each other over TCP on
 
 Two recorders run beside them: a sampler reads every simulated GPU (the
 ground truth a breaker would see, not the telemetry) every ``sample_s``, and
-a collector keeps every controller cycle's decision.
+a cycle listener keeps every controller cycle's decision.
 
 Timings are shorter than in production so that the story fits in well under a
 minute: agents sample every 0.5 s and the controller cycles every 0.5 s
@@ -23,7 +23,6 @@ minutes), so the controller looks slower against them than it would be.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -194,39 +193,6 @@ class _Cycles:
         self.missing += c.acks_missing
 
 
-class _CycleCollector:
-    """Hands every controller cycle to ``on_cycle`` once (the service keeps only the last 60)."""
-
-    def __init__(self, service: ControllerService, on_cycle: Callable[[CycleResult], None]):
-        self.service = service
-        self.on_cycle = on_cycle
-        self.last: CycleResult | None = None
-
-    async def run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await self.service.wait_for(self._new_cycle, 5.0)
-            self.drain()
-
-    def _new_cycle(self) -> bool:
-        cycles = self.service.cycles
-        return bool(cycles) and cycles[-1] is not self.last
-
-    def drain(self) -> None:
-        """Hand over the cycles not seen yet."""
-        cycles = self.service.cycles
-        if not self._new_cycle():
-            return
-        start = 0
-        for k in range(len(cycles) - 1, -1, -1):
-            if cycles[k] is self.last:
-                start = k + 1
-                break
-        for result in cycles[start:]:
-            self.on_cycle(result)
-        self.last = cycles[-1]
-
-
 def _all_gpus(topology: Topology, seed: int) -> dict[str, list[SimulatedGpu]]:
     out = {}
     for k, name in enumerate(topology.servers):
@@ -272,7 +238,7 @@ async def run_demo(
         setup_s = t0 - wall0
 
         def on_cycle(result: CycleResult) -> None:
-            cycles.add(time.monotonic() - t0, result)
+            cycles.add(max(0.0, time.monotonic() - t0), result)
             state.cycle = result
             state.cycles += 1
             if state.last_capping_s is None:
@@ -289,8 +255,9 @@ async def run_demo(
             reporter = _reporter(plan, broker.url, options)
             jobs.append(TrainingJob(plan, job_gpus, reporter, t0, on_phase))
         state.jobs = jobs
-        collector = _CycleCollector(service, on_cycle)
-        tasks.append(asyncio.create_task(collector.run(), name="cycles"))
+        for result in service.cycles:  # the setup's cycles, before the jobs' clock started
+            on_cycle(result)
+        service.cycle_listeners.append(on_cycle)
         job_tasks = [asyncio.create_task(job.run(), name=job.plan.name) for job in jobs]
         await _record(options, state, sampler, on_tick, tick_s, tasks + job_tasks)
         # every job's script ends before the duration: they are done or about to be
@@ -298,8 +265,7 @@ async def run_demo(
     finally:
         await _teardown(stop, job_tasks, tasks)
         await _bounded(broker.__aexit__(None, None, None), "the embedded broker's shutdown")
-    # the controller has stopped: its last cycles, and the acks that came after the last one
-    collector.drain()
+    # the controller has stopped: the acks that came after its last cycle
     cycles.acked += service.core.counters.acks_received
     cycles.pending_at_end = len(service.core.pending)
     trace = _trace(topology, sampler, cycles, jobs, options)

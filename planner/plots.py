@@ -1,0 +1,165 @@
+"""The planner's PNG plots (matplotlib, no display): cap curves, power distributions, budgets.
+
+Each function draws one figure from a result the planner already computed and
+writes it to ``path``; none of them computes anything a table does not show.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from planner.caps import CapsResult
+    from planner.sizing import Trace
+
+DPI = 110
+MAX_LABELLED = 8  # more lines than this: no legend entry per line
+EXCERPT_S = 600.0  # the power-over-time panel shows this much of each trace
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_caps(result: CapsResult, path: Path) -> None:
+    """Throughput per provisioned W (relative to the max cap) against the cap, per GPU."""
+    plt = _pyplot()
+    gpus = sorted(result.curves["gpu"].unique())
+    fig, axes = plt.subplots(
+        1, len(gpus), figsize=(5 * len(gpus), 4), squeeze=False, constrained_layout=True
+    )
+    best = result.per_workload.set_index(["gpu", "workload"])
+    for ax, gpu in zip(axes[0], gpus, strict=True):
+        curves = result.curves[result.curves["gpu"] == gpu]
+        names = sorted(curves["workload"].unique())
+        for name in names:
+            c = curves[curves["workload"] == name]
+            row = best.loc[(gpu, name)]
+            ref = row["thr_per_mw_max_cap"]
+            label = name if len(names) <= MAX_LABELLED else None
+            (line,) = ax.plot(c["cap_w"], c["thr_per_mw"] / ref, lw=0.8, alpha=0.5, label=label)
+            ax.plot(row["cap_w"], row["thr_per_mw"] / ref, "o", ms=3, color=line.get_color())
+        mc = result.mix_curves[result.mix_curves["gpu"] == gpu]
+        if len(mc):
+            ref = mc["thr_per_mw"].iat[-1]
+            ax.plot(mc["cap_w"], mc["thr_per_mw"] / ref, "k-", lw=2.5, label="mix")
+            m = result.mix[result.mix["gpu"] == gpu].iloc[0]
+            ax.plot(m["cap_w"], m["thr_per_mw"] / ref, "k*", ms=14, label=f"mix: {m['cap_w']:g} W")
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set_title(f"{gpu} ({len(names)} workloads), overhead {result.overhead_w:g} W")
+        ax.set_xlabel("power cap, W")
+        ax.set_ylabel("throughput per provisioned W / same at max cap")
+        ax.legend(fontsize=7)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def plot_power_distributions(
+    table: pd.DataFrame, traces: dict[str, Trace], path: Path, excerpt_s: float = EXCERPT_S
+) -> None:
+    """Left: per workload, the distribution (CDF) of per-GPU power samples. Right: each
+    workload's job trace (mean per-GPU power, what sizing scales by a job's GPUs) over
+    its first ``excerpt_s`` seconds: the synchronised swings a job's GPUs make together."""
+    plt = _pyplot()
+    fig, (cdf, over_time) = plt.subplots(1, 2, figsize=(12, 4.2), constrained_layout=True)
+    names = sorted(table["workload"].unique())
+    for name in names:
+        power = np.sort(table.loc[table["workload"] == name, "power_w"].to_numpy(dtype=float))
+        share = np.arange(1, len(power) + 1) / len(power)
+        label = name if len(names) <= MAX_LABELLED else None
+        (line,) = cdf.plot(power, share, lw=1.2, label=label)
+        trace = traces.get(name)
+        if trace is not None:
+            n = max(1, min(len(trace.power_w), int(excerpt_s / trace.step_s)))
+            t = np.arange(n) * trace.step_s
+            over_time.plot(t, trace.power_w[:n], lw=1.0, color=line.get_color(), label=label)
+    cdf.set_xlabel("GPU power, W")
+    cdf.set_ylabel("share of samples at or below")
+    cdf.set_title(f"per-GPU power, {len(names)} workloads")
+    cdf.grid(alpha=0.3)
+    over_time.set_xlabel("seconds from the profile's start")
+    over_time.set_ylabel("mean GPU power of the job, W")
+    over_time.set_title("job traces (all GPUs of a job together)")
+    over_time.grid(alpha=0.3)
+    if len(names) <= MAX_LABELLED:
+        cdf.legend(fontsize=7)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def plot_budget_vs_demand(nodes: pd.DataFrame, path: Path) -> None:
+    """One panel per level (site, rows, racks): limit, budget and demand per tree node.
+
+    ``nodes`` has ``name``, ``level``, ``limit_w``, ``budget_w`` and
+    ``demand_p50_w``, ``demand_q_w`` (the sized quantile). Nodes are ordered
+    by demand_q / budget, tightest on the right, so a level's worst case is
+    where the eye ends.
+    """
+    plt = _pyplot()
+    levels = [lv for lv in ("site", "row", "rack") if (nodes["level"] == lv).any()]
+    fig, axes = plt.subplots(
+        1, len(levels), figsize=(5 * len(levels), 4.2), squeeze=False, constrained_layout=True
+    )
+    for ax, level in zip(axes[0], levels, strict=True):
+        lv = nodes[nodes["level"] == level]
+        lv = lv.assign(tight=lv["demand_q_w"] / lv["budget_w"]).sort_values("tight")
+        x = np.arange(len(lv))
+        kw = 1e-3 if lv["limit_w"].max() < 2e6 else 1e-6
+        unit = "kW" if kw == 1e-3 else "MW"
+        few = len(lv) <= 40  # few nodes: one marker each, no lines between unrelated nodes
+        series = (
+            ("limit_w", "limit", "black", "_", 1.5),
+            ("budget_w", "budget", "tab:blue", "s", 1.5),
+            ("demand_q_w", "demand, quantile", "tab:red", "v", 1.2),
+            ("demand_p50_w", "demand, median", "tab:orange", "o", 1.0),
+        )
+        for column, label, color, marker, lw in series:
+            if few:
+                ax.plot(
+                    x, lv[column] * kw, ls="none", marker=marker, ms=8, color=color, label=label
+                )
+            else:
+                ax.plot(x, lv[column] * kw, lw=lw, color=color, label=label)
+        if few:
+            ax.set_xticks(x, lv["name"], rotation=60, ha="right", fontsize=7)
+        else:
+            ax.set_xlabel(f"{len(lv)} {level}s, by demand / budget")
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+        ax.set_title(level)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def plot_capping(levels: pd.DataFrame, path: Path) -> None:
+    """From a whatif replay (its ``levels`` table): per level, how often its nodes capped
+    (mean and worst node) and the deepest cut a node of the level made."""
+    plt = _pyplot()
+    fig, (share, depth) = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    names = levels["level"].astype(str).tolist()
+    x = np.arange(len(names))
+    share.bar(x - 0.2, levels["capping_share_mean"] * 100, 0.4, label="mean node", color="tab:red")
+    share.bar(x + 0.2, levels["capping_share_max"] * 100, 0.4, label="worst node", color="darkred")
+    share.set_xticks(x, names)
+    share.set_ylabel("% of steps capping")
+    share.set_title("how often capping bites")
+    share.legend(fontsize=7)
+    depth.bar(x, levels["cut_max_w"] * 1e-3, color="tab:purple")
+    depth.set_xticks(x, names)
+    depth.set_ylabel("kW, largest cut one node made")
+    depth.set_title("how deep")
+    for ax in (share, depth):
+        ax.grid(alpha=0.3, axis="y")
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)

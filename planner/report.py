@@ -1,0 +1,313 @@
+"""What ``powerplan report`` says: the numbers of size, whatif and caps, as one document.
+
+Nothing here is a new method: the demand of every site, row and rack comes
+from :func:`planner.sizing.size` (run twice, at the median and at the sizing
+quantile, same seed and so the same Monte Carlo draws), how often capping
+bites from :func:`planner.whatif.replay` at the budgets of the file, and the
+cap curves from :func:`planner.caps.recommend`. This module puts them side by
+side against the budgets file under review and says, in words, where demand
+crosses a budget or a limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from planner.mix import Placement
+from planner.report_doc import Document
+from planner.sizing import SizingSettings, Trace, size
+from planner.whatif import SpeedModel, WhatifResult, WhatifSettings, replay
+from policies.tree import SERVER
+from powerd.topology import Topology
+
+MAX_TABLE_ROWS = 40  # longer tables show the tightest rows and say how many are left out
+PLOTS = {
+    "power": "power_distributions.png",
+    "budgets": "budget_vs_demand.png",
+    "capping": "capping.png",
+    "caps": "cap_curves.png",
+}
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    quantile: float = 0.999
+    samples: int = 100_000
+    seed: int = 0
+    whatif_s: float = 600.0  # 0: no replay
+    overhead_w: float = 150.0  # for the cap curves
+
+
+@dataclass
+class Report:
+    document: Document
+    figures: dict[str, Callable[[Path], None]]  # file name -> draws it there
+    nodes: pd.DataFrame  # site, rows, racks: limit, budget, demand
+    whatif: WhatifResult | None
+
+
+def budget_vs_demand(
+    top: Topology,
+    placement: Placement,
+    traces: dict[str, Trace],
+    settings: ReportSettings,
+) -> pd.DataFrame:
+    """Per site, row and rack: the file's limit and budget against the sized demand.
+
+    ``demand_p50_w`` and ``demand_q_w`` are the median and the ``quantile`` of
+    the node's demand (GPU and non-GPU power, the file's overheads), from the
+    same draws; ``sized_budget_w`` is what ``powerplan size`` would set;
+    ``demand_q_to_budget`` > 1 means the node caps more often than 1 - quantile.
+    """
+    runs = {}
+    for name, q in (("p50", 0.5), ("q", settings.quantile)):
+        runs[name] = size(
+            top,
+            placement,
+            traces,
+            settings=SizingSettings(quantile=q, samples=settings.samples, seed=settings.seed),
+        ).table
+    high = runs["q"]
+    view = np.arange(top.level_start[SERVER])
+    budget_w = np.asarray(top.budget_w, dtype=float)[view]
+    threshold_w = budget_w * np.asarray(top.cap_threshold, dtype=float)[view]
+    return pd.DataFrame(
+        {
+            "name": high["name"],
+            "level": high["level"],
+            "gpus": high["gpus"],
+            "jobs": high["jobs"],
+            "limit_w": high["limit_w"],
+            "budget_w": budget_w,
+            "demand_p50_w": runs["p50"]["demand_q_w"],
+            "demand_q_w": high["demand_q_w"],
+            "demand_q_to_budget": high["demand_q_w"] / budget_w,
+            "demand_q_above_threshold": high["demand_q_w"] > threshold_w,
+            "headroom_to_limit_w": high["limit_w"] - high["demand_q_w"],
+            "sized_budget_w": high["budget_w"],
+            "tail_model": high["tail_model"],
+            "n_eff": high["n_eff"],
+        }
+    )
+
+
+def _tightest(frame: pd.DataFrame, by: str, n: int = MAX_TABLE_ROWS) -> tuple[pd.DataFrame, int]:
+    if len(frame) <= n:
+        return frame, 0
+    return frame.sort_values(by, ascending=False).head(n), len(frame) - n
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.3g} %"
+
+
+def _kw(watts: float) -> str:
+    return f"{watts / 1e6:,.3f} MW" if abs(watts) >= 1e6 else f"{watts / 1e3:,.1f} kW"
+
+
+def _failsafe(top: Topology) -> pd.DataFrame:
+    servers = pd.DataFrame(
+        {
+            "model": list(top.server_model),
+            "gpus": top.server_gpu_count,
+            "failsafe_cap_w": top.server_failsafe_cap_w,
+        }
+    )
+    return (
+        servers.groupby("model", sort=True)
+        .agg(
+            gpus=("gpus", "sum"),
+            failsafe_cap_min_w=("failsafe_cap_w", "min"),
+            failsafe_cap_max_w=("failsafe_cap_w", "max"),
+        )
+        .reset_index()
+    )
+
+
+def _summary(
+    nodes: pd.DataFrame, q: float, whatif: WhatifResult | None, caps_mix: pd.DataFrame | None
+) -> list[str]:
+    qname = f"p{q * 100:g}"
+    site = nodes.iloc[0]
+    items = [
+        f"Site {site['name']}: limit {_kw(site['limit_w'])}, budget {_kw(site['budget_w'])};"
+        f" demand median {_kw(site['demand_p50_w'])}, {qname} {_kw(site['demand_q_w'])}"
+        f" ({site['demand_q_to_budget']:.0%} of the budget). `powerplan size` would set"
+        f" {_kw(site['sized_budget_w'])}."
+    ]
+    for level in ("row", "rack"):
+        lv = nodes[nodes["level"] == level]
+        if lv.empty:
+            continue
+        over_threshold = int(lv["demand_q_above_threshold"].sum())
+        over_limit = int((lv["headroom_to_limit_w"] < 0).sum())
+        items.append(
+            f"{len(lv)} {level}s: {over_threshold} with {qname} demand above the capping"
+            f" threshold of their budget, {over_limit} above their limit; tightest"
+            f" {lv.loc[lv['demand_q_to_budget'].idxmax(), 'name']} at"
+            f" {lv['demand_q_to_budget'].max():.0%} of its budget."
+        )
+    if whatif is not None:
+        levels = whatif.levels.set_index("level")
+        bites = ", ".join(
+            f"{lv} {_pct(levels.loc[lv, 'capping_share_mean'])}"
+            for lv in ("site", "row", "rack")
+            if lv in levels.index
+        )
+        above = levels["s_above_limit_total"].sum() if "s_above_limit_total" in levels else 0.0
+        items.append(
+            f"Replayed {whatif.info['duration_s']:g} s through the controller's policy: steps"
+            f" capping (mean node) {bites}; throughput lost site-wide"
+            f" {_pct(float(whatif.info['throughput_lost_site']))}; node-seconds above a limit"
+            f" {above:g}."
+        )
+    if caps_mix is not None and len(caps_mix):
+        for row in caps_mix.itertuples(index=False):
+            items.append(
+                f"{row.gpu}: cap {row.cap_w:g} W of {row.max_cap_w:g} W gives"
+                f" {row.gain_pct:+.1f} % throughput per MW for the sweep's workload mix."
+            )
+    return items
+
+
+def build(
+    *,
+    top: Topology,
+    placement: Placement,
+    traces: dict[str, Trace],
+    profiles: pd.DataFrame,
+    sources: dict[str, str],
+    settings: ReportSettings,
+    speed: SpeedModel | None = None,
+    sweep: pd.DataFrame | None = None,
+) -> Report:
+    """Every number and plot of the report; ``sources`` names the inputs (shown as given)."""
+    from planner import plots
+    from planner.caps import recommend
+    from planner.profiles import summarise
+
+    q = settings.quantile
+    qname = f"p{q * 100:g}"
+    doc = Document("Power plan report")
+    figures: dict[str, Callable[[Path], None]] = {}
+    nodes = budget_vs_demand(top, placement, traces, settings)
+    whatif = None
+    if settings.whatif_s > 0:
+        whatif = replay(
+            top,
+            placement,
+            traces,
+            WhatifSettings(duration_s=settings.whatif_s, seed=settings.seed),
+            speed,
+        )
+    caps = recommend(sweep, settings.overhead_w) if sweep is not None else None
+
+    doc.paragraph(
+        " ".join(f"{key}: {value}." for key, value in sources.items())
+        + f" Demand quantile {qname}, {settings.samples:,} Monte Carlo samples per node,"
+        f" seed {settings.seed}. Method: docs/PLANNER.md."
+    )
+    doc.heading("Summary")
+    doc.bullets(_summary(nodes, q, whatif, caps.mix if caps is not None else None))
+
+    doc.heading("Workloads")
+    doc.paragraph(
+        "Per-GPU power of each profiled workload, and the job's aggregate (all its GPUs,"
+        " which rise and fall together): peak_to_mean is the aggregate's p99 over its mean;"
+        " swings counts steps where the aggregate moves by more than a tenth of its mean."
+    )
+    summary = summarise(profiles)
+    keep = [
+        c
+        for c in summary.columns
+        if c in ("workload", "gpus", "duration_s", "mean_w", "p50_w", "p99_w", "max_w")
+        or c in ("peak_to_mean", "swings", "max_swing_w_per_s")
+        or c.startswith("share_")
+    ]
+    doc.table(summary[keep])
+    figures[PLOTS["power"]] = lambda path: plots.plot_power_distributions(profiles, traces, path)
+    doc.image(PLOTS["power"], "per-GPU power distributions and job traces")
+
+    doc.heading("Budgets against demand")
+    doc.paragraph(
+        f"The budgets file's limit and budget per site, row and rack against the demand of"
+        f" its placed jobs (median and {qname}, GPU and non-GPU power). A demand_q_to_budget"
+        f" above the capping threshold means the controller caps that node more often than"
+        f" {_pct(1 - q)} of the time; headroom_to_limit_w below 0 means even the sized"
+        f" quantile is above the breaker and only capping keeps it in."
+    )
+    shown = [
+        "name",
+        "gpus",
+        "jobs",
+        "limit_w",
+        "budget_w",
+        "demand_p50_w",
+        "demand_q_w",
+        "demand_q_to_budget",
+        "headroom_to_limit_w",
+        "sized_budget_w",
+        "tail_model",
+        "n_eff",
+    ]
+    for level, title in (("site", "site"), ("row", "rows"), ("rack", "racks")):
+        lv = nodes[nodes["level"] == level]
+        if lv.empty:
+            continue
+        part, left = _tightest(lv, "demand_q_to_budget")
+        caption = title + (f": the {len(part)} tightest, {left} more not shown" if left else "")
+        doc.table(part[shown], caption)
+    figures[PLOTS["budgets"]] = lambda path: plots.plot_budget_vs_demand(nodes, path)
+    doc.image(PLOTS["budgets"], "limit, budget and demand per site, row and rack")
+    doc.paragraph("Failsafe caps in the file (what agents apply alone):")
+    doc.table(_failsafe(top))
+
+    if whatif is not None:
+        doc.heading("How often capping bites")
+        doc.paragraph(
+            f"The placed jobs' profiles replayed for {whatif.info['duration_s']:g} s"
+            f" (step {whatif.info['step_s']:g} s) through policies.decide, the controller's"
+            " own function, at the file's budgets; a synchronous job runs at its slowest"
+            " GPU's pace."
+        )
+        doc.table(whatif.levels, "per level (node = server)")
+        jobs, left = _tightest(whatif.jobs, "throughput_lost")
+        doc.table(jobs, "jobs" + (f": the {len(jobs)} that lost most, {left} more" if left else ""))
+        figures[PLOTS["capping"]] = lambda path: plots.plot_capping(whatif.levels, path)
+        doc.image(PLOTS["capping"], "share of steps capping and deepest cut per level")
+
+    if caps is not None:
+        doc.heading("Cap curves")
+        doc.paragraph(
+            f"Throughput per provisioned watt against the GPU power cap, each GPU provisioned"
+            f" at its cap plus {settings.overhead_w:g} W that does not scale with it; the"
+            " recommended cap is the measured cap with the most throughput per MW."
+        )
+        if caps.warnings:
+            doc.bullets(caps.warnings)
+        doc.table(caps.mix, "per GPU, its sweep's workloads weighted equally")
+        per, left = _tightest(caps.per_workload, "gain_pct")
+        cols = ["gpu", "workload", "cap_w", "max_cap_w", "speed_vs_max", "gain_pct"]
+        doc.table(per[cols], "per workload" + (f": the {len(per)} largest gains" if left else ""))
+        figures[PLOTS["caps"]] = lambda path: plots.plot_caps(caps, path)
+        doc.image(PLOTS["caps"], "throughput per provisioned W against the cap")
+
+    doc.heading("Method and limits")
+    doc.bullets(
+        [
+            "A job's GPUs are one correlated load (its profile's mean per-GPU trace times its"
+            " GPUs); jobs run from independent random offsets, the only source of diversity.",
+            f"Demand quantiles are empirical where at least 10 distinct samples lie above"
+            f" them, else a generalised Pareto tail (tail_model); n_eff is the number of"
+            f" distinct samples, so a rack inside one job resolves no finer than 1/n_eff"
+            f" (here {int(nodes['n_eff'].min()):,} at the least).",
+            "Profiles wrap around: a profile shorter than a job's life repeats; phases a"
+            " profile never saw (a start, a checkpoint) are not in the demand.",
+        ]
+    )
+    return Report(doc, figures, nodes, whatif)
