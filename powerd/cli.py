@@ -283,12 +283,21 @@ def controller(
 @click.option(
     "--live/--no-live", default=None, help="Live view [default: when the output is a terminal]."
 )
+@click.option(
+    "--record",
+    metavar="FILE|URL",
+    default=None,
+    help="Also record the controller's telemetry, as `powerd controller` does: a .lp file,"
+    " influx+http://HOST:8086?org=ORG&bucket=BUCKET (v2 API) or"
+    " influx1+http://HOST:8086?db=DB (InfluxDB 1.x); see grafana/README.md.",
+)
 def demo(
     duration_s: float,
     summary_json: Path | None,
     plot_path: Path,
     budgets_path: Path | None,
     live: bool | None,
+    record: str | None,
 ) -> None:
     """The whole loop on this machine, no servers: broker, controller, agents, jobs.
 
@@ -322,7 +331,7 @@ def demo(
     if not console.is_terminal:  # a log or a pipe: no reason to wrap at 80 columns
         console = Console(width=110)
     live = console.is_terminal if live is None else live
-    options = DemoOptions(duration_s=duration_s, budgets=budgets_path)
+    options = DemoOptions(duration_s=duration_s, budgets=budgets_path, record=record)
     console.print(
         f"powerd demo: {duration_s:g} s on {budgets_path or 'powerd/data/budgets/demo.toml'}, "
         "embedded broker, controller, one agent per node, two training jobs",
@@ -367,9 +376,22 @@ def demo(
             "sample_s": options.sample_s,
         }
         report["plot"] = str(written.resolve())
+        if run.recorded is not None:
+            report["recorded"] = run.recorded
         summary_json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     console.print()
     print_summary(console, summary, str(written.resolve()))
+    if run.recorded is not None:
+        r = run.recorded
+        console.print(
+            f"telemetry: {r['written']:,} points recorded to {record}"
+            + (
+                f", {r['dropped']:,} dropped ({r['write_errors']} write errors)"
+                if r["dropped"]
+                else ""
+            ),
+            highlight=False,
+        )
     if summary.limit_violated:
         for v in summary.limit_violations:
             console.print(
@@ -380,6 +402,38 @@ def demo(
             )
         sys.exit(summary.exit_code)
     console.print("[green]ok[/]: no rack, row, node or the site went over its limit")
+
+
+@main.command()
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("grafana/dashboards"),
+    show_default=True,
+    help="Directory to write the dashboard JSON files to.",
+)
+@click.option(
+    "--check", is_flag=True, help="Write nothing; exit 1 if a file differs from what is built."
+)
+def dashboards(out_dir: Path, check: bool) -> None:
+    """Build the Grafana dashboards from the telemetry schema (grafana/README.md).
+
+    Every measurement, field and tag the dashboards query comes from
+    powerd/telemetry_schema.py, so the dashboards and the writer cannot drift
+    apart; edit powerd/grafana/dashboards.py, not the JSON.
+    """
+    from powerd.grafana.dashboards import stale, write_all
+
+    if check:
+        differ = stale(out_dir)
+        if differ:
+            click.echo(f"out of date in {out_dir}: {', '.join(differ)} (run powerd dashboards)")
+            sys.exit(1)
+        click.echo(f"{out_dir}: up to date")
+        return
+    for path in write_all(out_dir):
+        click.echo(f"wrote {path}")
 
 
 @main.command()

@@ -1,4 +1,4 @@
-"""Where the controller's points go: InfluxDB (v2 write API), or a local line-protocol file.
+"""Where the controller's points go: InfluxDB (v2 or 1.x write API), or a local line-protocol file.
 
 Every recorder takes lines of line protocol (built by ``powerd.telemetry_schema``)
 through one interface::
@@ -178,10 +178,6 @@ class InfluxRecorder(Recorder):
             raise ValueError("max_buffer_points must be at least batch_size")
         if not flush_interval_s > 0 or not timeout_s > 0:
             raise ValueError("flush_interval_s and timeout_s must be positive")
-        # imported here: the file recorder (the demo) does not need it
-        from influxdb_client import InfluxDBClient, WritePrecision
-        from influxdb_client.client.write_api import SYNCHRONOUS
-
         self.url = url
         self.org = org
         self.bucket = bucket
@@ -191,17 +187,7 @@ class InfluxRecorder(Recorder):
         self.close_timeout_s = close_timeout_s
         self.rejected = 0  # points the server refused as invalid (also in `dropped`)
         self._clock = clock
-        self._client = InfluxDBClient(
-            url=url,
-            token=token or "",
-            org=org,
-            timeout=int(timeout_s * 1000),
-            enable_gzip=gzip,
-            # no urllib3 retries: a failed batch goes back to our buffer and our backoff
-            retries=False,
-        )
-        self._write_api = self._client.write_api(write_options=SYNCHRONOUS)
-        self._precision = WritePrecision.NS
+        self._connect(token, timeout_s, gzip)
         self._backoff = Backoff(retry_min_s, max(retry_min_s, retry_max_s))
         self._buffer: collections.deque[str] = collections.deque()
         self._head = 0  # sequence number of _buffer[0]; a line's number never changes
@@ -226,6 +212,26 @@ class InfluxRecorder(Recorder):
 
     def __repr__(self) -> str:
         return f"InfluxRecorder({self.url!r}, org={self.org!r}, bucket={self.bucket!r})"
+
+    def _connect(self, token: str | None, timeout_s: float, gzip: bool) -> None:
+        # imported here: the file recorder (the demo) does not need it
+        from influxdb_client import InfluxDBClient, WritePrecision
+        from influxdb_client.client.write_api import SYNCHRONOUS
+
+        self._client = InfluxDBClient(
+            url=self.url,
+            token=token or "",
+            org=self.org,
+            timeout=int(timeout_s * 1000),
+            enable_gzip=gzip,
+            # no urllib3 retries: a failed batch goes back to our buffer and our backoff
+            retries=False,
+        )
+        self._write_api = self._client.write_api(write_options=SYNCHRONOUS)
+        self._precision = WritePrecision.NS
+
+    def _close_client(self) -> None:
+        self._client.close()
 
     # --- caller side ----------------------------------------------------------------
 
@@ -314,7 +320,7 @@ class InfluxRecorder(Recorder):
             self._closed = True
             self._cond.notify_all()
         try:
-            self._client.close()
+            self._close_client()
         except Exception:
             log.debug("closing the InfluxDB client", exc_info=True)
 
@@ -372,19 +378,7 @@ class InfluxRecorder(Recorder):
             )
             return "ok", None
         except Exception as exc:
-            status = getattr(exc, "status", None)
-            if status in (400, 422):
-                return "rejected", exc
-            if status == 413:
-                return "too_large", exc
-            retry_after = None
-            headers = getattr(exc, "headers", None)
-            if status in (429, 503) and headers is not None:
-                try:
-                    retry_after = float(headers.get("Retry-After"))
-                except (TypeError, ValueError):
-                    retry_after = None
-            return "failed", (exc, retry_after)
+            return _outcome(exc)
 
     def _settle(self, start: int, lines: list[str], outcome: str, detail: Any) -> None:
         end = start + len(lines)
@@ -447,6 +441,100 @@ class InfluxRecorder(Recorder):
                     _describe(exc),
                     len(self._buffer),
                 )
+
+
+def _outcome(exc: BaseException) -> tuple[str, Any]:
+    """A failed write as (outcome, detail) for ``_settle``, from its HTTP status if it has one."""
+    status = getattr(exc, "status", None)
+    if status in (400, 422):
+        return "rejected", exc
+    if status == 413:
+        return "too_large", exc
+    retry_after = None
+    headers = getattr(exc, "headers", None)
+    if status in (429, 503) and headers is not None:
+        try:
+            retry_after = float(headers.get("Retry-After"))
+        except (TypeError, ValueError):
+            retry_after = None
+    return "failed", (exc, retry_after)
+
+
+class HttpStatusError(Exception):
+    """An error status from the server, shaped like influxdb-client's exceptions."""
+
+    def __init__(self, status: int, body: str, headers: Any) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}")
+        self.status = status
+        self.body = body
+        self.headers = headers
+
+
+class Influx1Recorder(InfluxRecorder):
+    """Writes to InfluxDB 1.x's ``/write?db=DB[&rp=RP]``: 1.6 and 1.7 (Debian's ``influxdb``)
+    have no v2 write API. Buffering, batching, retries and drops are ``InfluxRecorder``'s.
+
+    ``token`` ``user:password`` is sent as HTTP basic auth; none when auth is off.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        database: str,
+        retention_policy: str | None = None,
+        **options: Any,
+    ) -> None:
+        self.database = database
+        self.retention_policy = retention_policy or None
+        bucket = database + (f"/{retention_policy}" if retention_policy else "")
+        super().__init__(url, token, "", bucket, **options)
+
+    def __repr__(self) -> str:
+        return f"Influx1Recorder({self.url!r}, db={self.bucket!r})"
+
+    def _connect(self, token: str | None, timeout_s: float, gzip: bool) -> None:
+        import base64
+        from urllib.parse import urlencode
+
+        query = {"db": self.database, "precision": "ns"}
+        if self.retention_policy:
+            query["rp"] = self.retention_policy
+        self._write_url = f"{self.url}/write?{urlencode(query)}"
+        self._timeout_s = timeout_s
+        self._gzip = gzip
+        self._headers = {"Content-Type": "text/plain; charset=utf-8"}
+        if gzip:
+            self._headers["Content-Encoding"] = "gzip"
+        if token:
+            if ":" not in token:
+                raise ValueError("an InfluxDB 1.x token is user:password")
+            basic = base64.b64encode(token.encode()).decode()
+            self._headers["Authorization"] = f"Basic {basic}"
+
+    def _close_client(self) -> None:
+        pass
+
+    def _send(self, lines: list[str]) -> tuple[str, Any]:
+        import gzip
+        import urllib.error
+        import urllib.request
+
+        body = "\n".join(lines).encode("utf-8")
+        if self._gzip:
+            body = gzip.compress(body)
+        request = urllib.request.Request(
+            self._write_url, data=body, headers=self._headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout_s) as reply:
+                reply.read()
+            return "ok", None
+        except urllib.error.HTTPError as exc:
+            text = exc.read().decode("utf-8", "replace")
+            return _outcome(HttpStatusError(exc.code, text, exc.headers))
+        except Exception as exc:
+            return _outcome(exc)
 
 
 def _describe(exc: BaseException) -> str:
@@ -557,7 +645,14 @@ class FileRecorder(Recorder):
 
 # --- configuration -------------------------------------------------------------------
 
-_INFLUX_SCHEMES = {"influx+http": "http", "influx+https": "https", "http": "http", "https": "https"}
+_INFLUX_SCHEMES = {
+    "influx+http": "http",
+    "influx+https": "https",
+    "http": "http",
+    "https": "https",
+    "influx1+http": "http",
+    "influx1+https": "https",
+}
 _INFLUX_OPTIONS: dict[str, Callable[[str], Any]] = {
     "batch_size": int,
     "flush_interval_s": float,
@@ -598,6 +693,9 @@ def open_recorder(
       The token is never part of the URL (it would end up in logs): ``token``,
       else the first line of ``token_file``, else ``$INFLUX_TOKEN``, else none
       (VictoriaMetrics needs none; InfluxDB 1.8 takes ``user:password``).
+    - ``influx1+http://HOST:PORT?db=DB[&rp=POLICY]`` (or ``influx1+https://``): InfluxDB
+      1.x's ``/write`` (1.6 and 1.7 have no v2 API); the token, if any, is ``user:password``.
+      Same options as above.
     - ``file:///path/x.lp`` or a plain path: ``FileRecorder`` (the directory must exist).
     - ``None`` or empty: ``FileRecorder`` at ``default_file_path()``, its directory created.
 
@@ -619,7 +717,8 @@ def open_recorder(
         return FileRecorder(Path(parts.path), **options)
     if scheme not in _INFLUX_SCHEMES:
         raise ValueError(
-            f"recorder url {text!r}: scheme must be influx+http, influx+https, http, https or file"
+            f"recorder url {text!r}: scheme must be influx+http(s), http(s), influx1+http(s)"
+            " or file"
         )
     if not parts.hostname:
         raise ValueError(f"recorder url {text!r} has no host")
@@ -636,16 +735,26 @@ def open_recorder(
         raise ValueError(
             "recorder url: do not put the token in the URL; use token_file or $" + TOKEN_ENV
         )
-    org, bucket = query.pop("org", ""), query.pop("bucket", "")
-    if not org or not bucket:
-        raise ValueError(
-            f"recorder url {text!r} needs org and bucket: influx+http://host:8086?org=ORG&bucket=BUCKET"
-        )
+    v1 = scheme.startswith("influx1+")
+    if v1:
+        database, policy = query.pop("db", ""), query.pop("rp", "")
+        if not database or "org" in query or "bucket" in query:
+            raise ValueError(
+                f"recorder url {text!r}: InfluxDB 1.x takes db (and rp), not org and bucket:"
+                " influx1+http://host:8086?db=powerd"
+            )
+    else:
+        org, bucket = query.pop("org", ""), query.pop("bucket", "")
+        if not org or not bucket:
+            raise ValueError(
+                f"recorder url {text!r} needs org and bucket:"
+                " influx+http://host:8086?org=ORG&bucket=BUCKET"
+            )
     kwargs: dict[str, Any] = {}
     for key, value in query.items():
         convert = _INFLUX_OPTIONS.get(key)
         if convert is None:
-            known = ", ".join(["org", "bucket", *_INFLUX_OPTIONS])
+            known = ", ".join([*(("db", "rp") if v1 else ("org", "bucket")), *_INFLUX_OPTIONS])
             raise ValueError(f"recorder url: unknown option {key!r} (known: {known})")
         try:
             kwargs[key] = convert(value)
@@ -662,6 +771,8 @@ def open_recorder(
         token = os.environ.get(TOKEN_ENV)
     base = urlunsplit((_INFLUX_SCHEMES[scheme], parts.netloc, parts.path.rstrip("/"), "", ""))
     try:
+        if v1:
+            return Influx1Recorder(base, token, database, policy or None, **kwargs)
         return InfluxRecorder(base, token, org, bucket, **kwargs)
     except TypeError as exc:
         raise ValueError(f"recorder: {exc}") from None

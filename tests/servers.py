@@ -12,7 +12,8 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -98,3 +99,13 @@ def port_open(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+@contextmanager
+def running(server: ServerProcess) -> Iterator[ServerProcess]:
+    """``server`` started for the ``with`` block, stopped after it whatever happens."""
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

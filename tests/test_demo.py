@@ -25,6 +25,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
             sys.executable,
             *("-m", "powerd", "demo", "--duration", "20", "--no-live"),
             *("--summary-json", str(where / "summary.json"), "--plot", str(where / "power.png")),
+            *("--record", str(where / "telemetry.lp")),
         ],
         capture_output=True,
         text=True,
@@ -70,6 +71,32 @@ def test_demo_summary_shows_capping_within_limits(demo_run):
     assert 0 < s["peak_site_cap_ramp_up_w_per_s"] <= 1.5 * s["site_ramp_limit_w_per_s"]
     assert s["duration_s"] == 20 and s["wall_s"] < 40
     assert s["samples"] > 150 and s["cycles"] > 30
+
+
+def test_demo_records_what_the_controller_records(demo_run):
+    """--record: the controller's points, every measurement, each line valid line protocol."""
+    from powerd.telemetry_schema import MEASUREMENTS, iter_lines
+
+    result, where = demo_run
+    assert result.returncode == 0, result.stderr
+    points = list(iter_lines((where / "telemetry.lp").read_text()))
+    summary = json.loads((where / "summary.json").read_text())
+    assert summary["recorded"] == {
+        "written": len(points),
+        "buffered": 0,
+        "dropped": 0,
+        "write_errors": 0,
+    }
+    assert {p.measurement for p in points} == {m.name for m in MEASUREMENTS}
+    assert {p.tags["cluster"] for p in points} == {"demo"}
+    assert f"{len(points):,} points recorded to" in result.stdout
+
+
+def test_demo_refuses_a_bad_record_url():
+    result = CliRunner().invoke(
+        main, ["demo", "--duration", "20", "--no-live", "--record", "influx1+http://h:1?org=x"]
+    )
+    assert result.exit_code == 1 and "takes db" in result.output
 
 
 @pytest.mark.parametrize("duration", ["1", "19.5", "4000"])

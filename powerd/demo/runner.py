@@ -47,6 +47,7 @@ from powerd.embedded_broker import EmbeddedBroker
 from powerd.gpu.simulated import SimulatedGpu, open_simulated
 from powerd.jobhook import PhaseReporter
 from powerd.mqtt_url import parse_broker_url
+from powerd.recorder import open_recorder
 from powerd.topology import Topology, load_budgets
 
 DEFAULT_DURATION_S = 40.0
@@ -71,6 +72,8 @@ class DemoOptions:
     sample_s: float = 0.1
     failsafe_after_s: float = 5.0
     seed: int = 0
+    # also record the controller's points: a .lp path or a recorder URL (powerd.recorder)
+    record: str | None = None
 
 
 @dataclass
@@ -82,6 +85,7 @@ class DemoRun:
     summary: Summary
     setup_s: float  # broker, agents and controller up, before the jobs' clock started
     wall_s: float  # the whole run, setup and teardown included
+    recorded: dict[str, int] | None = None  # the recorder's counters, with options.record
 
 
 @dataclass
@@ -229,7 +233,8 @@ async def run_demo(
     await broker.__aenter__()
     try:
         agents = _agents(topology, gpus_by_node, broker.url, options)
-        service = build_service(_controller_config(broker.url, options), topology)
+        recorder = open_recorder(options.record) if options.record else None
+        service = build_service(_controller_config(broker.url, options), topology, recorder)
         tasks += [asyncio.create_task(a.run(stop), name=a.config.node) for a in agents]
         tasks.append(asyncio.create_task(service.run(stop), name="controller"))
         await _wait_ready(agents, service, tasks)
@@ -269,7 +274,8 @@ async def run_demo(
     cycles.acked += service.core.counters.acks_received
     cycles.pending_at_end = len(service.core.pending)
     trace = _trace(topology, sampler, cycles, jobs, options)
-    return DemoRun(topology, trace, summarize(trace), setup_s, time.monotonic() - wall0)
+    recorded = None if service.recorder is None else service.recorder.stats()
+    return DemoRun(topology, trace, summarize(trace), setup_s, time.monotonic() - wall0, recorded)
 
 
 def _agents(

@@ -1,0 +1,1 @@
+"""Grafana dashboards over the telemetry powerd records (``grafana/`` holds the files)."""

@@ -1,0 +1,768 @@
+"""The five powerd dashboards: site, rows and racks, GPUs, jobs and phases, controller health.
+
+``DASHBOARDS`` maps each file name in ``grafana/dashboards/`` to the function
+that builds it; ``powerd dashboards`` writes them, and a test checks the
+committed files are exactly what these functions build.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from powerd.grafana.build import (
+    Panel,
+    Q,
+    annotation,
+    dashboard,
+    datasource_variable,
+    query_variable,
+    row_panel,
+    subquery,
+    tag_values,
+    target,
+)
+from powerd.telemetry_schema import DECISION, GPU, PHASE_EVENT, TREE
+
+W, MW_PER_S = "watt", "suffix:MW/s"
+
+
+def _cluster_variable() -> dict:
+    query = f'SHOW TAG VALUES FROM "{TREE.name}" WITH KEY = "cluster"'
+    return query_variable("cluster", "Cluster", query, multi=False, include_all=False)
+
+
+def _row_variable() -> dict:
+    return query_variable("row", "Row", tag_values(TREE, "name", ("\"level\" = 'row'",)))
+
+
+def _rack_variable() -> dict:
+    where = ("\"level\" = 'rack'", '"row" =~ /^$row$/')
+    return query_variable("rack", "Rack", tag_values(TREE, "name", where))
+
+
+def _level(level: str, *more: str) -> tuple[str, ...]:
+    return (f"{{level}} = '{level}'", *more)
+
+
+def _phase_annotation(where: tuple[str, ...] = ()) -> dict:
+    q = Q(
+        PHASE_EVENT,
+        (("{events}", ""), ("{phase}", ""), ("{job}", "")),
+        where=where,
+        every=False,
+    )
+    return annotation("Phase changes", q.text(), "phase", "job", "#8F3BB8")
+
+
+def _tightest(level: str, over: str) -> str:
+    """Per interval, the highest power / ``over`` among the tree nodes of ``level``."""
+    inner = Q(TREE, ((f"mean({{power_w}}) / mean({{{over}}})", "share"),), _level(level), ("name",))
+    return subquery("max", inner, "share")
+
+
+def site_overview() -> dict:
+    site = _level("site")
+    panels = [
+        row_panel("Site"),
+        Panel(
+            "stat",
+            "Site power",
+            "Measured power of the whole site (GPUs and overheads), last control cycle.",
+            [target(Q(TREE, (("last({power_w})", "power"),), site, every=False), "A")],
+            w=6,
+            h=4,
+            unit=W,
+        ),
+        Panel(
+            "stat",
+            "Site budget",
+            "The power the site is planned for; the controller caps above its capping threshold.",
+            [target(Q(TREE, (("last({budget_w})", "budget"),), site, every=False), "A")],
+            w=6,
+            h=4,
+            unit=W,
+        ),
+        Panel(
+            "stat",
+            "Site limit",
+            "The hard limit: the feed or breaker. Never to be crossed.",
+            [target(Q(TREE, (("last({limit_w})", "limit"),), site, every=False), "A")],
+            w=6,
+            h=4,
+            unit=W,
+        ),
+        Panel(
+            "stat",
+            "Headroom to the limit",
+            "Site limit minus site power, last cycle.",
+            [
+                target(
+                    Q(
+                        TREE,
+                        (("last({limit_w}) - last({power_w})", "headroom"),),
+                        site,
+                        every=False,
+                    ),
+                    "A",
+                )
+            ],
+            w=6,
+            h=4,
+            unit=W,
+        ),
+        Panel(
+            "timeseries",
+            "Site power against budget and limit",
+            "Measured power, the power predicted under the new caps, the capping threshold,"
+            " the budget and the limit of the site.",
+            [
+                target(
+                    Q(
+                        TREE,
+                        (
+                            ("mean({power_w})", "power"),
+                            ("mean({predicted_w})", "predicted"),
+                            ("mean({cap_threshold_w})", "capping threshold"),
+                            ("mean({budget_w})", "budget"),
+                            ("mean({limit_w})", "limit"),
+                        ),
+                        site,
+                    ),
+                    "A",
+                    alias="$col",
+                )
+            ],
+            w=16,
+            unit=W,
+        ),
+        Panel(
+            "timeseries",
+            "Site ramp rate",
+            "How fast the site's power moves (MW/s): measured, and the rate of change of the"
+            " sum of the caps the controller set. Job starts, checkpoints and ends swing it.",
+            [
+                target(
+                    Q(TREE, (("derivative(mean({power_w}), 1s) / 1000000", "measured"),), site),
+                    "A",
+                    alias="$col",
+                ),
+                target(
+                    Q(DECISION, (("mean({site_ramp_w_per_s}) / 1000000", "caps"),)),
+                    "B",
+                    alias="$col",
+                ),
+            ],
+            w=8,
+            unit=MW_PER_S,
+        ),
+        row_panel("Every level"),
+        Panel(
+            "timeseries",
+            "Rows: power / budget",
+            "Each row's power as a share of its budget.",
+            [
+                target(
+                    Q(
+                        TREE,
+                        (("mean({power_w}) / mean({budget_w})", "share"),),
+                        _level("row"),
+                        ("name",),
+                    ),
+                    "A",
+                    alias="$tag_name",
+                )
+            ],
+            unit="percentunit",
+        ),
+        Panel(
+            "timeseries",
+            "Tightest node of each level: power / limit",
+            "Per interval, the highest power / limit among the rows, the racks and the servers:"
+            " 100 % is a breaker at its rating.",
+            [
+                target(_tightest("row", "limit_w"), "A", alias="tightest row"),
+                target(_tightest("rack", "limit_w"), "B", alias="tightest rack"),
+                target(_tightest("node", "limit_w"), "C", alias="tightest server"),
+            ],
+            unit="percentunit",
+        ),
+        row_panel("Capping"),
+        Panel(
+            "timeseries",
+            "Tree nodes capping, by level",
+            "How many sites, rows, racks and servers were capping (above their threshold) at"
+            " some cycle of each interval.",
+            [
+                target(
+                    subquery(
+                        "sum",
+                        Q(TREE, (("max({capping})", "capping"),), group=("name", "level")),
+                        "capping",
+                        ("level",),
+                    ),
+                    "A",
+                    alias="$tag_level",
+                )
+            ],
+            w=8,
+            unit="short",
+        ),
+        Panel(
+            "timeseries",
+            "GPUs capped",
+            "GPUs whose cap is below their maximum after the controller's cycle.",
+            [target(Q(DECISION, (("max({gpus_capped})", "GPUs capped"),)), "A", alias="$col")],
+            w=8,
+            unit="short",
+        ),
+        Panel(
+            "timeseries",
+            "Failsafe, offline and stale nodes",
+            "Nodes in failsafe (holding their failsafe cap on their own), offline (their"
+            " last will), and with stale telemetry (counted at their caps).",
+            [
+                target(
+                    Q(
+                        DECISION,
+                        (
+                            ("max({failsafe_nodes})", "failsafe"),
+                            ("max({offline_nodes})", "offline"),
+                            ("max({stale_nodes})", "stale"),
+                        ),
+                    ),
+                    "A",
+                    alias="$col",
+                )
+            ],
+            w=8,
+            unit="short",
+        ),
+    ]
+    return dashboard(
+        "powerd-site",
+        "powerd: site overview",
+        "The site against its budget and limit at every level, its ramp rate, capping and"
+        " nodes the controller cannot steer.",
+        panels,
+        [datasource_variable(), _cluster_variable()],
+        [_phase_annotation()],
+    )
+
+
+def rows_and_racks() -> dict:
+    rows = _level("row", "{name} =~ /^$row$/")
+    racks = _level("rack", "{name} =~ /^$rack$/")
+    panels = [
+        row_panel("Rows"),
+        Panel(
+            "timeseries",
+            "Rows: power",
+            "Measured power of each selected row.",
+            [
+                target(
+                    Q(TREE, (("mean({power_w})", "power"),), rows, ("name",)),
+                    "A",
+                    alias="$tag_name",
+                )
+            ],
+            unit=W,
+        ),
+        Panel(
+            "timeseries",
+            "Rows: power / budget",
+            "Each selected row's power as a share of its budget; capping starts at the"
+            " capping threshold (a share of the budget, docs/BUDGETS.md).",
+            [
+                target(
+                    Q(TREE, (("mean({power_w}) / mean({budget_w})", "share"),), rows, ("name",)),
+                    "A",
+                    alias="$tag_name",
+                )
+            ],
+            unit="percentunit",
+        ),
+        row_panel("Racks"),
+        Panel(
+            "timeseries",
+            "Racks: power",
+            "Measured power of each selected rack.",
+            [
+                target(
+                    Q(TREE, (("mean({power_w})", "power"),), racks, ("name",)),
+                    "A",
+                    alias="$tag_name",
+                )
+            ],
+            unit=W,
+        ),
+        Panel(
+            "timeseries",
+            "Racks: power / limit",
+            "Each selected rack's power as a share of its limit (the rack breaker).",
+            [
+                target(
+                    Q(TREE, (("mean({power_w}) / mean({limit_w})", "share"),), racks, ("name",)),
+                    "A",
+                    alias="$tag_name",
+                )
+            ],
+            unit="percentunit",
+        ),
+        Panel(
+            "table",
+            "Racks now",
+            "Last cycle's power, budget, limit and share of GPUs capped of each selected rack.",
+            [
+                target(
+                    Q(
+                        TREE,
+                        (
+                            ("last({power_w})", "power_w"),
+                            ("last({budget_w})", "budget_w"),
+                            ("last({limit_w})", "limit_w"),
+                            ("last({capped_share})", "capped_share"),
+                        ),
+                        racks,
+                        ("name",),
+                        every=False,
+                    ),
+                    "A",
+                    fmt="table",
+                )
+            ],
+            w=12,
+            h=10,
+        ),
+        Panel(
+            "timeseries",
+            "Racks: share of GPUs capped",
+            "Share of each selected rack's GPUs with a cap below their maximum.",
+            [
+                target(
+                    Q(TREE, (("mean({capped_share})", "capped"),), racks, ("name",)),
+                    "A",
+                    alias="$tag_name",
+                )
+            ],
+            h=10,
+            unit="percentunit",
+            min=0,
+            max=1,
+        ),
+        Panel(
+            "timeseries",
+            "Servers in the selected racks: power",
+            "Measured power of each server (GPUs and its overhead) in the selected racks.",
+            [
+                target(
+                    Q(
+                        TREE,
+                        (("mean({power_w})", "power"),),
+                        _level("node", "{rack} =~ /^$rack$/"),
+                        ("name",),
+                    ),
+                    "A",
+                    alias="$tag_name",
+                )
+            ],
+            w=24,
+            unit=W,
+        ),
+    ]
+    return dashboard(
+        "powerd-racks",
+        "powerd: rows and racks",
+        "Drill down: rows, then racks, then the servers in them.",
+        panels,
+        [datasource_variable(), _cluster_variable(), _row_variable(), _rack_variable()],
+        [_phase_annotation()],
+    )
+
+
+def gpus() -> dict:
+    sel = ("{node} =~ /^$node$/", "{gpu} =~ /^$gpu$/")
+    per_gpu = ("node", "gpu")
+    name = "$tag_node/$tag_gpu"
+    node_var = query_variable("node", "Node", tag_values(GPU, "node", ('"rack" =~ /^$rack$/',)))
+    gpu_var = query_variable("gpu", "GPU", tag_values(GPU, "gpu", ('"node" =~ /^$node$/',)))
+    by_mode = Q(GPU, (("last({power_w})", "gpus"),), sel, ("node", "gpu", "mode"))
+    panels = [
+        Panel(
+            "timeseries",
+            "GPU power",
+            "Power each selected GPU draws.",
+            [target(Q(GPU, (("mean({power_w})", "power"),), sel, per_gpu), "A", alias=name)],
+            unit=W,
+        ),
+        Panel(
+            "timeseries",
+            "Power caps",
+            "The power limit each GPU enforces (read back from it), and the range it accepts.",
+            [
+                target(Q(GPU, (("mean({cap_w})", "cap"),), sel, per_gpu), "A", alias=name),
+                target(
+                    Q(
+                        GPU,
+                        (("min({cap_min_w})", "lowest cap"), ("max({cap_max_w})", "highest cap")),
+                        sel,
+                    ),
+                    "B",
+                    alias="$col",
+                ),
+            ],
+            unit=W,
+        ),
+        Panel(
+            "heatmap",
+            "GPU power heatmap",
+            "How the selected GPUs' power is spread over time: one bucket row per power band.",
+            [target(Q(GPU, (("mean({power_w})", "power"),), sel, per_gpu), "A", alias=name)],
+            w=24,
+            extra={
+                "options": {
+                    "calculate": True,
+                    "yAxis": {"unit": W},
+                    "color": {"scheme": "Oranges", "mode": "scheme"},
+                    "cellGap": 1,
+                }
+            },
+        ),
+        Panel(
+            "timeseries",
+            "SM clock and clock locks",
+            "SM clock of each GPU; the lock the controller set during communication phases"
+            " (absent when not locked).",
+            [
+                target(Q(GPU, (("mean({sm_clock_mhz})", "clock"),), sel, per_gpu), "A", alias=name),
+                target(
+                    Q(GPU, (("mean({max_sm_clock_mhz})", "lock"),), sel, per_gpu),
+                    "B",
+                    alias=f"{name} lock",
+                ),
+            ],
+            unit="suffix: MHz",
+        ),
+        Panel(
+            "timeseries",
+            "GPUs by agent mode",
+            "How many selected GPUs were controlled, in failsafe or in local mode.",
+            [target(subquery("count", by_mode, "gpus", ("mode",)), "A", alias="$tag_mode")],
+            unit="short",
+        ),
+        Panel(
+            "timeseries",
+            "Temperature",
+            "GPU temperature.",
+            [target(Q(GPU, (("mean({temp_c})", "temp"),), sel, per_gpu), "A", alias=name)],
+            w=8,
+            unit="celsius",
+        ),
+        Panel(
+            "timeseries",
+            "Utilisation",
+            "GPU utilisation.",
+            [target(Q(GPU, (("mean({util_pct})", "util"),), sel, per_gpu), "A", alias=name)],
+            w=8,
+            unit="percent",
+        ),
+        Panel(
+            "table",
+            "GPUs now",
+            "Last sample of each selected GPU.",
+            [
+                target(
+                    Q(
+                        GPU,
+                        (
+                            ("last({power_w})", "power_w"),
+                            ("last({cap_w})", "cap_w"),
+                            ("last({sm_clock_mhz})", "sm_clock_mhz"),
+                            ("last({temp_c})", "temp_c"),
+                        ),
+                        sel,
+                        per_gpu,
+                        every=False,
+                    ),
+                    "A",
+                    fmt="table",
+                )
+            ],
+            w=8,
+        ),
+    ]
+    return dashboard(
+        "powerd-gpus",
+        "powerd: GPUs",
+        "Per GPU: power, caps, clocks and clock locks, mode, temperature.",
+        panels,
+        [
+            datasource_variable(),
+            _cluster_variable(),
+            _row_variable(),
+            _rack_variable(),
+            node_var,
+            gpu_var,
+        ],
+        [_phase_annotation()],
+    )
+
+
+def jobs_and_phases() -> dict:
+    job = ("{job} =~ /^$job$/",)
+    job_var = query_variable("job", "Job", tag_values(PHASE_EVENT, "job"))
+    per_gpu = Q(GPU, (("mean({power_w})", "power"),), job, ("node", "gpu", "job"))
+    panels = [
+        Panel(
+            "state-timeline",
+            "Phases",
+            "The phases each job announced (powerd.jobhook): startup, compute,"
+            " communication, checkpoint, shutdown.",
+            [
+                target(
+                    Q(
+                        PHASE_EVENT,
+                        (("{phase}", "phase"), ("{events}", "")),
+                        job,
+                        every=False,
+                        group=("job",),
+                    ),
+                    "A",
+                    alias="$tag_job",
+                    fmt="table",
+                )
+            ],
+            w=24,
+            h=6,
+            extra={"options": {"mergeValues": True, "showValue": "auto", "rowHeight": 0.8}},
+        ),
+        Panel(
+            "timeseries",
+            "Job power",
+            "Power of each job's GPUs together (the sum of its GPUs' mean power).",
+            [target(subquery("sum", per_gpu, "power", ("job",)), "A", alias="$tag_job")],
+            unit=W,
+        ),
+        Panel(
+            "timeseries",
+            "Mean GPU power by phase",
+            "What a GPU of the selected jobs draws in each phase the job is in.",
+            [
+                target(
+                    Q(GPU, (("mean({power_w})", "power"),), job, ("phase",)),
+                    "A",
+                    alias="$tag_phase",
+                )
+            ],
+            unit=W,
+        ),
+        Panel(
+            "timeseries",
+            "Share of the job's GPUs capped",
+            "Share of each job's GPU samples with a cap below the GPU's maximum.",
+            [target(Q(GPU, (("mean({capped})", "capped"),), job, ("job",)), "A", alias="$tag_job")],
+            unit="percentunit",
+            min=0,
+            max=1,
+        ),
+        Panel(
+            "table",
+            "Phase announcements",
+            "The latest announcements: job, phase, priority, nodes named (empty: all), expected"
+            " length.",
+            [
+                target(
+                    Q(
+                        PHASE_EVENT,
+                        (
+                            ("{job}", ""),
+                            ("{phase}", ""),
+                            ("{priority}", ""),
+                            ("{events}", ""),
+                            ("{nodes}", ""),
+                            ("{expected_s}", ""),
+                        ),
+                        job,
+                        every=False,
+                        tail="ORDER BY time DESC LIMIT 200",
+                    ),
+                    "A",
+                    fmt="table",
+                )
+            ],
+        ),
+    ]
+    return dashboard(
+        "powerd-jobs",
+        "powerd: jobs and phases",
+        "Training jobs: the phases they announce, their power, and how much capping they take.",
+        panels,
+        [datasource_variable(), _cluster_variable(), job_var],
+        [_phase_annotation(job)],
+    )
+
+
+def controller_health() -> dict:
+    # an annotation where the epoch grew: a failover (or a restart) in that interval
+    epoch_change = (
+        'SELECT "change" FROM ('
+        + Q(DECISION, (("difference(max({epoch}))", "change"),)).text()
+        + ') WHERE "change" > 0 AND $timeFilter'
+    )
+    panels = [
+        Panel(
+            "timeseries",
+            "Cycle time",
+            "How long the controller's cycle took (policy and commands); the cycle period is"
+            " the budget for it.",
+            [
+                target(
+                    Q(DECISION, (("mean({cycle_s})", "mean"), ("max({cycle_s})", "max"))),
+                    "A",
+                    alias="$col",
+                )
+            ],
+            unit="s",
+        ),
+        Panel(
+            "timeseries",
+            "Commands and acknowledgements",
+            "Commands published, acks received, commands re-sent for want of an ack, and"
+            " commands past their ack timeout, per interval.",
+            [
+                target(
+                    Q(
+                        DECISION,
+                        (
+                            ("sum({commands_sent})", "sent"),
+                            ("sum({acks_received})", "acked"),
+                            ("sum({resends})", "resent"),
+                            ("max({acks_missing})", "missing acks"),
+                        ),
+                    ),
+                    "A",
+                    alias="$col",
+                )
+            ],
+            unit="short",
+        ),
+        Panel(
+            "timeseries",
+            "Stale telemetry, failsafe and offline nodes",
+            "Nodes whose telemetry is older than stale_after_s, nodes in failsafe, nodes offline.",
+            [
+                target(
+                    Q(
+                        DECISION,
+                        (
+                            ("max({stale_nodes})", "stale"),
+                            ("max({failsafe_nodes})", "failsafe"),
+                            ("max({offline_nodes})", "offline"),
+                        ),
+                    ),
+                    "A",
+                    alias="$col",
+                )
+            ],
+            unit="short",
+        ),
+        Panel(
+            "timeseries",
+            "Rejected payloads",
+            "Invalid MQTT payloads the controller received and refused, per interval.",
+            [
+                target(
+                    Q(
+                        DECISION,
+                        (("non_negative_difference(max({rejected_payloads}))", "rejected"),),
+                    ),
+                    "A",
+                    alias="$col",
+                )
+            ],
+            unit="short",
+        ),
+        Panel(
+            "timeseries",
+            "Epoch and leader",
+            "The controller epoch (grows at every failover), per controller that led.",
+            [
+                target(
+                    Q(DECISION, (("max({epoch})", "epoch"),), group=("controller",)),
+                    "A",
+                    alias="$tag_controller",
+                )
+            ],
+            unit="short",
+        ),
+        Panel(
+            "stat",
+            "Epoch changes in range",
+            "How many times leadership changed hands in the time range (spread of the epoch).",
+            [target(Q(DECISION, (("spread({epoch})", "changes"),), every=False), "A")],
+            w=6,
+            unit="short",
+        ),
+        Panel(
+            "stat",
+            "Cycles led, by controller",
+            "Control cycles each controller led in the time range.",
+            [
+                target(
+                    Q(
+                        DECISION,
+                        (("count({cycle_s})", "cycles"),),
+                        group=("controller",),
+                        every=False,
+                    ),
+                    "A",
+                    alias="$tag_controller",
+                )
+            ],
+            w=6,
+            unit="short",
+        ),
+    ]
+    return dashboard(
+        "powerd-controller",
+        "powerd: controller health",
+        "The controller itself: cycle time, commands and acks, stale telemetry, failovers.",
+        panels,
+        [datasource_variable(), _cluster_variable()],
+        [annotation("Epoch changes", epoch_change, "change", "", "#F2495C")],
+    )
+
+
+DASHBOARDS: dict[str, Callable[[], dict]] = {
+    "site-overview.json": site_overview,
+    "rows-and-racks.json": rows_and_racks,
+    "gpus.json": gpus,
+    "jobs-and-phases.json": jobs_and_phases,
+    "controller-health.json": controller_health,
+}
+
+
+def render(build: Callable[[], dict]) -> str:
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def write_all(directory: Path) -> list[Path]:
+    """Write every dashboard into ``directory``; the paths written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, build in DASHBOARDS.items():
+        path = directory / name
+        path.write_text(render(build), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def stale(directory: Path) -> list[str]:
+    """Dashboard files in ``directory`` that differ from what the code builds (or are missing)."""
+    out = []
+    for name, build in DASHBOARDS.items():
+        path = directory / name
+        if not path.is_file() or path.read_text(encoding="utf-8") != render(build):
+            out.append(name)
+    return out
