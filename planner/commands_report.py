@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from planner.options import demand_options, placed_inputs, speed_options
 from planner.output import column_mapping
 
 HELP = """Write a report on a budgets file: demand against budgets, capping, cap curves.
@@ -33,17 +34,7 @@ OUTDIR is left as it was.
 
 
 @click.command(help=HELP)
-@click.argument("budgets", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument(
-    "profiles", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
-)
-@click.option(
-    "--mix",
-    "mix_path",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The jobs that run (the mix of `powerplan size`).",
-)
+@placed_inputs("budgets")
 @click.option(
     "-o",
     "--output",
@@ -54,27 +45,7 @@ OUTDIR is left as it was.
     help="Directory for the report and its plots (created if missing; its parent must exist).",
 )
 @click.option("--html", "as_html", is_flag=True, help="Write report.html instead of report.md.")
-@click.option(
-    "--quantile",
-    type=click.FloatRange(0.5, 1.0, min_open=True, max_open=True),
-    default=0.999,
-    show_default=True,
-    help="The high quantile of demand shown against each budget.",
-)
-@click.option(
-    "--samples",
-    type=click.IntRange(min=100),
-    default=100_000,
-    show_default=True,
-    help="Monte Carlo values per node.",
-)
-@click.option(
-    "--step-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
-    show_default=True,
-    help="Resample profiles to this step (the controller's cycle).",
-)
+@demand_options("The high quantile of demand shown against each budget.")
 @click.option(
     "--whatif-s",
     type=click.FloatRange(min=0),
@@ -82,20 +53,7 @@ OUTDIR is left as it was.
     show_default=True,
     help="Seconds to replay through the controller's policy (0: no replay).",
 )
-@click.option(
-    "--speed-exponent",
-    type=click.FloatRange(0, 2),
-    default=0.28,
-    show_default=True,
-    help="Speed under a cap in the replay: (power/demand)^this.",
-)
-@click.option(
-    "--sweep",
-    "sweep_paths",
-    multiple=True,
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="A cap sweep CSV (Zeus columns, as `powerplan caps` reads by default): cap curves.",
-)
+@speed_options("A cap sweep CSV (Zeus columns, as `powerplan caps` reads): cap curves.")
 @click.option(
     "--overhead-w",
     type=click.FloatRange(min=0),
@@ -103,9 +61,6 @@ OUTDIR is left as it was.
     show_default=True,
     help="Provisioned W per GPU that does not scale with its cap, for the cap curves.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--column", "column_pairs", multiple=True, metavar="NAME=COLUMN")
-@click.option("--workload", default=None, help="Workload name for profile rows that have none.")
 def command(
     budgets: Path,
     profiles: tuple[Path, ...],

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 import pandas as pd
 
+from planner.options import demand_options, placed_inputs
 from planner.output import column_mapping, emit, format_option, write_whole
 
 if TYPE_CHECKING:
@@ -121,17 +122,7 @@ def _rack_summary(racks: pd.DataFrame) -> pd.DataFrame:
 
 
 @click.command(help=HELP)
-@click.argument("topology", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument(
-    "profiles", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
-)
-@click.option(
-    "--mix",
-    "mix_path",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The jobs that run: a TOML file of [[jobs]] (above).",
-)
+@placed_inputs("topology")
 @click.option(
     "-o",
     "--output",
@@ -139,28 +130,7 @@ def _rack_summary(racks: pd.DataFrame) -> pd.DataFrame:
     type=click.Path(dir_okay=False, path_type=Path),
     help="The budgets file to write.",
 )
-@click.option(
-    "--quantile",
-    type=click.FloatRange(0.5, 1.0, max_open=True),
-    default=0.999,
-    show_default=True,
-    help="Size each node for this quantile of its demand.",
-)
-@click.option(
-    "--samples",
-    type=click.IntRange(min=100),
-    default=100_000,
-    show_default=True,
-    help="Monte Carlo values per node (offset draws × window).",
-)
-@click.option(
-    "--step-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
-    show_default=True,
-    help="Resample profiles to this step (the controller's cycle).",
-)
-@click.option("--seed", type=int, default=0, show_default=True)
+@demand_options("Size each node for this quantile of its demand.")
 @click.option(
     "--max-budget-fraction",
     type=click.FloatRange(0.5, 1.0),
@@ -178,14 +148,6 @@ def _rack_summary(racks: pd.DataFrame) -> pd.DataFrame:
 @click.option("--network-fraction", type=click.FloatRange(0, 0.9), default=None)
 @click.option("--cooling-fraction", type=click.FloatRange(0, 5), default=None)
 @click.option("--summer-rise", type=click.FloatRange(0, 5), default=None)
-@click.option(
-    "--column",
-    "column_pairs",
-    multiple=True,
-    metavar="NAME=COLUMN",
-    help="Map a profile column (as in `powerplan profiles`).",
-)
-@click.option("--workload", default=None, help="Workload name for profile rows that have none.")
 @format_option()
 def command(
     topology: Path,

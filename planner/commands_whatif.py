@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from planner.options import placed_inputs, speed_options
 from planner.output import emit, format_option
 
 HELP = """Replay profiles through the controller's own policy at the budgets of BUDGETS.
@@ -39,17 +40,7 @@ relative throughput a measured cap sweep gives (Zeus CSV columns by default).
 
 
 @click.command(help=HELP)
-@click.argument("budgets", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument(
-    "profiles", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
-)
-@click.option(
-    "--mix",
-    "mix_path",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The jobs that run (the mix of `powerplan size`).",
-)
+@placed_inputs("budgets")
 @click.option(
     "--duration-s",
     type=click.FloatRange(min=0, min_open=True),
@@ -57,36 +48,13 @@ relative throughput a measured cap sweep gives (Zeus CSV columns by default).
     show_default=True,
     help="Seconds to replay (profiles wrap around).",
 )
-@click.option(
-    "--step-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
-    show_default=True,
-    help="The control cycle; profiles are resampled to it.",
-)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the jobs' offsets.")
-@click.option(
-    "--speed-exponent",
-    type=click.FloatRange(0, 2),
-    default=0.28,
-    show_default=True,
-    help="Relative speed = (power/demand)^this, without --sweep.",
-)
-@click.option(
-    "--sweep",
-    "sweep_paths",
-    multiple=True,
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="A cap sweep CSV (as `powerplan caps` reads) for the speed under a cap.",
-)
+@speed_options("A cap sweep CSV (as `powerplan caps` reads) for the speed under a cap.")
 @click.option(
     "--sweep-workload-cols",
     default="dataset,network,batch_size,optimizer",
     show_default=True,
     help="Sweep columns that name a workload.",
 )
-@click.option("--column", "column_pairs", multiple=True, metavar="NAME=COLUMN")
-@click.option("--workload", default=None, help="Workload name for profile rows that have none.")
 @format_option()
 def command(
     budgets: Path,
