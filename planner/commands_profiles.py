@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -11,15 +10,9 @@ import pandas as pd
 from planner.output import column_mapping, emit, format_option, write_whole
 from planner.profiles import read_influx, read_profiles, summarise
 from planner.table import ProfileError
+from powerd.recorder import read_token
 
 OUT_SUFFIXES = (".parquet", ".pq", ".csv")
-
-
-def _token(token_file: Path | None) -> str | None:
-    if token_file is not None:
-        lines = token_file.read_text(encoding="utf-8").splitlines()
-        return lines[0].strip() if lines else None
-    return os.environ.get("INFLUX_TOKEN") or None
 
 
 def _write(table: pd.DataFrame, path: Path) -> None:
@@ -121,7 +114,7 @@ def command(
         if files:
             tables.append(read_profiles(files, columns=columns, workload=workload))
         if influx_url is not None and query is not None:
-            token = _token(token_file)
+            token = read_token(token_file)
             tables.append(
                 read_influx(
                     influx_url,
@@ -133,7 +126,7 @@ def command(
                     workload=workload,
                 )
             )
-    except ProfileError as exc:
+    except (ProfileError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
     table = table.sort_values(["workload", "node", "gpu", "time_s"], ignore_index=True)

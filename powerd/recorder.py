@@ -761,14 +761,8 @@ def open_recorder(
         except ValueError:
             raise ValueError(f"recorder url: {key}={value!r} is not valid") from None
     kwargs.update(options)
-    if token is None and token_file is not None:
-        try:
-            lines = Path(token_file).read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ValueError(f"recorder token file {token_file}: {exc.strerror}") from None
-        token = lines[0].strip() if lines else ""
     if token is None:
-        token = os.environ.get(TOKEN_ENV)
+        token = read_token(token_file, "recorder token file")
     base = urlunsplit((_INFLUX_SCHEMES[scheme], parts.netloc, parts.path.rstrip("/"), "", ""))
     try:
         if v1:
@@ -776,6 +770,24 @@ def open_recorder(
         return InfluxRecorder(base, token, org, bucket, **kwargs)
     except TypeError as exc:
         raise ValueError(f"recorder: {exc}") from None
+
+
+def read_token(token_file: str | os.PathLike[str] | None, what: str = "token file") -> str | None:
+    """An InfluxDB token: the first line of ``token_file``, else ``$INFLUX_TOKEN``, else None.
+
+    Kept out of URLs and command lines, which end up in logs and ``ps``. An empty
+    file or first line means no token. ``ValueError`` naming the file if it
+    cannot be read.
+    """
+    if token_file is None:
+        return os.environ.get(TOKEN_ENV) or None
+    try:
+        lines = Path(token_file).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"{what} {token_file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} {token_file}: not UTF-8 text") from None
+    return (lines[0].strip() if lines else "") or None
 
 
 def _redact(parts: Any) -> str:

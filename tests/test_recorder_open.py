@@ -103,3 +103,21 @@ def test_nothing_configured_gives_a_file_in_the_state_directory(
     # under systemd with StateDirectory=powerd
     monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path}/state:{tmp_path}/other")
     assert default_file_path() == tmp_path / "state" / "telemetry.lp"
+
+
+def test_read_token_file_env_and_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from powerd.recorder import read_token
+
+    monkeypatch.setenv("INFLUX_TOKEN", "from-env")
+    assert read_token(None) == "from-env"
+    monkeypatch.setenv("INFLUX_TOKEN", "")
+    assert read_token(None) is None
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    assert read_token(empty) is None  # no token, not an empty one
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match=f"token file {binary}: not UTF-8"):
+        read_token(binary)
+    with pytest.raises(ValueError, match="planner token .*missing: No such file"):
+        read_token(tmp_path / "missing", "planner token")
