@@ -42,6 +42,8 @@ from powerd.backoff import Backoff
 log = logging.getLogger("powerd.recorder")
 
 DEFAULT_FILE_NAME = "telemetry.lp"
+DEFAULT_FILE_MAX_BYTES = 1024 * 10**6  # then rotated: telemetry.1.lp, ...
+DEFAULT_FILE_KEEP = 4  # rotated files kept: at most ~5 GB on disk with the default size
 TOKEN_ENV = "INFLUX_TOKEN"
 
 
@@ -555,9 +557,15 @@ class FileRecorder(Recorder):
     """Appends line protocol to a local file; flushed to the OS every ``flush_interval_s``.
 
     The directory must exist (``FileNotFoundError`` at construction, naming
-    it); the file is created if needed and appended to otherwise. No rotation.
-    A write error (disk full) drops the lines, counts and logs it, once a
-    minute; it never reaches the caller.
+    it); the file is created if needed and appended to otherwise. A write
+    error (disk full) drops the lines, counts and logs it, once a minute; it
+    never reaches the caller.
+
+    Rotation bounds the disk it takes: once the file holds ``max_bytes`` (about:
+    counted in characters), it is renamed ``<stem>.1<suffix>`` (``telemetry.1.lp``;
+    an older ``.1`` becomes ``.2`` and so on, the oldest past ``keep`` deleted)
+    and a new file is started. The rotated files keep the ``.lp`` suffix, so
+    ``powerplan profiles telemetry*.lp`` reads them all. ``max_bytes=None``: never.
     """
 
     def __init__(
@@ -566,10 +574,19 @@ class FileRecorder(Recorder):
         *,
         flush_interval_s: float = 1.0,
         log_interval_s: float = 60.0,
+        max_bytes: int | None = DEFAULT_FILE_MAX_BYTES,
+        keep: int = DEFAULT_FILE_KEEP,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"recorder file max_bytes must be positive, not {max_bytes}")
+        if keep < 0:
+            raise ValueError(f"recorder file keep must be >= 0, not {keep}")
         self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self.rotations = 0
         directory = self.path.parent
         if not directory.is_dir():
             raise FileNotFoundError(
@@ -580,6 +597,7 @@ class FileRecorder(Recorder):
         self.flush_interval_s = flush_interval_s
         self._clock = clock
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8", buffering=1 << 16)
+        self._size = self.path.stat().st_size
         self._lock = threading.Lock()
         self._last_flush = clock()
         self._error_log = _RateLimitedLog(log_interval_s, clock)
@@ -597,7 +615,11 @@ class FileRecorder(Recorder):
                     self.dropped += len(batch)
                     return
                 try:
-                    self._file.write("\n".join(batch) + "\n")
+                    text = "\n".join(batch) + "\n"
+                    self._file.write(text)
+                    self._size += len(text)
+                    if self.max_bytes is not None and self._size >= self.max_bytes:
+                        self._rotate()
                     now = self._clock()
                     if now - self._last_flush >= self.flush_interval_s:
                         self._last_flush = now
@@ -607,6 +629,32 @@ class FileRecorder(Recorder):
                     self._failed(len(batch), exc)
         except Exception:
             log.exception("recorder: could not write points to %s", self.path)
+
+    def rotated_path(self, number: int) -> Path:
+        return self.path.with_name(f"{self.path.stem}.{number}{self.path.suffix}")
+
+    def _rotate(self) -> None:
+        """Close the full file, shift the older ones up, start a new one (lock held)."""
+        assert self._file is not None
+        self._file.close()
+        self._file = None
+        try:
+            if self.keep == 0:
+                self.path.unlink(missing_ok=True)
+            else:
+                self.rotated_path(self.keep).unlink(missing_ok=True)
+                for number in range(self.keep - 1, 0, -1):
+                    older = self.rotated_path(number)
+                    if older.exists():
+                        older.replace(self.rotated_path(number + 1))
+                self.path.replace(self.rotated_path(1))
+        except OSError as exc:  # keep appending to the same file; try again after max_bytes
+            log.warning("cannot rotate %s: %s; appending to it", self.path, exc)
+        self._size = 0
+        # if this fails, the caller counts the points dropped and every later write too
+        self._file = self.path.open("a", encoding="utf-8", buffering=1 << 16)
+        self.rotations += 1
+        log.info("recorder file %s rotated (%d MB)", self.path, (self.max_bytes or 0) // 10**6)
 
     def _failed(self, count: int, exc: OSError) -> None:
         self.write_errors += 1

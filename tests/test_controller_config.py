@@ -138,6 +138,24 @@ def test_recorder_file(tmp_path: Path) -> None:
     assert config.recorder == RecorderConfig(file="/var/x.lp")
 
 
+def test_recorder_file_rotation_reaches_the_file_recorder(tmp_path: Path) -> None:
+    from powerd.controller.app import open_configured_recorder
+    from powerd.recorder import FileRecorder
+
+    lp = tmp_path / "t.lp"
+    text = f'[recorder]\nfile = "{lp}"\nfile_max_mb = 2.5\nfile_keep = 7\n'
+    config = load_controller_config(write(tmp_path, text))
+    assert (config.recorder.file_max_mb, config.recorder.file_keep) == (2.5, 7)
+    recorder = open_configured_recorder(config)
+    assert isinstance(recorder, FileRecorder)
+    assert (recorder.max_bytes, recorder.keep) == (2_500_000, 7)
+    recorder.close()
+    never = load_controller_config(write(tmp_path, f'[recorder]\nfile = "{lp}"\nfile_max_mb = 0\n'))
+    recorder = open_configured_recorder(never)
+    assert recorder.max_bytes is None
+    recorder.close()
+
+
 # --- command-line overrides ---------------------------------------------------------------
 
 
@@ -187,6 +205,9 @@ ERRORS = [
     pytest.param("[policy]\ncomm_clock_lock = 1", "policy.comm_clock_lock", id="lock-int"),
     pytest.param('[policy]\nuncap_step_fraction = "x"', "policy.uncap_step_fraction", id="pol-str"),
     pytest.param("[recorder]\nurl = 8086", "recorder.url", id="url-int"),
+    pytest.param("[recorder]\nfile_max_mb = -1", "recorder.file_max_mb", id="max-mb-negative"),
+    pytest.param("[recorder]\nfile_keep = 1.5", "recorder.file_keep", id="keep-fraction"),
+    pytest.param("[recorder]\nfile_keep = -1", "recorder.file_keep", id="keep-negative"),
     pytest.param("[broker]\nurl = 1883", "broker.url", id="broker-url-int"),
     # not finite
     pytest.param("[controller]\nstale_after_s = nan", "controller.stale_after_s", id="nan"),
@@ -282,7 +303,7 @@ def test_shipped_example_documents_every_key() -> None:
             "reconnect_max_s",
         ],
         "policy": policy_keys,
-        "recorder": ["url", "token_file", "file"],
+        "recorder": ["url", "token_file", "file", "file_max_mb", "file_keep"],
     }
     for section, keys in known.items():
         assert re.search(rf"^\[{section}\]", text, re.M), f"section [{section}] missing"

@@ -93,3 +93,56 @@ def test_bad_input_and_writes_after_close_never_raise(tmp_path: Path) -> None:
     recorder.write(sample_lines(3))
     assert recorder.dropped == 3
     assert path.read_text() == ""  # the generator failed before its lines were handed over
+
+
+def test_the_file_rotates_at_its_size_and_keeps_a_bounded_number(tmp_path: Path) -> None:
+    path = tmp_path / "telemetry.lp"
+    line_chars = len(sample_lines(1)[0]) + 1
+    with FileRecorder(path, max_bytes=10 * line_chars, keep=2) as recorder:
+        for i in range(45):  # 4.5 files' worth, one line at a time
+            recorder.write(sample_lines(1, first=i))
+        assert recorder.rotations == 4 and recorder.written == 45 and recorder.dropped == 0
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["telemetry.1.lp", "telemetry.2.lp", "telemetry.lp"]  # the oldest two gone
+    # newest lines in the current file, the rotated ones before them, nothing reordered
+    kept = [
+        *(tmp_path / "telemetry.2.lp").read_text().splitlines(),
+        *(tmp_path / "telemetry.1.lp").read_text().splitlines(),
+        *path.read_text().splitlines(),
+    ]
+    assert kept == sample_lines(25, first=20)
+
+
+def test_rotated_files_are_read_by_the_planner_as_line_protocol(tmp_path: Path) -> None:
+    from planner.profiles import read_profiles
+
+    path = tmp_path / "telemetry.lp"
+    lines = [
+        gpu_line(1.8e9 + i, cluster="c1", node="n1", gpu=0, job="j", power_w=300.0 + i)
+        for i in range(12)
+    ]
+    with FileRecorder(path, max_bytes=5 * (len(lines[0]) + 1), keep=3) as recorder:
+        for line in lines:
+            recorder.write([line])
+    files = sorted(tmp_path.glob("telemetry*.lp"))
+    assert len(files) == 3
+    table = read_profiles(files)
+    assert table["power_w"].tolist() == [300.0 + i for i in range(12)]
+
+
+def test_keep_zero_starts_over_and_none_never_rotates(tmp_path: Path) -> None:
+    line_chars = len(sample_lines(1)[0]) + 1
+    one = tmp_path / "one.lp"
+    with FileRecorder(one, max_bytes=3 * line_chars, keep=0) as recorder:
+        recorder.write(sample_lines(7))  # one batch of 7: rotates once, after it
+        recorder.write(sample_lines(2, first=7))
+    assert [p.name for p in tmp_path.iterdir()] == ["one.lp"]
+    assert one.read_text().splitlines() == sample_lines(2, first=7)
+    never = tmp_path / "never.lp"
+    with FileRecorder(never, max_bytes=None) as recorder:
+        recorder.write(sample_lines(100))
+        assert recorder.rotations == 0
+    with pytest.raises(ValueError, match="max_bytes"):
+        FileRecorder(tmp_path / "x.lp", max_bytes=0)
+    with pytest.raises(ValueError, match="keep"):
+        FileRecorder(tmp_path / "x.lp", keep=-1)

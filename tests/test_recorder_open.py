@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,7 @@ def test_read_token_file_env_and_empty(tmp_path: Path, monkeypatch: pytest.Monke
     assert read_token(empty) is None  # no token, not an empty one
     binary = tmp_path / "binary"
     binary.write_bytes(b"\xff\xfe")
-    with pytest.raises(ValueError, match=f"token file {binary}: not UTF-8"):
+    with pytest.raises(ValueError, match=re.escape(f"token file {binary}: not UTF-8")):
         read_token(binary)
-    with pytest.raises(ValueError, match="planner token .*missing: No such file"):
+    with pytest.raises(ValueError, match=r"planner token .*missing: No such file"):
         read_token(tmp_path / "missing", "planner token")

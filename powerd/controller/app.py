@@ -29,9 +29,11 @@ def open_configured_recorder(config: ControllerConfig) -> Recorder | None:
         return None
     if rec.url:
         return open_recorder(rec.url, token_file=rec.token_file)
-    if rec.file:
-        return open_recorder(Path(rec.file).expanduser())
-    return open_recorder(None)
+    rotation = {
+        "max_bytes": round(rec.file_max_mb * 1e6) if rec.file_max_mb > 0 else None,
+        "keep": int(rec.file_keep),
+    }
+    return open_recorder(Path(rec.file).expanduser() if rec.file else None, **rotation)
 
 
 def build_service(

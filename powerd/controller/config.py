@@ -13,6 +13,7 @@ from powerd.configfile import BROKER_KEYS, ConfigError, Getter, broker_from_tabl
 from powerd.controller.core import ControllerSettings
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
 from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
+from powerd.recorder import DEFAULT_FILE_KEEP, DEFAULT_FILE_MAX_BYTES
 
 _TIMING_KEYS = (
     "cycle_s",
@@ -37,6 +38,10 @@ class RecorderConfig:
     # rack and decision points every cycle. 0 keeps every sample; on an 83K-GPU
     # site 10 s cuts the recorder's work tenfold (bench/RESULTS.md).
     fine_every_s: float = 0.0
+    # The line-protocol file is rotated at this size (telemetry.1.lp, ...), this many
+    # rotated files kept: bounded disk. 0: never rotated.
+    file_max_mb: float = DEFAULT_FILE_MAX_BYTES / 1e6
+    file_keep: int = DEFAULT_FILE_KEEP
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,15 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         "controller": {"name", "cluster", "infer_phases", *_TIMING_KEYS},
         "broker": BROKER_KEYS,
         "policy": _policy_keys(),
-        "recorder": {"enabled", "url", "token_file", "file", "fine_every_s"},
+        "recorder": {
+            "enabled",
+            "url",
+            "token_file",
+            "file",
+            "fine_every_s",
+            "file_max_mb",
+            "file_keep",
+        },
     }
     raw = read_toml(path, known)
     get = Getter(where)
@@ -129,6 +142,8 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
             token_file=get.opt_str(rec, "recorder.token_file", None),
             file=get.opt_str(rec, "recorder.file", None),
             fine_every_s=get.number(rec, "recorder.fine_every_s", 0.0),
+            file_max_mb=get.number(rec, "recorder.file_max_mb", DEFAULT_FILE_MAX_BYTES / 1e6),
+            file_keep=get.number(rec, "recorder.file_keep", DEFAULT_FILE_KEEP),
         ),
         source=where,
         infer_phases=get.flag(section, "controller.infer_phases", defaults.infer_phases),
@@ -164,5 +179,10 @@ def validate(config: ControllerConfig, where: str) -> None:
         raise ConfigError(f"{where}: controller.infer_window_s must be in [2 cycles, 3600] s")
     if not 0 <= config.recorder.fine_every_s <= 3600:
         raise ConfigError(f"{where}: recorder.fine_every_s must be in [0, 3600] s")
+    if not 0 <= config.recorder.file_max_mb <= 10**7:
+        raise ConfigError(f"{where}: recorder.file_max_mb must be in [0, 1e7] MB (0: no rotation)")
+    keep = config.recorder.file_keep
+    if (isinstance(keep, float) and not keep.is_integer()) or not 0 <= keep <= 1000:
+        raise ConfigError(f"{where}: recorder.file_keep must be a whole number in [0, 1000]")
     if config.recorder.url and config.recorder.file:
         raise ConfigError(f"{where}: give recorder.url or recorder.file, not both")
