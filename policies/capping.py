@@ -39,11 +39,25 @@ A node's measured power is the measured power of every GPU under it plus its
    ``floor_w``, never from an uncontrollable GPU. A cut GPU's cap becomes its
    new predicted power (``min(power_w, cap) - cut``), so a cap that the GPU
    has not yet followed counts as watts already taken.
+3b. **Priority shift, between the bands** (``priority_shift``). A GPU is *held*
+   when it is controllable, not staged, not waiting, below ``cap_max``, not cut
+   this cycle, and draws within ``stage_headroom_fraction`` of its range below
+   its cap: it wants more than it may have. Bottom-up, a node between its
+   (finite) bands under which a GPU of class ``p`` is held (counting only GPUs
+   no node between them blocks, i.e. every one is below its uncapping
+   threshold) takes, from the classes below ``p`` only and in rule 3's order,
+   ``min(predicted - uncap_threshold_w + margin, gaps of the held GPUs of class
+   p less what the levels below took for them, what the lower classes hold
+   above their floors)``. The node drops just under its uncapping threshold, so
+   next cycle rule 4 hands watts back, to ``p`` first. Without it a high-priority
+   job leaving a checkpoint (staged caps) while a low-priority job filled the
+   room would stay at its staged caps indefinitely: the node is neither above
+   its threshold (capping) nor below its uncapping threshold (uncapping).
 4. **Uncapping.** A controllable GPU that is neither in a staged phase nor
    waiting (``communication``: it draws little now and all of a job's GPUs
    rise together when compute resumes, so watts handed back now overshoot the
-   budget then; found by ``powerd demo``) and whose every ancestor is below
-   its ``uncap_threshold_w`` asks for
+   budget then; found by ``powerd demo``), nor shifted this cycle, and whose
+   every ancestor is below its ``uncap_threshold_w`` asks for
    ``min(gap, max(uncap_step_fraction * gap, uncap_min_step_w))``, with
    ``gap = cap_max - cap``. Every node grants at most
    ``min(ramp_w_per_s * dt_s, cap_target_w - predicted)`` in total (0 if it
@@ -56,8 +70,11 @@ A node's measured power is the measured power of every GPU under it plus its
    Without it, a job's GPUs waiting on a collective (drawing little) are
    handed watts back, and when they all rise together the node overshoots its
    limit for a cycle before capping catches it (found by ``powerplan whatif``
-   replaying a compute/communication rhythm). Requests are
-   reconciled exactly: bottom-up every node can pass on
+   replaying a compute/communication rhythm). Classes are served in order,
+   HIGH, NORMAL, LOW: each gets what the budgets left after the classes
+   before it, and under a node where a higher class is still held after its
+   grant the lower classes get nothing (it would be shifted back next cycle).
+   Within a class requests are reconciled exactly: bottom-up every node can pass on
    ``A = min(budget, sum of its children's A)``; top-down each child gets its
    share of the parent's grant in proportion to its ``A``; each GPU gets its
    request scaled by its server's grant over the server's demand. Every
@@ -120,6 +137,9 @@ class PolicySettings:
     # In staged phases the cap stays this fraction of the range above the GPU's
     # measured power (50 W on a GB200), so the staged cap does not slow the phase.
     stage_headroom_fraction: float = 0.05
+    # Between the bands, take watts from lower-priority GPUs for higher-priority ones held
+    # at their caps (rule 3b). Off: caps between the bands stay, whatever the priorities.
+    priority_shift: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.uncap_step_fraction <= 1.0:
@@ -159,6 +179,10 @@ class Decision:
     node_cut_w: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # (n_gpus,) uint8 bitmask: bit `level` (SITE=0 ... SERVER=3) set if that level cut the GPU:
     cut_levels: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
+    # (n_nodes,) watts each node took from lower-priority GPUs between the bands, to make
+    # room for higher-priority GPUs held at their caps (rule 3b); (n_gpus,) bool: those cut.
+    node_shift_w: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    shifted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
 @dataclass(frozen=True)
@@ -253,6 +277,12 @@ def decide(
         np.maximum(stage_cap, power[i] + settings.stage_headroom_fraction * span, out=stage_cap)
         cap[i] = np.minimum(cap[i], stage_cap)
 
+    # held at its cap (rule 3b): judged on the caps before this cycle's cuts
+    waiting = _in_codes(phase, _WAITING_CODES)
+    span = cap_max - cap_min
+    pressed = ctl & ~staged & ~waiting & (cap < cap_max - NEGLIGIBLE_W)
+    pressed &= power >= cap - settings.stage_headroom_fraction * span
+
     # 3. capping, bottom-up
     pred = np.minimum(power, cap)
     if not ctl.all():
@@ -279,12 +309,32 @@ def decide(
         node_cut[nodes] += took[nodes]
         node_pred -= _fold_up(st, took)  # ancestors (and the nodes) lose what was taken
 
-    # 4. uncapping, ramp-limited at every level
+    # 3b. between the bands, make room for higher-priority GPUs held at their caps
+    pressed &= cut_levels == 0  # cut this cycle: held by a node over its threshold
+    node_shift = np.zeros(n_nodes)
+    shifted = np.zeros(n_gpus, dtype=bool)
+    if settings.priority_shift and pressed.any():
+        _shift(
+            tree,
+            st,
+            node_power,
+            node_pred,
+            node_shift,
+            shifted,
+            cap,
+            pred,
+            floor,
+            cap_max,
+            priority,
+            ctl,
+            pressed,
+        )
+
+    # 4. uncapping, ramp-limited at every level, HIGH first
     below = node_power < tree.uncap_threshold_w
     for lvl in (ROW, RACK, SERVER):  # a node hands back only if all its ancestors do too
         below[st.level_nodes[lvl]] &= below[st.level_parent[lvl]]
-    waiting = _in_codes(phase, _WAITING_CODES)
-    asking = ctl & ~staged & ~waiting & below[st.ancestor[SERVER]] & (cap < cap_max)
+    asking = ctl & ~staged & ~waiting & ~shifted & below[st.ancestor[SERVER]] & (cap < cap_max)
     if asking.any():
         i = np.flatnonzero(asking)
         gap = cap_max[i] - cap[i]
@@ -296,8 +346,21 @@ def decide(
         budget = np.minimum(tree.ramp_w_per_s * dt_s, tree.cap_target_w - node_pred)
         np.minimum(budget, tree.limit_w - node_cap_sum, out=budget)
         budget = np.where(below & (budget > 0), budget, 0.0)  # NaN (a bad tree): nothing
-        grant = _ramp_grants(st, st.ancestor[SERVER][i], request, budget)
-        cap[i] = np.minimum(cap[i] + request * grant, cap_max[i])
+        server = st.ancestor[SERVER][i]
+        classes = priority[i]
+        for prio in range(HIGH, LOW - 1, -1):  # what HIGH leaves goes to NORMAL, then LOW
+            mine = classes == prio
+            if not mine.any():
+                continue
+            given = request[mine] * _ramp_grants(st, server[mine], request[mine], budget)
+            cap[i[mine]] = np.minimum(cap[i[mine]] + given, cap_max[i[mine]])
+            used = np.bincount(server[mine], weights=given, minlength=n_nodes)
+            budget = np.maximum(budget - _fold_up(st, used.astype(float, copy=False)), 0.0)
+            # nothing for lower classes under a node where this class is still held at
+            # its caps: those watts would be shifted back to it next cycle (churn)
+            still = i[mine][pressed[i[mine]] & (cap[i[mine]] < cap_max[i[mine]])]
+            for lvl in LEVELS_BOTTOM_UP if len(still) else ():
+                budget[st.ancestor[lvl][still]] = 0.0
 
     pred = np.minimum(power, cap)
     if not ctl.all():
@@ -326,7 +389,82 @@ def decide(
         floor_hold_energy_j=floor_energy,
         node_cut_w=node_cut,
         cut_levels=cut_levels,
+        node_shift_w=node_shift,
+        shifted=shifted,
     )
+
+
+def _shift(
+    tree: Tree,
+    st: _Structure,
+    node_power: np.ndarray,
+    node_pred: np.ndarray,
+    node_shift: np.ndarray,
+    shifted: np.ndarray,
+    cap: np.ndarray,
+    pred: np.ndarray,
+    floor: np.ndarray,
+    cap_max: np.ndarray,
+    priority: np.ndarray,
+    ctl: np.ndarray,
+    pressed: np.ndarray,
+) -> None:
+    """Rule 3b, in place: bottom-up, a node between its bands under which a GPU of class p
+    is held at its cap takes from the classes below p (LOW first, water-filled, never below
+    a floor) what brings it just under its uncapping threshold, at most the held GPUs'
+    gaps less what the levels below already took for them. ``pred``/``cap`` of the cut
+    GPUs, ``node_pred``, ``node_shift`` and ``shifted`` are updated."""
+    n_nodes = len(node_pred)
+    # a node that never uncaps (a non-finite threshold) cannot be unblocked by a shift
+    between = (node_power <= tree.cap_threshold_w) & (node_power >= tree.uncap_threshold_w)
+    between &= np.isfinite(tree.uncap_threshold_w)
+    p_idx = np.flatnonzero(pressed)
+    taken_below = np.zeros(n_nodes)
+    # a held GPU counts for a node only if no node between them blocks its uncapping
+    # (every one is below its uncapping threshold): otherwise that node shifts first
+    below = node_power < tree.uncap_threshold_w
+    clear = np.ones(len(p_idx), dtype=bool)
+    for lvl in LEVELS_BOTTOM_UP:
+        nodes = st.level_nodes[lvl]
+        group = st.ancestor[lvl]
+        if lvl != SERVER:
+            clear &= below[st.ancestor[lvl + 1][p_idx]]
+        held = p_idx[clear]
+        # the highest class held at its cap under each node, and the gaps of that class
+        top = np.full(n_nodes, -1)
+        for prio in range(LOW, HIGH + 1):  # ascending: the highest class present wins
+            top[group[held[priority[held] == prio]]] = prio
+        in_top = held[priority[held] == top[group[held]]]
+        gaps = np.bincount(group[in_top], weights=cap_max[in_top] - cap[in_top], minlength=n_nodes)
+        # what the classes below it can give
+        donor = ctl & (pred > floor) & (priority < top[group])
+        spare = np.bincount(group[donor], weights=pred[donor] - floor[donor], minlength=n_nodes)
+        need = np.zeros(n_nodes)
+        want = nodes[between[nodes] & (top[nodes] > LOW)]
+        if not len(want):
+            continue
+        margin = np.maximum(1.0, 1e-3 * np.abs(tree.uncap_threshold_w[want]))
+        need[want] = np.minimum.reduce(
+            [
+                node_pred[want] - tree.uncap_threshold_w[want] + margin,
+                gaps[want] - taken_below[want],
+                spare[want],
+            ]
+        )
+        need[~np.isfinite(need)] = 0.0
+        if not np.any(need[want] > NEGLIGIBLE_W):
+            continue
+        need[need <= NEGLIGIBLE_W] = 0.0
+        idx, before, after, took = _take(need, group, pred, floor, priority, ctl)
+        was_cut = after < before
+        idx = idx[was_cut]
+        shifted[idx] = True
+        pred[idx] = floor[idx] + after[was_cut]
+        cap[idx] = np.minimum(cap[idx], pred[idx])
+        node_shift[nodes] += took[nodes]
+        folded = _fold_up(st, took)
+        node_pred -= folded
+        taken_below += folded
 
 
 def _in_codes(phase: np.ndarray, codes: np.ndarray) -> np.ndarray:

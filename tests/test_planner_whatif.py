@@ -105,6 +105,35 @@ def test_low_priority_gives_first_and_a_synchronous_job_pays_for_its_slowest_gpu
     assert nodes(result).loc["k1", "s_above_limit"] == 0.0
 
 
+def test_a_high_job_leaving_a_checkpoint_gets_its_watts_back_from_low():
+    """The inversion rule 3b closes, replayed: after each checkpoint the high-priority job
+    sits at its staged caps while the low-priority one fills the rack to between its bands."""
+    from planner.sizing import Trace as PhasedTrace
+    from policies import PolicySettings
+
+    top = rack(budget_w=8000, limit_w=11_200, failsafe_w=700)
+    mix = parse_mix(
+        '[[jobs]]\nworkload = "steady"\nshare = 0.5\npriority = "low"\n'
+        '[[jobs]]\nworkload = "ckpt"\nshare = 0.5\npriority = "high"\nname = "vip"\n'
+    )
+    power = np.full(120, 650.0)
+    phase = np.full(120, COMPUTE, np.int8)
+    power[40:60], phase[40:60] = 250.0, PHASE_CODES["checkpoint"]
+    traces = {
+        "steady": trace(np.full(120, 650.0), "steady"),
+        "ckpt": PhasedTrace("ckpt", power, phase, 1.0, 8),
+    }
+    lost = {}
+    for shift in (False, True):
+        settings = WhatifSettings(duration_s=360, policy=PolicySettings(priority_shift=shift))
+        result = replay(top, place(top, mix), traces, settings)
+        lost[shift] = result.jobs.set_index("job")["throughput_lost"]
+        assert nodes(result).loc["k1", "s_above_limit"] == 0.0
+    assert lost[False]["vip"] > lost[False]["steady"]  # inverted: high pays more than low
+    assert lost[True]["vip"] < lost[True]["steady"]  # restored
+    assert lost[True]["vip"] < 0.5 * lost[False]["vip"]
+
+
 def test_speed_from_a_measured_sweep():
     sweep = load_sweep(
         ROOT / "tests" / "data" / "zeus-power-limit" / "summary_power_a40.csv",

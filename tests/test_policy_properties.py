@@ -28,6 +28,7 @@ policy_settings = st.builds(
     hold_floor_w_per_gpu=st.none() | st.floats(0.0, 1500.0),
     uncap_min_step_w=st.floats(0.0, 50.0),
     stage_headroom_fraction=st.floats(0.0, 0.5),
+    priority_shift=st.booleans(),
 )
 many = settings(max_examples=150, deadline=None)
 
@@ -127,6 +128,40 @@ def test_who_may_be_cut_and_who_may_be_uncapped(seed, policy):
 
 @many
 @given(seed=seeds, policy=policy_settings)
+def test_a_shift_takes_only_from_lower_classes_under_a_node_between_its_bands(seed, policy):
+    """Rule 3b: a GPU is shifted only by a node between its (finite) bands under which a
+    GPU of a higher class is held at its cap; never below its floor; never from the top
+    class held there; and a shift never raises a cap."""
+    tree, state, dt_s = draw(seed)
+    d = decide(tree, state, dt_s, policy)
+    if not policy.priority_shift:
+        assert not d.shifted.any() and not d.node_shift_w.any()
+        return
+    floor = np.clip(state.floor_w, tree.cap_min_w, tree.cap_max_w)
+    cap_in = np.clip(state.cap_w, tree.cap_min_w, tree.cap_max_w)
+    span = tree.cap_max_w - tree.cap_min_w
+    staged = np.isin(state.phase, [PHASE_CODES[p] for p in STAGED_PHASES])
+    waiting = np.isin(state.phase, [PHASE_CODES[p] for p in WAITING_PHASES])
+    pressed = state.controllable & ~staged & ~waiting & (cap_in < tree.cap_max_w - 1e-7)
+    pressed &= state.power_w >= cap_in - policy.stage_headroom_fraction * span
+    pressed &= d.cut_levels == 0
+    shifting = np.flatnonzero(d.node_shift_w > 0)
+    between = (d.node_power_w <= tree.cap_threshold_w) & (d.node_power_w >= tree.uncap_threshold_w)
+    assert np.all(between[shifting] & np.isfinite(tree.uncap_threshold_w[shifting]))
+    for g in np.flatnonzero(d.shifted):
+        assert state.controllable[g] and d.cap_w[g] < cap_in[g]
+        assert d.cap_w[g] >= min(floor[g], cap_in[g]) - TOL_W
+        reasons = [
+            node
+            for node in tree.gpu_ancestor[:, g]
+            if d.node_shift_w[node] > 0
+            and np.any(pressed & under(tree, node) & (state.priority > state.priority[g]))
+        ]
+        assert reasons, g
+
+
+@many
+@given(seed=seeds, policy=policy_settings)
 def test_predictions_and_no_uncapping_into_capping(seed, policy):
     tree, state, dt_s = draw(seed)
     d = decide(tree, state, dt_s, policy)
@@ -180,7 +215,7 @@ def test_capping_matches_a_plain_node_by_node_reference(seed):
     tree, state, dt_s = draw(seed)
     state.phase[:] = PHASE_CODES["compute"]  # no staged caps
     tree = dataclasses.replace(tree, uncap_threshold_w=np.full(tree.n_nodes, -np.inf))
-    d = decide(tree, state, dt_s)
+    d = decide(tree, state, dt_s, PolicySettings(priority_shift=False))  # rule 3 alone
     np.testing.assert_allclose(d.cap_w, reference_capping(tree, state), rtol=0, atol=1e-6)
 
 
