@@ -76,3 +76,42 @@ async def test_low_priority_job_is_capped_before_the_high_priority_one(mosquitto
         if m.topic.endswith("/telemetry") and node_of(m.topic) == HIGH_NODE:
             last = {g.index: g.power_w for g in telemetry_of(m).gpus}
     assert min(last.values()) > 550.0
+
+
+async def test_a_high_job_leaving_a_checkpoint_takes_the_watts_back_from_low(mosquitto):
+    """The inversion rule 3b closes, on real agents: the high job checkpoints (staged caps)
+    while the low job computes; back in compute the high job is held at its staged caps
+    and the rack ends between its bands. The low job must give way."""
+    async with (
+        probe(mosquitto) as p,
+        running_cluster(mosquitto, phase="idle", policy=fast_uncap()) as cluster,
+    ):
+        ctl, agents, tree = cluster.controller, cluster.agents, cluster.controller.core.tree
+        rack = ctl.node("r1-k1")
+        await p.publish(TOPICS.phase("sweep"), phase_event("sweep", "compute", [LOW_NODE], "low"))
+        await p.publish(
+            TOPICS.phase("train-big"),
+            phase_event("train-big", "checkpoint", [HIGH_NODE], "high"),
+        )
+        agents.set_phase([LOW_NODE], "compute")
+        agents.set_phase([HIGH_NODE], "checkpoint")
+        staged_w = CAP_MIN_W + 0.25 * (CAP_MAX_W - CAP_MIN_W)  # startup_cap_fraction
+        await agents.wait_for(
+            lambda: max(agents.caps([HIGH_NODE])) <= staged_w + 1.0, what="staged caps"
+        )
+        # back to compute: the high job's GPUs draw all their staged caps allow
+        first = len(ctl.cycles)
+        await p.publish(
+            TOPICS.phase("train-big"), phase_event("train-big", "compute", [HIGH_NODE], "high")
+        )
+        agents.set_phase([HIGH_NODE], "compute")
+        await agents.wait_for(
+            lambda: min(agents.caps([HIGH_NODE])) > 550.0 and max(agents.caps([LOW_NODE])) < 300.0,
+            what="the high job's caps back above the low job's",
+        )
+        shifted = [c for c in ctl.cycles[first:] if c.decision.node_shift_w[rack] > 0]
+        over_limit = [
+            c for c in ctl.cycles[first:] if c.decision.node_power_w[rack] > tree.limit_w[rack]
+        ]
+    assert shifted, "the rack never shifted watts between priorities"
+    assert not over_limit
