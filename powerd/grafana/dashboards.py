@@ -535,7 +535,14 @@ def jobs_and_phases() -> dict:
             ],
             w=24,
             h=6,
-            extra={"options": {"mergeValues": True, "showValue": "auto", "rowHeight": 0.8}},
+            extra={
+                "options": {"mergeValues": True, "showValue": "auto", "rowHeight": 0.8},
+                # one table (time, job, phase, events) -> one lane per job showing its phase
+                "transformations": [
+                    {"id": "organize", "options": {"excludeByName": {"events": True}}},
+                    {"id": "partitionByValues", "options": {"fields": ["job"]}},
+                ],
+            },
         ),
         Panel(
             "timeseries",
