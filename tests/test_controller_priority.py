@@ -53,6 +53,7 @@ async def test_low_priority_job_is_capped_before_the_high_priority_one(mosquitto
         settled = ctl.cycles[-1]
         low_caps = agents.caps([LOW_NODE])
         high_caps = agents.caps([HIGH_NODE])
+        end = p.mark()  # later messages are the teardown (agents stopping at failsafe caps)
 
     d = capping.decision
     # the rack needed ~1.8 kW; the low job gives all it can (down to cap_min) first
@@ -72,7 +73,7 @@ async def test_low_priority_job_is_capped_before_the_high_priority_one(mosquitto
     assert settled.decision.node_power_w[rack] <= tree.budget_w[rack]
     # and the high job's GPUs kept running near full power
     last = {}
-    for m in p.messages:
+    for m in p.messages[:end]:
         if m.topic.endswith("/telemetry") and node_of(m.topic) == HIGH_NODE:
             last = {g.index: g.power_w for g in telemetry_of(m).gpus}
     assert min(last.values()) > 550.0

@@ -10,6 +10,7 @@ from tests.controller_harness import (
     CAP_MAX_W,
     CYCLE_S,
     SERVERS,
+    TOPICS,
     budgets_toml,
     fast_uncap,
     probe,
@@ -41,6 +42,16 @@ async def test_caps_come_back_within_the_site_ramp_limit(mosquitto):
         await ctl.wait_for(lambda: np.all(ctl.core.cap_w == CAP_MAX_W))
         await agents.wait_for(lambda: min(agents.caps()) == CAP_MAX_W, what="caps back at max")
         cycles = ctl.cycles[fell_at - 1 :]
+        # the probe sees the devices' caps through telemetry, a sample later: wait for every
+        # node's report of its caps at max before leaving (the probe stops with the block)
+        mark = p.mark()
+        for node in SERVERS:
+            await p.expect(
+                TOPICS.telemetry(node),
+                lambda m: all(g.cap_w == CAP_MAX_W for g in telemetry_of(m).gpus),
+                after=mark,
+            )
+        end = p.mark()  # what came later is the teardown (agents stopping at failsafe caps)
 
     # per cycle, the sum of caps under the site rises by at most ramp * dt
     sums = [float(np.sum(c.decision.cap_w)) for c in cycles]
@@ -62,7 +73,7 @@ async def test_caps_come_back_within_the_site_ramp_limit(mosquitto):
     # moments, by at most the ramp over the time between them plus one cycle's step
     caps: dict[str, list[float]] = {}
     points: list[tuple[float, float]] = []
-    for m in p.messages:
+    for m in p.messages[:end]:
         if not m.topic.endswith("/telemetry"):
             continue
         t = telemetry_of(m)
