@@ -316,3 +316,18 @@ def test_uncapping_is_gradual_one_command_per_step(bench: Bench) -> None:
     # uncapping never lifts a node's cap sum above its limit
     assert caps[-1] == pytest.approx(min(CAP_MAX_W, (2600.0 - 100.0) / 4))
     assert np.all(np.diff(caps[:-1]) > CAP_TOLERANCE_W)  # each step worth a command
+
+
+def test_a_command_replacing_an_unacknowledged_one_is_counted_as_superseded(bench: Bench) -> None:
+    bench.report_all(650.0)
+    first = bench.apply(bench.cycle(), ack=False)
+    gpus = bench.gpus("k2-n2")
+    bench.core.commanded_cap_w[gpus.start : gpus.stop] = 600.0  # its caps must change again
+    bench.report_all(650.0)
+    result = bench.cycle(advance_s=0.5)  # well before the ack timeout
+    assert "k2-n2" in dict(result.commands)
+    assert result.counters.superseded == 1 and result.counters.resends == 0
+    # the first command's late ack is ignored: the newer one is what is pending
+    bench.core.on_ack("k2-n2", ack_payload("k2-n2", first["k2-n2"]))
+    server = list(bench.core.layout.server_names).index("k2-n2")
+    assert bench.core.pending[server][0] == dict(result.commands)["k2-n2"].seq

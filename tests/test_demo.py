@@ -65,7 +65,10 @@ def test_demo_summary_shows_capping_within_limits(demo_run):
     # clock locks follow communication (with a controller cycle or so of lag)
     assert s["clock_locks"]["communication_locked_share"] > 0.25
     c = s["commands"]
-    assert c["sent"] > 0 and c["acked"] + c["pending_at_end"] >= 0.95 * c["sent"]
+    # every command is acknowledged, replaced by a newer one before its ack (whose late
+    # ack is ignored), overdue (resent) or still in flight at the end
+    accounted = c["acked"] + c["superseded"] + c["acks_missing"] + c["pending_at_end"]
+    assert c["sent"] > 0 and accounted >= 0.98 * c["sent"] and c["acked"] >= 0.5 * c["sent"]
     assert s["peak_site_ramp_up_w_per_s"] > 0 and s["site_ramp_limit_w_per_s"] == 20_000
     # the site's ramp limit holds on the sum of caps (slack: commands land a little apart)
     assert 0 < s["peak_site_cap_ramp_up_w_per_s"] <= 1.5 * s["site_ramp_limit_w_per_s"]

@@ -37,6 +37,27 @@ PUBLISH_TIMEOUT_S = 5.0
 REJECTED_ACKS_PER_S = 5.0
 
 
+CANCEL_RETRY_S = 0.5
+
+
+async def _cancel_until_done(tasks: set[asyncio.Task]) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again every ``CANCEL_RETRY_S``.
+
+    Python 3.11's ``asyncio.wait_for`` (inside aiomqtt's publish and connect) loses a
+    cancel that arrives as its inner call completes; the task then runs on. Seen as
+    an agent that never finished stopping (once in a loaded CI run). Their loops also
+    stop on ``_stopping``, so a lost cancel costs at most one more pass.
+    """
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_RETRY_S)
+    for task in tasks:  # collect their outcomes (cancelled, or an error already logged)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("agent task %s ended with %r", task.get_name(), task.exception())
+
+
 class AgentDaemon:
     def __init__(
         self,
@@ -92,9 +113,7 @@ class AgentDaemon:
     async def _shutdown(self, tasks: set[asyncio.Task]) -> None:
         self._stopping = True
         sample = next(t for t in tasks if t.get_name() == "sample")
-        sample.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sample
+        await _cancel_until_done({sample})
         self.core.stop(self.config.on_exit)
         client = self._client
         if client is not None:
@@ -108,9 +127,7 @@ class AgentDaemon:
                 )
             except (aiomqtt.MqttError, TimeoutError) as exc:
                 log.warning("could not publish offline status on exit: %s", exc)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel_until_done(tasks)
         log.info("agent stopped")
 
     # --- the sample loop ---------------------------------------------------
@@ -120,7 +137,7 @@ class AgentDaemon:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         topic = self.topics.telemetry(self.config.node)
-        while True:
+        while not self._stopping:  # the flag too: see _cancel_until_done
             self.core.tick()
             telemetry = encode(self.core.telemetry())
             client = self._client

@@ -78,6 +78,9 @@ class CycleCounters:
     resends: int = 0
     acks_received: int = 0
     acks_missing: int = 0
+    # commands sent while the node's previous one was still unacknowledged (and not yet
+    # overdue): the newer one replaces it, and the older one's ack, when it comes, is ignored
+    superseded: int = 0
     stale_nodes: int = 0
     failsafe_nodes: int = 0
     offline_nodes: int = 0
@@ -377,6 +380,8 @@ class ControllerCore:
                 counters.acks_missing += 1
                 counters.resends += 1
                 self._forget_commanded(server)
+            elif pending is not None:
+                counters.superseded += 1
             gpus = self.layout.gpu_slices[server]
             self.seq += 1
             entries = []

@@ -181,7 +181,7 @@ class _Cycles:
         self.t: list[float] = []
         self.capping: list[np.ndarray] = []
         self.cut: list[np.ndarray] = []
-        self.sent = self.acked = self.resent = self.missing = 0
+        self.sent = self.acked = self.resent = self.missing = self.superseded = 0
         self.pending_at_end = 0  # sent in the last cycles, not acknowledged when it stopped
         self.n_nodes, self.n_gpus = n_nodes, n_gpus
 
@@ -195,6 +195,7 @@ class _Cycles:
         self.acked += c.acks_received
         self.resent += c.resends
         self.missing += c.acks_missing
+        self.superseded += c.superseded
 
 
 def _all_gpus(topology: Topology, seed: int) -> dict[str, list[SimulatedGpu]]:
@@ -470,6 +471,7 @@ def _trace(
         acks_received=cycles.acked,
         resends=cycles.resent,
         acks_missing=cycles.missing,
+        commands_superseded=cycles.superseded,
         commands_pending_at_end=cycles.pending_at_end,
         jobs=[
             JobRecord(

@@ -88,6 +88,7 @@ class Trace:
     resends: int = 0
     acks_missing: int = 0
     commands_pending_at_end: int = 0  # not acknowledged yet when the controller stopped
+    commands_superseded: int = 0  # replaced by a newer command before their ack came
     jobs: list[JobRecord] = field(default_factory=list)
     duration_s: float = 0.0
     gpu_row: np.ndarray | None = None  # (n_gpus,) tree index of each GPU's row, for the plot
@@ -233,6 +234,7 @@ def summarize(trace: Trace) -> Summary:
             "resent": int(trace.resends),
             "acks_missing": int(trace.acks_missing),
             "pending_at_end": int(trace.commands_pending_at_end),
+            "superseded": int(trace.commands_superseded),
         },
         capping=_capping(trace, dt),
         clock_locks=_clock_locks(trace, dt),

@@ -249,7 +249,7 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
     table.add_row(
         "commands",
         f"{c['sent']} sent, {c['acked']} acked, {c['pending_at_end']} in flight at the end, "
-        f"{c['resent']} resent after a missing ack",
+        f"{c['resent']} resent after a missing ack, {c['superseded']} replaced before their ack",
     )
     cap = s.capping
     capped = ", ".join(f"{k} {len(v)}" for k, v in cap["nodes_capping"].items() if v)
