@@ -1,8 +1,8 @@
 """What ``powerplan report`` says: the numbers of size, whatif and caps, as one document.
 
 Nothing here is a new method: the demand of every site, row and rack comes
-from :func:`planner.sizing.size` (run twice, at the median and at the sizing
-quantile, same seed and so the same Monte Carlo draws), how often capping
+from :func:`planner.sizing.size` (its quantile and its median, from the same
+Monte Carlo draws), how often capping
 bites from :func:`planner.whatif.replay` at the budgets of the file, and the
 cap curves from :func:`planner.caps.recommend`. This module puts them side by
 side against the budgets file under review and says, in words, where demand
@@ -64,15 +64,11 @@ def budget_vs_demand(
     same draws; ``sized_budget_w`` is what ``powerplan size`` would set;
     ``demand_q_to_budget`` > 1 means the node caps more often than 1 - quantile.
     """
-    runs = {}
-    for name, q in (("p50", 0.5), ("q", settings.quantile)):
-        runs[name] = size(
-            top,
-            placement,
-            traces,
-            settings=SizingSettings(quantile=q, samples=settings.samples, seed=settings.seed),
-        ).table
-    high = runs["q"]
+    settings_q = SizingSettings(
+        quantile=settings.quantile, samples=settings.samples, seed=settings.seed
+    )
+    sized = size(top, placement, traces, settings=settings_q)
+    high = sized.table
     view = np.arange(top.level_start[SERVER])
     budget_w = np.asarray(top.budget_w, dtype=float)[view]
     threshold_w = budget_w * np.asarray(top.cap_threshold, dtype=float)[view]
@@ -84,7 +80,7 @@ def budget_vs_demand(
             "jobs": high["jobs"],
             "limit_w": high["limit_w"],
             "budget_w": budget_w,
-            "demand_p50_w": runs["p50"]["demand_q_w"],
+            "demand_p50_w": sized.demand_p50_w[view],
             "demand_q_w": high["demand_q_w"],
             "demand_q_to_budget": high["demand_q_w"] / budget_w,
             "demand_q_above_threshold": high["demand_q_w"] > threshold_w,

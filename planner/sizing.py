@@ -109,6 +109,10 @@ class Sizing:
     overhead_w: np.ndarray
     failsafe_cap_w: dict[str, float]  # per GPU model
     table: pd.DataFrame  # site, rows, racks: demand, budget, tail model, risk
+    # (n_nodes,) the median demand (GPU power at the median of the same draws, with the
+    # non-GPU power of the quantile's demand); NaN for servers. What `powerplan report`
+    # plots beside demand_q_w, without a second Monte Carlo run.
+    demand_p50_w: np.ndarray = field(default_factory=lambda: np.zeros(0))
     info: dict[str, object] = field(default_factory=dict)
 
 
@@ -291,7 +295,8 @@ def size(
     thresholds = np.asarray(top.cap_threshold, dtype=float)
 
     cols: dict[str, np.ndarray] = {
-        k: np.full(n_nodes, np.nan) for k in ("demand_q_w", "n_eff", "p_capping", "p_over_limit")
+        k: np.full(n_nodes, np.nan)
+        for k in ("demand_q_w", "demand_p50_w", "n_eff", "p_capping", "p_over_limit")
     }
     tail_model = np.full(n_nodes, "", dtype=object)
     n_jobs_under = np.zeros(n_nodes, dtype=np.int64)
@@ -313,6 +318,7 @@ def size(
             log_combos = float(np.log(lengths[in_use]).sum()) if in_use.any() else math.inf
             n_eff = n_samples if log_combos >= math.log(n_samples) else math.exp(log_combos)
             gpu_q, model = tail_quantile(row, p, n_eff, settings.min_tail_points)
+            gpu_median, _ = tail_quantile(row, 0.5, n_eff, settings.min_tail_points)
             members = order[starts[u] : starts[u + 1]]
             for node, below in zip(nodes[members].tolist(), below_w[members], strict=True):
                 gpu_w = min(gpu_q + idle_w[node], max_gpu_w[node])  # with idle GPUs
@@ -323,6 +329,8 @@ def size(
                 # the samples are the jobs' GPU power; idle GPUs and overheads are constant
                 shift = idle_w[node] + below + own_w[node]
                 cols["demand_q_w"][node] = demand
+                gpu_p50_w = min(gpu_median + idle_w[node], max_gpu_w[node])
+                cols["demand_p50_w"][node] = gpu_p50_w + below + own_w[node]
                 cols["n_eff"][node] = n_eff
                 cols["p_capping"][node] = _exceed(row, thresholds[node] * budget_w[node] - shift)
                 cols["p_over_limit"][node] = _exceed(row, limit_w[node] - shift)
@@ -371,7 +379,9 @@ def size(
             f" the top {GPD_TOP_FRACTION:.0%} (PWM), capped at all GPUs at cap_max"
         ),
     }
-    return Sizing(limit_w, budget_w, own_w, failsafe, table, info)
+    return Sizing(
+        limit_w, budget_w, own_w, failsafe, table, info=info, demand_p50_w=cols["demand_p50_w"]
+    )
 
 
 def _sorted_aggregates(unique: np.ndarray, sample: np.ndarray):
