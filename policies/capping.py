@@ -299,15 +299,9 @@ def decide(
         need[over] = node_pred[over] - tree.cap_target_w[over]
         if not np.any(need[over] > NEGLIGIBLE_W):
             continue
-        group = st.ancestor[lvl]
-        idx, spare, spare_after, took = _take(need, group, pred, floor, priority, ctl)
-        was_cut = spare_after < spare
-        idx = idx[was_cut]
+        idx, taken = _cut(st, lvl, need, pred, cap, node_pred, floor, priority, ctl)
         cut_levels[idx] |= np.uint8(1 << lvl)
-        pred[idx] = floor[idx] + spare_after[was_cut]
-        cap[idx] = np.minimum(cap[idx], pred[idx])
-        node_cut[nodes] += took[nodes]
-        node_pred -= _fold_up(st, took)  # ancestors (and the nodes) lose what was taken
+        node_cut[nodes] += taken[nodes]
 
     # 3b. between the bands, make room for higher-priority GPUs held at their caps
     pressed &= cut_levels == 0  # cut this cycle: held by a node over its threshold
@@ -455,16 +449,35 @@ def _shift(
         if not np.any(need[want] > NEGLIGIBLE_W):
             continue
         need[need <= NEGLIGIBLE_W] = 0.0
-        idx, before, after, took = _take(need, group, pred, floor, priority, ctl)
-        was_cut = after < before
-        idx = idx[was_cut]
+        idx, taken = _cut(st, lvl, need, pred, cap, node_pred, floor, priority, ctl)
         shifted[idx] = True
-        pred[idx] = floor[idx] + after[was_cut]
-        cap[idx] = np.minimum(cap[idx], pred[idx])
-        node_shift[nodes] += took[nodes]
-        folded = _fold_up(st, took)
-        node_pred -= folded
-        taken_below += folded
+        node_shift[nodes] += taken[nodes]
+        taken_below += taken
+
+
+def _cut(
+    st: _Structure,
+    lvl: int,
+    need: np.ndarray,
+    pred: np.ndarray,
+    cap: np.ndarray,
+    node_pred: np.ndarray,
+    floor: np.ndarray,
+    priority: np.ndarray,
+    ctl: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Take ``need[node]`` under the nodes of level ``lvl`` (:func:`_take`) and apply it in
+    place: the cut GPUs' predicted power and caps come down to what they keep, and every
+    node's predicted power loses what was taken under it. Returns the GPUs cut and, per
+    tree node, the watts taken under it (for the level's nodes: what each took)."""
+    idx, spare, spare_after, took = _take(need, st.ancestor[lvl], pred, floor, priority, ctl)
+    was_cut = spare_after < spare
+    idx = idx[was_cut]
+    pred[idx] = floor[idx] + spare_after[was_cut]
+    cap[idx] = np.minimum(cap[idx], pred[idx])
+    taken = _fold_up(st, took)  # in place: the level's own values stay, ancestors gain
+    node_pred -= taken  # ancestors (and the nodes) lose what was taken
+    return idx, taken
 
 
 def _in_codes(phase: np.ndarray, codes: np.ndarray) -> np.ndarray:
