@@ -19,6 +19,7 @@ from planner.profiles import read_profiles
 from planner.report_doc import Document, to_html, to_markdown
 from planner.sizing import SizingSettings, size, traces_from_profiles
 from powerd.topology import load_budgets
+from tests.test_planner_whatif import square_wave_frames
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "powerd" / "data" / "budgets" / "demo.toml"
@@ -30,20 +31,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
     """Two workloads on 4 GPUs each: a 20 s compute/communication square wave and a flat one."""
     t = np.arange(300.0)
-    frames = []
+    frames = square_wave_frames()
     for g in range(4):
-        frames.append(
-            pd.DataFrame(
-                {
-                    "time_s": 1.7e9 + t,
-                    "node": "p-n0",
-                    "gpu": g,
-                    "workload": "train",
-                    "power_w": np.where(t % 20 < 12, 690.0, 350.0),
-                    "phase": np.where(t % 20 < 12, "compute", "communication"),
-                }
-            )
-        )
         frames.append(
             pd.DataFrame(
                 {

@@ -151,9 +151,11 @@ def test_speed_from_a_measured_sweep():
     assert speed(one, np.array([1.0]))[0] == pytest.approx(1.0)
 
 
-def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
-    t = np.arange(300.0)
-    rows = [
+def square_wave_frames(seconds: int = 300, gpus: int = 4) -> list[pd.DataFrame]:
+    """One synchronous job's GPUs on node p-n0: 12 s compute at 690 W, 8 s communication
+    at 350 W, over and over (workload "train")."""
+    t = np.arange(float(seconds))
+    return [
         pd.DataFrame(
             {
                 "time_s": 1.7e9 + t,
@@ -164,8 +166,12 @@ def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
                 "phase": np.where(t % 20 < 12, "compute", "communication"),
             }
         )
-        for g in range(4)
+        for g in range(gpus)
     ]
+
+
+def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    rows = square_wave_frames()
     profiles = tmp_path / "p.csv"
     pd.concat(rows).to_csv(profiles, index=False)
     mix = tmp_path / "mix.toml"
