@@ -15,18 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from powerd.telemetry_schema import MEASUREMENTS, Measurement
+from powerd.telemetry_schema import Measurement
 
 DATASOURCE_UID = "powerd-influxdb"  # grafana/provisioning/datasources/powerd.yaml
 DATASOURCE = {"type": "influxdb", "uid": "${datasource}"}
 SCHEMA_VERSION = 39  # Grafana 10.4 / 11: loads as is, newer versions migrate
 GRID_WIDTH = 24
-
-_BY_NAME = {m.name: m for m in MEASUREMENTS}
-
-
-def measurement(name: str) -> Measurement:
-    return _BY_NAME[name]
 
 
 def ident(m: Measurement, name: str) -> str:
