@@ -15,32 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import machine, report
+from bench.common import cpu_s, machine, mem_mb, report
 from tests.brokers import Mosquitto, MqttProbe
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 GPUS = "8xH100"
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
-
-
-def mem_mb(pid: int) -> tuple[float, float]:
-    values = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            values[key] = int(rest.split()[0]) / 1024
-    return values["VmRSS"], values["VmHWM"]
 
 
 async def measure(broker: Mosquitto, period_s: float, window_s: float) -> dict:

@@ -9,6 +9,24 @@ from pathlib import Path
 
 import numpy as np
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """CPU time (user + system) a process has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+
+def mem_mb(pid: int) -> tuple[float, float]:
+    """Resident memory now and at its peak (VmRSS, VmHWM), MB."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values["VmRSS"], values["VmHWM"]
+
 
 def machine() -> str:
     """CPU model, core count, Python and numpy versions: enough to compare runs."""

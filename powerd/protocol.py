@@ -15,9 +15,10 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
+import msgspec.inspect
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 PROTOCOL_VERSION = 1
@@ -47,21 +48,57 @@ class ProtocolError(ValueError):
     """A payload or topic that breaks the protocol; the message says how."""
 
 
+# True while ``decode`` runs msgspec's decoder: the finiteness check of ``_Payload`` is then
+# redundant (the decoder refuses NaN, Infinity and numbers that overflow), and it cost
+# ~2.5 us of the ~5 us it takes to decode one telemetry message. Another thread that
+# builds a message meanwhile skips the check too; ``encode`` checks again before sending.
+_decoding = False
+
+
 class _Payload(Struct, forbid_unknown_fields=False, omit_defaults=True):
-    """Base of every message: rejects non-finite numbers anywhere inside it."""
+    """Base of every message: refuses non-finite numbers when built in code.
+
+    Decoding needs no check of its own: msgspec's JSON decoder has no NaN or
+    Infinity tokens and refuses numbers that overflow a float ("Number out of
+    range"; pinned by ``tests/test_protocol_payloads.py``). This check is for
+    messages built in code; ``encode`` checks again, since structs are mutable.
+    msgspec calls ``__post_init__`` when decoding too, where ``decode`` turns
+    it off (``_decoding``): telemetry decoding is the controller's hottest path
+    (docs/CONTROLLER.md). It looks only at the fields that can hold a float,
+    named once per class in ``_finite_fields`` (``_name_float_fields`` below).
+    """
+
+    _finite_fields: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
+        if _decoding:  # msgspec's decoder has refused any non-finite number already
+            return
         # Nested structs run their own __post_init__ when decoded or built, so only
         # this struct's own numbers are checked here (msgspec adds the path, `$.gpus[0]`).
-        for name in self.__struct_fields__:
+        for name in self._finite_fields:
             value = getattr(self, name)
-            if value.__class__ is float:
-                if value - value != 0.0:  # inf - inf and nan - nan are nan
-                    raise ValueError(f"non-finite number at {type(self).__name__}.{name}")
-            elif isinstance(value, list | tuple):
-                for i, item in enumerate(value):
-                    if not isinstance(item, Struct):  # structs check themselves
-                        _check_finite(item, f"{type(self).__name__}.{name}[{i}]")
+            if value.__class__ is float and value - value != 0.0:  # inf - inf, nan - nan: nan
+                raise ValueError(f"non-finite number at {type(self).__name__}.{name}")
+
+
+def _all_finite(struct: Struct) -> bool:
+    """No NaN or infinity anywhere inside ``struct``: ``_check_finite``'s fast path, no paths."""
+    for name in struct.__struct_fields__:
+        value = getattr(struct, name)
+        kind = value.__class__
+        if kind is float:
+            if value - value != 0.0:
+                return False
+        elif kind is list or kind is tuple:
+            for item in value:
+                if item.__class__ is float:
+                    if item - item != 0.0:
+                        return False
+                elif isinstance(item, Struct) and not _all_finite(item):
+                    return False
+        elif isinstance(value, Struct) and not _all_finite(value):
+            return False
+    return True
 
 
 def _check_finite(obj: Any, where: str) -> None:
@@ -198,6 +235,40 @@ class Heartbeat(_Payload):
     state: ControllerState
 
 
+def _can_hold_float(info: msgspec.inspect.Type) -> bool:
+    if isinstance(info, msgspec.inspect.FloatType):
+        return True
+    if isinstance(info, msgspec.inspect.UnionType):
+        return any(_can_hold_float(t) for t in info.types)
+    if isinstance(info, msgspec.inspect.ListType | msgspec.inspect.TupleType):
+        item_types = getattr(info, "item_types", None) or (getattr(info, "item_type", None),)
+        if any(t is not None and _can_hold_float(t) for t in item_types):
+            raise TypeError("a list of numbers needs a finiteness check in _Payload")
+    return False
+
+
+def _name_float_fields(*classes: type[_Payload]) -> None:
+    """Set each class's ``_finite_fields``: the fields whose type admits a float."""
+    for cls in classes:
+        info = msgspec.inspect.type_info(cls)
+        assert isinstance(info, msgspec.inspect.StructType)
+        cls._finite_fields = tuple(f.name for f in info.fields if _can_hold_float(f.type))
+
+
+_name_float_fields(
+    GpuTelemetry,
+    Telemetry,
+    GpuCommand,
+    Command,
+    GpuAck,
+    AckError,
+    Ack,
+    Status,
+    PhaseEvent,
+    Heartbeat,
+)
+
+
 # --- topics -------------------------------------------------------------------
 
 TOPIC_ROOT = "powerd/v1"
@@ -302,7 +373,8 @@ def encode(message: Message) -> bytes:
     when decoding. That costs microseconds and keeps every sender honest.
     """
     try:
-        _check_finite(message, type(message).__name__)
+        if not _all_finite(message):  # then find where, for the message
+            _check_finite(message, type(message).__name__)
     except ValueError as exc:
         raise ProtocolError(f"cannot encode {type(message).__name__}: {exc}") from None
     data = _ENCODER.encode(message)
@@ -326,6 +398,8 @@ def decode(
     size = memoryview(payload).nbytes  # bytes, whatever the memoryview's item size
     if size > MAX_PAYLOAD_BYTES:
         raise ProtocolError(f"payload of {size} bytes is over {MAX_PAYLOAD_BYTES}")
+    global _decoding
+    _decoding = True
     try:
         message = _DECODERS[cls].decode(payload)
     except msgspec.ValidationError as exc:
@@ -334,6 +408,8 @@ def decode(
         raise ProtocolError(f"not a valid JSON {cls.__name__}: {exc}") from None
     except (ValueError, TypeError, RecursionError) as exc:  # belt and braces
         raise ProtocolError(f"invalid {cls.__name__}: {exc}") from None
+    finally:
+        _decoding = False
     field = _NAME_FIELD.get(cls)
     if field is not None and name is not None and getattr(message, field) != name:
         raise ProtocolError(

@@ -61,6 +61,8 @@ takeover_after_s = 6
 epoch_discovery_s = 2
 infer_phases = false
 infer_window_s = 60
+ingest_share = 0.25
+max_raises_per_s = 300
 
 [broker]
 url = "mqtts://broker.example:8884"
@@ -129,8 +131,10 @@ def test_settings_hand_the_core_what_it_needs(tmp_path: Path) -> None:
         command_ttl_s=20.0,
         infer_phases=False,
         infer_window_s=60.0,
+        max_raises_per_cycle=150,  # 300 a second, 0.5 s cycles
         policy=config.policy,
     )
+    assert config.ingest_share == 0.25
 
 
 def test_recorder_file(tmp_path: Path) -> None:
@@ -227,6 +231,9 @@ ERRORS = [
     ),
     pytest.param("[controller]\nepoch_discovery_s = 31", "controller.epoch_discovery_s", id="disc"),
     pytest.param("[controller]\ninfer_window_s = 1", "controller.infer_window_s", id="window"),
+    pytest.param("[controller]\ningest_share = 0", "controller.ingest_share", id="share-0"),
+    pytest.param("[controller]\ningest_share = 1.5", "controller.ingest_share", id="share-big"),
+    pytest.param("[controller]\nmax_raises_per_s = 0", "controller.max_raises_per_s", id="raise"),
     pytest.param("[policy]\nuncap_step_fraction = 2", "uncap_step_fraction", id="pol-range"),
     pytest.param("[policy]\nhold_floor_w_per_gpu = -1", "hold_floor_w_per_gpu", id="floor"),
     pytest.param("[broker]\nkeepalive_s = 0", "broker.keepalive_s", id="keepalive"),

@@ -479,19 +479,41 @@ def test_stale_node_counts_at_failsafe_power_and_is_not_commanded() -> None:
     assert "k1-n1" not in dict(bench.cycle().commands)
 
 
-def test_node_back_from_silence_is_commanded_afresh() -> None:
+def test_node_back_from_silence_is_commanded_only_where_it_holds_other_caps() -> None:
     bench = make_bench(stale_after_s=5.0)
     bench.report_all(300.0)
     bench.apply(bench.cycle())
     silent = bench.cycle(advance_s=6.0)
     assert silent.commands == [] and silent.counters.stale_nodes == len(NODES)
     bench.clock.advance(1.0)
-    bench.report_all(300.0)
+    # all back; k2-n1 restarted meanwhile and holds its failsafe caps, the rest what they held
+    for node in NODES:
+        bench.report(node, 300.0, **({"cap_w": FAILSAFE_W} if node == "k2-n1" else {}))
     result = bench.cycle()
-    # every node was silent, so nothing it holds is known: all commanded again
-    assert sorted(dict(result.commands)) == sorted(NODES)
-    assert result.counters.commands_sent == len(NODES)
+    # what each holds is read from its telemetry: only the one that differs is commanded
+    assert [node for node, _ in result.commands] == ["k2-n1"]
+    assert all(g.cap_w > FAILSAFE_W for g in dict(result.commands)["k2-n1"].gpus)  # handed back
     assert result.counters.resends == 0
+
+
+def test_node_heard_but_not_yet_decoded_after_silence_is_not_commanded() -> None:
+    """Back, but its payload still waits in the inbox: not stale, and not commanded on
+    what it held before it went away (it may have restarted)."""
+    bench = make_bench(stale_after_s=5.0)
+    bench.report_all(300.0)
+    bench.apply(bench.cycle())
+    bench.cycle(advance_s=6.0)
+    bench.clock.advance(1.0)
+    for node in NODES[1:]:
+        bench.report(node, 300.0)
+    waiting = (np.array([0]), np.array([bench.clock.t]))  # k1-n1: received, not decoded
+    result = bench.core.cycle(waiting)
+    assert result.counters.stale_nodes == 0 and result.counters.telemetry_waiting == 1
+    assert result.commands == []
+    k1n1 = bench.gpus("k1-n1")
+    assert not result.decision.cap_w[k1n1.start] < FAILSAFE_W  # counted at what it may hold
+    bench.report("k1-n1", 300.0, cap_w=FAILSAFE_W)  # decoded now: it restarted
+    assert [node for node, _ in bench.cycle(advance_s=1.0).commands] == ["k1-n1"]
 
 
 def test_offline_status_counts_at_failsafe_power_until_telemetry_returns(bench: Bench) -> None:
@@ -512,9 +534,10 @@ def test_offline_status_counts_at_failsafe_power_until_telemetry_returns(bench: 
     bench.core.on_status("k2-n1", status_payload("k2-n1", "online"))
     bench.clock.advance(10.0)
     bench.report_all(300.0)
+    bench.report("k2-n1", 300.0, cap_w=FAILSAFE_W, n_gpus=2)  # back at its failsafe caps
     result = bench.cycle()
     assert result.counters.offline_nodes == 0
-    assert "k2-n1" in dict(result.commands)  # commanded afresh
+    assert "k2-n1" in dict(result.commands)  # it holds other caps than the decision's
 
 
 def test_failsafe_node_counts_its_measured_power_and_is_asked_again(bench: Bench) -> None:

@@ -223,3 +223,83 @@ def test_by_level_name(bench: Bench) -> None:
     assert by_level_name(top, node, SITE) == "lab"
     assert by_level_name(top, top.node_index("k1"), RACK) == "k1"  # itself
     assert by_level_name(top, top.node_index("r1"), RACK) is None  # above the level
+
+
+# --- fine_every_s: per-node points once per window, windows staggered ----------------
+
+
+def test_fine_recording_writes_each_node_once_per_window_spread_over_the_window() -> None:
+    """400 nodes at 1 Hz for 60 s, fine_every_s = 10: each node's gpu points once per
+    10 s window (after its first), and no second carries much more than a tenth of them."""
+    from powerd.protocol import GpuTelemetry, Telemetry
+    from powerd.topology import parse_budgets
+
+    topology = parse_budgets(
+        """
+version = 1
+[site]
+name = "s"
+limit_w = 3e6
+budget_w = 2e6
+[models.H100]
+failsafe_cap_w = 500
+[rows]
+count = 1
+name = "r"
+limit_w = 3e6
+budget_w = 2e6
+[rows.racks]
+count = 20
+name = "k{i}"
+limit_w = 100000
+budget_w = 90000
+[rows.racks.nodes]
+count = 20
+name = "{rack}-n{i}"
+gpus = 1
+model = "H100"
+"""
+    )
+    nodes = list(topology.servers)
+    assert len(nodes) == 400
+    records = Records("c", topology, "ctl", fine_every_s=10.0)
+    bench = make_bench()
+    per_second: list[int] = []
+    seen: dict[str, list[float]] = {n: [] for n in nodes}
+    for second in range(60):
+        count = 0
+        for k, node in enumerate(nodes):
+            ts = WALL0 + second + k / len(nodes)
+            gpu = GpuTelemetry(
+                index=0, uuid="u", power_w=100.0, energy_j=None, cap_w=700.0, cap_min_w=200.0,
+                cap_max_w=700.0, sm_clock_mhz=1000, max_sm_clock_mhz=None, util_pct=1.0,
+                temp_c=40.0,
+            )  # fmt: skip
+            sample = Telemetry(v=1, node=node, ts=ts, seq=second, mode="controlled", gpus=[gpu])
+            if records.telemetry(bench.core, sample):
+                seen[node].append(ts)
+                count += 1
+        per_second.append(count)
+    assert per_second[:1] == [0]  # no burst when the controller starts
+    for node, times in seen.items():
+        assert len(times) in (5, 6), node  # windows 1..5 (or 6) of 60 s after the first
+        assert all(9.0 < b - a < 11.0 for a, b in zip(times, times[1:])), node
+    assert max(per_second[10:]) < 2.5 * len(nodes) / 10  # a tenth a second, give or take
+
+
+def test_fine_recording_staggers_the_node_level_tree_points(bench: Bench) -> None:
+    records = Records("prod", bench.topology, "ctl-a", fine_every_s=10.0)
+    bench.report_all(650.0)
+    servers = set(bench.topology.servers)
+    written: dict[str, list[float]] = {n: [] for n in servers}
+    for second in range(41):
+        result = bench.cycle(advance_s=1.0)
+        for p in parsed(records.cycle(bench.core, result, TS + second)):
+            if p.measurement == "tree" and p.tags["name"] in servers:
+                written[p.tags["name"]].append(second)
+            elif p.measurement == "tree":
+                assert p.tags["level"] in ("site", "row", "rack")
+        bench.report_all(650.0)
+    for node, seconds in written.items():
+        assert len(seconds) == 4, (node, seconds)  # every 10 s, none in the first cycle
+        assert all(b - a == 10 for a, b in zip(seconds, seconds[1:])), node

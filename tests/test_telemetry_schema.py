@@ -394,3 +394,57 @@ def test_docs_list_every_measurement_tag_and_field_with_its_type() -> None:
             kind = {FLOAT: "float", INT: "integer", STRING: "string"}[f.type]
             row = rf"^\| `{f.name}` \| {kind} \| {re.escape(f.unit)} \|"
             assert re.search(row, section, re.M), f"{m.name} field {f.name} ({kind}, {f.unit})"
+
+
+# --- telemetry_lines' fast path writes what gpu_line writes ----------------------------
+
+_NUMBER = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
+    st.integers(-(10**6), 10**6),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    power=_NUMBER,
+    energy=st.one_of(st.none(), _NUMBER),
+    cap=_NUMBER,
+    clock=st.one_of(st.integers(0, 5000), st.floats(0, 5000)),
+    lock=st.one_of(st.none(), st.integers(0, 5000)),
+    seq=st.integers(0, 10**20),
+    mode=st.sampled_from(["controlled", "failsafe", "local"]),
+    job=st.one_of(st.none(), st.text("ab ,=\\", min_size=1, max_size=5)),
+    phase=st.one_of(st.none(), st.sampled_from(["compute", "checkpoint"])),
+    node=st.text('nx ,=\\"', min_size=1, max_size=6),
+)
+def test_telemetry_lines_fast_path_matches_gpu_line(
+    power, energy, cap, clock, lock, seq, mode, job, phase, node
+) -> None:
+    """Whatever the numbers (NaN, infinities, ints where floats go) and tag characters,
+    ``telemetry_lines`` (fast path) gives exactly the line ``gpu_line`` gives."""
+    from powerd.protocol import GpuTelemetry
+    from powerd.telemetry_schema import gpu_line
+
+    gpu = GpuTelemetry(
+        index=0, uuid="", power_w=0.0, energy_j=None, cap_w=1.0, cap_min_w=1.0,
+        cap_max_w=1.0, sm_clock_mhz=0, max_sm_clock_mhz=None, util_pct=0.0, temp_c=0.0,
+    )  # fmt: skip
+    for name, value in dict(  # set as code might after construction: unchecked
+        index=3, uuid="u", power_w=power, energy_j=energy, cap_w=cap, cap_min_w=200.0,
+        cap_max_w=700.0, sm_clock_mhz=clock, max_sm_clock_mhz=lock, util_pct=50.0,
+        temp_c=60.0, power_reading=None,
+    ).items():  # fmt: skip
+        setattr(gpu, name, value)
+    message = Telemetry(v=1, node="x", ts=0.0, seq=0, mode="local", gpus=[])
+    for name, value in dict(
+        v=1, node=node, ts=1.8e9 + 0.123, seq=seq, mode=mode, gpus=[gpu], epoch=None
+    ).items():
+        setattr(message, name, value)
+    expected = gpu_line(
+        message.ts, cluster="c", node=node, gpu=3, site="s", row=None, rack="k",
+        job=job, phase=phase, mode=mode, power_w=power, energy_j=energy, cap_w=cap,
+        cap_min_w=200.0, cap_max_w=700.0, sm_clock_mhz=clock, max_sm_clock_mhz=lock,
+        util_pct=50.0, temp_c=60.0, capped=cap < 700.0, seq=seq,
+    )  # fmt: skip
+    got = telemetry_lines("c", message, site="s", rack="k", job=job, phase=phase)
+    assert got == ([] if expected is None else [expected])

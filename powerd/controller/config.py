@@ -58,6 +58,12 @@ class ControllerConfig:
     agent_failsafe_after_s: float = 10.0  # the agents' failsafe_after_s (a silent node's grace)
     infer_phases: bool = True  # infer waits from power for jobs that do not announce them
     infer_window_s: float = 30.0  # power history the inference looks at
+    # At most this share of the time goes to decoding telemetry; past it, samples wait in
+    # the inbox and newer ones replace them (counted as dropped): docs/CONTROLLER.md, "Scale".
+    ingest_share: float = 0.5
+    # Commands that only hand watts back go to at most this many nodes a second; cuts,
+    # clock locks and resends are never held back (docs/CONTROLLER.md, "Scale").
+    max_raises_per_s: float = 2000.0
     broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
     policy: PolicySettings = field(default_factory=PolicySettings)
     recorder: RecorderConfig = field(default_factory=RecorderConfig)
@@ -73,6 +79,7 @@ class ControllerConfig:
             agent_failsafe_after_s=self.agent_failsafe_after_s,
             infer_phases=self.infer_phases,
             infer_window_s=self.infer_window_s,
+            max_raises_per_cycle=max(1, round(self.max_raises_per_s * self.cycle_s)),
             policy=self.policy,
         )
 
@@ -99,7 +106,14 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         return config
     where = str(path)
     known = {
-        "controller": {"name", "cluster", "infer_phases", *_TIMING_KEYS},
+        "controller": {
+            "name",
+            "cluster",
+            "infer_phases",
+            "ingest_share",
+            "max_raises_per_s",
+            *_TIMING_KEYS,
+        },
         "broker": BROKER_KEYS,
         "policy": _policy_keys(),
         "recorder": {
@@ -147,6 +161,10 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         ),
         source=where,
         infer_phases=get.flag(section, "controller.infer_phases", defaults.infer_phases),
+        ingest_share=get.number(section, "controller.ingest_share", defaults.ingest_share),
+        max_raises_per_s=get.number(
+            section, "controller.max_raises_per_s", defaults.max_raises_per_s
+        ),
         **timing,
     )
     validate(config, where)
@@ -177,6 +195,10 @@ def validate(config: ControllerConfig, where: str) -> None:
         raise ConfigError(f"{where}: controller.agent_failsafe_after_s must be in (0, 86400] s")
     if not 2 * config.cycle_s <= config.infer_window_s <= 3600:
         raise ConfigError(f"{where}: controller.infer_window_s must be in [2 cycles, 3600] s")
+    if not 0 < config.ingest_share <= 1:
+        raise ConfigError(f"{where}: controller.ingest_share must be in (0, 1]")
+    if not 1 <= config.max_raises_per_s <= 10**6:
+        raise ConfigError(f"{where}: controller.max_raises_per_s must be in [1, 1e6]")
     if not 0 <= config.recorder.fine_every_s <= 3600:
         raise ConfigError(f"{where}: recorder.fine_every_s must be in [0, 3600] s")
     if not 0 <= config.recorder.file_max_mb <= 10**7:

@@ -9,10 +9,11 @@ and is not commanded: by construction it holds that cap on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from policies import ClusterState, Decision, PolicySettings, Tree, decide, infer_phases
 from policies.tree import PHASE_CODES, PHASES, PRIORITY_CODES, SERVER
+from powerd.controller.inbox import Waiting
 from powerd.protocol import (
     Ack,
     Command,
@@ -36,6 +38,13 @@ from powerd.topology import Topology
 log = logging.getLogger("powerd.controller")
 _M = TypeVar("_M", Telemetry, Status, Ack)
 
+# Above its capping threshold, a tree node whose power rose by this share of its budget
+# since the last cycle brings the next decision forward (crossed_threshold).
+RISE_FRACTION = 0.01
+# A node found holding other caps than commanded is commanded again at most this often.
+DRIFT_RETRY_S = 10.0
+# A jump in an agent's telemetry seq larger than this is a restart (or nonsense), not a loss.
+MAX_SEQ_GAP = 3600
 CAP_TOLERANCE_W = 1.0  # smaller cap changes are not worth a command
 CAP_BOUND_FRACTION = 0.9  # a capped GPU drawing this share of its cap is held by it
 # Announced phases under which a job that never announces its waits has them inferred.
@@ -54,6 +63,8 @@ class ControllerSettings:
     # Infer phases from power for jobs that announce themselves but never their waits.
     infer_phases: bool = True
     infer_window_s: float = 30.0
+    # commands that only hand watts back, per cycle (cuts, clock changes, resends: all)
+    max_raises_per_cycle: int = 2000
     policy: PolicySettings = field(default_factory=PolicySettings)
 
 
@@ -85,6 +96,18 @@ class CycleCounters:
     failsafe_nodes: int = 0
     offline_nodes: int = 0
     rejected_payloads: int = 0
+    # telemetry (docs/CONTROLLER.md, "Scale"): received into the inbox, replaced there by a
+    # newer sample before it was decoded (dropped), missing from agents' sequence numbers
+    # (lost: never reached the controller), and nodes still waiting to be decoded
+    telemetry_received: int = 0
+    telemetry_dropped: int = 0
+    telemetry_lost: int = 0
+    telemetry_waiting: int = 0
+    ingest_s: float = 0.0  # CPU time spent decoding telemetry since the last cycle
+    # nodes whose raise (watts handed back) waits for a later cycle (max_raises_per_cycle)
+    raises_deferred: int = 0
+    # nodes found holding other caps or clock locks than commanded (commanded again)
+    nodes_drifted: int = 0
 
 
 @dataclass
@@ -133,7 +156,8 @@ class ControllerCore:
         self.power_w = tree.failsafe_cap_w.astype(float).copy()
         self.cap_w = tree.failsafe_cap_w.astype(float).copy()  # read back from the devices
         self.clock_mhz = np.full(n_gpus, np.nan)  # locks in force, read back
-        self.last_seen = np.full(n_servers, -math.inf)  # monotonic time of last telemetry
+        self.last_seen = np.full(n_servers, -math.inf)  # monotonic receipt of last telemetry
+        self._last_seq = [-1] * n_servers  # each agent's last telemetry seq (any size)
         self.mode = np.full(n_servers, "unknown", dtype="<U10")  # as each node last reported
         self.offline = np.zeros(n_servers, dtype=bool)
         self.jobs: dict[str, Job] = {}
@@ -142,6 +166,16 @@ class ControllerCore:
         self.commanded_cap_w = np.full(n_gpus, np.nan)
         self.commanded_clock = np.full(n_gpus, np.nan)
         self.pending: dict[int, tuple[int, float]] = {}  # server -> (seq, sent at)
+        # servers we could not command since they were last commanded: what they hold is
+        # read back from their telemetry when they are back (_track_holdings)
+        self._returning = np.zeros(n_servers, dtype=bool)
+        self._raise_cursor = 0  # where the round robin of deferred raises goes on
+        # agent clock (ts) of each node's newest decoded telemetry and of its last ack of ours
+        self._sample_ts = np.full(n_servers, -math.inf)
+        self._acked_ts = np.full(n_servers, -math.inf)
+        self._drift_retry_at = np.full(n_servers, -math.inf)  # monotonic
+        self._last_node_power_w: np.ndarray | None = None  # tree node power, last decision
+        self._overhead_sum_w: np.ndarray | None = None
         self.epoch = 0
         self.seq = 0
         self.newest_agent_epoch = -1  # the highest epoch any agent says it follows
@@ -159,33 +193,92 @@ class ControllerCore:
     # --- inputs ----------------------------------------------------------------
 
     def on_telemetry(self, node: str, payload: bytes) -> Telemetry | None:
-        """Take in one telemetry message; the decoded message, or None if it was refused."""
-        got = self._decode_from(node, Telemetry, payload, "telemetry")
-        if got is None:
+        """Take in one telemetry message now; the decoded message, or None if it was refused."""
+        server = self.server_of(node, "telemetry")
+        if server is None:
             return None
-        server, sample = got
-        gpus = self.layout.gpu_slices[server]
-        for g in sample.gpus:
-            if g.index >= len(gpus):
-                self._log.warning(
-                    f"gpuidx-{node}",
-                    self._monotonic(),
-                    "node %s reports GPU %d; the budgets file gives it %d",
-                    node,
-                    g.index,
-                    len(gpus),
-                )
+        samples = self.ingest([Waiting(server, payload, self._monotonic(), 0)])
+        return samples[0] if samples else None
+
+    def ingest(self, batch: Sequence[Waiting]) -> list[Telemetry]:
+        """Decode and take in telemetry payloads taken from the inbox; the valid ones, decoded.
+
+        The controller's hottest path (docs/CONTROLLER.md, "Scale"): per message only
+        the decode (every field validated, as everywhere) and list appends; the arrays
+        are written once per batch. A payload the protocol refuses is counted and
+        logged, and changes nothing. A node's ``last_seen`` is when its payload was
+        received, not when it was decoded. Gaps in a node's ``seq`` that the inbox did
+        not replace are counted as ``telemetry_lost``: samples that never reached us.
+        """
+        names, slices, last_seq = self.layout.server_names, self.layout.gpu_slices, self._last_seq
+        acked_ts = self._acked_ts
+        gpu_ids: list[int] = []
+        held_ids: list[int] = []
+        power: list[float] = []
+        cap: list[float] = []
+        clock: list[float | None] = []
+        servers: list[int] = []
+        arrivals: list[float] = []
+        sampled: list[float] = []
+        modes: list[str] = []
+        samples: list[Telemetry] = []
+        lost = 0
+        newest_epoch = self.newest_agent_epoch
+        for server, payload, arrived, replaced in batch:
+            node = names[server]
+            try:
+                sample = decode(Telemetry, payload, node)
+            except ProtocolError as exc:
+                self._reject(node, exc)
                 continue
-            i = gpus.start + g.index
-            self.power_w[i] = g.power_w
-            self.cap_w[i] = g.cap_w
-            self.clock_mhz[i] = np.nan if g.max_sm_clock_mhz is None else g.max_sm_clock_mhz
-        self.last_seen[server] = self._monotonic()
-        if sample.epoch is not None and sample.epoch > self.newest_agent_epoch:
-            self.newest_agent_epoch = sample.epoch
-        self.mode[server] = sample.mode
-        self.offline[server] = False
-        return sample
+            gpus = slices[server]
+            start, n_gpus = gpus.start, len(gpus)
+            # Caps read back in a sample taken before the node acked our last command are
+            # older than the ack's (they come on another connection): power only.
+            current = sample.ts >= acked_ts[server]
+            for g in sample.gpus:
+                if g.index >= n_gpus:
+                    self._log.warning(
+                        f"gpuidx-{node}",
+                        self._monotonic(),
+                        "node %s reports GPU %d; the budgets file gives it %d",
+                        node,
+                        g.index,
+                        n_gpus,
+                    )
+                    continue
+                gpu_ids.append(start + g.index)
+                power.append(g.power_w)
+                if current:
+                    held_ids.append(start + g.index)
+                    cap.append(g.cap_w)
+                    clock.append(g.max_sm_clock_mhz)
+            previous = last_seq[server]
+            gap = sample.seq - previous - 1
+            if 0 < gap <= MAX_SEQ_GAP and previous >= 0:  # lower: the agent restarted
+                lost += max(0, gap - replaced)
+            last_seq[server] = sample.seq
+            if sample.epoch is not None and sample.epoch > newest_epoch:
+                newest_epoch = sample.epoch
+            servers.append(server)
+            arrivals.append(arrived)
+            sampled.append(sample.ts)
+            modes.append(sample.mode)
+            samples.append(sample)
+        if gpu_ids:
+            self.power_w[gpu_ids] = power
+        if held_ids:
+            self.cap_w[held_ids] = cap
+            self.clock_mhz[held_ids] = np.array(clock, dtype=float)  # None (no lock): NaN
+        if servers:
+            # a batch may hold one node twice only if fed by hand: the newest arrival wins
+            self.last_seen[servers] = np.maximum(self.last_seen[servers], arrivals)
+            self._sample_ts[servers] = sampled
+            self.mode[servers] = modes
+            self.offline[servers] = False
+        self.newest_agent_epoch = newest_epoch
+        self.counters.telemetry_lost += lost
+        return samples
 
     def on_status(self, node: str, payload: bytes) -> None:
         got = self._decode_from(node, Status, payload, "status")
@@ -208,10 +301,13 @@ class ControllerCore:
             return  # an old command's ack
         del self.pending[server]
         self.counters.acks_received += 1
+        self._acked_ts[server] = ack.ts
         gpus = self.layout.gpu_slices[server]
         for g in ack.gpus:
             if g.index < len(gpus) and g.cap_w is not None:
                 self.cap_w[gpus.start + g.index] = g.cap_w
+                lock = g.max_sm_clock_mhz
+                self.clock_mhz[gpus.start + g.index] = np.nan if lock is None else lock
         if ack.result in ("partial", "rejected"):
             self._log.warning(
                 f"ack-{node}",
@@ -285,7 +381,9 @@ class ControllerCore:
 
     # --- the cycle -------------------------------------------------------------
 
-    def cycle(self) -> CycleResult:
+    def cycle(self, waiting: tuple[np.ndarray, np.ndarray] | None = None) -> CycleResult:
+        """Decide on what has been taken in; ``waiting``: the inbox's servers with a payload
+        not yet decoded, and when each arrived (they have been heard from: not stale)."""
         started = time.perf_counter()
         now = self._monotonic()
         dt_s = (
@@ -296,25 +394,149 @@ class ControllerCore:
         self._last_cycle_mono = now
         self.last_dt_s = dt_s
         counters, self.counters = self.counters, CycleCounters()
+        heard = self.last_seen
+        if waiting is not None and len(waiting[0]):
+            servers, arrived = waiting
+            heard = heard.copy()
+            heard[servers] = np.maximum(heard[servers], arrived)
+            counters.telemetry_waiting = len(servers)
         if self.settings.infer_phases:  # the power history is only for the inference
-            self._remember_power(now)
+            self._remember_power(now, heard)
             self._infer_phases()
-        state, live = self.cluster_state(now, counters)
-        for server in np.flatnonzero(~live | self._in_mode("failsafe")):
-            # it holds its failsafe caps, not what we last asked: ask again when it is back
-            self._forget_commanded(server)
-        decision = decide(self.tree, state, dt_s, self.settings.policy)
+        state, live = self.cluster_state(now, counters, heard)
+        self._track_holdings(now, live, counters)
+        policy = self.settings.policy
+        if dt_s < self.settings.cycle_s:  # an early cycle: hand back no more watts per second
+            scale = dt_s / self.settings.cycle_s
+            policy = dataclasses.replace(
+                policy,
+                uncap_step_fraction=policy.uncap_step_fraction * scale,
+                uncap_min_step_w=policy.uncap_min_step_w * scale,
+            )
+        decision = decide(self.tree, state, dt_s, policy)
+        self._last_node_power_w = decision.node_power_w
         commands = self._commands(decision, live, now, counters)
+        if counters.telemetry_dropped or counters.telemetry_lost:
+            self._log.warning(
+                "telemetry-dropped",
+                now,
+                "telemetry over capacity: %d samples dropped (a newer one of the same node came "
+                "before they were decoded), %d lost (gaps in agents' seq); %d nodes waiting",
+                counters.telemetry_dropped,
+                counters.telemetry_lost,
+                counters.telemetry_waiting,
+            )
         return CycleResult(decision, commands, counters, time.perf_counter() - started)
 
-    def cluster_state(self, now: float, counters: CycleCounters) -> tuple[ClusterState, np.ndarray]:
+    def _track_holdings(self, now: float, live: np.ndarray, counters: CycleCounters) -> None:
+        """What each node holds, as far as commands go.
+
+        A node in failsafe holds its failsafe caps, not what we last asked: it is asked
+        again (every cycle, until it leaves failsafe). A node we cannot command (silent,
+        offline, local) keeps no pending command; when it is back, what it holds is read
+        from its first fresh telemetry and it is commanded only where that differs from
+        the decision. So a node that was only stale (or a controller that fell behind)
+        costs no command at all, and a burst of returning nodes is no burst of commands.
+
+        Drift: a node with no command pending whose telemetry, sampled after it acked our
+        last command, shows caps or a clock lock other than what we asked (an old
+        leader's command applied late, a hand-set cap, a restart we did not see) is taken
+        at what it holds, so the decision commands it back; at most once per
+        ``DRIFT_RETRY_S`` per node, since a GPU that refuses a value would drift forever.
+        """
+        failsafe = live & self._in_mode("failsafe")
+        for server in np.flatnonzero(failsafe):
+            self._forget_commanded(server)
+        self._returning[failsafe] = False
+        for server in [s for s in self.pending if not live[s]]:
+            del self.pending[server]
+        self._returning |= ~live
+        decoded_fresh = (now - self.last_seen) <= self.settings.stale_after_s
+        back = live & self._returning & decoded_fresh
+        if back.any():
+            self._adopt_read_back(back)
+            self._returning[back] = False
+        # heard from (a payload waiting) but not yet decoded since it was away: not yet
+        live &= ~self._returning
+        self._check_drift(now, live & decoded_fresh & ~failsafe, counters)
+
+    def _check_drift(self, now: float, candidates: np.ndarray, counters: CycleCounters) -> None:
+        pending = np.zeros(len(candidates), dtype=bool)
+        pending[list(self.pending)] = True
+        settled = candidates & ~pending & (self._sample_ts > self._acked_ts)
+        settled &= now >= self._drift_retry_at
+        if not settled.any():
+            return
+        gpus = settled[self._gpu_server_ordinal]
+        commanded_cap, commanded_clock = self.commanded_cap_w, self.commanded_clock
+        known = ~np.isnan(commanded_cap)
+        cap_off = known & ~(np.abs(self.cap_w - commanded_cap) <= CAP_TOLERANCE_W)
+        clock_off = known & ~(
+            (np.isnan(commanded_clock) & np.isnan(self.clock_mhz))
+            | (commanded_clock == self.clock_mhz)
+        )
+        off = gpus & (cap_off | clock_off)
+        if not off.any():
+            return
+        drifted = np.bincount(self._gpu_server_ordinal, weights=off, minlength=len(candidates)) > 0
+        self._adopt_read_back(drifted)
+        self._drift_retry_at[drifted] = now + DRIFT_RETRY_S
+        counters.nodes_drifted += int(drifted.sum())
+        first = self.layout.server_names[int(np.flatnonzero(drifted)[0])]
+        self._log.warning(
+            "drift",
+            now,
+            "%d nodes hold caps or clock locks other than commanded (%s first): commanded again",
+            int(drifted.sum()),
+            first,
+        )
+
+    def _adopt_read_back(self, servers: np.ndarray) -> None:
+        """Take what these servers report they hold as what they were commanded."""
+        gpus = servers[self._gpu_server_ordinal]
+        self.commanded_cap_w[gpus] = self.cap_w[gpus]
+        self.commanded_clock[gpus] = self.clock_mhz[gpus]
+
+    def crossed_threshold(self) -> bool:
+        """A reason to decide now, before the next period: in the telemetry taken in since
+        the last cycle, a tree node is above its capping threshold and was not then, or
+        is and has risen by more than ``RISE_FRACTION`` of its budget since (more of a
+        rack's nodes reporting a load that came on all at once).
+
+        Measured power only (silent nodes as last heard), so it only says when to decide;
+        the decision itself counts every node as ``cluster_state`` does.
+        """
+        last = self._last_node_power_w
+        if last is None:
+            return False
+        if self._overhead_sum_w is None:
+            self._overhead_sum_w = self.tree.overhead_sum()
+        power = self.tree.node_sum(self.power_w) + self._overhead_sum_w
+        tree = self.tree
+        over = power > tree.cap_threshold_w
+        news = over & (
+            (last <= tree.cap_threshold_w) | (power > last + RISE_FRACTION * tree.budget_w)
+        )
+        return bool(np.any(news))
+
+    def count_ingest(self, received: int, dropped: int, seconds: float) -> None:
+        """What the service's telemetry path did since the last cycle (the inbox's counts)."""
+        self.counters.telemetry_received += received
+        self.counters.telemetry_dropped += dropped
+        self.counters.ingest_s += seconds
+
+    def cluster_state(
+        self, now: float, counters: CycleCounters, heard: np.ndarray | None = None
+    ) -> tuple[ClusterState, np.ndarray]:
         """Arrays for the policy, and which servers may be commanded.
 
         Silent or offline servers count at their failsafe cap, or at their last
         read-back caps while they may still hold them; local-mode ones at what they
-        draw. None of them is commanded.
+        draw. None of them is commanded. ``heard``: when each server was last heard
+        from (default ``last_seen``).
         """
-        fresh = (now - self.last_seen) <= self.settings.stale_after_s
+        heard = self.last_seen if heard is None else heard
+        fresh = (now - heard) <= self.settings.stale_after_s
         live = fresh & ~self.offline
         counters.stale_nodes = int(np.sum(~fresh & ~self.offline))
         counters.offline_nodes = int(np.sum(self.offline))
@@ -323,7 +545,7 @@ class ControllerCore:
         # What a node we cannot hear holds: its failsafe caps, or its last caps if they
         # were higher while it may still be holding them (silent for less than the
         # agents' failsafe_after_s; or stopped, with on_exit = keep).
-        silent_s = now - self.last_seen
+        silent_s = now - heard
         holding_last = (
             ~live & ((silent_s <= self.settings.agent_failsafe_after_s) | self.offline)
         )[self._gpu_server_ordinal]
@@ -353,30 +575,50 @@ class ControllerCore:
     def _commands(
         self, decision: Decision, live: np.ndarray, now: float, counters: CycleCounters
     ) -> list[tuple[str, Command]]:
-        out: list[tuple[str, Command]] = []
+        """Commands for the nodes whose caps or clock locks change, and resends.
+
+        Cuts, clock changes and resends go out at once, whatever their number. A
+        command that only hands watts back (or restates what a node holds after a new
+        epoch) waits its turn when more than ``max_raises_per_cycle`` want one: the rest
+        keep their lower caps a cycle or more longer, which is safe, and the nodes are
+        served round robin. That bounds the flood when a whole site uncaps at once.
+        """
+        n_servers = len(self.layout.server_names)
+        ordinal = self._gpu_server_ordinal
         cap_changed = ~(np.abs(decision.cap_w - self.commanded_cap_w) <= CAP_TOLERANCE_W)
         # the last fraction of a watt back to cap_max is sent too: else the GPU stays "capped"
         cap_max = self.tree.cap_max_w
         cap_changed |= (decision.cap_w >= cap_max) & ~(self.commanded_cap_w >= cap_max)
         want_clock, had_clock = decision.max_sm_clock_mhz, self.commanded_clock
-        clock_changed = ~((np.isnan(want_clock) & np.isnan(had_clock)) | (want_clock == had_clock))
+        clock_moved = ~((np.isnan(want_clock) & np.isnan(had_clock)) | (want_clock == had_clock))
         # What a node holds is unknown (new epoch, forgotten): say its clock explicitly, so a
         # lock left by an earlier leader or command is removed (null) rather than kept (absent).
-        clock_changed |= np.isnan(self.commanded_cap_w)
-        changed = (
-            np.bincount(
-                self._gpu_server_ordinal,
-                weights=(cap_changed | clock_changed).astype(float),
-                minlength=len(self.layout.server_names),
-            )
-            > 0
-        )
-        for server in np.flatnonzero(live):
+        unknown = np.isnan(self.commanded_cap_w)
+        clock_changed = clock_moved | unknown
+        holds = np.where(unknown, self.cap_w, self.commanded_cap_w)
+        cut = cap_changed & (decision.cap_w < holds - CAP_TOLERANCE_W)
+        urgent_gpu = cut | (clock_moved & ~(unknown & np.isnan(want_clock)))
+
+        def any_per_server(mask: np.ndarray) -> np.ndarray:
+            return np.bincount(ordinal, weights=mask, minlength=n_servers) > 0
+
+        overdue = np.zeros(n_servers, dtype=bool)
+        for server, (_, sent_at) in self.pending.items():
+            overdue[server] = now - sent_at > self.settings.ack_timeout_s
+        wanted = live & (any_per_server(cap_changed | clock_changed) | overdue)
+        must = wanted & (any_per_server(urgent_gpu) | overdue)
+        raises = np.flatnonzero(wanted & ~must)
+        budget = self.settings.max_raises_per_cycle
+        if len(raises) > budget:  # round robin from where the last cycle stopped
+            first = int(np.searchsorted(raises, self._raise_cursor))
+            raises = np.concatenate([raises[first:], raises[:first]])[:budget]
+            self._raise_cursor = int(raises[-1]) + 1
+            counters.raises_deferred = int(np.sum(wanted & ~must)) - budget
+        send = np.sort(np.concatenate([np.flatnonzero(must), raises]))
+        out: list[tuple[str, Command]] = []
+        for server in send:
             pending = self.pending.get(server)
-            overdue = pending is not None and now - pending[1] > self.settings.ack_timeout_s
-            if not changed[server] and not overdue:
-                continue
-            if overdue:
+            if overdue[server]:
                 counters.acks_missing += 1
                 counters.resends += 1
                 self._forget_commanded(server)
@@ -388,7 +630,7 @@ class ControllerCore:
             for local, i in enumerate(gpus):
                 clock = want_clock[i]
                 entry = GpuCommand(index=local, cap_w=float(decision.cap_w[i]))
-                if overdue or clock_changed[i]:
+                if overdue[server] or clock_changed[i]:
                     entry.max_sm_clock_mhz = None if np.isnan(clock) else float(clock)
                 entries.append(entry)
             command = Command(
@@ -408,8 +650,8 @@ class ControllerCore:
 
     # --- phase inference -------------------------------------------------------
 
-    def _remember_power(self, now: float) -> None:
-        fresh = ((now - self.last_seen) <= self.settings.stale_after_s) & ~self.offline
+    def _remember_power(self, now: float, heard: np.ndarray) -> None:
+        fresh = ((now - heard) <= self.settings.stale_after_s) & ~self.offline
         # A capped GPU drawing (nearly) its cap says nothing about its phase: left out (NaN),
         # else a job the controller has just capped would look like a synchronised wait.
         capped = self.cap_w < self.tree.cap_max_w - CAP_TOLERANCE_W
@@ -465,6 +707,8 @@ class ControllerCore:
         self.epoch = epoch
         self.seq = 0
         self.pending.clear()
+        self._returning[:] = False
+        self._acked_ts[:] = -math.inf
         self.commanded_cap_w[:] = np.nan
         self.commanded_clock[:] = np.nan
 
@@ -487,7 +731,7 @@ class ControllerCore:
         self.commanded_clock[gpus.start : gpus.stop] = np.nan
         self.pending.pop(server, None)
 
-    def _server(self, node: str, what: str) -> int | None:
+    def server_of(self, node: str, what: str) -> int | None:
         server = self.layout.by_name.get(node)
         if server is None:
             self._log.warning(
@@ -504,7 +748,7 @@ class ControllerCore:
     ) -> tuple[int, _M] | None:
         """The sending server's index and the decoded message; None (logged, counted if
         invalid) for a node not in the budgets file or a payload the protocol refuses."""
-        server = self._server(node, what)
+        server = self.server_of(node, what)
         if server is None:
             return None
         try:

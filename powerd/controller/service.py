@@ -1,9 +1,23 @@
 """`powerd controller`: a thin asyncio shell around ``ControllerCore`` and ``Leadership``.
 
-One connection to the broker. The message loop feeds telemetry, acks,
-statuses, phases and heartbeats to the core; the cycle loop, every
-``cycle_s`` while leading, runs the policy, publishes the commands that
-changed, the heartbeat, and hands what happened to the recorder.
+Two connections to the broker (``powerd.mqtt_link``), one event loop, one thread:
+
+- the control connection: heartbeats (ours out, others' in), commands out,
+  acks, statuses and phases in;
+- the telemetry connection (``powerd.mqtt_stream``, a receive-only client
+  for the one QoS 0 subscription): every node's telemetry into the
+  ``TelemetryInbox``, newest sample per node. Control traffic never waits
+  behind telemetry, in the broker's queue for a client or in a socket, and
+  each connection keeps its own keepalive.
+
+The ingest loop decodes what waits in the inbox into the core every
+``INGEST_PERIOD_S``, within ``ingest_share`` of the time (the rest waits,
+newer samples replacing older ones: counted as dropped); the cycle loop,
+every ``cycle_s`` while leading, takes in what is left, runs the policy,
+queues the commands that changed and hands what happened to the recorder;
+the heartbeat goes out every ``heartbeat_s`` beside it. Nothing here waits
+for the broker to acknowledge a publish. docs/CONTROLLER.md, "Scale", says
+why and what one controller holds.
 """
 
 from __future__ import annotations
@@ -11,24 +25,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
-
-import aiomqtt
 
 from powerd.backoff import Backoff
 from powerd.controller.config import ControllerConfig
 from powerd.controller.core import ControllerCore, CycleResult, Layout
+from powerd.controller.inbox import TelemetryInbox
 from powerd.controller.leadership import Leadership
 from powerd.controller.records import Records
+from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
+from powerd.mqtt_stream import MqttStream, StreamError
 from powerd.protocol import Heartbeat, ProtocolError, Topics, decode, encode
 from powerd.recorder import Recorder
 from powerd.systemd import SystemdNotifier
 
 log = logging.getLogger("powerd.controller")
 
-# QoS 1 commands in flight at once on the controller's connection (paho's default is 20).
-MAX_INFLIGHT = 1000
+# How often the ingest loop decodes what waits in the inbox (at most; a cycle also does).
+INGEST_PERIOD_S = 0.1
+# Payloads decoded between two looks at the clock (the budget's granularity).
+INGEST_BATCH = 256
 
 
 class ControllerService:
@@ -49,25 +67,47 @@ class ControllerService:
         self.layout = layout
         self.recorder = recorder
         self.records = records  # builds the recorder's points
-        self.topics = Topics(config.cluster)
+        self.topics = t = Topics(config.cluster)
+        client_id = f"powerd-controller-{config.cluster}-{config.name}"
+        self.control = MqttLink(
+            config.broker,
+            client_id,
+            [(t.heartbeat, 1), (t.all_acks, 1), (t.all_status, 1), (t.all_phases, 1)],
+            self._on_control_message,
+            monotonic=monotonic,
+        )
+        self.inbox = TelemetryInbox(t.telemetry(n) for n in layout.server_names)
+        self.telemetry = MqttStream(
+            config.broker,
+            f"{client_id}-telemetry",
+            t.all_telemetry,  # QoS 0, as agents publish it: a lost sample is replaced next period
+            self._on_telemetry_message,
+            monotonic=monotonic,
+        )
+        self.ingest_period_s = min(INGEST_PERIOD_S, config.cycle_s / 4)
+        self._counted = (0, 0)  # the inbox's received and replaced, as last counted
+        self._ingest_allowance_s = 0.0  # decode time left in the budget's bucket
+        self._ingest_filled_at = time.monotonic()
         self.leadership = Leadership(config.name, config.takeover_after_s)
         self.cycles: list[CycleResult] = []  # the last few
         # called with every cycle's result as soon as it is decided (the demo's trace, tests)
         self.cycle_listeners: list[Callable[[CycleResult], None]] = []
-        self.connected = asyncio.Event()
+        self.connected = asyncio.Event()  # the control connection
+        self.telemetry_up = asyncio.Event()
         self.leading = asyncio.Event()
         self._monotonic = monotonic
         self._wall = wall
-        self._client: aiomqtt.Client | None = None
         self._heartbeat_seen = asyncio.Event()
+        self._decide_now = asyncio.Event()  # a threshold crossed: decide before the period ends
         self._cycled = asyncio.Condition()
         # Set when run() ends: no taking (back) the lead, no reconnecting. The loops end on
         # their own even when a cancellation is lost (asyncio.wait_for in 3.11 can drop one).
         self._stopping = False
-        self._backoff = Backoff(config.broker.reconnect_min_s, config.broker.reconnect_max_s)
 
     async def run(self, stop: asyncio.Event) -> None:
         connection = asyncio.create_task(self._connection_loop(), name="connection")
+        telemetry = asyncio.create_task(self._telemetry_loop(), name="telemetry")
+        ingest = asyncio.create_task(self._ingest_loop(), name="ingest")
         stopper = asyncio.create_task(stop.wait(), name="stop")
         watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
         self.notifier.ready(f"cluster {self.config.cluster}, connecting to the broker")
@@ -80,9 +120,13 @@ class ControllerService:
             self._stopping = True
             stopper.cancel()
             watchdog.cancel()
+            ingest.cancel()
             await self._step_down_on_exit()
             connection.cancel()
-            await asyncio.gather(connection, return_exceptions=True)
+            telemetry.cancel()
+            self.telemetry.close()  # ends its read even if the cancel is lost
+            await asyncio.gather(connection, telemetry, ingest, return_exceptions=True)
+            self.control.close()
             if self.recorder is not None:  # flushes what is buffered, for at most 5 s
                 await asyncio.to_thread(self.recorder.close, 5.0)
             log.info("controller stopped")
@@ -98,59 +142,63 @@ class ControllerService:
         async with self._cycled:
             await asyncio.wait_for(self._cycled.wait_for(predicate), timeout_s)
 
-    # --- connection ------------------------------------------------------------
+    # --- connections -------------------------------------------------------------
 
     async def _connection_loop(self) -> None:
-        broker = self.config.broker
+        backoff = Backoff(self.config.broker.reconnect_min_s, self.config.broker.reconnect_max_s)
         while not self._stopping:
             try:
-                async with aiomqtt.Client(
-                    **broker.client_kwargs(),
-                    identifier=f"powerd-controller-{self.config.cluster}-{self.config.name}",
-                    clean_session=True,
-                    timeout=5.0,
-                    max_inflight_messages=MAX_INFLIGHT,
-                ) as client:
-                    # a cycle may command every node at once: that is no backlog to warn of
-                    client.pending_calls_threshold = 2 * len(self.layout.server_names) + 10
-                    self._client = client
-                    self._backoff.reset()
-                    await self._session(client)
-            except aiomqtt.MqttError as exc:
-                log.warning("broker %s: %s", broker.display, exc)
+                await self.control.connect()
+                backoff.reset()
+                await self._session(self.control)
+            except (LinkError, *LINK_ERRORS) as exc:
+                log.warning("broker %s: %s", self.config.broker.display, exc)
             finally:
-                self._client = None
+                self.control.close()
                 self.connected.clear()
                 if self.leadership.leading:
                     log.warning("lost the broker: no longer leading until reconnected")
                     self.leadership.leading = False
                     self.leading.clear()
-            delay_s = self._backoff.next_delay_s()
-            await asyncio.sleep(delay_s)
+            await asyncio.sleep(backoff.next_delay_s())
 
-    async def _session(self, client: aiomqtt.Client) -> None:
-        t = self.topics
-        await client.subscribe(t.heartbeat, qos=1)
-        for topic in (t.all_telemetry, t.all_acks, t.all_status, t.all_phases):
-            await client.subscribe(topic, qos=1)
+    async def _telemetry_loop(self) -> None:
+        stream = self.telemetry
+        backoff = Backoff(self.config.broker.reconnect_min_s, self.config.broker.reconnect_max_s)
+        while not self._stopping:
+            try:
+                await stream.connect()
+                backoff.reset()
+                self.telemetry_up.set()
+                log.info("telemetry connection up: %s", self.topics.all_telemetry)
+                why = await stream.run()
+                log.warning("telemetry connection lost (%s): nodes look stale after %g s",
+                            why, self.config.stale_after_s)  # fmt: skip
+            except (StreamError, *LINK_ERRORS) as exc:
+                log.warning("telemetry connection to %s: %s", self.config.broker.display, exc)
+            finally:
+                self.telemetry_up.clear()
+                stream.close()
+            await asyncio.sleep(backoff.next_delay_s())
+
+    async def _session(self, link: MqttLink) -> None:
         self.connected.set()
         log.info("connected to %s as %s", self.config.broker.display, self.config.name)
-        reader = asyncio.create_task(self._read(client))
-        try:
-            # learn the current epoch from the retained heartbeat, if there is one
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._heartbeat_seen.wait(), self.config.epoch_discovery_s)
-            await self._control_loop(client, reader)
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        # learn the current epoch from the retained heartbeat, if there is one
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.epoch_discovery_s):
+                await self._heartbeat_seen.wait()
+        await self._control_loop(link)
 
-    async def _control_loop(self, client: aiomqtt.Client, reader: asyncio.Task) -> None:
+    async def _control_loop(self, link: MqttLink) -> None:
         loop = asyncio.get_running_loop()
         next_cycle = loop.time()
         next_beat = loop.time()
-        while not reader.done() and not self._stopping:
+        last_cycle = -math.inf
+        self._decide_now.clear()
+        assert link.lost is not None
+        link.lost.add_done_callback(lambda _: self._decide_now.set())  # wake up to leave
+        while not link.lost.done() and not self._stopping:
             now = loop.time()
             if self.leadership.leading and self.core.newest_agent_epoch > self.leadership.epoch:
                 # Agents follow a newer epoch than ours (the broker lost the retained
@@ -169,43 +217,115 @@ class ControllerService:
                 self.notifier.status(f"leading, epoch {self.leadership.epoch}")
                 next_beat = now
             if self.leadership.leading and now >= next_beat:
-                await self._publish_heartbeat(client, "leader")
+                link.publish(self.topics.heartbeat, self._heartbeat("leader"), qos=1, retain=True)
                 next_beat = now + self.config.heartbeat_s
-            if now >= next_cycle:
+            early = self._decide_now.is_set() and now - last_cycle >= self.config.cycle_s / 4
+            if now >= next_cycle or early:
+                self._decide_now.clear()
                 if self.leadership.leading:
-                    await self._cycle(client)
-                next_cycle += self.config.cycle_s
-                if next_cycle < now:
-                    next_cycle = now + self.config.cycle_s
+                    self._cycle(link)
+                    last_cycle = now
+                    async with self._cycled:
+                        self._cycled.notify_all()
+                if not early:
+                    next_cycle += self.config.cycle_s
+                    if next_cycle < now:
+                        next_cycle = now + self.config.cycle_s
             # A standby sends no heartbeat: its next_beat is stale, and waking for it would
             # spin. It wakes every cycle to see whether it should lead.
             wake = min(next_cycle, next_beat) if self.leadership.leading else next_cycle
-            await asyncio.sleep(max(0.0, wake - loop.time()))
-        if reader.done():
-            reader.result()  # the reader ended: raise its error (a broker failure)
+            if self._decide_now.is_set():  # decided too recently: not before the gap is over
+                wake = min(wake, last_cycle + self.config.cycle_s / 4)
+                await asyncio.sleep(max(0.0, wake - loop.time()))
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, wake - loop.time())):
+                    await self._decide_now.wait()
+        if link.lost.done():
+            raise LinkError(f"connection lost: {link.lost.result()}")
 
-    async def _cycle(self, client: aiomqtt.Client) -> None:
-        result = self.core.cycle()
+    # --- telemetry ---------------------------------------------------------------
+
+    def _on_telemetry_message(self, topic: str, payload: bytes, arrived: float) -> None:
+        if self.inbox.put(topic, payload, arrived) is None:
+            self._on_unknown_telemetry(topic)
+
+    def _on_unknown_telemetry(self, topic: str) -> None:
+        """Telemetry on a topic of no node in the budgets file: a bad name, or a stranger."""
+        try:
+            _, node = self.topics.parse(topic)
+        except ProtocolError:
+            self.core.count_rejected()
+            return
+        assert node is not None
+        self.core.server_of(node, "telemetry")  # not in the budgets file: logged, ignored
+
+    async def _ingest_loop(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.ingest_period_s)
+            self._ingest()
+            if self.leadership.leading and self.core.crossed_threshold():
+                self._decide_now.set()
+
+    def _ingest(self) -> None:
+        """Decode what waits in the inbox, oldest first, within the decode budget.
+
+        The budget is a bucket of CPU time that fills at ``ingest_share`` seconds a
+        second of wall time (up to one cycle's worth) and empties by the CPU time the
+        decoding takes: a share of a core whatever the ingest loop's timer does (a busy
+        loop runs it late, and then it has more to do and more budget for it), and
+        whatever else runs on the machine (counted in wall time, a controller that
+        another process keeps off the CPU would starve its own decoding).
+        """
+        now, cpu = time.monotonic(), time.thread_time()
+        share = self.config.ingest_share
+        allowance = min(
+            self._ingest_allowance_s + share * (now - self._ingest_filled_at),
+            share * self.config.cycle_s,
+        )
+        budget_end = cpu + allowance
+        inbox, recording = self.inbox, self.recorder is not None and self.records is not None
+        while len(inbox) and time.thread_time() < budget_end:
+            samples = self.core.ingest(inbox.take(INGEST_BATCH))
+            if recording:
+                assert self.recorder is not None and self.records is not None
+                lines: list[str] = []
+                for sample in samples:
+                    lines += self.records.telemetry(self.core, sample)
+                if lines:
+                    self.recorder.write(lines)
+        spent = time.thread_time() - cpu
+        self._ingest_allowance_s = allowance - spent
+        self._ingest_filled_at = now
+        received, replaced = inbox.received, inbox.replaced
+        self.core.count_ingest(received - self._counted[0], replaced - self._counted[1], spent)
+        self._counted = (received, replaced)
+
+    # --- the cycle ---------------------------------------------------------------
+
+    def _cycle(self, link: MqttLink) -> None:
+        self._ingest()  # the newest samples there are
+        result = self.core.cycle(self.inbox.waiting_arrivals() if len(self.inbox) else None)
         for listener in self.cycle_listeners:
             try:
                 listener(result)
             except Exception:  # an observer never stops the control loop
                 log.exception("cycle listener %r failed", listener)
-        # All at once: awaiting each broker acknowledgement in turn took ~3 ms a command
-        # (190 ms of the demo's 500 ms cycle; seconds at 20,000 nodes).
-        await asyncio.gather(
-            *(
-                client.publish(self.topics.command(node), encode(command), qos=1)
-                for node, command in result.commands
-            )
-        )
+        # Queued, not awaited: the broker's PUBACKs are paho's business, and an
+        # unacknowledged command is resent by the core after ack_timeout_s anyway.
+        for node, command in result.commands:
+            link.publish(self.topics.command(node), encode(command), qos=1)
         if self.recorder is not None and self.records is not None:
-            self.recorder.write(self.records.cycle(self.core, result, self._wall()))
+            # its points after the loop has read the sockets again (~3,000 lines at site
+            # scale, tens of ms): the broker's queue for us does not fill meanwhile
+            asyncio.get_running_loop().call_soon(self._record_cycle, result, self._wall())
         self.cycles = [*self.cycles[-59:], result]
-        async with self._cycled:
-            self._cycled.notify_all()
 
-    async def _publish_heartbeat(self, client: aiomqtt.Client, state: str) -> None:
+    def _record_cycle(self, result: CycleResult, ts: float) -> None:
+        assert self.recorder is not None and self.records is not None
+        self.recorder.write(self.records.cycle(self.core, result, ts))
+
+    def _heartbeat(self, state: str) -> bytes:
         beat = Heartbeat(
             v=1,
             epoch=self.leadership.epoch,
@@ -213,44 +333,37 @@ class ControllerService:
             controller=self.config.name,
             state=state,  # type: ignore[arg-type]
         )
-        await client.publish(self.topics.heartbeat, encode(beat), qos=1, retain=True)
+        return encode(beat)
 
     async def _step_down_on_exit(self) -> None:
         """A clean stop hands over at once: a retained standby heartbeat, not a stale leader one."""
-        client = self._client
-        if client is None or not self.leadership.leading:
+        link = self.control
+        if not link.connected.is_set() or not self.leadership.leading:
             return
         self.leadership.leading = False
+        mid = link.publish(self.topics.heartbeat, self._heartbeat("standby"), qos=1, retain=True)
+        if mid is None or not await link.published(mid, 2.0):
+            log.warning("could not publish the standby heartbeat on exit")
+
+    # --- control messages --------------------------------------------------------
+
+    def _on_control_message(self, topic: str, payload: bytes, _arrived: float) -> None:
         try:
-            await asyncio.wait_for(self._publish_heartbeat(client, "standby"), 2.0)
-        except (aiomqtt.MqttError, TimeoutError) as exc:
-            log.warning("could not publish the standby heartbeat on exit: %s", exc)
-
-    # --- messages --------------------------------------------------------------
-
-    async def _read(self, client: aiomqtt.Client) -> None:
-        async for message in client.messages:
-            payload = message.payload if isinstance(message.payload, bytes) else b""
-            try:
-                kind, name = self.topics.parse(message.topic.value)
-                if kind == "heartbeat":
-                    self._on_heartbeat(payload)
-                elif kind == "telemetry" and name:
-                    sample = self.core.on_telemetry(name, payload)
-                    if sample is not None and self.recorder is not None and self.records:
-                        self.recorder.write(self.records.telemetry(self.core, sample))
-                elif kind == "ack" and name:
-                    self.core.on_ack(name, payload)
-                elif kind == "status" and name:
-                    self.core.on_status(name, payload)
-                elif kind == "phase" and name:
-                    event = self.core.on_phase(name, payload)
-                    if event is not None and self.recorder is not None and self.records:
-                        self.recorder.write(self.records.phase(event))
-            except ProtocolError:
-                self.core.count_rejected()
-            except Exception:  # no payload stops the controller
-                log.exception("unexpected error handling %s", message.topic.value)
+            kind, name = self.topics.parse(topic)
+            if kind == "heartbeat":
+                self._on_heartbeat(payload)
+            elif kind == "ack" and name:
+                self.core.on_ack(name, payload)
+            elif kind == "status" and name:
+                self.core.on_status(name, payload)
+            elif kind == "phase" and name:
+                event = self.core.on_phase(name, payload)
+                if event is not None and self.recorder is not None and self.records:
+                    self.recorder.write(self.records.phase(event))
+        except ProtocolError:
+            self.core.count_rejected()
+        except Exception:  # no payload stops the controller
+            log.exception("unexpected error handling %s", topic)
 
     def _on_heartbeat(self, payload: bytes) -> None:
         try:

@@ -1,0 +1,339 @@
+"""One controller at site scale over a real broker: Mosquitto, `powerd controller`, `powerd fleet`.
+
+For each scenario it starts a fresh Mosquitto, the controller (its own
+process, recording to a line-protocol file at ``recorder.fine_every_s =
+10``), a bare paho subscriber (``bench.bare_subscriber``, the yardstick) and
+the fleet simulator (``powerd fleet``: every node's telemetry at its period,
+acks as agents send them, a rack pushed to full power every ``--push-every-s``
+after the warm-up). Over the measured window, after ``--warmup-s``, it
+reports:
+
+- CPU per telemetry message: the controller's (utime + stime from /proc over
+  the messages it received, from its ``decision`` points) and the bare
+  subscriber's, and their ratio; CPU shares of every process;
+- stale nodes per cycle (max), epochs, commands, resends, deferred raises,
+  telemetry dropped (replaced before decoding) and lost (never arrived);
+- heartbeat gaps p50/p99/max as the simulated agents saw them;
+- reaction latency p50/p99: from a rack's push until the ack of the command
+  that brought its real power back under its capping threshold (and, beside
+  it, from the first telemetry that showed it over).
+
+Scenarios: ``--nodes`` (the shipped 150 MW site cut to whole rows: 5,184,
+10,368 and 20,736 nodes) at ``--period-s``, and with ``--overload`` two more
+on the whole site: twice what the controller may take (its ``ingest_share``
+set from the decode cost measured in the 20,736-node run, so that it can
+decode half of what comes), and twice the telemetry rate (every node at half
+the period) with the default budget.
+
+    python -m bench.bench_scale [--nodes 5184,10368,20736] [--overload] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from bench.common import cpu_s, machine, mem_mb, report
+from powerd.telemetry_schema import parse_line
+from tests.brokers import Mosquitto
+
+SITE = Path(str(resources.files("powerd.data").joinpath("budgets/site-150mw.toml")))
+NODES_PER_ROW = 72 * 18
+CLUSTER = "scale"
+# Mosquitto as docs/CONTROLLER.md recommends for this site: a client's queue holds a
+# quarter of a second of the whole site's telemetry (its default, 1,000, is 50 ms at
+# 20,736 messages a second: a cycle's pause, and the broker drops).
+BROKER_CONFIG = "max_queued_messages 5000\n"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    rows: int
+    period_s: float = 1.0
+    ingest_share: float | None = None  # None: the controller's default
+    bare: bool = True  # run the yardstick beside it
+
+
+def budgets_for(rows: int, out: Path) -> Path:
+    """The shipped site with its first ``rows`` rows (the rows' generator count)."""
+    text = SITE.read_text()
+    text, n = re.subn(r"(\[rows\][^\[]*?count = )16", rf"\g<1>{rows}", text, count=1)
+    if n != 1:
+        raise RuntimeError(f"{SITE}: no `count = 16` under [rows] to cut the site down")
+    path = out / f"site-{rows}rows.toml"
+    path.write_text(text)
+    return path
+
+
+def controller_config(broker: Mosquitto, out: Path, ingest_share: float | None) -> Path:
+    path = out / "controller.toml"
+    share = "" if ingest_share is None else f"ingest_share = {ingest_share}\n"
+    path.write_text(
+        f'[controller]\nname = "bench"\ncluster = "{CLUSTER}"\n{share}'
+        f'[broker]\nurl = "{broker.url}"\n'
+        f'[recorder]\nfile = "{out / "controller.lp"}"\nfine_every_s = 10\n'
+    )
+    return path
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen:
+    with log.open("wb") as f:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+
+def wait_for_line(log: Path, pattern: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and re.search(pattern, log.read_text(errors="replace")):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{log.name}: no {pattern!r} within {timeout_s} s")
+
+
+def decisions(lp: Path, start_wall: float, end_wall: float) -> list[dict]:
+    """The controller's ``decision`` points inside the window, oldest first."""
+    out = []
+    with lp.open() as f:  # hundreds of MB of gpu points: look at decision lines only
+        for line in f:
+            if not line.startswith("decision,"):
+                continue
+            point = parse_line(line.rstrip("\n"))
+            if point.ts_ns is not None and start_wall <= point.ts_ns / 1e9 <= end_wall:
+                out.append(point.fields)
+    return out
+
+
+def run_scenario(s: Scenario, warmup_s: float, window_s: float, push_every_s: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"bench-scale-{s.name}-") as tmp:
+        out = Path(tmp)
+        budgets = budgets_for(s.rows, out)
+        broker = Mosquitto(out, extra_config=BROKER_CONFIG)
+        broker.start()
+        procs: dict[str, subprocess.Popen] = {}
+        try:
+            ctl_log = out / "controller.log"
+            config = controller_config(broker, out, s.ingest_share)
+            procs["controller"] = spawn(
+                ["-m", "powerd", "controller", "--config", str(config), "--budgets", str(budgets)],
+                ctl_log,
+            )
+            wait_for_line(ctl_log, "leads with epoch", 60)
+            fleet_json = out / "fleet.json"
+            duration_s = warmup_s + window_s + 2.0
+            procs["fleet"] = spawn(
+                [
+                    "-m",
+                    "powerd",
+                    "fleet",
+                    "--budgets",
+                    str(budgets),
+                    "--broker",
+                    broker.url,
+                    "--cluster",
+                    CLUSTER,
+                    "--period-s",
+                    str(s.period_s),
+                    "--duration-s",
+                    str(duration_s),
+                    "--warmup-s",
+                    str(warmup_s),
+                    "--push-every-s",
+                    str(push_every_s),
+                    "--start",
+                    "running",
+                    "--report-json",
+                    str(fleet_json),
+                    "--log-level",
+                    "warning",
+                ],
+                out / "fleet.log",
+            )
+            bare_json = out / "bare.json"
+            if s.bare:
+                procs["bare"] = spawn(
+                    [
+                        "-m",
+                        "bench.bare_subscriber",
+                        "--port",
+                        str(broker.port),
+                        "--cluster",
+                        CLUSTER,
+                        "--warmup-s",
+                        str(warmup_s),
+                        "--seconds",
+                        str(window_s),
+                        "--json",
+                        str(bare_json),
+                    ],
+                    out / "bare.log",
+                )
+            mosquitto_pid = broker._proc.pid if broker._proc else None
+            time.sleep(warmup_s)
+            pids = {"controller": procs["controller"].pid, "fleet": procs["fleet"].pid}
+            if mosquitto_pid:
+                pids["mosquitto"] = mosquitto_pid
+            cpu0 = {k: cpu_s(p) for k, p in pids.items()}
+            wall0, mono0 = time.time(), time.monotonic()
+            time.sleep(window_s)
+            cpu1 = {k: cpu_s(p) for k, p in pids.items()}
+            wall1, elapsed = time.time(), time.monotonic() - mono0
+            rss_mb, peak_mb = mem_mb(procs["controller"].pid)
+            procs["fleet"].wait(timeout=duration_s + 60)
+            if "bare" in procs:
+                procs["bare"].wait(timeout=60)
+            procs["controller"].send_signal(signal.SIGTERM)
+            procs["controller"].wait(timeout=60)
+            fleet = json.loads(fleet_json.read_text())
+            bare = json.loads(bare_json.read_text()) if s.bare else None
+            points = decisions(out / "controller.lp", wall0, wall1)
+            log_tail = ctl_log.read_text(errors="replace")[-3000:]
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            broker.stop()
+    return summarise(s, fleet, bare, points, cpu0, cpu1, elapsed, rss_mb, peak_mb, log_tail)
+
+
+def summarise(
+    s: Scenario,
+    fleet: dict,
+    bare: dict | None,
+    points: list[dict],
+    cpu0: dict[str, float],
+    cpu1: dict[str, float],
+    elapsed: float,
+    rss_mb: float,
+    peak_mb: float,
+    log_tail: str,
+) -> dict:
+    def total(name: str) -> int:
+        return int(sum(p.get(name, 0) for p in points))
+
+    received = total("telemetry_received")
+    ctl_cpu = cpu1["controller"] - cpu0["controller"]
+    ctl_us = ctl_cpu / max(received, 1) * 1e6
+    summary = fleet["summary"]
+    pushes = [p for p in fleet["pushes"] if p["back_s"] is not None]
+    commands = total("commands_sent")
+    result = {
+        "scenario": s.name,
+        "nodes": summary["nodes"],
+        "period_s": s.period_s,
+        "ingest_share": s.ingest_share,
+        "window_s": round(elapsed, 1),
+        "cycles": len(points),
+        "telemetry_offered_per_s": summary["telemetry_per_s"],
+        "telemetry_received_per_s": round(received / elapsed),
+        "cpu_share_of_one_core": {k: round((cpu1[k] - cpu0[k]) / elapsed, 3) for k in sorted(cpu0)},
+        "controller_us_per_message": round(ctl_us, 1),
+        "bare_us_per_message": None if bare is None else bare["us_per_message"],
+        "ratio_to_bare": None if bare is None else round(ctl_us / bare["us_per_message"], 2),
+        "controller_rss_mb": round(rss_mb, 1),
+        "controller_peak_rss_mb": round(peak_mb, 1),
+        "stale_nodes_max": max((int(p.get("stale_nodes", 0)) for p in points), default=None),
+        "epochs": sorted({int(p["epoch"]) for p in points}),
+        "fleet_epochs": summary["epochs"],
+        "commands": commands,
+        "resends": total("resends"),
+        "resend_share": round(total("resends") / max(commands, 1), 4),
+        "raises_deferred_max": max((int(p.get("raises_deferred", 0)) for p in points), default=0),
+        "telemetry_dropped": total("telemetry_dropped"),
+        "telemetry_lost": total("telemetry_lost"),
+        "telemetry_waiting_max": max(
+            (int(p.get("telemetry_waiting", 0)) for p in points), default=0
+        ),
+        "cycle_s_max": round(max((float(p["cycle_s"]) for p in points), default=0.0), 3),
+        "ingest_s_per_cycle_max": round(
+            max((float(p.get("ingest_s", 0.0)) for p in points), default=0.0), 3
+        ),
+        "decode_us_per_message": round(
+            1e6
+            * sum(float(p.get("ingest_s", 0.0)) for p in points)
+            / max(received - total("telemetry_dropped"), 1),
+            1,
+        ),
+        "heartbeat_gap_s": summary["heartbeat_gap_s"],
+        "reaction_s": summary["reaction_s"],
+        "reaction_from_visible_s": summary["reaction_from_visible_s"],
+        "pushes": len(fleet["pushes"]),
+        "pushes_brought_back": len(pushes),
+        "fleet_failsafe_entries": summary["failsafe_entries"],
+        "acks": summary["acks"],
+    }
+    if not points:
+        result["controller_log_tail"] = log_tail
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--nodes",
+        default="5184,10368,20736",
+        help="comma-separated node counts, whole rows of the 150 MW site (1,296 nodes a row)",
+    )
+    parser.add_argument("--period-s", type=float, default=1.0)
+    parser.add_argument("--overload", action="store_true", help="add the 2x overload run")
+    parser.add_argument("--warmup-s", type=float, default=15.0)
+    parser.add_argument("--window-s", type=float, default=40.0)
+    parser.add_argument("--push-every-s", type=float, default=2.0)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    scenarios = []
+    for text in args.nodes.split(","):
+        if not text.strip():
+            continue
+        nodes = int(text)
+        rows = max(1, round(nodes / NODES_PER_ROW))
+        scenarios.append(Scenario(f"{rows * NODES_PER_ROW} nodes", rows, args.period_s))
+    if args.overload and not any(s.rows == 16 for s in scenarios):
+        scenarios.append(Scenario(f"{16 * NODES_PER_ROW} nodes", 16, args.period_s))
+    results = []
+    for s in scenarios:
+        print(f"running {s.name} ...", file=sys.stderr, flush=True)
+        results.append(run_scenario(s, args.warmup_s, args.window_s, args.push_every_s))
+    if args.overload:
+        site = next(r for r in results if r["nodes"] == 16 * NODES_PER_ROW)
+        # the decode budget that takes half of what the whole site sends: 2x its capacity
+        share = 0.5 * site["telemetry_received_per_s"] * site["decode_us_per_message"] * 1e-6
+        share = round(min(max(share, 0.005), 1.0), 4)
+        for s in (
+            Scenario("overload: 2x its decode budget", 16, args.period_s, share, bare=False),
+            Scenario("overload: 2x the telemetry rate", 16, args.period_s / 2, bare=False),
+        ):
+            print(f"running {s.name} ...", file=sys.stderr, flush=True)
+            results.append(run_scenario(s, args.warmup_s, args.window_s, args.push_every_s))
+    report(
+        {
+            "benchmark": "scale",
+            "machine": machine(),
+            "command": "python -m bench.bench_scale " + " ".join(sys.argv[1:]),
+            "budgets": str(SITE.name),
+            "warmup_s": args.warmup_s,
+            "window_s": args.window_s,
+            "results": results,
+        },
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""``powerd fleet``: options in, a model on a runner, the report out."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from pathlib import Path
+
+from powerd.fleet.model import FleetModel, FleetOptions
+from powerd.fleet.runner import FleetRunner, RunOptions
+from powerd.mqtt_url import parse_broker_url
+from powerd.topology import load_budgets
+
+log = logging.getLogger("powerd.fleet")
+
+
+def run_fleet(
+    budgets_path: Path,
+    broker: str,
+    cluster: str,
+    *,
+    nodes: int | None = None,
+    period_s: float = 1.0,
+    connections: int = 4,
+    control_connections: int = 16,
+    duration_s: float | None = None,
+    base_load: float = 0.6,
+    silent_fraction: float = 0.0,
+    offline_fraction: float = 0.0,
+    failsafe_after_s: float = 10.0,
+    start: str = "fresh",
+    push_every_s: float = 0.0,
+    push_hold_s: float = 5.0,
+    warmup_s: float = 10.0,
+    seed: int = 1,
+    report_json: Path | None = None,
+) -> dict:
+    """Run until ``duration_s`` or SIGTERM/SIGINT; the report's summary."""
+    topology = load_budgets(budgets_path)
+    model = FleetModel(
+        topology,
+        FleetOptions(
+            nodes=nodes,
+            base_load=base_load,
+            silent_fraction=silent_fraction,
+            offline_fraction=offline_fraction,
+            failsafe_after_s=failsafe_after_s,
+            start=start,
+            seed=seed,
+        ),
+    )
+    runner = FleetRunner(
+        model,
+        parse_broker_url(broker),
+        cluster,
+        RunOptions(
+            period_s=period_s,
+            connections=connections,
+            control_connections=control_connections,
+            duration_s=duration_s,
+            push_every_s=push_every_s,
+            push_hold_s=push_hold_s,
+            warmup_s=warmup_s,
+        ),
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    report = runner.run(stop.is_set)
+    summary = report.summary()
+    text = json.dumps({"summary": summary, "pushes": report.pushes}, indent=2)
+    if report_json is not None:
+        report_json.write_text(text + "\n")
+    else:
+        print(text)
+    return summary

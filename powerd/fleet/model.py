@@ -1,0 +1,423 @@
+"""Thousands of agents as arrays: what ``powerd fleet`` simulates, with no I/O.
+
+One :class:`FleetModel` stands for every node of a budgets file (or the first
+N): GPUs with a demand, a cap and a clock lock, nodes with a telemetry
+sequence number, a mode and the last command applied. It answers the same
+messages the way ``powerd.agent.core.AgentCore`` does, in bulk:
+
+- **Telemetry**: one protocol-valid ``Telemetry`` payload per node (what an
+  agent publishes each period), power = ``min(demand, cap)``, scaled down
+  under a clock lock; the newest controller epoch it has seen.
+- **Commands** (``on_command``): validated by ``powerd.protocol``; refused
+  (``rejected``) in failsafe; ``stale`` if older than the newest epoch or not
+  after the last applied ``(epoch, seq)``; else every cap clamped into
+  ``[cap_min, cap_max]``, clocks locked (clamped) or unlocked, and the ack
+  reads back what is held. The next telemetry shows the new caps.
+- **Heartbeats** (``on_heartbeat``): a live leader's keeps every node
+  controlled; none for ``failsafe_after_s`` puts every node in failsafe
+  (failsafe caps, clocks unlocked) until the next live one, as agents do.
+- **Load**: a base demand per GPU with a little noise; ``push(rack)`` sends a
+  rack's GPUs to their maximum power (a job's sudden rise) and ``release``
+  brings them back; the model reports, per pushed rack, when its power (what
+  the GPUs really draw under the caps they hold) is back under the rack's
+  capping threshold: the controller's reaction, measured end to end.
+- **Failures**: nodes that never report (silent) and nodes that stopped
+  (offline status, no telemetry).
+
+Not simulated: the agents' command TTL (refreshed by every live heartbeat,
+so it only matters when heartbeats stop, which failsafe covers already) and
+per-GPU workload curves (``powerd.gpu.simulated`` has those, at ~100 times
+the cost per sample).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from msgspec import UNSET
+
+from policies.tree import RACK
+from powerd.gpu.models import GPU_MODELS
+from powerd.protocol import (
+    Ack,
+    AckError,
+    Command,
+    GpuAck,
+    Heartbeat,
+    ProtocolError,
+    Status,
+    decode,
+    encode,
+    peek_order,
+)
+from powerd.topology import Topology
+
+# Under a clock lock at a fraction s of the maximum clock the GPU draws this share of
+# what it would draw unlocked: P ~ p_static + p_dyn * s^2.5 (powerd.gpu.workload_model).
+_STATIC_SHARE = 0.3
+_CLOCK_EXPONENT = 2.5
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    nodes: int | None = None  # the first N servers of the budgets file; None: all
+    # demand as a share of cap_max: 0.6 keeps the shipped 150 MW site below every
+    # uncapping threshold, so GPUs are handed watts back and a pushed rack goes over
+    base_load: float = 0.6
+    noise: float = 0.02  # relative spread of the demand, redrawn every sample
+    silent_fraction: float = 0.0  # nodes that never report
+    offline_fraction: float = 0.0  # nodes that publish an offline status and no telemetry
+    failsafe_after_s: float = 10.0  # as the agents' failsafe_after_s
+    # "fresh": agents that just started (failsafe caps, failsafe until a live heartbeat);
+    # "running": agents of a site already under control (caps at their maximum, a live
+    # controller until failsafe_after_s from the start: the one being replaced)
+    start: str = "fresh"
+    seed: int = 1
+
+
+@dataclass
+class Push:
+    """One rack sent to its maximum power, and when the controller had it back."""
+
+    rack: int  # tree node index
+    at: float  # monotonic time of the push
+    visible_at: float | None = None  # first telemetry that put its reported power over
+    back_at: float | None = None  # the ack that brought its real power under the threshold
+
+
+@dataclass
+class FleetCounters:
+    telemetry: int = 0
+    commands: int = 0
+    acks: dict[str, int] = field(default_factory=dict)  # by result
+    heartbeats: int = 0
+    failsafe_entries: int = 0
+    rejected_payloads: int = 0
+
+
+class FleetModel:
+    def __init__(self, topology: Topology, options: FleetOptions) -> None:
+        self.topology = topology
+        self.options = options
+        self.tree = tree = topology.to_tree()
+        servers = list(topology.servers)
+        n_nodes = len(servers) if options.nodes is None else min(options.nodes, len(servers))
+        self.names = servers[:n_nodes]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        slices = [topology.server_gpus(name) for name in self.names]
+        self.gpu_start = np.array([s.start for s in slices], dtype=np.int64)
+        self.gpu_count = np.array([len(s) for s in slices], dtype=np.int64)
+        n_gpus = int(self.gpu_start[-1] + self.gpu_count[-1]) if n_nodes else 0
+        self.n_gpus = n_gpus
+        self.gpu_node = np.repeat(np.arange(n_nodes), self.gpu_count)
+        self.cap_min_w = tree.cap_min_w[:n_gpus].astype(float)
+        self.cap_max_w = tree.cap_max_w[:n_gpus].astype(float)
+        self.failsafe_cap_w = tree.failsafe_cap_w[:n_gpus].astype(float)
+        models = [GPU_MODELS[topology.server(name).model] for name in self.names]
+        self.clock_min_mhz = np.repeat([m.sm_clock_min_mhz for m in models], self.gpu_count)
+        self.clock_max_mhz = np.repeat([m.sm_clock_max_mhz for m in models], self.gpu_count)
+        self._rng = np.random.default_rng(options.seed)
+        self.base_w = options.base_load * self.cap_max_w
+        self.demand_w = self.base_w.copy()
+        # Per-GPU state that changes message by message is kept in lists: a numpy scalar
+        # read or write costs ~10 times a list's, and the telemetry of one node is a loop.
+        # Agents start at their failsafe caps, clocks unlocked (AgentCore.start).
+        if options.start not in ("fresh", "running"):
+            raise ValueError(f"start must be fresh or running, not {options.start!r}")
+        initial_w = self.failsafe_cap_w if options.start == "fresh" else self.cap_max_w
+        self.cap_w: list[float] = initial_w.tolist()
+        self.lock_mhz: list[int | None] = [None] * n_gpus
+        self.power_w: list[float] = np.minimum(self.demand_w, initial_w).tolist()
+        self.energy_j: list[float] = [0.0] * n_gpus
+        self._want: list[float] = self.demand_w.tolist()  # this period's demand, noise included
+        self._noise = np.ones(n_gpus)
+        self._clock_min = self.clock_min_mhz.tolist()
+        self._clock_max = self.clock_max_mhz.tolist()
+        self._cap_min = self.cap_min_w.tolist()
+        self._cap_max = self.cap_max_w.tolist()
+        self._first_gpu: list[int] = self.gpu_start.tolist()
+        self._n_gpus: list[int] = self.gpu_count.tolist()
+        self.failsafe = True
+        self.seq = [0] * n_nodes
+        self.last_applied: list[tuple[int, int]] = [(-1, -1)] * n_nodes
+        self.newest_epoch = -1
+        self.heartbeat_deadline = -math.inf
+        pick = self._rng.permutation(n_nodes)
+        n_silent = round(options.silent_fraction * n_nodes)
+        n_offline = round(options.offline_fraction * n_nodes)
+        self.silent = np.zeros(n_nodes, dtype=bool)
+        self.silent[pick[:n_silent]] = True
+        self.offline = np.zeros(n_nodes, dtype=bool)
+        self.offline[pick[n_silent : n_silent + n_offline]] = True
+        # racks: the tree node each GPU sits under, and the watts under it that are not GPUs
+        self.gpu_rack = tree.gpu_ancestor[RACK][:n_gpus]
+        self.racks = np.unique(self.gpu_rack)
+        self._rack_overhead_w = self._rack_overheads()
+        order = np.argsort(self.gpu_rack, kind="stable")
+        bounds = np.searchsorted(self.gpu_rack[order], self.racks)
+        self._rack_gpus = {
+            int(r): order[a:b].tolist()
+            for r, a, b in zip(self.racks, bounds, [*bounds[1:], self.n_gpus], strict=True)
+        }
+        self.reported_w = list(self.power_w)  # what the last telemetry of each GPU said
+        self.pushes: list[Push] = []
+        self._pushed: dict[int, Push] = {}  # rack -> its open push
+        self.counters = FleetCounters()
+        self._templates = [self._template(i) for i in range(n_nodes)]
+
+    # --- what the controller sees ------------------------------------------------------
+
+    def reporting(self) -> np.ndarray:
+        """Nodes that publish telemetry."""
+        return np.flatnonzero(~self.silent & ~self.offline)
+
+    def new_round(self) -> None:
+        """A new telemetry period: every GPU's demand gets its noise for this period."""
+        self._noise = 1.0 + self.options.noise * self._rng.standard_normal(self.n_gpus)
+        self._want = (self.demand_w * self._noise).tolist()
+
+    def _demand_changed(self, gpus: list[int]) -> None:
+        """A push or release takes effect at once, not at the next period."""
+        for g in gpus:
+            self._want[g] = float(self.demand_w[g] * self._noise[g])
+
+    def telemetry(self, node: int, ts: float, dt_s: float) -> bytes:
+        """The node's telemetry payload now (protocol-valid JSON, as an agent sends it);
+        its GPUs draw what they want this period under their caps and clock locks.
+
+        The simulator's hot loop (every node, every period): plain lists and locals."""
+        self.seq[node] += 1
+        start = self._first_gpu[node]
+        values: list[object] = [ts, self.seq[node], "failsafe" if self.failsafe else "controlled"]
+        want, cap_w, lock_mhz, energy = self._want, self.cap_w, self.lock_mhz, self.energy_j
+        clock_max, cap_max, power_w = self._clock_max, self._cap_max, self.power_w
+        for g in range(start, start + self._n_gpus[node]):
+            lock = lock_mhz[g]
+            power = want[g]
+            if lock is not None:
+                share = lock / clock_max[g]
+                if share > 1.0:
+                    share = 1.0
+                power *= _STATIC_SHARE + (1 - _STATIC_SHARE) * share**_CLOCK_EXPONENT
+            cap = cap_w[g]
+            if power > cap:
+                power = cap
+            elif power < 0.0:
+                power = 0.0
+            power_w[g] = power
+            used = energy[g] = energy[g] + power * dt_s
+            if lock is None:
+                values += (power, used, cap, clock_max[g], "null", 100.0 * power / cap_max[g])
+            else:
+                values += (power, used, cap, lock, lock, 100.0 * power / cap_max[g])
+        values.append("null" if self.newest_epoch < 0 else self.newest_epoch)
+        self.counters.telemetry += 1
+        if self._pushed:
+            self._reported(node, start, self._n_gpus[node])
+        return (self._templates[node] % tuple(values)).encode()
+
+    def offline_status(self, node: int, ts: float) -> bytes:
+        return encode(
+            Status(v=1, node=self.names[node], state="offline", ts=ts, gpus=0, agent_version="")
+        )
+
+    # --- what the controller says --------------------------------------------------------
+
+    def start(self, now: float) -> None:
+        """The run begins: a running site's agents still follow the controller being replaced."""
+        if self.options.start == "running":
+            self.failsafe = False
+            self.heartbeat_deadline = now + self.options.failsafe_after_s
+
+    def on_heartbeat(self, payload: bytes, now: float, wall: float) -> bool:
+        """A heartbeat; True if it was a live leader's (every node follows it)."""
+        self.counters.heartbeats += 1
+        try:
+            beat = decode(Heartbeat, payload)
+        except ProtocolError:
+            self.counters.rejected_payloads += 1
+            return False
+        if beat.state != "leader" or beat.epoch < self.newest_epoch:
+            return False
+        deadline = now + self.options.failsafe_after_s - max(0.0, wall - beat.ts)
+        if deadline <= now:
+            return False
+        self.newest_epoch = beat.epoch
+        self.heartbeat_deadline = max(self.heartbeat_deadline, deadline)
+        self.failsafe = False
+        return True
+
+    def tick(self, now: float) -> bool:
+        """Deadlines: True if the fleet has just entered failsafe."""
+        if self.failsafe or now <= self.heartbeat_deadline:
+            return False
+        self.failsafe = True
+        self.counters.failsafe_entries += 1
+        self.cap_w[:] = self.failsafe_cap_w.tolist()
+        self.lock_mhz[:] = [None] * self.n_gpus
+        return True
+
+    def on_command(self, node_name: str, payload: bytes, now: float, wall: float) -> bytes | None:
+        """Apply a command to one node as its agent would; its ack (None: not our node)."""
+        node = self.index.get(node_name)
+        if node is None:
+            return None
+        self.counters.commands += 1
+        try:
+            command = decode(Command, payload)
+        except ProtocolError as exc:
+            self.counters.rejected_payloads += 1
+            epoch, seq = peek_order(payload)
+            return self._ack(node, epoch, seq, "rejected", [], str(exc), wall)
+        if self.failsafe or now > self.heartbeat_deadline:
+            why = "no live controller heartbeat: agent is in failsafe"
+            return self._ack(node, command.epoch, command.seq, "rejected", [], why, wall)
+        order = (command.epoch, command.seq)
+        if command.epoch < self.newest_epoch or order <= self.last_applied[node]:
+            return self._ack(node, command.epoch, command.seq, "stale", [], None, wall)
+        start, count = int(self.gpu_start[node]), int(self.gpu_count[node])
+        acks: list[GpuAck] = []
+        errors: list[str] = []
+        for entry in command.gpus:
+            if entry.index >= count:
+                errors.append(f"unknown GPU index {entry.index}")
+                continue
+            g = start + entry.index
+            clamped = False
+            if entry.cap_w is not UNSET:
+                cap = min(max(entry.cap_w, self._cap_min[g]), self._cap_max[g])
+                clamped = cap != entry.cap_w
+                self.cap_w[g] = cap
+            if entry.max_sm_clock_mhz is None:
+                self.lock_mhz[g] = None
+            elif entry.max_sm_clock_mhz is not UNSET:
+                lock = round(entry.max_sm_clock_mhz)
+                low, high = self._clock_min[g], self._clock_max[g]
+                clamped |= not low <= lock <= high
+                self.lock_mhz[g] = min(max(lock, low), high)
+            acks.append(
+                GpuAck(
+                    index=entry.index,
+                    cap_w=float(self.cap_w[g]),
+                    max_sm_clock_mhz=self.lock_mhz[g],
+                    clamped=clamped,
+                )
+            )
+        self.last_applied[node] = order
+        self.newest_epoch = max(self.newest_epoch, command.epoch)
+        result = "partial" if errors else "applied"
+        ack = self._ack(node, command.epoch, command.seq, result, acks, "; ".join(errors), wall)
+        self._check_pushes(now)
+        return ack
+
+    # --- load -----------------------------------------------------------------------------
+
+    def push(self, rack: int, now: float) -> Push:
+        """Every GPU of ``rack`` wants its maximum power from now on."""
+        gpus = self._rack_gpus[rack]
+        self.demand_w[gpus] = self.cap_max_w[gpus]
+        self._demand_changed(gpus)
+        push = Push(rack, now)
+        self.pushes.append(push)
+        self._pushed[rack] = push
+        return push
+
+    def release(self, rack: int) -> None:
+        gpus = self._rack_gpus[rack]
+        self.demand_w[gpus] = self.base_w[gpus]
+        self._demand_changed(gpus)
+        self._pushed.pop(rack, None)
+
+    def pushed(self) -> list[Push]:
+        """Pushes still open (not released)."""
+        return list(self._pushed.values())
+
+    def rack_power_w(self, rack: int, gpu_power: list[float]) -> float:
+        """A rack's power with its GPUs at ``gpu_power``: as the controller's tree sums it."""
+        return sum(gpu_power[g] for g in self._rack_gpus[rack]) + self._rack_overhead_w[rack]
+
+    def rack_real_w(self, rack: int) -> float:
+        """What the rack draws when its GPUs draw what they want under the caps they hold."""
+        gpus = self._rack_gpus[rack]
+        real = sum(min(self.demand_w[g], self.cap_w[g]) for g in gpus)
+        return float(real) + self._rack_overhead_w[rack]
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _rack_overheads(self) -> dict[int, float]:
+        """Each rack's overhead plus its servers' (watts that are not GPUs)."""
+        tree = self.tree
+        overhead = tree.overhead_w.astype(float)
+        out: dict[int, float] = {}
+        for rack in self.racks:
+            r = int(rack)
+            children = np.flatnonzero(tree.parent == r)
+            out[r] = float(overhead[r] + overhead[children].sum())
+        return out
+
+    def _reported(self, node: int, start: int, count: int) -> None:
+        """Telemetry of ``node`` went out: a pushed rack may now look over its threshold."""
+        self.reported_w[start : start + count] = self.power_w[start : start + count]
+        rack = int(self.gpu_rack[start])
+        push = self._pushed.get(rack)
+        if push is not None and push.visible_at is None:
+            threshold = float(self.tree.cap_threshold_w[rack])
+            if self.rack_power_w(rack, self.reported_w) > threshold:
+                push.visible_at = self._clock_now
+
+    _clock_now = 0.0  # set by the runner before a batch of telemetry (monotonic)
+
+    def _check_pushes(self, now: float) -> None:
+        for rack, push in self._pushed.items():
+            threshold = float(self.tree.cap_threshold_w[rack])
+            if push.back_at is None and push.visible_at is not None:
+                push.back_at = now if self.rack_real_w(rack) <= threshold else None
+
+    def _ack(
+        self,
+        node: int,
+        epoch: int,
+        seq: int,
+        result: str,
+        gpus: list[GpuAck],
+        error: str | None,
+        wall: float,
+    ) -> bytes:
+        self.counters.acks[result] = self.counters.acks.get(result, 0) + 1
+        errors = [AckError(index=None, message=error)] if error else []
+        return encode(
+            Ack(
+                v=1,
+                node=self.names[node],
+                epoch=epoch,
+                seq=seq,
+                ts=wall,
+                result=result,  # type: ignore[arg-type]
+                gpus=gpus,
+                errors=errors,
+            )
+        )
+
+    def _template(self, node: int) -> str:
+        """The node's telemetry JSON with %-placeholders for what changes."""
+        name = self.names[node]
+        start, count = int(self.gpu_start[node]), int(self.gpu_count[node])
+        gpus = []
+        for k in range(count):
+            g = start + k
+            gpus.append(
+                '{"index":%d,"uuid":"GPU-%s-%d",' % (k, name, k)  # noqa: UP031
+                + '"power_w":%.1f,"energy_j":%.1f,"cap_w":%.1f,'
+                + f'"cap_min_w":{self.cap_min_w[g]:.1f},"cap_max_w":{self.cap_max_w[g]:.1f},'
+                + '"sm_clock_mhz":%d,"max_sm_clock_mhz":%s,"util_pct":%.1f,'
+                + '"temp_c":60.0,"power_reading":"simulated"}'
+            )
+        return (
+            '{"v":1,"node":"'
+            + name
+            + '","ts":%.3f,"seq":%d,"mode":"%s","gpus":['
+            + ",".join(gpus)
+            + '],"epoch":%s}'
+        )

@@ -1,0 +1,240 @@
+"""A receive-only MQTT 3.1.1 client for one QoS 0 firehose: the controller's telemetry.
+
+What it speaks: CONNECT (clean session, optional username and password, TLS
+through the broker settings), one SUBSCRIBE at QoS 0, PUBLISH in (a QoS 1 or
+2 one, which a QoS 0 subscription should never get, is acknowledged all the
+same), PINGREQ/PINGRESP, DISCONNECT. Nothing else: commands, acks and
+heartbeats go through paho (``powerd.mqtt_link``), agents use aiomqtt.
+
+Why it exists: at 20,736 messages a second paho spent ~20 us of Python per
+message on this path (three or four ``recv`` calls, a packet dict, a message
+object, a callback through a topic matcher), most of a core before the
+controller decoded anything (bench/RESULTS.md, "scale"). Here the socket is
+read 256 KiB at a time through asyncio's stream, and each frame is sliced
+out of the buffer: the topic and payload are the only objects made per
+message, and they go straight to ``on_message(topic, payload, arrived)``.
+
+A broker that says nothing for 1.5 keepalives, or sends something this
+client does not expect, ends the session (``lost``); the caller reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+from collections.abc import Callable
+
+from powerd.mqtt_url import BrokerSettings
+
+log = logging.getLogger("powerd.mqtt")
+
+READ_BYTES = 256 * 1024
+CONNECT_TIMEOUT_S = 10.0
+MAX_FRAME_BYTES = 1024 * 1024  # a telemetry payload is at most 64 KiB; more is nonsense
+
+OnMessage = Callable[[str, bytes, float], None]  # topic, payload, monotonic arrival time
+
+_CONNACK, _PUBLISH, _SUBACK, _PINGRESP = 0x20, 0x30, 0x90, 0xD0
+_PINGREQ = b"\xc0\x00"
+_DISCONNECT = b"\xe0\x00"
+
+
+class StreamError(Exception):
+    """The broker refused us, broke the protocol, or went away."""
+
+
+def remaining_length(n: int) -> bytes:
+    """MQTT's variable-length integer: 7 bits a byte, high bit set while more follow."""
+    out = bytearray()
+    while True:
+        byte, n = n % 128, n // 128
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def str16(text: str) -> bytes:
+    """A length-prefixed UTF-8 string, as MQTT writes topics, names and passwords."""
+    data = text.encode()
+    return struct.pack("!H", len(data)) + data
+
+
+def connect_packet(
+    client_id: str, keepalive_s: int, username: str | None, password: str | None
+) -> bytes:
+    """CONNECT, MQTT 3.1.1, clean session."""
+    flags = 0x02  # clean session
+    payload = str16(client_id)
+    if username is not None:
+        flags |= 0x80
+        payload += str16(username)
+        if password is not None:
+            flags |= 0x40
+            payload += str16(password)
+    body = str16("MQTT") + bytes([4, flags]) + struct.pack("!H", keepalive_s) + payload
+    return b"\x10" + remaining_length(len(body)) + body
+
+
+def subscribe_packet(packet_id: int, topic_filter: str, qos: int = 0) -> bytes:
+    """SUBSCRIBE to one topic filter."""
+    body = struct.pack("!H", packet_id) + str16(topic_filter) + bytes([qos])
+    return b"\x82" + remaining_length(len(body)) + body
+
+
+class MqttStream:
+    def __init__(
+        self,
+        broker: BrokerSettings,
+        client_id: str,
+        topic_filter: str,
+        on_message: OnMessage,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.broker = broker
+        self.client_id = client_id
+        self.topic_filter = topic_filter
+        self.on_message = on_message
+        self.received = 0
+        self._monotonic = monotonic
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._buffer = bytearray()
+
+    async def connect(self) -> None:
+        """Connect and subscribe; StreamError (refused), OSError or TimeoutError if not."""
+        kwargs = self.broker.client_kwargs()
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):  # not wait_for: it can swallow a cancel
+            self._reader, self._writer = await asyncio.open_connection(
+                self.broker.host,
+                self.broker.port,
+                ssl=kwargs.get("tls_context"),
+                limit=4 * READ_BYTES,
+            )
+        self._buffer.clear()
+        self._writer.write(
+            connect_packet(
+                self.client_id,
+                int(self.broker.keepalive_s),
+                kwargs.get("username"),
+                kwargs.get("password"),
+            )
+        )
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            kind, body = await self._next_control_frame()
+        if kind != _CONNACK or len(body) != 2 or body[1] != 0:
+            raise StreamError(f"connection refused (CONNACK {bytes(body).hex() or kind})")
+        self._writer.write(subscribe_packet(1, self.topic_filter))
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            kind, body = await self._next_control_frame()
+        if kind != _SUBACK or len(body) != 3 or body[2] >= 0x80:
+            raise StreamError(f"subscription to {self.topic_filter} refused by the broker")
+
+    async def run(self) -> str:
+        """Receive until the connection ends; why it ended."""
+        assert self._reader is not None and self._writer is not None
+        keepalive_s = self.broker.keepalive_s
+        pinger = asyncio.create_task(self._ping(keepalive_s / 2))
+        try:
+            while True:
+                try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel
+                    async with asyncio.timeout(1.5 * keepalive_s):
+                        data = await self._reader.read(READ_BYTES)
+                except TimeoutError:
+                    return f"nothing from the broker for {1.5 * keepalive_s:g} s"
+                if not data:
+                    return "the broker closed the connection"
+                self._buffer += data
+                self._frames(self._monotonic())
+        except (StreamError, OSError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            pinger.cancel()
+
+    def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        with contextlib.suppress(OSError, RuntimeError):
+            writer.write(_DISCONNECT)
+        writer.close()
+
+    # --- frames ------------------------------------------------------------------------
+
+    def _frames(self, arrived: float) -> None:
+        """Hand out every whole frame in the buffer; keep a partial one for the next read."""
+        buf = self._buffer
+        view = memoryview(buf)
+        end, pos = len(buf), 0
+        on_message = self.on_message
+        try:
+            while pos + 2 <= end:
+                header = buf[pos]
+                # remaining length: 1 to 4 bytes, 7 bits each
+                length, shift, i = 0, 0, pos + 1
+                while True:
+                    if i >= end:
+                        return  # the length itself is not all here yet
+                    byte = buf[i]
+                    length |= (byte & 0x7F) << shift
+                    i += 1
+                    if not byte & 0x80:
+                        break
+                    shift += 7
+                    if shift > 21:
+                        raise StreamError("malformed remaining length")
+                if length > MAX_FRAME_BYTES:
+                    raise StreamError(f"a frame of {length} bytes")
+                if i + length > end:
+                    return  # the frame is not all here yet
+                kind = header & 0xF0
+                if kind == _PUBLISH:
+                    topic_end = i + 2 + ((buf[i] << 8) | buf[i + 1])
+                    topic = str(view[i + 2 : topic_end], "utf-8", "replace")
+                    qos = (header >> 1) & 0x03
+                    if qos:  # never at a QoS 0 subscription; acknowledged all the same
+                        self._acknowledge(qos, bytes(view[topic_end : topic_end + 2]))
+                        topic_end += 2
+                    self.received += 1
+                    on_message(topic, bytes(view[topic_end : i + length]), arrived)
+                elif kind != _PINGRESP:
+                    raise StreamError(f"unexpected packet type {kind >> 4}")
+                pos = i + length
+        finally:
+            view.release()
+            del buf[:pos]
+
+    def _acknowledge(self, qos: int, packet_id: bytes) -> None:
+        assert self._writer is not None
+        self._writer.write((b"\x40\x02" if qos == 1 else b"\x50\x02") + packet_id)
+
+    async def _next_control_frame(self) -> tuple[int, bytearray]:
+        """The next whole frame while connecting (CONNACK, SUBACK): its type and body."""
+        assert self._reader is not None
+        while True:
+            buf = self._buffer
+            if len(buf) >= 2:
+                length, shift, i = 0, 0, 1
+                while i < len(buf):
+                    byte = buf[i]
+                    length |= (byte & 0x7F) << shift
+                    i += 1
+                    if not byte & 0x80:
+                        if i + length <= len(buf):
+                            kind, body = buf[0] & 0xF0, buf[i : i + length]
+                            del buf[: i + length]
+                            return kind, body
+                        break
+                    shift += 7
+            data = await self._reader.read(READ_BYTES)
+            if not data:
+                raise StreamError("the broker closed the connection")
+            buf += data
+
+    async def _ping(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            if self._writer is not None:
+                self._writer.write(_PINGREQ)
