@@ -33,6 +33,7 @@ bench: venv
 	$(BIN)/python -m bench.bench_controller --cycles 10 --json bench/results/controller.json
 	$(BIN)/python -m bench.bench_controller --cycles 10 --fine-every-s 10 --json bench/results/controller-fine10.json
 	$(BIN)/python -m bench.bench_planner --whatif-s 60 --json bench/results/planner.json
+	$(BIN)/python -m bench.bench_scale --overload --json bench/results/scale.json
 
 deps:
 	@missing=""; \

@@ -40,15 +40,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from bench.common import cpu_s, machine, mem_mb, report
+from powerd.fleet.sites import NODES_PER_RACK, RACKS_PER_ROW, SITE_FILE, cut_site
 from powerd.telemetry_schema import parse_line
 from tests.brokers import Mosquitto
 
-SITE = Path(str(resources.files("powerd.data").joinpath("budgets/site-150mw.toml")))
-NODES_PER_ROW = 72 * 18
+NODES_PER_ROW = RACKS_PER_ROW * NODES_PER_RACK
 CLUSTER = "scale"
 # Mosquitto as docs/CONTROLLER.md recommends for this site: a client's queue holds a
 # quarter of a second of the whole site's telemetry (its default, 1,000, is 50 ms at
@@ -66,13 +65,9 @@ class Scenario:
 
 
 def budgets_for(rows: int, out: Path) -> Path:
-    """The shipped site with its first ``rows`` rows (the rows' generator count)."""
-    text = SITE.read_text()
-    text, n = re.subn(r"(\[rows\][^\[]*?count = )16", rf"\g<1>{rows}", text, count=1)
-    if n != 1:
-        raise RuntimeError(f"{SITE}: no `count = 16` under [rows] to cut the site down")
+    """The shipped site with its first ``rows`` rows."""
     path = out / f"site-{rows}rows.toml"
-    path.write_text(text)
+    path.write_text(cut_site(rows=rows))
     return path
 
 
@@ -326,7 +321,7 @@ def main() -> None:
             "benchmark": "scale",
             "machine": machine(),
             "command": "python -m bench.bench_scale " + " ".join(sys.argv[1:]),
-            "budgets": str(SITE.name),
+            "budgets": SITE_FILE,
             "warmup_s": args.warmup_s,
             "window_s": args.window_s,
             "results": results,

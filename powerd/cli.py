@@ -458,6 +458,16 @@ def demo(
     help="Push a rack to full power this often and time the controller's reaction (0: never).",
 )
 @click.option("--push-hold-s", default=5.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option(
+    "--jobs",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Training jobs (whole racks each) announcing startup, then compute and communication "
+    "in turn; a job's node list must fit one announcement (~3,000 nodes).",
+)
+@click.option("--compute-s", default=20.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--communication-s", default=3.0, show_default=True, type=click.FloatRange(min=0.1))
 @click.option("--warmup-s", default=10.0, show_default=True, type=click.FloatRange(min=0))
 @click.option("--seed", default=1, show_default=True, type=int)
 @click.option(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -91,9 +92,10 @@ class MqttLink:
             await loop.run_in_executor(
                 None, client.connect, self.broker.host, self.broker.port, self._keepalive_s
             )
-            if self.no_delay and client.socket() is not None:
+            sock = client.socket()
+            if self.no_delay and isinstance(sock, socket.socket):  # TLS sockets are too
                 for option in NO_DELAY:
-                    client.socket().setsockopt(*option)
+                    sock.setsockopt(*option)
             async with asyncio.timeout(CONNECT_TIMEOUT_S):  # not wait_for: see mqtt_stream
                 await asyncio.shield(self._ready)
         except BaseException:
@@ -134,7 +136,7 @@ class MqttLink:
         if client is None:
             return
         sock = client.socket()
-        if sock is not None and self._loop is not None:
+        if isinstance(sock, socket.socket) and self._loop is not None:
             with contextlib.suppress(ValueError, OSError):
                 self._loop.remove_reader(sock.fileno())
                 self._loop.remove_writer(sock.fileno())
@@ -142,7 +144,7 @@ class MqttLink:
             client.disconnect()  # queues DISCONNECT; paho closes the socket once it is written
             client.loop_write()
         sock = client.socket()
-        if sock is not None:
+        if isinstance(sock, socket.socket):
             with contextlib.suppress(OSError):
                 sock.close()
         self._lose("closed")
@@ -191,12 +193,13 @@ class MqttLink:
     def _watch(self, client: mqtt.Client, sock: Any, write: bool) -> None:
         """In the loop: watch the socket, unless it was closed meanwhile (a stop, a failure)."""
         assert self._loop is not None
-        if client.socket() is not sock or sock.fileno() < 0:
+        current = client.socket()
+        if current is None or current is not sock or current.fileno() < 0:
             return
         if write:
-            self._loop.add_writer(sock.fileno(), self._write, client)
+            self._loop.add_writer(current.fileno(), self._write, client)
         else:
-            self._loop.add_reader(sock.fileno(), self._drain, client)
+            self._loop.add_reader(current.fileno(), self._drain, client)
 
     def _on_socket_close(self, _client: mqtt.Client, _userdata: Any, sock: Any) -> None:
         assert self._loop is not None
@@ -241,7 +244,7 @@ class MqttLink:
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
         self.received += 1
-        self.on_message(message.topic, message.payload, self._now)
+        self.on_message(message.topic, bytes(message.payload), self._now)
 
     def _on_publish(
         self, _client: mqtt.Client, _userdata: Any, mid: int, _reason: Any, _props: Any

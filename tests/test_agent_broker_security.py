@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import subprocess
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -28,16 +27,10 @@ from tests.agent_harness import (
     telemetry,
 )
 from tests.brokers import Mosquitto, MqttProbe
+from tests.secure_brokers import make_certs, passwd_file, tls_broker
 
 AGENT_PASSWORD = "n0de-Secret-42"
 CONTROLLER_PASSWORD = "ctl-Secret-17"
-
-
-def passwd_file(path: Path, users: dict[str, str]) -> Path:
-    path.write_text("")
-    for user, password in users.items():
-        subprocess.run(["mosquitto_passwd", "-b", str(path), user, password], check=True)
-    return path
 
 
 @pytest.fixture
@@ -105,69 +98,7 @@ async def test_wrong_password_keeps_node_safe_and_secret_out_of_logs(secured, mo
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> dict[str, Path]:
-    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
-    d = tmp_path_factory.mktemp("certs")
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
-
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run(
-        "req",
-        "-x509",
-        *ec,
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=powerd-test-ca",
-    )
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name, subject in (("server", "/CN=127.0.0.1"), ("client", f"/CN={NODE}")):
-        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
-        run(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-        )
-    # a second CA that signed nothing here: trusting it must not be enough
-    run(
-        "req",
-        "-x509",
-        *ec,
-        "-keyout",
-        "other.key",
-        "-out",
-        "other.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=someone-else",
-    )
-    return {p.stem + p.suffix.replace(".", "_"): p for p in d.iterdir()}
-
-
-def tls_broker(tmp_path: Path, certs: dict[str, Path], require_client_cert: bool) -> Mosquitto:
-    options = (
-        f"cafile {certs['ca_crt']}\ncertfile {certs['server_crt']}\nkeyfile {certs['server_key']}\n"
-        f"require_certificate {'true' if require_client_cert else 'false'}"
-    )
-    return Mosquitto(tmp_path, listener_options=options, tls=True)
+    return make_certs(tmp_path_factory.mktemp("certs"), client_cn=NODE)
 
 
 def tls_probe(broker: Mosquitto, certs: dict[str, Path]) -> MqttProbe:

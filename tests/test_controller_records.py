@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from policies.tree import RACK, ROW, SITE
@@ -283,7 +285,7 @@ model = "H100"
     assert per_second[:1] == [0]  # no burst when the controller starts
     for node, times in seen.items():
         assert len(times) in (5, 6), node  # windows 1..5 (or 6) of 60 s after the first
-        assert all(9.0 < b - a < 11.0 for a, b in zip(times, times[1:])), node
+        assert all(9.0 < b - a < 11.0 for a, b in itertools.pairwise(times)), node
     assert max(per_second[10:]) < 2.5 * len(nodes) / 10  # a tenth a second, give or take
 
 
@@ -302,4 +304,4 @@ def test_fine_recording_staggers_the_node_level_tree_points(bench: Bench) -> Non
         bench.report_all(650.0)
     for node, seconds in written.items():
         assert len(seconds) == 4, (node, seconds)  # every 10 s, none in the first cycle
-        assert all(b - a == 10 for a, b in zip(seconds, seconds[1:])), node
+        assert all(b - a == 10 for a, b in itertools.pairwise(seconds)), node

@@ -445,11 +445,11 @@ class ControllerCore:
         ``DRIFT_RETRY_S`` per node, since a GPU that refuses a value would drift forever.
         """
         failsafe = live & self._in_mode("failsafe")
-        for server in np.flatnonzero(failsafe):
+        for server in np.flatnonzero(failsafe).tolist():
             self._forget_commanded(server)
         self._returning[failsafe] = False
-        for server in [s for s in self.pending if not live[s]]:
-            del self.pending[server]
+        for silent in [s for s in self.pending if not live[s]]:
+            del self.pending[silent]
         self._returning |= ~live
         decoded_fresh = (now - self.last_seen) <= self.settings.stale_after_s
         back = live & self._returning & decoded_fresh

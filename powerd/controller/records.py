@@ -65,7 +65,7 @@ class Records:
             name: self._placement[first_server + k] for k, name in enumerate(topology.servers)
         }
         self._level_tag = [LEVEL_NAMES[int(lvl)] for lvl in topology.level]
-        self._gpus_under = None
+        self._gpus_under: np.ndarray | None = None
         self._previous_site_cap_w: float | None = None
 
     def cycle(self, core: ControllerCore, result: CycleResult, ts: float) -> list[str]:

@@ -38,6 +38,7 @@ from powerd.controller.records import Records
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt_stream import MqttStream, StreamError
 from powerd.protocol import Heartbeat, ProtocolError, Topics, decode, encode
+from powerd.ratelimit import LogOncePer
 from powerd.recorder import Recorder
 from powerd.systemd import SystemdNotifier
 
@@ -103,6 +104,7 @@ class ControllerService:
         # Set when run() ends: no taking (back) the lead, no reconnecting. The loops end on
         # their own even when a cancellation is lost (asyncio.wait_for in 3.11 can drop one).
         self._stopping = False
+        self._log = LogOncePer(log)
 
     async def run(self, stop: asyncio.Event) -> None:
         connection = asyncio.create_task(self._connection_loop(), name="connection")
@@ -261,11 +263,24 @@ class ControllerService:
         self.core.server_of(node, "telemetry")  # not in the budgets file: logged, ignored
 
     async def _ingest_loop(self) -> None:
+        heard, heard_at = self.inbox.received, time.monotonic()
         while not self._stopping:
             await asyncio.sleep(self.ingest_period_s)
             self._ingest()
             if self.leadership.leading and self.core.crossed_threshold():
                 self._decide_now.set()
+            now = time.monotonic()
+            if self.inbox.received != heard or not self.telemetry_up.is_set():
+                heard, heard_at = self.inbox.received, now
+            elif now - heard_at > self.config.stale_after_s:
+                self._log.warning(
+                    "no-telemetry",
+                    now,
+                    "no telemetry for %.0f s on a live telemetry connection: are the agents up, "
+                    "and may this login read %s (broker ACL)?",
+                    now - heard_at,
+                    self.topics.all_telemetry,
+                )
 
     def _ingest(self) -> None:
         """Decode what waits in the inbox, oldest first, within the decode budget.

@@ -23,6 +23,12 @@ messages the way ``powerd.agent.core.AgentCore`` does, in bulk:
   capping threshold: the controller's reaction, measured end to end.
 - **Failures**: nodes that never report (silent) and nodes that stopped
   (offline status, no telemetry).
+- **Jobs** (optional, ``jobs``): the nodes split into that many jobs of
+  whole racks, priorities high, normal, low in turn; each announces
+  ``startup`` with its nodes, then alternates ``compute`` (``compute_s``) and
+  ``communication`` (``communication_s``), as ``powerd.jobhook`` would. In
+  communication its GPUs draw ``COMM_LOAD`` of their compute demand (they wait
+  on collectives); the controller may lock their clocks meanwhile.
 
 Not simulated: the agents' command TTL (refreshed by every live heartbeat,
 so it only matters when heartbeats stop, which failsafe covers already) and
@@ -46,6 +52,7 @@ from powerd.protocol import (
     Command,
     GpuAck,
     Heartbeat,
+    PhaseEvent,
     ProtocolError,
     Status,
     decode,
@@ -58,6 +65,18 @@ from powerd.topology import Topology
 # what it would draw unlocked: P ~ p_static + p_dyn * s^2.5 (powerd.gpu.workload_model).
 _STATIC_SHARE = 0.3
 _CLOCK_EXPONENT = 2.5
+COMM_LOAD = 0.35  # a GPU waiting on a collective draws this share of its compute demand
+STARTUP_S = 2.0  # a job announces startup, then compute this much later
+PRIORITIES = ("high", "normal", "low")
+
+
+@dataclass
+class Job:
+    name: str
+    nodes: list[int]
+    priority: str
+    phase: str = "startup"
+    next_at: float = 0.0  # monotonic time of its next phase change
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,9 @@ class FleetOptions:
     # "running": agents of a site already under control (caps at their maximum, a live
     # controller until failsafe_after_s from the start: the one being replaced)
     start: str = "fresh"
+    jobs: int = 0  # training jobs announcing phases (0: none)
+    compute_s: float = 20.0
+    communication_s: float = 3.0
     seed: int = 1
 
 
@@ -95,6 +117,8 @@ class FleetCounters:
     heartbeats: int = 0
     failsafe_entries: int = 0
     rejected_payloads: int = 0
+    clock_locks: int = 0  # GPU clock locks applied by commands
+    phase_events: int = 0
 
 
 class FleetModel:
@@ -166,6 +190,7 @@ class FleetModel:
         self._pushed: dict[int, Push] = {}  # rack -> its open push
         self.counters = FleetCounters()
         self._templates = [self._template(i) for i in range(n_nodes)]
+        self.jobs = self._split_into_jobs(options.jobs)
 
     # --- what the controller sees ------------------------------------------------------
 
@@ -297,6 +322,7 @@ class FleetModel:
                 low, high = self._clock_min[g], self._clock_max[g]
                 clamped |= not low <= lock <= high
                 self.lock_mhz[g] = min(max(lock, low), high)
+                self.counters.clock_locks += 1
             acks.append(
                 GpuAck(
                     index=entry.index,
@@ -343,6 +369,71 @@ class FleetModel:
         gpus = self._rack_gpus[rack]
         real = sum(min(self.demand_w[g], self.cap_w[g]) for g in gpus)
         return float(real) + self._rack_overhead_w[rack]
+
+    # --- jobs -----------------------------------------------------------------------------
+
+    def _split_into_jobs(self, count: int) -> list[Job]:
+        """``count`` jobs of whole racks (the reporting nodes of consecutive racks)."""
+        if count <= 0:
+            return []
+        reporting = set(self.reporting().tolist())
+        by_rack: dict[int, list[int]] = {}
+        for node in range(len(self.names)):
+            if node in reporting:
+                by_rack.setdefault(int(self.gpu_rack[self._first_gpu[node]]), []).append(node)
+        racks = list(by_rack.values())
+        count = min(count, len(racks))
+        return [
+            Job(
+                name=f"fleet-job{k:03d}",
+                nodes=[n for rack in racks[k::count] for n in rack],
+                priority=PRIORITIES[k % len(PRIORITIES)],
+            )
+            for k in range(count)
+        ]
+
+    def phase_events(self, now: float, wall: float) -> list[tuple[str, bytes]]:
+        """The phase announcements due now, as (job, payload); demand follows the phase."""
+        out = []
+        for job in self.jobs:
+            if now < job.next_at:
+                continue
+            if job.next_at == 0.0:  # first call: startup, with the node list
+                phase, last_for = "startup", STARTUP_S
+            elif job.phase in ("startup", "communication"):
+                phase, last_for = "compute", self.options.compute_s
+            else:
+                phase, last_for = "communication", self.options.communication_s
+            job.phase, job.next_at = phase, now + last_for
+            gpus = [
+                g
+                for n in job.nodes
+                for g in range(self._first_gpu[n], self._first_gpu[n] + self._n_gpus[n])
+            ]
+            load = COMM_LOAD if phase == "communication" else 1.0
+            self.demand_w[gpus] = self.base_w[gpus] * load
+            for rack in self._pushed:  # a pushed rack stays pushed
+                self.demand_w[self._rack_gpus[rack]] = self.cap_max_w[self._rack_gpus[rack]]
+            self._demand_changed(gpus)
+            event = PhaseEvent(
+                v=1,
+                job=job.name,
+                ts=wall,
+                phase=phase,  # type: ignore[arg-type]
+                nodes=[self.names[n] for n in job.nodes] if phase == "startup" else None,
+                priority=job.priority,  # type: ignore[arg-type]
+                expected_s=last_for,
+            )
+            try:
+                payload = encode(event)
+            except ProtocolError as exc:
+                raise ValueError(
+                    f"job {job.name} has {len(job.nodes)} nodes: its startup announcement is "
+                    f"over the protocol's payload limit ({exc}); run more, smaller jobs"
+                ) from None
+            self.counters.phase_events += 1
+            out.append((job.name, payload))
+        return out
 
     # --- internals --------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import select
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +71,8 @@ class FleetReport:
     epochs: list[int] = field(default_factory=list)  # live leader epochs, in order seen
     heartbeat_gaps_s: list[float] = field(default_factory=list)
     failsafe_entries: int = 0
+    clock_locks: int = 0
+    phase_events: int = 0
     pushes: list[dict[str, float | None]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -89,6 +92,8 @@ class FleetReport:
             "epochs": sorted(set(self.epochs)),
             "heartbeat_gap_s": _percentiles(gaps),
             "failsafe_entries": self.failsafe_entries,
+            "clock_locks": self.clock_locks,
+            "phase_events": self.phase_events,
             "pushes": len(self.pushes),
             "pushes_brought_back": len(from_push),
             "reaction_s": _percentiles(np.array(from_push or [math.nan])),
@@ -186,8 +191,10 @@ class FleetRunner:
         for k in range(n_control):
             client = self._client(k, [n for n in nodes if n % n_control == k])
             client.connect(self.broker.host, self.broker.port, int(self.broker.keepalive_s))
-            for option in NO_DELAY:  # an ack goes out at once
-                client.socket().setsockopt(*option)
+            sock = client.socket()
+            if isinstance(sock, socket.socket):
+                for option in NO_DELAY:  # an ack goes out at once
+                    sock.setsockopt(*option)
             self._clients.append(client)
         for k in range(max(1, self.options.connections)):
             wire = WirePublisher(self.broker, f"{self.client_id}-telemetry-{k}")
@@ -208,10 +215,10 @@ class FleetRunner:
         start = self._monotonic()
         model.start(start)
         ts = self._wall()
-        for node in np.flatnonzero(model.offline):
+        for stopped in np.flatnonzero(model.offline).tolist():
             self._clients[0].publish(
-                self.topics.status(model.names[node]),
-                model.offline_status(int(node), ts),
+                self.topics.status(model.names[stopped]),
+                model.offline_status(stopped, ts),
                 qos=1,
                 retain=True,
             )
@@ -235,6 +242,8 @@ class FleetRunner:
                     break
                 if model.tick(now):
                     log.warning("fleet: no live controller heartbeat: every node in failsafe")
+                for job, payload in model.phase_events(now, self._wall()):
+                    self._clients[0].publish(self.topics.phase(job), payload, qos=1)
                 due = int((now - start) / period * n) + 1 if n else 0
                 burst = min(due - sent, MAX_BURST)
                 if burst > 0:
@@ -306,8 +315,9 @@ class FleetRunner:
         self._messages += 1
         now, wall = self._monotonic(), self._wall()
         topic = message.topic
+        payload = bytes(message.payload)
         if topic == self.topics.heartbeat:
-            if self.model.on_heartbeat(message.payload, now, wall):
+            if self.model.on_heartbeat(payload, now, wall):
                 if self._last_beat is not None:
                     self.report.heartbeat_gaps_s.append(now - self._last_beat)
                 self._last_beat = now
@@ -315,7 +325,7 @@ class FleetRunner:
             return
         if topic.startswith(self._command_prefix) and topic.endswith("/command"):
             node = topic[len(self._command_prefix) : -len("/command")]
-            ack = self.model.on_command(node, message.payload, now, wall)
+            ack = self.model.on_command(node, payload, now, wall)
             if ack is not None:
                 client.publish(self.topics.ack(node), ack, qos=1)
 
@@ -335,6 +345,7 @@ class FleetRunner:
         c = model.counters
         report.telemetry_sent, report.commands, report.acks = c.telemetry, c.commands, c.acks
         report.heartbeats, report.failsafe_entries = c.heartbeats, c.failsafe_entries
+        report.clock_locks, report.phase_events = c.clock_locks, c.phase_events
         for push in model.pushes:
             back = None if push.back_at is None else push.back_at - push.at
             seen = None

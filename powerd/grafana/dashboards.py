@@ -676,6 +676,52 @@ def controller_health() -> dict:
         ),
         Panel(
             "timeseries",
+            "Telemetry taken in",
+            "Telemetry messages received, dropped (replaced in the inbox by a newer sample of"
+            " the same node before the controller decoded them: over its decode budget) and"
+            " lost (gaps in the agents' sequence numbers: never reached the controller), per"
+            " interval; and the most nodes whose newest sample still waited at a decision.",
+            [
+                target(
+                    Q(
+                        DECISION,
+                        (
+                            ("sum({telemetry_received})", "received"),
+                            ("sum({telemetry_dropped})", "dropped"),
+                            ("sum({telemetry_lost})", "lost"),
+                            ("max({telemetry_waiting})", "waiting"),
+                        ),
+                    ),
+                    "A",
+                    alias="$col",
+                )
+            ],
+            unit="short",
+        ),
+        Panel(
+            "timeseries",
+            "Decode time and held-back commands",
+            "CPU time spent decoding telemetry per cycle (the budget is ingest_share of the"
+            " cycle); nodes whose raise waits for a later cycle (max_raises_per_s); nodes"
+            " found holding other caps than commanded (drift).",
+            [
+                target(Q(DECISION, (("max({ingest_s})", "decode s"),)), "A", alias="$col"),
+                target(
+                    Q(
+                        DECISION,
+                        (
+                            ("max({raises_deferred})", "raises deferred"),
+                            ("sum({nodes_drifted})", "drifted"),
+                        ),
+                    ),
+                    "B",
+                    alias="$col",
+                ),
+            ],
+            unit="short",
+        ),
+        Panel(
+            "timeseries",
             "Rejected payloads",
             "Invalid MQTT payloads the controller received and refused, per interval.",
             [

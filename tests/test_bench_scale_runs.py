@@ -1,0 +1,44 @@
+"""The scale benchmark runs end to end and reports what it measures (one row, briefly)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_scale_benchmark_runs(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.bench_scale",
+            "--nodes",
+            "1296",
+            "--warmup-s",
+            "3",
+            "--window-s",
+            "4",
+            "--push-every-s",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["command"].startswith("python -m bench.bench_scale")
+    (run,) = report["results"]
+    assert run["nodes"] == 1296 and run["cycles"] > 0
+    assert run["controller_us_per_message"] > 0 and run["bare_us_per_message"] > 0
+    assert run["ratio_to_bare"] > 0
+    assert set(run["cpu_share_of_one_core"]) == {"controller", "fleet", "mosquitto"}
+    assert len(run["epochs"]) == 1
+    for key in ("heartbeat_gap_s", "reaction_s", "reaction_from_visible_s"):
+        assert set(run[key]) == {"p50", "p99", "max", "count"}
+    assert run["heartbeat_gap_s"]["count"] > 0
