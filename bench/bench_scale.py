@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import cpu_s, machine, mem_mb, report
+from powerd.fleet.app import fleet_argv
 from powerd.fleet.sites import NODES_PER_RACK, RACKS_PER_ROW, SITE_FILE, cut_site
 from powerd.telemetry_schema import parse_line
 from tests.brokers import Mosquitto
@@ -132,31 +133,17 @@ def run_scenario(s: Scenario, warmup_s: float, window_s: float, push_every_s: fl
             fleet_json = out / "fleet.json"
             duration_s = warmup_s + window_s + 2.0
             procs["fleet"] = spawn(
-                [
-                    "-m",
-                    "powerd",
-                    "fleet",
-                    "--budgets",
-                    str(budgets),
-                    "--broker",
+                fleet_argv(
+                    budgets,
                     broker.url,
-                    "--cluster",
                     CLUSTER,
-                    "--period-s",
-                    str(s.period_s),
-                    "--duration-s",
-                    str(duration_s),
-                    "--warmup-s",
-                    str(warmup_s),
-                    "--push-every-s",
-                    str(push_every_s),
-                    "--start",
-                    "running",
-                    "--report-json",
-                    str(fleet_json),
-                    "--log-level",
-                    "warning",
-                ],
+                    fleet_json,
+                    period_s=s.period_s,
+                    duration_s=duration_s,
+                    warmup_s=warmup_s,
+                    push_every_s=push_every_s,
+                    start="running",
+                ),
                 out / "fleet.log",
             )
             bare_json = out / "bare.json"

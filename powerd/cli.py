@@ -416,7 +416,13 @@ def demo(
 @click.option("--broker", default="mqtt://localhost", show_default=True, help="Broker URL.")
 @click.option("--cluster", default="default", show_default=True, help="Topic prefix cluster.")
 @click.option("--nodes", type=click.IntRange(min=1), help="Only the first N nodes [default: all].")
-@click.option("--period-s", default=1.0, show_default=True, type=click.FloatRange(min=0.01))
+@click.option(
+    "--period-s",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    help="Every node's telemetry period (agents' period_s).",
+)
 @click.option(
     "--connections",
     default=4,
@@ -439,9 +445,27 @@ def demo(
     type=click.FloatRange(0, 1),
     help="What every GPU wants to draw, as a share of its maximum cap.",
 )
-@click.option("--silent-fraction", default=0.0, type=click.FloatRange(0, 1), show_default=True)
-@click.option("--offline-fraction", default=0.0, type=click.FloatRange(0, 1), show_default=True)
-@click.option("--failsafe-after-s", default=10.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option(
+    "--silent-fraction",
+    default=0.0,
+    type=click.FloatRange(0, 1),
+    show_default=True,
+    help="Share of the nodes that never report (the controller counts them stale).",
+)
+@click.option(
+    "--offline-fraction",
+    default=0.0,
+    type=click.FloatRange(0, 1),
+    show_default=True,
+    help="Share of the nodes with a retained offline status and no telemetry.",
+)
+@click.option(
+    "--failsafe-after-s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="The agents' failsafe_after_s: no live heartbeat this long, every node to failsafe.",
+)
 @click.option(
     "--start",
     default="fresh",
@@ -457,7 +481,13 @@ def demo(
     type=click.FloatRange(min=0),
     help="Push a rack to full power this often and time the controller's reaction (0: never).",
 )
-@click.option("--push-hold-s", default=5.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option(
+    "--push-hold-s",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="How long a pushed rack stays at full power.",
+)
 @click.option(
     "--jobs",
     default=0,
@@ -466,10 +496,28 @@ def demo(
     help="Training jobs (whole racks each) announcing startup, then compute and communication "
     "in turn; a job's node list must fit one announcement (~3,000 nodes).",
 )
-@click.option("--compute-s", default=20.0, show_default=True, type=click.FloatRange(min=0.1))
-@click.option("--communication-s", default=3.0, show_default=True, type=click.FloatRange(min=0.1))
-@click.option("--warmup-s", default=10.0, show_default=True, type=click.FloatRange(min=0))
-@click.option("--seed", default=1, show_default=True, type=int)
+@click.option(
+    "--compute-s",
+    default=20.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="With --jobs: how long each compute phase lasts.",
+)
+@click.option(
+    "--communication-s",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="With --jobs: how long each communication phase lasts (GPUs draw a third).",
+)
+@click.option(
+    "--warmup-s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="No rack is pushed before this.",
+)
+@click.option("--seed", default=1, show_default=True, type=int, help="Noise, order, failures.")
 @click.option(
     "--report-json",
     type=click.Path(dir_okay=False, path_type=Path),

@@ -48,6 +48,26 @@ OnMessage = Callable[[str, bytes, float], None]  # topic, payload, monotonic arr
 LINK_ERRORS = (OSError, TimeoutError, ssl.SSLError)
 
 
+def paho_client(broker: BrokerSettings, client_id: str) -> mqtt.Client:
+    """A paho client for ``broker`` (MQTT 3.1.1, clean session, its login and TLS), with
+    no limit of its own on messages queued or in flight: its callers bound those."""
+    client = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id=client_id,
+        clean_session=True,
+        protocol=mqtt.MQTTv311,
+    )
+    kwargs = broker.client_kwargs()
+    if "username" in kwargs:
+        client.username_pw_set(kwargs["username"], kwargs["password"])
+    if "tls_context" in kwargs:
+        client.tls_set_context(kwargs["tls_context"])
+    # unlimited in flight: with a window, paho walks its whole queue on every PUBACK
+    client.max_inflight_messages_set(0)
+    client.max_queued_messages_set(0)
+    return client
+
+
 class LinkError(Exception):
     """The broker refused the connection or a subscription, or the connection broke."""
 
@@ -156,19 +176,7 @@ class MqttLink:
         return int(self.broker.keepalive_s)
 
     def _new_client(self) -> mqtt.Client:
-        client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
-            clean_session=True,
-            protocol=mqtt.MQTTv311,
-        )
-        kwargs = self.broker.client_kwargs()
-        if "username" in kwargs:
-            client.username_pw_set(kwargs["username"], kwargs["password"])
-        if "tls_context" in kwargs:
-            client.tls_set_context(kwargs["tls_context"])
-        client.max_inflight_messages_set(0)  # unlimited: see the module docstring
-        client.max_queued_messages_set(0)
+        client = paho_client(self.broker, self.client_id)
         client.on_socket_open = self._on_socket_open
         client.on_socket_close = self._on_socket_close
         client.on_socket_register_write = self._on_register_write

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from powerd.fleet.app import fleet_argv
 from powerd.topology import parse_budgets
 from tests.brokers import Mosquitto
 from tests.controller_harness import CLUSTER, controller_config, running_controller
@@ -24,25 +25,17 @@ async def run_fleet(
 ) -> dict:
     """``python -m powerd fleet`` to the end of its ``--duration-s``; its JSON report."""
     report = out / "fleet.json"
+    argv = fleet_argv(
+        budgets,
+        broker.url,
+        CLUSTER,
+        report,
+        start="running",
+        failsafe_after_s=FAILSAFE_AFTER_S,
+    )
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "powerd",
-        "fleet",
-        "--budgets",
-        str(budgets),
-        "--broker",
-        broker.url,
-        "--cluster",
-        CLUSTER,
-        "--start",
-        "running",
-        "--failsafe-after-s",
-        str(FAILSAFE_AFTER_S),
-        "--report-json",
-        str(report),
-        "--log-level",
-        "warning",
+        *argv,
         *args,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -16,6 +16,18 @@ from powerd.topology import load_budgets
 log = logging.getLogger("powerd.fleet")
 
 
+def fleet_argv(
+    budgets: Path, broker_url: str, cluster: str, report_json: Path, **options: object
+) -> list[str]:
+    """``python -m powerd fleet`` arguments (after the interpreter) for a scale test:
+    ``options`` are the command's long options (``period_s=0.5`` is ``--period-s 0.5``)."""
+    argv = ["-m", "powerd", "fleet", "--budgets", str(budgets), "--broker", broker_url]
+    argv += ["--cluster", cluster, "--report-json", str(report_json), "--log-level", "warning"]
+    for name, value in options.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
+
+
 def run_fleet(
     budgets_path: Path,
     broker: str,
@@ -74,7 +86,10 @@ def run_fleet(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    report = runner.run(stop.is_set)
+    try:
+        report = runner.run(stop.is_set)
+    except OSError as exc:
+        raise ConnectionError(f"broker {runner.broker.display}: {exc.strerror or exc}") from None
     summary = report.summary()
     text = json.dumps({"summary": summary, "pushes": report.pushes}, indent=2)
     if report_json is not None:

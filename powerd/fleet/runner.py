@@ -36,6 +36,7 @@ import paho.mqtt.client as mqtt
 
 from powerd.fleet.model import FleetModel
 from powerd.fleet.wire import TopicFrames, WirePublisher
+from powerd.mqtt_link import paho_client
 from powerd.mqtt_url import NO_DELAY, BrokerSettings
 from powerd.protocol import Topics
 
@@ -146,19 +147,7 @@ class FleetRunner:
 
     def _client(self, k: int, nodes: list[int]) -> mqtt.Client:
         """Control connection ``k``: the command topics of ``nodes`` (and, for 0, heartbeats)."""
-        client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2,
-            client_id=f"{self.client_id}-control-{k}",
-            clean_session=True,
-            protocol=mqtt.MQTTv311,
-        )
-        kwargs = self.broker.client_kwargs()
-        if "username" in kwargs:
-            client.username_pw_set(kwargs["username"], kwargs["password"])
-        if "tls_context" in kwargs:
-            client.tls_set_context(kwargs["tls_context"])
-        client.max_queued_messages_set(0)
-        client.max_inflight_messages_set(0)
+        client = paho_client(self.broker, f"{self.client_id}-control-{k}")
         topics = [(self.topics.command(self.model.names[n]), 1) for n in nodes]
         if k == 0:
             topics.append((self.topics.heartbeat, 1))
