@@ -221,15 +221,16 @@ class ControllerService:
             if self.leadership.leading and now >= next_beat:
                 link.publish(self.topics.heartbeat, self._heartbeat("leader"), qos=1, retain=True)
                 next_beat = now + self.config.heartbeat_s
+            periodic = now >= next_cycle
             early = self._decide_now.is_set() and now - last_cycle >= self.config.cycle_s / 4
-            if now >= next_cycle or early:
+            if periodic or early:
                 self._decide_now.clear()
                 if self.leadership.leading:
                     self._cycle(link)
                     last_cycle = now
                     async with self._cycled:
                         self._cycled.notify_all()
-                if not early:
+                if periodic:  # an early cycle leaves the period's schedule as it was
                     next_cycle += self.config.cycle_s
                     if next_cycle < now:
                         next_cycle = now + self.config.cycle_s
