@@ -1,6 +1,6 @@
 """Policy cost: one ``policies.decide()`` over a GB200-class site, realistic and worst cases.
 
-The default site is Meta's (DOMAIN.md): 16 rows × 72 racks × 18 servers × 4
+The default site is Meta's (docs/DOMAIN.md): 16 rows × 72 racks × 18 servers × 4
 GPUs = 82,944 GPUs, 200-1200 W caps, budgets from ``tests.policy_trees.gb200_site``
 (racks planned at 960 W per GPU, rows and site at 95 % of their racks).
 Three states, each timed over ``--runs`` calls after a warm-up:

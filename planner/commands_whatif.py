@@ -34,7 +34,7 @@ Per site, row and rack (and summed per level):
   s_above_limit_uncapped the same for the uncapped demand, for comparison
 Per job: throughput_lost. A synchronous job runs at its slowest GPU's pace; a
 GPU held to r = power/demand runs at r^--speed-exponent (default 0.28: Meta's
-GB200, 1200 -> 1000 W cost ~5 %, shared/DOMAIN.md), or, with --sweep, at the
+GB200, 1200 -> 1000 W cost ~5 %, docs/DOMAIN.md), or, with --sweep, at the
 relative throughput a measured cap sweep gives (Zeus CSV columns by default).
 """
 

@@ -38,7 +38,7 @@ from planner.table import ProfileError, read_input_text
 #: A GPU's power (cap or draw under work) in W lies in this range; outside it
 #: the column is almost surely in another unit (NVML reports mW; site sheets
 #: use kW, where every GPU is below 5). The largest GPU limits in
-#: ../shared/DOMAIN.md are ~1400 W (GB300); idle datacenter GPUs draw > 5 W.
+#: docs/DOMAIN.md are ~1400 W (GB300); idle datacenter GPUs draw > 5 W.
 MIN_PLAUSIBLE_W = 5.0
 MAX_PLAUSIBLE_W = 5000.0
 

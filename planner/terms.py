@@ -12,11 +12,11 @@ term                   typical  what
 ``node_w``             1000 W   per node (server): CPUs, memory, NICs, fans; a
                                 4-GPU GB200 tray (assumed, docs/BUDGETS.md)
 ``network_fraction``   0.11     back-end network and switches, as a share of the
-                                rack's IT power (shared/DOMAIN.md: ≈ 11 %)
+                                rack's IT power (docs/DOMAIN.md: ≈ 11 %)
 ``cooling_fraction``   0.27     cooling and power conversion at the site, as a
                                 share of the site's IT power (PUE ≈ 1.27, assumed)
 ``summer_rise``        0.0      extra cooling in summer, a share of the cooling
-                                term (DOMAIN.md: cooling rises in summer); size
+                                term (docs/DOMAIN.md: cooling rises in summer); size
                                 for the hottest season you plan to run
 =====================  =======  ==================================================
 

@@ -14,7 +14,7 @@ Throughput: a synchronous job runs at the pace of its slowest GPU, so a
 job's speed in a step is the lowest relative speed of its GPUs. A GPU held
 at a fraction ``r = power / demand`` of its demand runs at ``r ** 0.28`` by
 default (``speed_exponent``): 0.28 is what Meta's GB200 figure gives, 1200
-→ 1000 W costing ~5 % speed (shared/DOMAIN.md). With a measured cap sweep
+→ 1000 W costing ~5 % speed (docs/DOMAIN.md). With a measured cap sweep
 (``planner.sweep.load_sweep``) the speed is read off the sweep instead: per
 workload where the sweep has the profile's workload name, else the median
 curve of all its workloads, each as relative throughput against cap over the
@@ -46,7 +46,7 @@ from policies.tree import LEVEL_NAMES
 from powerd.gpu.models import GPU_MODELS
 from powerd.topology import Topology
 
-DEFAULT_SPEED_EXPONENT = 0.28  # ln(0.95) / ln(1000 / 1200): DOMAIN.md, Meta's GB200
+DEFAULT_SPEED_EXPONENT = 0.28  # ln(0.95) / ln(1000 / 1200): docs/DOMAIN.md, Meta's GB200
 
 # (workload, power / demand in (0, 1]) -> relative speed in (0, 1]
 SpeedModel = Callable[[str, np.ndarray], np.ndarray]

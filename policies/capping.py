@@ -16,7 +16,7 @@ A node's measured power is the measured power of every GPU under it plus its
 1. **Sanitise.** Non-finite power or caps read as the GPU's failsafe cap;
    negative power as 0; caps and floors are clipped into
    ``[cap_min_w, cap_max_w]``.
-2. **Staged phases** (``startup`` and ``checkpoint``; DOMAIN.md, Llama 3:
+2. **Staged phases** (``startup`` and ``checkpoint``; docs/DOMAIN.md, Llama 3:
    job start and checkpoints are the synchronised swings that hurt the site
    ramp). A controllable GPU in one of them has its cap *lowered* (never
    raised) to ``max(stage_cap, power_w + headroom, floor_w)`` with
@@ -115,12 +115,12 @@ class PolicySettings:
     """Tuning of :func:`decide`. Fields are numbers, booleans or None (they come from TOML).
 
     Defaults are chosen for a 1 s cycle on GB200-class GPUs (200-1200 W,
-    DOMAIN.md) and scale with each GPU's range.
+    docs/DOMAIN.md) and scale with each GPU's range.
     """
 
     # Per cycle, the fraction of a capped GPU's distance to cap_max it may regain
     # (before ramp limits). 0.2 at 1 s: ~90 % of the gap is back in 10 s, slower than
-    # Dynamo's ~6 s capping response (DOMAIN.md), so handing back never outruns taking.
+    # Dynamo's ~6 s capping response (docs/DOMAIN.md), so handing back never outruns taking.
     uncap_step_fraction: float = 0.2
     # Where caps stand for GPUs in `startup` (and the lowest they follow a GPU down to
     # during a `checkpoint`), as a fraction of the range above cap_min: 0.25 is 450 W

@@ -1,6 +1,6 @@
 """Phases of jobs that do not publish them, inferred from their GPUs' power.
 
-A synchronous training job's GPUs rise and fall together (DOMAIN.md: Llama 3
+A synchronous training job's GPUs rise and fall together (docs/DOMAIN.md: Llama 3
 §3.3.4; Meta: "exposed communication ... induce[s] large, synchronized power
 oscillations"). So a job is waiting when most of its GPUs sit well below
 their own recent compute level *in the same sample*; how long it has been
@@ -29,7 +29,7 @@ The rule, per job, for the newest sample
   ``compute``. GPUs of job -1 (no job): ``compute``.
 
 Every GPU of a job gets the job's phase. With NVML's 1 s power averages
-(DOMAIN.md) sub-second collectives are averaged away: only long exposed
+(docs/DOMAIN.md) sub-second collectives are averaged away: only long exposed
 communication and checkpoints show; pass instantaneous samples
 (``NVML_FI_DEV_POWER_INSTANT``) at a shorter period to see more.
 """

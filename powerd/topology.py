@@ -37,7 +37,7 @@ from powerd.protocol import NAME_PATTERN
 
 FORMAT_VERSION = 1
 
-# Dynamo's three bands (ISCA 2016, shared/DOMAIN.md): cap above 98 % of the
+# Dynamo's three bands (ISCA 2016, docs/DOMAIN.md): cap above 98 % of the
 # budget, bring the node down to 95 %, hand watts back below 90 %. The 3 %
 # between threshold and target is the room one capping step makes; the 5 %
 # between target and uncapping is the hysteresis that stops a node that was
@@ -46,7 +46,7 @@ DEFAULT_CAP_THRESHOLD = 0.98
 DEFAULT_CAP_TARGET = 0.95
 DEFAULT_UNCAP_THRESHOLD = 0.90
 
-# Meta plans a 1200 W GB200 at 960 W (80 % of TDP, shared/DOMAIN.md): a model
+# Meta plans a 1200 W GB200 at 960 W (80 % of TDP, docs/DOMAIN.md): a model
 # with no failsafe cap in the file falls back to the same fraction of its
 # maximum cap, as the agent does without a planner.
 DEFAULT_FAILSAFE_FRACTION = 0.8

@@ -138,7 +138,7 @@ def gb200_site(
     server_overhead_w: float = 800.0,
     rack_overhead_w: float = 3000.0,
 ) -> Tree:
-    """A GB200-class site (DOMAIN.md): 200-1200 W GPUs planned at 960 W, oversubscribed racks.
+    """A GB200-class site (docs/DOMAIN.md): 200-1200 W GPUs planned at 960 W, oversubscribed racks.
 
     Budgets: a server at its GPUs' TDP (its PSU), a rack at 960 W per GPU plus
     overhead, a row at 95 % of the sum of its racks, the site at 93 %. Bands:

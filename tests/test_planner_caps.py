@@ -169,7 +169,7 @@ def test_mix_from_a_size_toml(tmp_path: Path) -> None:
 
 
 def test_meta_gb200_figures() -> None:
-    """DOMAIN.md: 1200 -> 1000 W cost ~5% speed, gave ~9% cluster throughput; implies ~360 W overhead."""
+    """docs/DOMAIN.md: 1200 -> 1000 W cost ~5% speed, gave ~9% cluster throughput; implies ~360 W overhead."""
     sweep = pd.DataFrame(
         {"gpu": "gb200", "workload": "llm", "cap_w": [1000.0, 1200.0], "throughput": [0.95, 1.0]}
     ).assign(avg_power_w=np.nan)

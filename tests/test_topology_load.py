@@ -207,7 +207,7 @@ def test_site_150mw_failsafe_power_within_every_limit(site150: Topology) -> None
     # full TDP does not fit: that is why the site is planned at 960 W
     full = tree.node_sum(tree.cap_max_w) + tree.overhead_sum()
     assert full[0] > tree.limit_w[0]
-    # network ≈ 11 % of a rack's planned power (DOMAIN.md)
+    # network ≈ 11 % of a rack's planned power (docs/DOMAIN.md)
     rack = site150.node_index("row01-k01")
     assert tree.overhead_w[rack] / failsafe[rack] == pytest.approx(0.11, abs=0.005)
 

@@ -18,7 +18,7 @@ from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
 OnExit = Literal["keep", "restore"]
 AgentMode = Literal["controlled", "local"]
 
-# Meta provisions a 1200 W GB200 at 960 W (shared/DOMAIN.md): with no planner
+# Meta provisions a 1200 W GB200 at 960 W (docs/DOMAIN.md): with no planner
 # output yet, the failsafe cap defaults to that same 80 % of the device maximum.
 DEFAULT_FAILSAFE_FRACTION = 0.8
 

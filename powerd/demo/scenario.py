@@ -5,7 +5,7 @@ A synchronous data-parallel LLM job moves all its GPUs together: a start
 by *exposed* communication (the part of the gradient all-reduce that
 computation does not hide: every GPU waits on the network), a checkpoint now
 and then (GPUs nearly idle, storage busy), and a stop. This synchronisation is
-what makes a training site's power swing (shared/DOMAIN.md: Llama 3,
+what makes a training site's power swing (docs/DOMAIN.md: Llama 3,
 Meta's "large, synchronized power oscillations").
 
 Each job announces its phases through :class:`powerd.jobhook.PhaseReporter`,

@@ -1,7 +1,7 @@
 """Descriptions of GPU models: the ranges a device accepts and how it idles.
 
 Used by the simulated backend and by the test suite's fake of the pynvml API,
-so that both behave like the real device. Figures from ``shared/DOMAIN.md``
+so that both behave like the real device. Figures from ``docs/DOMAIN.md``
 (NVML limits seen: H100 SXM 200–700 W, A100 SXM 100–400 W, GB200 1200 W
 TDP) and vendor data sheets for clocks; where a figure is assumed it says so.
 """
@@ -32,7 +32,7 @@ GPU_MODELS: dict[str, GpuModel] = {
         GpuModel(
             "A100", "NVIDIA A100-SXM4-80GB", 100.0, 400.0, 400.0, 210, 1410, 55.0, False, True
         ),
-        # GB200: 1200 W TDP per GPU (Meta, DOMAIN.md); the 200 W floor is assumed.
+        # GB200: 1200 W TDP per GPU (Meta, docs/DOMAIN.md); the 200 W floor is assumed.
         GpuModel("GB200", "NVIDIA GB200", 200.0, 1200.0, 1200.0, 300, 2062, 120.0, True, True),
         # The three GPUs of the Zeus sweeps in tests/data/zeus-power-limit/.
         GpuModel("A40", "NVIDIA A40", 100.0, 300.0, 300.0, 210, 1740, 30.0, False, True),
