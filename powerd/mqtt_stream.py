@@ -191,9 +191,13 @@ class MqttStream:
                     return  # the frame is not all here yet
                 kind = header & 0xF0
                 if kind == _PUBLISH:
+                    if length < 2:
+                        raise StreamError("a PUBLISH too short for its topic")
                     topic_end = i + 2 + ((buf[i] << 8) | buf[i + 1])
                     topic = str(view[i + 2 : topic_end], "utf-8", "replace")
                     qos = (header >> 1) & 0x03
+                    if topic_end + (2 if qos else 0) > i + length:
+                        raise StreamError("a PUBLISH whose topic runs past its end")
                     if qos:  # never at a QoS 0 subscription; acknowledged all the same
                         self._acknowledge(qos, bytes(view[topic_end : topic_end + 2]))
                         topic_end += 2

@@ -8,6 +8,7 @@ import asyncio
 import resource
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +36,32 @@ from tests.controller_harness import (
 )
 
 OLD_EPOCH = 5  # a controller before A left this, retained, as it stopped cleanly
+
+
+def tail(log: Path, chars: int = 3000) -> str:
+    """The end of a controller's log, for an assertion's message."""
+    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
+
+
+def wire_summary(p) -> dict:
+    """What went over the broker, for an assertion's message: heartbeats by controller and
+    state, commands and acks by node (ack results), each node's last telemetry mode."""
+    out: dict = {"heartbeats": {}, "commands": {}, "acks": {}, "mode": {}}
+    for m in p.messages:
+        kind = m.topic.rsplit("/", 1)[-1]
+        if kind == "heartbeat":
+            beat = heartbeat_of(m)
+            key = f"{beat.controller}/{beat.state}/{beat.epoch}"
+            out["heartbeats"][key] = out["heartbeats"].get(key, 0) + 1
+        elif kind == "command":
+            out["commands"][node_of(m.topic)] = out["commands"].get(node_of(m.topic), 0) + 1
+        elif kind == "ack":
+            results = out["acks"].setdefault(node_of(m.topic), {})
+            result = ack_of(m).result
+            results[result] = results.get(result, 0) + 1
+        elif kind == "telemetry":
+            out["mode"][node_of(m.topic)] = telemetry_of(m).mode
+    return out
 
 
 def heartbeat_is(controller: str, state: str, epoch: int | None = None):
@@ -73,7 +100,13 @@ async def test_killed_leader_is_replaced_with_a_higher_epoch_and_caps_stay_safe(
             beat = await p.expect(TOPICS.heartbeat, heartbeat_is("ctl-a", "leader"), timeout_s=30)
             epoch_a = heartbeat_of(beat).epoch
             # A caps both racks (in compute, over budget) below the failsafe caps
-            await agents.wait_for(lambda: max(agents.caps()) < 450.0, what="A capped the racks")
+            try:
+                await agents.wait_for(lambda: max(agents.caps()) < 450.0, what="A capped")
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"{exc}; on the wire: {wire_summary(p)}; caps {agents.caps()}; "
+                    f"A's log:\n{tail(tmp_path / 'ctl-a.log')}"
+                ) from None
             caps_by_a = agents.caps()
             killed_mark = p.mark()
             a.send_signal(signal.SIGKILL)  # no step-down: its last heartbeat stays, retained

@@ -4,6 +4,7 @@ against a real Mosquitto (retained messages, thousands of messages, a refused lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -136,3 +137,13 @@ async def test_a_refused_login_is_an_error_that_says_so(tmp_path: Path) -> None:
         stream.close()
     finally:
         broker.stop()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=64))
+def test_garbage_ends_the_session_with_a_stream_error_and_nothing_else(data: bytes) -> None:
+    """Whatever bytes come, the parser hands out whole frames or raises StreamError."""
+    stream, _ = offline_stream()
+    stream._buffer += b"\x30" + data if data[:1] != b"\x30" else data
+    with contextlib.suppress(StreamError):
+        stream._frames(0.0)

@@ -41,6 +41,7 @@ from powerd.protocol import Heartbeat, ProtocolError, Topics, decode, encode
 from powerd.ratelimit import LogOncePer
 from powerd.recorder import Recorder
 from powerd.systemd import SystemdNotifier
+from powerd.vocabulary import PROTOCOL_VERSION
 
 log = logging.getLogger("powerd.controller")
 
@@ -178,6 +179,8 @@ class ControllerService:
                             why, self.config.stale_after_s)  # fmt: skip
             except (StreamError, *LINK_ERRORS) as exc:
                 log.warning("telemetry connection to %s: %s", self.config.broker.display, exc)
+            except Exception:  # a bug here must not end telemetry for good, silently
+                log.exception("telemetry connection failed; reconnecting")
             finally:
                 self.telemetry_up.clear()
                 stream.close()
@@ -343,7 +346,7 @@ class ControllerService:
 
     def _heartbeat(self, state: str) -> bytes:
         beat = Heartbeat(
-            v=1,
+            v=PROTOCOL_VERSION,
             epoch=self.leadership.epoch,
             ts=self._wall(),
             controller=self.config.name,
