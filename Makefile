@@ -1,4 +1,5 @@
-# powerd: `make demo` runs the whole loop on this machine; `make test` runs every test.
+# powerd: `make demo` runs the whole loop on this machine; `make test` runs every test
+# (and installs the core alone at its minimum pins in a throwaway venv: tests/lean_install.py).
 # Both create the virtual environment; `make test` also installs the Debian
 # services the tests start (mosquitto, systemd-analyze) when they are missing.
 
@@ -17,6 +18,7 @@ demo: venv
 test: deps venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python tests/lean_install.py
 	$(BIN)/pytest -q
 
 lint: venv
@@ -57,7 +59,7 @@ $(VENV)/.installed: pyproject.toml
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[all,test]'
 	touch $@
 
 clean:

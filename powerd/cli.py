@@ -221,6 +221,7 @@ def controller(
     """
     from powerd.controller.app import run_controller
     from powerd.controller.config import load_controller_config
+    from powerd.extras import MissingExtra
     from powerd.topology import BudgetError
 
     setup_logging(log_level)
@@ -248,7 +249,7 @@ def controller(
         raise click.ClickException(str(exc)) from None
     try:
         asyncio.run(run_controller(config, budgets_path))
-    except (BudgetError, OSError, ValueError) as exc:
+    except (BudgetError, OSError, ValueError, MissingExtra) as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -314,6 +315,15 @@ def demo(
     """
     import json
     import tempfile
+
+    from powerd.extras import MissingExtra, require
+
+    try:
+        require("demo", "powerd demo")
+        if record is not None and "://" in record:
+            require("recorder", "powerd demo --record URL")
+    except MissingExtra as exc:
+        raise click.ClickException(str(exc)) from None
 
     from rich.console import Console
     from rich.live import Live
@@ -594,9 +604,6 @@ def gpus(simulate: str | None, as_json: bool) -> None:
     import dataclasses
     import json
 
-    from rich.console import Console
-    from rich.table import Table
-
     from powerd.gpu.open import close_gpus, open_gpus
 
     setup_logging("warning")
@@ -627,7 +634,7 @@ def gpus(simulate: str | None, as_json: bool) -> None:
         for row in rows:
             click.echo(json.dumps(row, default=str))
         return
-    table = Table(title=", ".join(sorted({str(r.get("name", "?")) for r in rows})))
+    # plain text: a GPU node has the agent's dependencies only (no terminal-table library)
     columns = {
         "GPU": "index",
         "W": "power_w",
@@ -641,15 +648,20 @@ def gpus(simulate: str | None, as_json: bool) -> None:
         "util %": "util_pct",
         "°C": "temp_c",
     }
-    for header in columns:
-        table.add_column(header, justify="right")
+    lines = [list(columns)]
+    errors = []
     for row in rows:
         if "error" in row:
-            table.add_row(str(row["index"]), f"[red]{row['error']}[/]")
+            errors.append(f"GPU {row['index']}: {row['error']}")
             continue
         row["energy_j"] = None if row["energy_j"] is None else row["energy_j"] / 1000
-        table.add_row(*[_cell(row[key]) for key in columns.values()])
-    Console().print(table)
+        lines.append([_cell(row[key]) for key in columns.values()])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
+    click.echo(", ".join(sorted({str(r.get("name", "?")) for r in rows})))
+    for line in lines:
+        click.echo("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
+    for error in errors:
+        click.echo(error, err=True)
 
 
 def _cell(value: object) -> str:

@@ -38,6 +38,7 @@ from typing import IO, Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from powerd.backoff import Backoff
+from powerd.extras import require
 
 log = logging.getLogger("powerd.recorder")
 
@@ -217,6 +218,7 @@ class InfluxRecorder(Recorder):
 
     def _connect(self, token: str | None, timeout_s: float, gzip: bool) -> None:
         # imported here: the file recorder (the demo) does not need it
+        require("recorder", "recording to InfluxDB's v2 write API")
         from influxdb_client import InfluxDBClient, WritePrecision
         from influxdb_client.client.write_api import SYNCHRONOUS
 
