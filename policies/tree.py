@@ -12,15 +12,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SITE, ROW, RACK, SERVER = 0, 1, 2, 3
-LEVEL_NAMES = ("site", "row", "rack", "node")
+from powerd.vocabulary import LEVELS, PHASES, PRIORITIES
 
-# GPU priority classes, in the order watts are taken from them.
-LOW, NORMAL, HIGH = 0, 1, 2
-PRIORITY_CODES = {"low": LOW, "normal": NORMAL, "high": HIGH}
+# Level codes: a tree node's depth (LEVELS[code] names it).
+SITE, ROW, RACK, SERVER = range(len(LEVELS))
+LEVEL_NAMES = LEVELS
 
-# Phase codes (protocol phases), per GPU.
-PHASES = ("startup", "compute", "communication", "checkpoint", "eval", "idle", "shutdown")
+# GPU priority classes as codes, in the order watts are taken from them (lowest first).
+LOW, NORMAL, HIGH = (len(PRIORITIES) - 1 - PRIORITIES.index(p) for p in ("low", "normal", "high"))
+PRIORITY_CODES = {name: len(PRIORITIES) - 1 - rank for rank, name in enumerate(PRIORITIES)}
+
+# Phase codes, per GPU: PHASES[code] names it.
 PHASE_CODES = {name: code for code, name in enumerate(PHASES)}
 
 

@@ -64,9 +64,10 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from powerd.backoff import Backoff
 from powerd.mqtt_url import NO_DELAY, BrokerSettings, parse_broker_url
-from powerd.protocol import PHASES, PROTOCOL_VERSION, PhaseEvent, ProtocolError, Topics, encode
+from powerd.protocol import PhaseEvent, ProtocolError, Topics, encode
 from powerd.protocol import check_name as _protocol_check_name
 from powerd.ratelimit import LogOncePer
+from powerd.vocabulary import PHASES, PRIORITIES, PROTOCOL_VERSION
 
 __all__ = [
     "ENV_BROKER",
@@ -89,7 +90,6 @@ __all__ = [
 
 log = logging.getLogger("powerd.jobhook")
 
-PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 # phases a `with phase(...)` block may announce; startup and shutdown have their own calls
 BLOCK_PHASES: tuple[str, ...] = tuple(p for p in PHASES if p not in ("startup", "shutdown"))
 DEFAULT_RESUME_PHASE = "compute"

@@ -21,27 +21,42 @@ import msgspec
 import msgspec.inspect
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-PROTOCOL_VERSION = 1
+from powerd.vocabulary import (
+    PHASES,
+    PRIORITIES,
+    PROTOCOL_VERSION,
+    AckResult,
+    ControllerState,
+    Mode,
+    NodeState,
+    Phase,
+    Priority,
+    Version,
+)
+
+__all__ = [  # the vocabulary, re-exported: the protocol's users need not know where it lives
+    "PHASES",
+    "PRIORITIES",
+    "PROTOCOL_VERSION",
+    "AckResult",
+    "ControllerState",
+    "Mode",
+    "NodeState",
+    "Phase",
+    "Priority",
+]
+
 MAX_PAYLOAD_BYTES = 64 * 1024
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z"  # \Z: "$" would allow a final newline
 _NAME_RE = re.compile(NAME_PATTERN)
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
-Version = Literal[1]
 NonNegInt = Annotated[int, Meta(ge=0)]
 GpuIndex = Annotated[int, Meta(ge=0, le=1023)]
 PositiveW = Annotated[float, Meta(gt=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
 Percent = Annotated[float, Meta(ge=0, le=100)]
 ClockMhz = Annotated[int, Meta(ge=0, le=100_000)]
-
-Mode = Literal["controlled", "failsafe", "local"]
-AckResult = Literal["applied", "partial", "stale", "rejected"]
-NodeState = Literal["online", "failsafe", "offline"]
-Phase = Literal["startup", "compute", "communication", "checkpoint", "eval", "idle", "shutdown"]
-PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
-Priority = Literal["high", "normal", "low"]
-ControllerState = Literal["leader", "standby"]
 
 
 class ProtocolError(ValueError):

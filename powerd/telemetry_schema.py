@@ -42,16 +42,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from powerd.protocol import PHASES, PhaseEvent, Telemetry
+from powerd.protocol import PhaseEvent, Telemetry
+from powerd.vocabulary import LEVELS, MODES, PHASES, PRIORITIES
 
 FieldType = Literal["float", "int", "string"]
 FLOAT: FieldType = "float"
 INT: FieldType = "int"
 STRING: FieldType = "string"
-
-LEVELS: tuple[str, ...] = ("site", "row", "rack", "node")  # policies.tree.LEVEL_NAMES
-MODES: tuple[str, ...] = ("controlled", "failsafe", "local")
-PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 
 
 # --- line protocol: escaping ---------------------------------------------------

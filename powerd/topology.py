@@ -34,6 +34,7 @@ import numpy as np
 from policies.tree import LEVEL_NAMES, RACK, ROW, SERVER, SITE, Tree
 from powerd.gpu.models import GPU_MODELS, GpuModel
 from powerd.protocol import NAME_PATTERN
+from powerd.vocabulary import DEFAULT_FAILSAFE_FRACTION
 
 FORMAT_VERSION = 1
 
@@ -46,10 +47,8 @@ DEFAULT_CAP_THRESHOLD = 0.98
 DEFAULT_CAP_TARGET = 0.95
 DEFAULT_UNCAP_THRESHOLD = 0.90
 
-# Meta plans a 1200 W GB200 at 960 W (80 % of TDP, docs/DOMAIN.md): a model
-# with no failsafe cap in the file falls back to the same fraction of its
-# maximum cap, as the agent does without a planner.
-DEFAULT_FAILSAFE_FRACTION = 0.8
+# A model with no failsafe cap in the file falls back to DEFAULT_FAILSAFE_FRACTION of
+# its maximum cap (powerd.vocabulary), as the agent does without a planner.
 
 # Plausible watts per level (limit, budget; overhead up to the upper bound).
 # Wide on purpose: they only catch a number in the wrong unit. A 12.6 kW

@@ -14,13 +14,13 @@ from typing import Any, Literal
 from powerd.configfile import BROKER_KEYS, ConfigError, Getter, broker_from_table, read_toml
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
 from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
+from powerd.vocabulary import DEFAULT_FAILSAFE_FRACTION
 
 OnExit = Literal["keep", "restore"]
 AgentMode = Literal["controlled", "local"]
 
-# Meta provisions a 1200 W GB200 at 960 W (docs/DOMAIN.md): with no planner
-# output yet, the failsafe cap defaults to that same 80 % of the device maximum.
-DEFAULT_FAILSAFE_FRACTION = 0.8
+# With no planner output yet, the failsafe cap defaults to DEFAULT_FAILSAFE_FRACTION
+# (80 %, as Meta plans a GB200) of the device maximum: powerd.vocabulary.
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from powerd.protocol import (
     peek_order,
 )
 from powerd.ratelimit import LogOncePer
+from powerd.vocabulary import PROTOCOL_VERSION
 
 log = logging.getLogger("powerd.agent")
 
@@ -271,7 +272,7 @@ class AgentCore:
             )
         self.telemetry_seq += 1
         return Telemetry(
-            v=1,
+            v=PROTOCOL_VERSION,
             node=self.node,
             ts=self._wall(),
             seq=self.telemetry_seq,
@@ -286,7 +287,7 @@ class AgentCore:
 
     def status(self, state: NodeState | None = None) -> Status:
         return Status(
-            v=1,
+            v=PROTOCOL_VERSION,
             node=self.node,
             state=state or self.node_state,
             ts=self._wall(),
@@ -316,7 +317,7 @@ class AgentCore:
                 AckError(index=None, message=f"{more} more errors"),
             ]
         return Ack(
-            v=1,
+            v=PROTOCOL_VERSION,
             node=self.node,
             epoch=epoch,
             seq=seq,

@@ -34,6 +34,7 @@ from powerd.protocol import (
 )
 from powerd.ratelimit import LogOncePer
 from powerd.topology import Topology
+from powerd.vocabulary import PROTOCOL_VERSION
 
 log = logging.getLogger("powerd.controller")
 _M = TypeVar("_M", Telemetry, Status, Ack)
@@ -634,7 +635,7 @@ class ControllerCore:
                     entry.max_sm_clock_mhz = None if np.isnan(clock) else float(clock)
                 entries.append(entry)
             command = Command(
-                v=1,
+                v=PROTOCOL_VERSION,
                 epoch=self.epoch,
                 seq=self.seq,
                 ts=self._wall(),

@@ -60,6 +60,7 @@ from powerd.protocol import (
     peek_order,
 )
 from powerd.topology import Topology
+from powerd.vocabulary import PRIORITIES, PROTOCOL_VERSION
 
 # Under a clock lock at a fraction s of the maximum clock the GPU draws this share of
 # what it would draw unlocked: P ~ p_static + p_dyn * s^2.5 (powerd.gpu.workload_model).
@@ -67,7 +68,6 @@ _STATIC_SHARE = 0.3
 _CLOCK_EXPONENT = 2.5
 COMM_LOAD = 0.35  # a GPU waiting on a collective draws this share of its compute demand
 STARTUP_S = 2.0  # a job announces startup, then compute this much later
-PRIORITIES = ("high", "normal", "low")
 
 
 @dataclass
@@ -245,7 +245,14 @@ class FleetModel:
 
     def offline_status(self, node: int, ts: float) -> bytes:
         return encode(
-            Status(v=1, node=self.names[node], state="offline", ts=ts, gpus=0, agent_version="")
+            Status(
+                v=PROTOCOL_VERSION,
+                node=self.names[node],
+                state="offline",
+                ts=ts,
+                gpus=0,
+                agent_version="",
+            )
         )
 
     # --- what the controller says --------------------------------------------------------
@@ -416,7 +423,7 @@ class FleetModel:
                 self.demand_w[self._rack_gpus[rack]] = self.cap_max_w[self._rack_gpus[rack]]
             self._demand_changed(gpus)
             event = PhaseEvent(
-                v=1,
+                v=PROTOCOL_VERSION,
                 job=job.name,
                 ts=wall,
                 phase=phase,  # type: ignore[arg-type]
@@ -480,7 +487,7 @@ class FleetModel:
         errors = [AckError(index=None, message=error)] if error else []
         return encode(
             Ack(
-                v=1,
+                v=PROTOCOL_VERSION,
                 node=self.names[node],
                 epoch=epoch,
                 seq=seq,
