@@ -17,7 +17,7 @@ import pandas as pd
 FORMATS = ("table", "json", "csv")
 
 
-def write_whole(path: Path, write: Callable[[Path], None]) -> None:
+def write_whole(path: Path, write: Callable[[Path], object]) -> None:
     """The whole file or nothing: ``write`` fills a temporary file in the same
     directory, which is then renamed over ``path``; on any error it is removed."""
     path = Path(path)

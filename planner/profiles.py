@@ -437,7 +437,7 @@ def _flux_frame(
 
     try:
         with InfluxDBClient(
-            url=url, token=token or "", org=org, timeout=int(timeout_s * 1000)
+            url=url, token=token or "", org=org or "", timeout=int(timeout_s * 1000)
         ) as client:
             tables = client.query_api().query(query)
     except Exception as exc:  # the client raises its own, urllib3's and socket errors

@@ -159,7 +159,7 @@ def _summary(
         items.append(
             f"Replayed {whatif.info['duration_s']:g} s through the controller's policy: steps"
             f" capping (mean node) {bites}; throughput lost site-wide"
-            f" {_pct(float(whatif.info['throughput_lost_site']))}; node-seconds above a limit"
+            f" {_pct(float(str(whatif.info['throughput_lost_site'])))}; node-seconds above a limit"
             f" {above:g}."
         )
     if caps_mix is not None and len(caps_mix):

@@ -11,7 +11,6 @@ from policies.tree import (
     LOW,
     NORMAL,
     PHASE_CODES,
-    PHASES,
     PRIORITY_CODES,
     RACK,
     ROW,
@@ -20,6 +19,7 @@ from policies.tree import (
     ClusterState,
     Tree,
 )
+from powerd.vocabulary import PHASES
 
 __all__ = [
     "HIGH",

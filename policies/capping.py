@@ -194,7 +194,7 @@ class _Structure:
     ancestor: np.ndarray  # intp (4, n_gpus)
 
 
-_STRUCTURES: dict[int, tuple[weakref.ref, np.ndarray, _Structure]] = {}
+_STRUCTURES: dict[int, tuple[weakref.ref[Tree], np.ndarray, _Structure]] = {}
 
 
 def _structure(tree: Tree) -> _Structure:
@@ -230,7 +230,8 @@ def _fold_up(st: _Structure, total: np.ndarray) -> np.ndarray:
 def _node_sum(st: _Structure, per_gpu: np.ndarray, overhead: np.ndarray) -> np.ndarray:
     """Like ``tree.node_sum(per_gpu) + overhead``: one pass over the GPUs, then over the nodes."""
     total = np.bincount(st.ancestor[SERVER], weights=per_gpu, minlength=len(overhead))
-    return _fold_up(st, total.astype(float, copy=False)) + overhead
+    summed: np.ndarray = _fold_up(st, total.astype(float, copy=False)) + overhead
+    return summed
 
 
 def overhead_below(tree: Tree) -> np.ndarray:
@@ -481,13 +482,15 @@ def _cut(
 
 
 def _in_codes(phase: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    out = phase == codes[0]
+    out: np.ndarray = phase == codes[0]
     for code in codes[1:]:
         out |= phase == code
     return out
 
 
-def _finite_or(values, fallback, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+def _finite_or(
+    values: np.ndarray | float, fallback: np.ndarray | float, low: np.ndarray, high: np.ndarray
+) -> np.ndarray:
     """A float copy of ``values``; non-finite entries read as ``fallback`` clipped into
     ``[low, high]`` (``high`` where the fallback is not finite either)."""
     out = np.array(values, dtype=float)
@@ -534,9 +537,9 @@ def _take(
     needy_take[needy_take <= NEGLIGIBLE_W] = 0.0  # rounding left by an earlier class: no cut
     node_took = np.zeros(len(need))
     node_took[needy] = needy_take.sum(axis=1)
-    take = np.zeros((len(need), N_PRIORITIES))
-    take[needy] = needy_take
-    take = take.ravel()
+    take_by_class = np.zeros((len(need), N_PRIORITIES))
+    take_by_class[needy] = needy_take
+    take = take_by_class.ravel()
     full_class = np.zeros((len(need), N_PRIORITIES), dtype=bool)
     full_class[needy] = (needy_take >= have) & (have > 0)
     seg_take = take[seg]
@@ -632,7 +635,8 @@ def _ramp_grants(
     for lvl in (ROW, RACK, SERVER):
         nodes, parent = st.level_nodes[lvl], st.level_parent[lvl]
         grant[nodes] = allowed[nodes] * _ratio(grant[parent], demand[parent])
-    return _ratio(grant, demand)[server]
+    share: np.ndarray = _ratio(grant, demand)[server]
+    return share
 
 
 def _ratio(num: np.ndarray, den: np.ndarray, cap: bool = True) -> np.ndarray:

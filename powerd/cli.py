@@ -11,6 +11,7 @@ import signal
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -612,7 +613,7 @@ def gpus(simulate: str | None, as_json: bool) -> None:
     except GpuError as exc:
         raise click.ClickException(str(exc)) from None
     try:
-        rows = []
+        rows: list[dict[str, Any]] = []
         for gpu in opened:
             try:
                 sample, limits = gpu.sample(), gpu.power_limit_range()
@@ -650,7 +651,7 @@ def gpus(simulate: str | None, as_json: bool) -> None:
     }
     lines = [list(columns)]
     errors = []
-    for row in rows:
+    for row in rows:  # row: dict[str, Any]
         if "error" in row:
             errors.append(f"GPU {row['index']}: {row['error']}")
             continue

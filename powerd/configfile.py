@@ -64,7 +64,7 @@ class Getter:
     def __init__(self, where: str) -> None:
         self.where = where
 
-    def str(self, table: dict, dotted: str, default: Any) -> Any:
+    def text(self, table: dict, dotted: str, default: Any) -> Any:
         value = table.get(dotted.rsplit(".", 1)[-1], default)
         if not isinstance(value, str):
             raise ConfigError(f"{self.where}: {dotted} must be a string, got {value!r}")
@@ -96,7 +96,7 @@ class Getter:
 def broker_from_table(table: dict[str, Any], where: str) -> BrokerSettings:
     """The ``[broker]`` table: URL plus credential, TLS and reconnect settings."""
     get = Getter(where)
-    url = get.str(table, "broker.url", "mqtt://localhost")
+    url = get.text(table, "broker.url", "mqtt://localhost")
     try:
         broker = parse_broker_url(url)
     except ValueError as exc:

@@ -454,7 +454,11 @@ class PhaseReporter:
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         client.on_socket_open = _set_no_delay
-        client.reconnect_delay_set(settings.reconnect_min_s, settings.reconnect_max_s)
+        # typed int in paho, used as seconds in float arithmetic: sub-second delays work
+        client.reconnect_delay_set(
+            settings.reconnect_min_s,  # type: ignore[arg-type]
+            settings.reconnect_max_s,  # type: ignore[arg-type]
+        )
         client.max_inflight_messages_set(_IN_FLIGHT_WINDOW)
         if settings.username:
             client.username_pw_set(settings.username, settings.password())

@@ -373,7 +373,7 @@ Message = Telemetry | Command | Ack | Status | PhaseEvent | Heartbeat
 M = TypeVar("M", Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat)
 
 _ENCODER = msgspec.json.Encoder()
-_DECODERS: dict[type, msgspec.json.Decoder] = {
+_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
     cls: msgspec.json.Decoder(cls)
     for cls in (Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat)
 }
@@ -416,7 +416,7 @@ def decode(
     global _decoding
     _decoding = True
     try:
-        message = _DECODERS[cls].decode(payload)
+        message: M = _DECODERS[cls].decode(payload)
     except msgspec.ValidationError as exc:
         raise ProtocolError(f"invalid {cls.__name__}: {exc}") from None
     except msgspec.DecodeError as exc:

@@ -34,7 +34,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from powerd.backoff import Backoff
@@ -94,7 +94,7 @@ class Recorder(ABC):
             "write_errors": self.write_errors,
         }
 
-    def __enter__(self) -> Recorder:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -378,7 +378,7 @@ class InfluxRecorder(Recorder):
                 bucket=self.bucket,
                 org=self.org,
                 record="\n".join(lines),
-                write_precision=self._precision,
+                write_precision=self._precision,  # type: ignore[arg-type]  # typed str there
             )
             return "ok", None
         except Exception as exc:

@@ -695,10 +695,10 @@ def _parse_number(text: str, key: str) -> float | int | bool:
         return False
     try:
         if text.endswith(("i", "u")):
-            value = int(text[:-1])
-            if text.endswith("u") and value < 0:
+            whole = int(text[:-1])
+            if text.endswith("u") and whole < 0:
                 raise ValueError
-            return value
+            return whole
         value = float(text)
     except ValueError:
         raise ValueError(f"field {key!r}: {text!r} is not a number") from None

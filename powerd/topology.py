@@ -864,7 +864,8 @@ class _Builder:
             )
 
         arrays = col
-        for a in (level, parent, gpus, failsafe, *arrays.values()):
+        frozen: list[np.ndarray] = [level, parent, gpus, failsafe, *arrays.values()]
+        for a in frozen:
             a.setflags(write=False)
         clocks = MappingProxyType(
             {m: self.model_clock.get(m, math.nan) for m in sorted(self.model_used)}

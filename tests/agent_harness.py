@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 import msgspec
 
@@ -16,6 +17,7 @@ from powerd.gpu import Gpu
 from powerd.gpu.simulated import open_simulated
 from powerd.mqtt_url import parse_broker_url
 from powerd.protocol import Ack, Command, GpuCommand, Heartbeat, Telemetry, Topics, decode, encode
+from powerd.vocabulary import ControllerState
 from tests.brokers import Mosquitto, MqttProbe
 
 NODE = "r01-n01"
@@ -23,7 +25,7 @@ TOPICS = Topics("test")
 FAILSAFE_CAP_W = 500.0
 
 
-def agent_config(server: Mosquitto, **overrides: object) -> AgentConfig:
+def agent_config(server: Mosquitto, **overrides: Any) -> AgentConfig:
     config = AgentConfig(
         node=NODE,
         cluster=TOPICS.cluster,
@@ -37,7 +39,7 @@ def agent_config(server: Mosquitto, **overrides: object) -> AgentConfig:
 
 @contextlib.asynccontextmanager
 async def running_agent(
-    server: Mosquitto, gpus: Sequence[Gpu] | None = None, **overrides: object
+    server: Mosquitto, gpus: Sequence[Gpu] | None = None, **overrides: Any
 ) -> AsyncIterator[AgentDaemon]:
     """An agent daemon on simulated H100s, connected; stopped cleanly on exit."""
     gpus = list(gpus) if gpus is not None else list(open_simulated("4xH100"))
@@ -56,7 +58,7 @@ def probe(broker: Mosquitto) -> MqttProbe:
     return MqttProbe(broker.port, [f"{TOPICS.prefix}/#"])
 
 
-def heartbeat(epoch: int = 1, ts: float | None = None, state: str = "leader") -> bytes:
+def heartbeat(epoch: int = 1, ts: float | None = None, state: ControllerState = "leader") -> bytes:
     return encode(
         Heartbeat(
             v=1,
@@ -64,7 +66,7 @@ def heartbeat(epoch: int = 1, ts: float | None = None, state: str = "leader") ->
             ts=time.time() if ts is None else ts,
             controller="ctl-test",
             state=state,
-        )  # type: ignore[arg-type]
+        )
     )
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 
@@ -88,7 +89,7 @@ class Received:
 class MqttProbe:
     """A test client that records every message it receives and lets tests await them."""
 
-    def __init__(self, url_port: int, subscriptions: list[str], **client_kwargs: object) -> None:
+    def __init__(self, url_port: int, subscriptions: list[str], **client_kwargs: Any) -> None:
         """``client_kwargs`` go to aiomqtt.Client: username, password, tls_context."""
         self.port = url_port
         self.subscriptions = subscriptions

@@ -36,6 +36,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -118,9 +119,7 @@ budget_w = 9000
 {"".join(racks)}"""
 
 
-def controller_config(
-    broker: Mosquitto, name: str = "ctl-a", **overrides: object
-) -> ControllerConfig:
+def controller_config(broker: Mosquitto, name: str = "ctl-a", **overrides: Any) -> ControllerConfig:
     """Short timings; ``policy`` and anything else of ``ControllerConfig`` may be overridden."""
     config = ControllerConfig(
         name=name,
@@ -347,7 +346,7 @@ async def running_cluster(
     budgets: str | None = None,
     phase: str = "idle",
     recorder: Recorder | None = None,
-    **config_overrides: object,
+    **config_overrides: Any,
 ) -> AsyncIterator[Cluster]:
     """Agents on every server (GPUs in ``phase``), then a leading controller, and its
     first cycle that saw every node's telemetry."""

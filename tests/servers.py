@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 
 def free_port() -> int:
@@ -101,8 +102,11 @@ def port_open(port: int) -> bool:
         return False
 
 
+S = TypeVar("S", bound=ServerProcess)
+
+
 @contextmanager
-def running(server: ServerProcess) -> Iterator[ServerProcess]:
+def running(server: S) -> Iterator[S]:
     """``server`` started for the ``with`` block, stopped after it whatever happens."""
     server.start()
     try:

@@ -8,12 +8,13 @@ import ssl
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from powerd.agent.daemon import AgentDaemon
 from powerd.gpu.simulated import open_simulated
-from powerd.mqtt_url import PASSWORD_ENV
+from powerd.mqtt_url import PASSWORD_ENV, BrokerSettings
 from powerd.protocol import GpuCommand
 from tests.agent_harness import (
     FAILSAFE_CAP_W,
@@ -107,9 +108,10 @@ def tls_probe(broker: Mosquitto, certs: dict[str, Path]) -> MqttProbe:
     return MqttProbe(broker.port, [f"{TOPICS.prefix}/#"], tls_context=context)
 
 
-def tls_settings(broker: Mosquitto, **files: Path):
+def tls_settings(broker: Mosquitto, **files: Path) -> BrokerSettings:
     base = agent_config(broker).broker
-    return replace(base, **{k: str(v) for k, v in files.items()})
+    named: dict[str, Any] = {k: str(v) for k, v in files.items()}
+    return replace(base, **named)
 
 
 @pytest.mark.parametrize("client_cert", [False, True], ids=["server-cert", "mutual-tls"])

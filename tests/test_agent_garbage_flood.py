@@ -27,7 +27,7 @@ def garbage(rng: random.Random, i: int) -> bytes:
     if kind == 0:
         return rng.randbytes(rng.randint(0, 200))
     if kind == 1:
-        values = [None, True, -1, 0, 2**70, -1e308, 1e308, "x" * 50, [], {}, 3.5]
+        values: list[object] = [None, True, -1, 0, 2**70, -1e308, 1e308, "x" * 50, [], {}, 3.5]
         return json.dumps(
             {
                 rng.choice(["v", "epoch", "seq", "gpus", "ts"]): rng.choice(values)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from msgspec import UNSET
 
 from powerd.controller.core import CAP_TOLERANCE_W
-from powerd.protocol import UNSET, Command, decode, encode
+from powerd.protocol import Command, decode, encode
 from tests.test_controller_core import (
     CAP_MAX_W,
     COMM_CLOCK_MHZ,

@@ -156,7 +156,7 @@ def test_recorder_file_rotation_reaches_the_file_recorder(tmp_path: Path) -> Non
     recorder.close()
     never = load_controller_config(write(tmp_path, f'[recorder]\nfile = "{lp}"\nfile_max_mb = 0\n'))
     recorder = open_configured_recorder(never)
-    assert recorder.max_bytes is None
+    assert isinstance(recorder, FileRecorder) and recorder.max_bytes is None
     recorder.close()
 
 

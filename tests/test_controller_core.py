@@ -33,6 +33,7 @@ from powerd.protocol import (
     encode,
 )
 from powerd.topology import Topology, parse_budgets
+from powerd.vocabulary import AckResult, NodeState
 from tests.clocks import ManualClock
 
 # Two rows. Rack k1 is tight: four H100 at 650 W (2600 W) plus its 100 W switch
@@ -141,14 +142,14 @@ def _per_gpu(value: float | Sequence[float], n: int) -> list[float]:
     return [float(value)] * n if isinstance(value, int | float) else [float(v) for v in value]
 
 
-def status_payload(node: str, state: str, ts: float = WALL0) -> bytes:
-    return encode(Status(v=1, node=node, state=state, ts=ts, gpus=2, agent_version="0.1.0"))  # type: ignore[arg-type]
+def status_payload(node: str, state: NodeState, ts: float = WALL0) -> bytes:
+    return encode(Status(v=1, node=node, state=state, ts=ts, gpus=2, agent_version="0.1.0"))
 
 
 def ack_payload(
     node: str,
     command: Command,
-    result: str = "applied",
+    result: AckResult = "applied",
     *,
     epoch: int | None = None,
     seq: int | None = None,
@@ -156,7 +157,9 @@ def ack_payload(
     errors: Sequence[str] = (),
 ) -> bytes:
     """The ack an agent would send for ``command``: caps read back as commanded unless given."""
-    read_back = {g.index: g.cap_w for g in command.gpus} | (cap_w or {})
+    read_back = dict(zip((g.index for g in command.gpus), caps_w(command), strict=True)) | (
+        cap_w or {}
+    )
     return encode(
         Ack(
             v=1,
@@ -164,11 +167,11 @@ def ack_payload(
             epoch=command.epoch if epoch is None else epoch,
             seq=command.seq if seq is None else seq,
             ts=WALL0,
-            result=result,  # type: ignore[arg-type]
+            result=result,
             gpus=[]
             if result == "rejected"
             else [
-                GpuAck(index=i, cap_w=float(c), max_sm_clock_mhz=None, clamped=False)
+                GpuAck(index=i, cap_w=c, max_sm_clock_mhz=None, clamped=False)
                 for i, c in sorted(read_back.items())
             ],
             errors=[AckError(index=None, message=m) for m in errors],
@@ -197,6 +200,13 @@ def phase_payload(
 
 
 # --- a core on the test tree -------------------------------------------------------
+
+
+def caps_w(command: Command) -> list[float]:
+    """The caps a command sets, one per GPU; every GPU in a controller's command has one."""
+    caps = [g.cap_w for g in command.gpus]
+    assert all(isinstance(c, float) for c in caps), caps
+    return [float(c) for c in caps if isinstance(c, float)]
 
 
 @dataclass
@@ -492,7 +502,7 @@ def test_node_back_from_silence_is_commanded_only_where_it_holds_other_caps() ->
     result = bench.cycle()
     # what each holds is read from its telemetry: only the one that differs is commanded
     assert [node for node, _ in result.commands] == ["k2-n1"]
-    assert all(g.cap_w > FAILSAFE_W for g in dict(result.commands)["k2-n1"].gpus)  # handed back
+    assert all(c > FAILSAFE_W for c in caps_w(dict(result.commands)["k2-n1"]))  # handed back
     assert result.counters.resends == 0
 
 

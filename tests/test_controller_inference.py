@@ -11,6 +11,7 @@ from tests.test_controller_core import (
     COMM_CLOCK_MHZ,
     NODES,
     Bench,
+    caps_w,
     make_bench,
     phase_payload,
 )
@@ -114,8 +115,8 @@ def test_priority_decides_who_gives_watts_in_a_capped_rack(bench: Bench) -> None
     bench.phase("batch", "compute", priority="low")
     bench.report_all(650.0)
     commands = dict(bench.cycle().commands)
-    vip = [g.cap_w for g in commands["k1-n1"].gpus]
-    batch = [g.cap_w for g in commands["k1-n2"].gpus]
+    vip = caps_w(commands["k1-n1"])
+    batch = caps_w(commands["k1-n2"])
     assert max(batch) < min(vip)
     assert vip == [CAP_MAX_W, CAP_MAX_W] or min(batch) == 200.0  # low first, down to cap_min
 

@@ -113,7 +113,7 @@ def test_decision_point_counts_what_happened(bench: Bench, records: Records) -> 
     assert f["rejected_payloads"] == 1
     assert f["gpus_capped"] == 4
     assert (f["resends"], f["acks_missing"], f["stale_nodes"], f["offline_nodes"]) == (0, 0, 0, 0)
-    assert f["cycle_s"] >= 0.0
+    assert isinstance(f["cycle_s"], float) and f["cycle_s"] >= 0.0
     assert "site_ramp_w_per_s" not in f  # no previous cycle to compare with
 
 
@@ -168,6 +168,7 @@ def test_telemetry_points_carry_placement_job_and_phase(bench: Bench, records: R
     bench.phase("llm-70b", "startup", ["k3-n1"], priority="high")
     bench.phase("llm-70b", "checkpoint", priority="high")
     sample = bench.report("k3-n1", [610.0, 0.0], cap_w=[650.0, 700.0], clock_mhz=1100, seq=41)
+    assert sample is not None
     points = parsed(records.telemetry(bench.core, sample))
     assert len(points) == 2
     for i, p in enumerate(points):
@@ -193,6 +194,7 @@ def test_telemetry_points_carry_placement_job_and_phase(bench: Bench, records: R
 
 def test_telemetry_of_a_node_without_a_job_has_no_job_tags(bench: Bench, records: Records) -> None:
     sample = bench.report("k1-n2", 300.0, mode="failsafe")
+    assert sample is not None
     for p in parsed(records.telemetry(bench.core, sample)):
         assert "job" not in p.tags and "phase" not in p.tags
         assert (p.tags["rack"], p.tags["row"], p.tags["mode"]) == ("k1", "r1", "failsafe")

@@ -203,8 +203,8 @@ def test_annotations_mark_phase_changes_and_the_failover(recorded: Recorded):
     health = DASHBOARDS["controller-health.json"]()
     selection = resolve(recorded, health)
     (epochs,) = health["annotations"]["list"][1:]
-    found = rows(
+    epoch_rows = rows(
         run(recorded, interpolate(epochs["query"], selection, recorded.start_ms, recorded.end_ms))
     )
-    assert len(found) == 1 and found[0][1] > 0  # one interval where the epoch grew
+    assert len(epoch_rows) == 1 and epoch_rows[0][1] > 0  # one interval where the epoch grew
     assert stat_value(recorded, health, "Epoch changes in range", selection) > 0

@@ -83,7 +83,7 @@ def test_out_of_range_limit_is_invalid_argument_and_changes_nothing(
 def test_float_limit_is_rejected_like_ctypes(fake: FakeNvml) -> None:
     h = fake.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(TypeError):
-        fake.nvmlDeviceSetPowerManagementLimit(h, 450_000.0)
+        fake.nvmlDeviceSetPowerManagementLimit(h, 450_000.0)  # type: ignore[arg-type]
 
 
 def test_require_root_makes_every_setter_refuse(fake: FakeNvml) -> None:

@@ -12,6 +12,7 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -214,7 +215,7 @@ def test_interpolate_is_monotone_through_noise() -> None:
 
 
 def test_loader_keeps_every_row_and_labels_gpus() -> None:
-    cols = dict(
+    cols: dict[str, Any] = dict(
         workload_cols=KEY,
         cap_col="power_limit",
         time_col="time_per_epoch",

@@ -141,7 +141,7 @@ def test_unknown_mapping_name_is_a_programming_error() -> None:
 def test_influxql_recorded_response(monkeypatch: pytest.MonkeyPatch) -> None:
     """A response recorded from InfluxDB 1.6 (GROUP BY tags: tags per series, time in ns)."""
     doc = json.loads((DATA / "influxql_resnet.json").read_text())
-    seen = {}
+    seen: dict[str, object] = {}
 
     def fake_get(url: str, query: str, **kwargs: object) -> dict:
         seen.update(kwargs, url=url, query=query)
@@ -225,7 +225,7 @@ def _table(rows: list[tuple]) -> pd.DataFrame:
 
 def test_summary_numbers() -> None:
     # two GPUs in step: 400 W for 6 s, 100 W for 2 s (a checkpoint), 400 W for 2 s
-    rows = []
+    rows: list[tuple[float, str, int, str, float, str | None]] = []
     for gpu in (0, 1):
         for i in range(10):
             low = i in (6, 7)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -18,7 +19,7 @@ GOOD = [
     "imagenet,resnet50,256,adadelta,100,9000.5,99.1",  # line 4
     "imagenet,resnet50,256,adadelta,150,6000.2,147.3",  # line 5
 ]
-COLS = dict(
+COLS: dict[str, Any] = dict(
     workload_cols=["dataset", "network", "batch_size", "optimizer"],
     cap_col="power_limit",
     time_col="time_per_epoch",

@@ -185,7 +185,7 @@ def reference_capping(tree, state) -> np.ndarray:
     measured = tree.node_sum(power) + tree.overhead_sum()
     for level in (SERVER, 2, 1, 0):
         for node in np.flatnonzero((tree.level == level) & (measured > tree.cap_threshold_w)):
-            below = under(tree, node)
+            below = under(tree, int(node))
             need = pred[below].sum() + tree.overhead_sum()[node] - tree.cap_target_w[node]
             for prio in (LOW, NORMAL, HIGH):
                 if need <= 1e-9:  # rounding, not watts

@@ -50,7 +50,7 @@ class Raw:
     """Edit value: emit this JSON as is (1e999 or bad UTF-8, which json.dumps cannot write)."""
 
     def __init__(self, text: str | bytes) -> None:
-        self.data = text.encode() if isinstance(text, str) else text
+        self.data: bytes = text.encode() if isinstance(text, str) else text
 
 
 def example(cls: type) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def build(cls: type, *edits: tuple[Path_, Any], base: dict[str, Any] | None = No
     obj = example(cls) if base is None else json.loads(json.dumps(base))
     raws: dict[bytes, bytes] = {}
     for path, value in edits:
-        parent = obj
+        parent: Any = obj
         for key in path[:-1]:
             parent = parent[key]
         if value is DROP:
@@ -74,8 +74,8 @@ def build(cls: type, *edits: tuple[Path_, Any], base: dict[str, Any] | None = No
         else:
             parent[path[-1]] = value
     data = json.dumps(obj, ensure_ascii=False).encode()
-    for token, raw in raws.items():
-        data = data.replace(token, raw)
+    for quoted, raw in raws.items():
+        data = data.replace(quoted, raw)
     return data
 
 
@@ -99,7 +99,9 @@ def pid(cls: type, path: Path_, what: str) -> str:
     return f"{cls.__name__}-{'.'.join(map(str, path)) or 'root'}-{what}"
 
 
-def reject(cls: type, payload: bytes | str, match: str, name: str | None = None) -> None:
+def reject(
+    cls: type, payload: bytes | str | memoryview, match: str, name: str | None = None
+) -> None:
     with pytest.raises(ProtocolError, match=match):
         decode(cls, payload, name)
 
@@ -940,8 +942,9 @@ def test_encode_refuses_oversize() -> None:
             Heartbeat(v=1, epoch=1, ts=1.0, controller="a/b", state="leader"), id="bad-name"
         ),
         pytest.param(
-            Heartbeat(v=1, epoch=1, ts=1.0, controller="ctl-a", state="boss"), id="bad-state"
-        ),  # type: ignore[arg-type]
+            Heartbeat(v=1, epoch=1, ts=1.0, controller="ctl-a", state="boss"),  # type: ignore[arg-type]
+            id="bad-state",
+        ),
         pytest.param(
             Command(v=1, epoch=1, seq=1, ts=1.0, ttl_s=5.0, gpus=[GpuCommand(index=0, cap_w=-5.0)]),
             id="negative-cap",

@@ -22,11 +22,12 @@ def sample_lines(n: int, first: int = 0) -> list[str]:
 
 def test_lines_are_appended_and_read_back(tmp_path: Path) -> None:
     path = tmp_path / "telemetry.lp"
-    lines = [
-        *sample_lines(3),
+    extra = [
         tree_line(1.8e9, cluster="c1", level="site", name="s1", power_w=1e6),
         phase_event_line(1.8e9, cluster="c1", job="j", phase="checkpoint", expected_s=30),
     ]
+    lines = [*sample_lines(3), *(line for line in extra if line is not None)]
+    assert len(lines) == 5
     with FileRecorder(path) as recorder:
         recorder.write(lines)
         assert (recorder.written, recorder.buffered, recorder.dropped) == (5, 0, 0)
@@ -118,9 +119,11 @@ def test_rotated_files_are_read_by_the_planner_as_line_protocol(tmp_path: Path) 
 
     path = tmp_path / "telemetry.lp"
     lines = [
-        gpu_line(1.8e9 + i, cluster="c1", node="n1", gpu=0, job="j", power_w=300.0 + i)
+        line
         for i in range(12)
+        if (line := gpu_line(1.8e9 + i, cluster="c1", node="n1", gpu=0, job="j", power_w=300.0 + i))
     ]
+    assert len(lines) == 12
     with FileRecorder(path, max_bytes=5 * (len(lines[0]) + 1), keep=3) as recorder:
         for line in lines:
             recorder.write([line])

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from powerd.telemetry_schema import decision_line, gpu_line, tree_line
 from tests.tsdb import ScriptedWriteServer, VictoriaMetrics, wait_until
 
 # quick retries, so a test does not wait out a production backoff
-FAST = {"flush_interval_s": 0.05, "retry_min_s": 0.02, "retry_max_s": 0.1}
+FAST: dict[str, Any] = {"flush_interval_s": 0.05, "retry_min_s": 0.02, "retry_max_s": 0.1}
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from powerd.telemetry_schema import gpu_line
 from tests.servers import running
 from tests.tsdb import InfluxDB1, wait_until
 
-FAST = {"flush_interval_s": 0.05, "retry_min_s": 0.02, "retry_max_s": 0.1}
+FAST: dict[str, Any] = {"flush_interval_s": 0.05, "retry_min_s": 0.02, "retry_max_s": 0.1}
 
 
 @pytest.fixture
@@ -76,6 +77,7 @@ def test_an_invalid_point_is_dropped_not_retried(influxd: InfluxDB1) -> None:
     t0 = float(round(time.time()) - 600)
     with recorder:
         recorder.write(["gpu,cluster=c1 power_w= 1"])  # no value: the server answers 400
+        assert isinstance(recorder, Influx1Recorder)
         wait_until(lambda: recorder.rejected == 1, what="the 400")
         recorder.write(lines(t0, 3))
         assert recorder.flush(10.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ def test_the_token_comes_from_the_argument_the_file_or_the_environment(
 ) -> None:
     url = f"{scheme}://127.0.0.1:9?org=o&bucket=b"
 
-    def header(**kwargs: object) -> str | None:
+    def header(**kwargs: Any) -> str | None:
         recorder = open_recorder(url, close_timeout_s=0, **kwargs)
         assert isinstance(recorder, InfluxRecorder)
         try:

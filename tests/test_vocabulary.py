@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import get_args
 
 import msgspec.inspect as mi
 
@@ -15,27 +16,28 @@ from powerd.vocabulary import LEVELS, MODES, PHASES, PRIORITIES, PROTOCOL_VERSIO
 REPO = Path(__file__).resolve().parent.parent
 
 
-def literal_values(cls: type, field: str) -> tuple:
+def literal_values(cls: type, field: str) -> tuple[object, ...]:
     info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
     (f,) = [f for f in info.fields if f.name == field]
     kind = f.type
     if isinstance(kind, mi.UnionType):  # Optional[...]
         (kind,) = [t for t in kind.types if not isinstance(t, mi.NoneType)]
     assert isinstance(kind, mi.LiteralType), (cls, field, kind)
-    return tuple(sorted(kind.values))  # msgspec keeps them sorted
+    return tuple(sorted(kind.values, key=str))
 
 
 def test_the_protocol_types_are_the_vocabulary() -> None:
-    def same(values: tuple, words: tuple) -> bool:
+    def same(values: tuple[object, ...], words: tuple[str, ...]) -> bool:
         return values == tuple(sorted(words))
 
     assert literal_values(protocol.Telemetry, "v") == (PROTOCOL_VERSION,)
     assert same(literal_values(protocol.Telemetry, "mode"), MODES)
     assert same(literal_values(protocol.PhaseEvent, "phase"), PHASES)
     assert same(literal_values(protocol.PhaseEvent, "priority"), PRIORITIES)
-    assert same(literal_values(protocol.Status, "state"), vocabulary.NodeState.__args__)
-    assert same(literal_values(protocol.Ack, "result"), vocabulary.AckResult.__args__)
-    assert same(literal_values(protocol.Heartbeat, "state"), vocabulary.ControllerState.__args__)
+    assert same(literal_values(protocol.Status, "state"), get_args(vocabulary.NodeState))
+    assert same(literal_values(protocol.Ack, "result"), get_args(vocabulary.AckResult))
+    assert same(literal_values(protocol.Heartbeat, "state"), get_args(vocabulary.ControllerState))
 
 
 def test_the_policy_codes_are_the_vocabulary() -> None:
@@ -47,7 +49,7 @@ def test_the_policy_codes_are_the_vocabulary() -> None:
         "node",
     ]
     assert set(tree.PHASE_CODES) == set(PHASES)
-    assert [tree.PHASES[code] for code in tree.PHASE_CODES.values()] == list(PHASES)
+    assert [PHASES[code] for code in tree.PHASE_CODES.values()] == list(PHASES)
     assert set(tree.PRIORITY_CODES) == set(PRIORITIES)
     # watts are taken from the lowest code first: low < normal < high
     assert tree.LOW < tree.NORMAL < tree.HIGH

@@ -21,6 +21,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.servers import ServerProcess, find_program, free_port
 
@@ -54,9 +55,7 @@ class VictoriaMetrics(ServerProcess):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def recorder_url(
-        self, org: str = "powerd", bucket: str = "telemetry", **options: object
-    ) -> str:
+    def recorder_url(self, org: str = "powerd", bucket: str = "telemetry", **options: Any) -> str:
         """The ``open_recorder`` URL for this server (VictoriaMetrics ignores org and bucket)."""
         query = urllib.parse.urlencode({"org": org, "bucket": bucket, **options})
         return f"influx+http://127.0.0.1:{self.port}?{query}"

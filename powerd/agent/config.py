@@ -122,12 +122,12 @@ def load_config(path: str | Path | None) -> AgentConfig:
         )
 
     config = AgentConfig(
-        node=get.str(agent, "agent.node", default_node_name()),
-        cluster=get.str(agent, "agent.cluster", "default"),
-        mode=get.str(agent, "agent.mode", "controlled"),  # type: ignore[arg-type]
+        node=get.text(agent, "agent.node", default_node_name()),
+        cluster=get.text(agent, "agent.cluster", "default"),
+        mode=get.text(agent, "agent.mode", "controlled"),
         period_s=get.number(agent, "agent.period_s", 1.0),
         failsafe_after_s=get.number(agent, "agent.failsafe_after_s", 10.0),
-        on_exit=get.str(agent, "agent.on_exit", "keep"),  # type: ignore[arg-type]
+        on_exit=get.text(agent, "agent.on_exit", "keep"),
         simulate=get.opt_str(agent, "agent.simulate", None),
         gpu_indices=tuple(indices) if indices is not None else None,
         broker=broker,

@@ -29,11 +29,11 @@ def open_configured_recorder(config: ControllerConfig) -> Recorder | None:
         return None
     if rec.url:
         return open_recorder(rec.url, token_file=rec.token_file)
-    rotation = {
-        "max_bytes": round(rec.file_max_mb * 1e6) if rec.file_max_mb > 0 else None,
-        "keep": int(rec.file_keep),
-    }
-    return open_recorder(Path(rec.file).expanduser() if rec.file else None, **rotation)
+    return open_recorder(
+        Path(rec.file).expanduser() if rec.file else None,
+        max_bytes=round(rec.file_max_mb * 1e6) if rec.file_max_mb > 0 else None,
+        keep=int(rec.file_keep),
+    )
 
 
 def build_service(

@@ -146,8 +146,8 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         raise ConfigError(f"{where}: [policy]: {exc}") from None
     rec = raw.get("recorder", {})
     config = ControllerConfig(
-        name=get.str(section, "controller.name", defaults.name),
-        cluster=get.str(section, "controller.cluster", "default"),
+        name=get.text(section, "controller.name", defaults.name),
+        cluster=get.text(section, "controller.cluster", "default"),
         broker=broker_from_table(raw.get("broker", {}), where),
         policy=policy,
         recorder=RecorderConfig(
@@ -203,8 +203,8 @@ def validate(config: ControllerConfig, where: str) -> None:
         raise ConfigError(f"{where}: recorder.fine_every_s must be in [0, 3600] s")
     if not 0 <= config.recorder.file_max_mb <= 10**7:
         raise ConfigError(f"{where}: recorder.file_max_mb must be in [0, 1e7] MB (0: no rotation)")
-    keep = config.recorder.file_keep
-    if (isinstance(keep, float) and not keep.is_integer()) or not 0 <= keep <= 1000:
+    keep: float = config.recorder.file_keep  # a TOML number: 4 or 4.0, not 4.5
+    if not float(keep).is_integer() or not 0 <= keep <= 1000:
         raise ConfigError(f"{where}: recorder.file_keep must be a whole number in [0, 1000]")
     if config.recorder.url and config.recorder.file:
         raise ConfigError(f"{where}: give recorder.url or recorder.file, not both")

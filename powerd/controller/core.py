@@ -20,7 +20,7 @@ from typing import TypeVar
 import numpy as np
 
 from policies import ClusterState, Decision, PolicySettings, Tree, decide, infer_phases
-from policies.tree import PHASE_CODES, PHASES, PRIORITY_CODES, SERVER
+from policies.tree import PHASE_CODES, PRIORITY_CODES, SERVER
 from powerd.controller.inbox import Waiting
 from powerd.protocol import (
     Ack,
@@ -34,7 +34,7 @@ from powerd.protocol import (
 )
 from powerd.ratelimit import LogOncePer
 from powerd.topology import Topology
-from powerd.vocabulary import PROTOCOL_VERSION
+from powerd.vocabulary import PHASES, PROTOCOL_VERSION
 
 log = logging.getLogger("powerd.controller")
 _M = TypeVar("_M", Telemetry, Status, Ack)

@@ -40,7 +40,7 @@ def plot_trace(trace: Trace, path: str | Path, title: str = "powerd demo") -> Pa
     t = trace.t
     end_s = float(t[-1]) if len(t) else trace.duration_s
     rows = [k for k in np.flatnonzero(trace.level == ROW)]
-    row_panels = rows if len(rows) <= MAX_ROW_PANELS else []
+    row_panels = [int(r) for r in rows] if len(rows) <= MAX_ROW_PANELS else []
     n_panels = 1 + (len(row_panels) if row_panels else 1) + 1
     fig, axes = plt.subplots(
         n_panels, 1, figsize=(11, 2.6 * n_panels), sharex=True, constrained_layout=True
@@ -81,8 +81,8 @@ def plot_trace(trace: Trace, path: str | Path, title: str = "powerd demo") -> Pa
             power_panel(ax, row, f"row {trace.names[row]}" + (f": {names}" if names else ""), jobs)
     else:  # many rows: every row's power as a fraction of its budget
         ax = axes[1]
-        for row in rows:
-            ax.plot(t, trace.node_power_w[:, row] / trace.budget_w[row], lw=0.8)
+        for r in rows:
+            ax.plot(t, trace.node_power_w[:, r] / trace.budget_w[r], lw=0.8)
         ax.axhline(1.0, color="tab:orange", ls="--", lw=1)
         ax.set_ylabel("power / budget")
         ax.set_title("rows", loc="left", fontsize=10)

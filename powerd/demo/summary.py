@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.tree import LEVEL_NAMES, PHASE_CODES, PHASES
+from policies.tree import LEVEL_NAMES, PHASE_CODES
+from powerd.vocabulary import PHASES
 
 PROGRESS_PHASES = ("compute", "eval")
 RAMP_WINDOW_S = 1.0
@@ -184,7 +185,7 @@ def summarize(trace: Trace) -> Summary:
         frac = power / of[None, :]
         return {LEVEL_NAMES[lvl]: float(frac[:, trace.level == lvl].max()) for lvl in levels}
 
-    violations = []
+    violations: list[dict[str, Any]] = []
     for k in np.flatnonzero(over_limit.any(axis=0)):
         hit = over_limit[:, k]
         first = int(np.argmax(hit))

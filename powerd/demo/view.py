@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from rich.console import Console, Group
+from rich.console import Console, Group, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -88,7 +88,7 @@ class LiveView:
             jobs.append(f" ({job.plan.priority}, {len(job.gpus)} GPUs): ")
             jobs.append(f"{phase:<14}", style=_PHASE_STYLE.get(phase, ""))
         table = Table(box=None, pad_edge=False, header_style="bold", collapse_padding=True)
-        for column, justify, width in (
+        columns: tuple[tuple[str, JustifyMethod, int], ...] = (
             ("", "left", 12),
             ("kW", "right", 6),
             ("budget", "right", 6),
@@ -98,7 +98,8 @@ class LiveView:
             ("mean cap W", "right", 10),
             ("clock-locked", "right", 12),
             ("job: phase", "left", 24),
-        ):
+        )
+        for column, justify, width in columns:
             table.add_column(
                 column, justify=justify, no_wrap=True, min_width=width, overflow="ellipsis"
             )
