@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-import powerd.jobhook as jobhook
+import powerd.jobhook.publisher as jobhook_publisher
+import powerd.jobhook.reporter as jobhook_reporter
 from powerd.jobhook import PhaseReporter
 from powerd.protocol import PhaseEvent, Topics, decode
 from tests.brokers import Mosquitto, MqttProbe
@@ -175,7 +176,7 @@ def test_internal_failure_is_logged_once_not_raised(monkeypatch, caplog, reporte
     def broken_encode(message: object) -> bytes:
         raise RuntimeError("encoder exploded")
 
-    monkeypatch.setattr(jobhook, "encode", broken_encode)
+    monkeypatch.setattr(jobhook_reporter, "encode", broken_encode)
     with caplog.at_level(logging.WARNING, logger="powerd.jobhook"):
         assert training_calls(reporter, 20) == 48
         with pytest.raises(KeyError):  # the block's own exception still comes through
@@ -189,7 +190,7 @@ def test_internal_failure_is_logged_once_not_raised(monkeypatch, caplog, reporte
 async def test_network_thread_that_dies_is_restarted(mosquitto, monkeypatch, caplog, reporters):
     """paho's network thread ends on an unexpected exception; the reporter starts it again."""
     calls = 0
-    real = jobhook._set_no_delay
+    real = jobhook_publisher._set_no_delay
 
     def fails_once(client: object, userdata: object, sock: object) -> None:
         nonlocal calls
@@ -198,7 +199,7 @@ async def test_network_thread_that_dies_is_restarted(mosquitto, monkeypatch, cap
             raise RuntimeError("socket option trouble")
         real(client, userdata, sock)
 
-    monkeypatch.setattr(jobhook, "_set_no_delay", fails_once)
+    monkeypatch.setattr(jobhook_publisher, "_set_no_delay", fails_once)
     with caplog.at_level(logging.WARNING, logger="powerd.jobhook"):
         reporter = make(reporters, mosquitto.url)
         reporter.set_phase("compute")

@@ -185,5 +185,5 @@ async def test_many_threads_at_once_lose_nothing_and_keep_each_threads_order(mos
 async def test_socket_has_tcp_nodelay(mosquitto, reporters):
     reporter = make(reporters, mosquitto.url)
     assert await asyncio.to_thread(reporter.wait_connected, 10)
-    sock = reporter._client.socket()  # paho's socket of the live connection
+    sock = reporter._publisher.client.socket()  # paho's socket of the live connection
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
