@@ -11,6 +11,9 @@ class LogOncePer:
 
     The protocol asks receivers to log a rejected payload once per sender per
     minute: the key is the sender (or the topic, where MQTT does not say who sent it).
+
+    ``tally`` is the same limit for a message that gives the count itself
+    ("dropped 1200 points in the last 60 s"): the caller formats and logs it.
     """
 
     def __init__(self, logger: logging.Logger, interval_s: float = 60.0) -> None:
@@ -19,16 +22,33 @@ class LogOncePer:
         self._last: dict[str, float] = {}
         self._held: dict[str, int] = {}
 
-    def warning(self, key: str, now_s: float, msg: str, *args: object) -> bool:
+    @property
+    def interval_s(self) -> float:
+        return self._interval_s
+
+    def tally(self, key: str, now_s: float, count: int = 1) -> int | None:
+        """Add ``count`` to ``key``'s tally. Once per interval: the tally since the last
+        time it was returned, this ``count`` included, and it starts over; else None."""
+        self._held[key] = self._held.get(key, 0) + count
         last = self._last.get(key)
         if last is not None and now_s - last < self._interval_s:
-            self._held[key] = self._held.get(key, 0) + 1
-            return False
-        held = self._held.pop(key, 0)
+            return None
         self._last[key] = now_s
+        return self._held.pop(key)
+
+    def log(self, level: int, key: str, now_s: float, msg: str, *args: object) -> bool:
+        """Log ``msg % args`` at ``level`` unless ``key`` was logged less than
+        ``interval_s`` ago; the first line after a quiet spell says how many were held."""
+        seen = self.tally(key, now_s)
+        if seen is None:
+            return False
+        held = seen - 1
         suffix = f" ({held} more like it in the last {self._interval_s:.0f} s)" if held else ""
-        self._logger.warning(msg + suffix, *args)
+        self._logger.log(level, msg + suffix, *args)
         return True
+
+    def warning(self, key: str, now_s: float, msg: str, *args: object) -> bool:
+        return self.log(logging.WARNING, key, now_s, msg, *args)
 
 
 class TokenBucket:

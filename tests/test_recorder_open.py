@@ -40,7 +40,7 @@ def test_the_token_comes_from_the_argument_the_file_or_the_environment(
         recorder = open_recorder(url, close_timeout_s=0, **kwargs)
         assert isinstance(recorder, InfluxRecorder)
         try:
-            return recorder._client.auth_header_value  # what every request carries
+            return recorder.transport.client.auth_header_value  # what every request carries
         finally:
             recorder.close()
 
