@@ -32,7 +32,7 @@ import numpy as np
 
 from bench.common import machine, report
 from powerd.controller.config import ControllerConfig
-from powerd.controller.core import ControllerCore, Layout
+from powerd.controller.core import ControllerCore
 from powerd.controller.inbox import Waiting
 from powerd.controller.records import Records
 from powerd.controller.service import INGEST_BATCH
@@ -81,12 +81,11 @@ def telemetry_payloads(
 
 def run(budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0) -> dict:
     topology = load_budgets(budgets)
-    tree = topology.to_tree()
+    tree = topology.tree
     config = ControllerConfig(name="bench", cluster="bench")
     clock = [1000.0]
     core = ControllerCore(
         tree,
-        Layout.from_topology(topology),
         config.settings(),
         monotonic=lambda: clock[0],
         wall=lambda: clock[0] + 1.7e9,
@@ -114,7 +113,7 @@ def run(budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0) ->
             batch = payloads[first : first + INGEST_BATCH]
             samples += core.ingest(
                 [
-                    Waiting(core.layout.by_name[name], payload, clock[0], 0)
+                    Waiting(core.tree.server_ordinal[name], payload, clock[0], 0)
                     for name, payload in batch
                 ]
             )
@@ -128,7 +127,7 @@ def run(budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0) ->
         cap = result.decision.cap_w.copy()
         clock[0] += 1.0
         for node, _ in result.commands:  # every command acknowledged at once
-            core.pending.pop(core.layout.by_name[node], None)
+            core.pending.pop(core.tree.server_ordinal[node], None)
         if c < warmup:
             continue  # warm-up
         timings["ingest"].append(t1 - t0)

@@ -1,6 +1,6 @@
 """The ``powerplan`` command: capacity planning from measured power profiles.
 
-Each subcommand lives in its own module (``planner/commands_*.py``); this file
+Each subcommand lives in its own module (``planner/commands/*.py``); this file
 only groups them.
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import click
 
-from planner.commands_caps import command as caps_command
-from planner.commands_profiles import command as profiles_command
-from planner.commands_report import command as report_command
-from planner.commands_size import command as size_command
-from planner.commands_whatif import command as whatif_command
+from planner.commands.caps import command as caps_command
+from planner.commands.profiles import command as profiles_command
+from planner.commands.report import command as report_command
+from planner.commands.size import command as size_command
+from planner.commands.whatif import command as whatif_command
 from powerd import __version__
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.table import ProfileError, read_input_text
+from planner.errors import ProfileError, read_input_text
 from policies.tree import NORMAL, PRIORITY_CODES, SERVER
 from powerd.topology import Topology
 

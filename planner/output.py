@@ -33,7 +33,7 @@ def write_whole(path: Path, write: Callable[[Path], object]) -> None:
 
 def column_mapping(pairs: tuple[str, ...]) -> dict[str, str]:
     """``--column NAME=COLUMN`` options (NAME one of the profile table's columns) as a dict."""
-    from planner.table import COLUMNS
+    from planner.profile_table import COLUMNS
 
     mapping: dict[str, str] = {}
     for pair in pairs:

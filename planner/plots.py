@@ -14,7 +14,7 @@ import pandas as pd
 
 if TYPE_CHECKING:
     from planner.caps import CapsResult
-    from planner.sizing import Trace
+    from planner.sizing import WorkloadTrace
 
 DPI = 110
 MAX_LABELLED = 8  # more lines than this: no legend entry per line
@@ -64,7 +64,7 @@ def plot_caps(result: CapsResult, path: Path) -> None:
 
 
 def plot_power_distributions(
-    table: pd.DataFrame, traces: dict[str, Trace], path: Path, excerpt_s: float = EXCERPT_S
+    table: pd.DataFrame, traces: dict[str, WorkloadTrace], path: Path, excerpt_s: float = EXCERPT_S
 ) -> None:
     """Left: per workload, the distribution (CDF) of per-GPU power samples. Right: each
     workload's job trace (mean per-GPU power, what sizing scales by a job's GPUs) over

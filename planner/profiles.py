@@ -1,6 +1,6 @@
 """Read GPU power profiles into the planner's one table, check them, and summarise per workload.
 
-Readers (each returns the table of :mod:`planner.table`, sorted by
+Readers (each returns the table of :mod:`planner.profile_table`, sorted by
 (workload, node, gpu, time_s)):
 
 - :func:`read_profiles`: files, by extension: ``.csv``; ``.parquet``/``.pq``;
@@ -18,7 +18,7 @@ the column of the same name, else from the ``columns`` mapping
 ``time``, ``job``, ``sm_clock_mhz``). Time is Unix seconds (or seconds from
 any origin) or ISO-8601 text (UTC when it has no offset).
 
-Checks (each raises :class:`planner.table.ProfileError` naming the source and
+Checks (each raises :class:`planner.errors.ProfileError` naming the source and
 the 1-based line, the header of a CSV being line 1, the row of a Parquet file,
 the row of a query result; nothing is returned): unreadable or empty input,
 missing required columns, a number that does not parse, time in ms or finer,
@@ -51,7 +51,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from planner.table import COLUMNS, FLOAT_COLUMNS, REQUIRED, ProfileError, read_input_text
+from planner.errors import ProfileError, read_input_text
+from planner.profile_table import COLUMNS, FLOAT_COLUMNS, REQUIRED
 from powerd.protocol import PHASES
 
 #: A GPU whose median power is above this is in mW (no GPU draws 5 kW).

@@ -20,7 +20,7 @@ import pandas as pd
 
 from planner.mix import Placement
 from planner.report_doc import Document
-from planner.sizing import SizingSettings, Trace, size
+from planner.sizing import SizingSettings, WorkloadTrace, size
 from planner.whatif import SpeedModel, WhatifResult, WhatifSettings, replay
 from policies.tree import SERVER
 from powerd.topology import Topology
@@ -54,7 +54,7 @@ class Report:
 def budget_vs_demand(
     top: Topology,
     placement: Placement,
-    traces: dict[str, Trace],
+    traces: dict[str, WorkloadTrace],
     settings: ReportSettings,
 ) -> pd.DataFrame:
     """Per site, row and rack: the file's limit and budget against the sized demand.
@@ -175,7 +175,7 @@ def build(
     *,
     top: Topology,
     placement: Placement,
-    traces: dict[str, Trace],
+    traces: dict[str, WorkloadTrace],
     profiles: pd.DataFrame,
     sources: dict[str, str],
     settings: ReportSettings,

@@ -63,7 +63,7 @@ class SizingError(ValueError):
 
 
 @dataclass(frozen=True)
-class Trace:
+class WorkloadTrace:
     """One workload's per-GPU power, one value per step: the job's mean over its GPUs."""
 
     workload: str
@@ -119,10 +119,10 @@ class Sizing:
 # --- profiles -> traces ----------------------------------------------------------
 
 
-def traces_from_profiles(profiles: pd.DataFrame, step_s: float = 1.0) -> dict[str, Trace]:
+def traces_from_profiles(profiles: pd.DataFrame, step_s: float = 1.0) -> dict[str, WorkloadTrace]:
     """Per workload, the mean power of its GPUs at every step of ``step_s`` (empty steps filled).
 
-    ``profiles`` is the planner's profile table (planner/table.py). Time is
+    ``profiles`` is the planner's profile table (planner/profile_table.py). Time is
     counted from each workload's first sample; every GPU's samples in a step
     are averaged first, then the GPUs, so a GPU sampled more often does not
     weigh more. Steps with no sample take the previous step's value.
@@ -157,11 +157,11 @@ def traces_from_profiles(profiles: pd.DataFrame, step_s: float = 1.0) -> dict[st
     votes = votes.rename("n").reset_index().sort_values("n", kind="stable", ascending=False)
     per_step["ph"] = votes.drop_duplicates(["w", "b"]).set_index(["w", "b"])["ph"]
     gpus = frame.groupby("w")["g"].nunique()
-    out: dict[str, Trace] = {}
+    out: dict[str, WorkloadTrace] = {}
     for w, name in enumerate(workload_names):
         steps = per_step.loc[w]
         full = steps.reindex(np.arange(int(steps.index.max()) + 1)).ffill().bfill()
-        out[str(name)] = Trace(
+        out[str(name)] = WorkloadTrace(
             workload=str(name),
             power_w=full["p"].to_numpy(dtype=float),
             phase=full["ph"].to_numpy().astype(np.int8),
@@ -171,7 +171,7 @@ def traces_from_profiles(profiles: pd.DataFrame, step_s: float = 1.0) -> dict[st
     return out
 
 
-def job_power_traces(top: Topology, placement: Placement, traces: dict[str, Trace]) -> list:
+def job_power_traces(top: Topology, placement: Placement, traces: dict[str, WorkloadTrace]) -> list:
     """Each job's per-GPU trace, clipped to the cap range of the GPUs it runs on."""
     out = []
     for j, job in enumerate(placement.jobs):
@@ -263,7 +263,7 @@ def _sample_matrix(
 def size(
     top: Topology,
     placement: Placement,
-    traces: dict[str, Trace],
+    traces: dict[str, WorkloadTrace],
     terms: NonGpuTerms | None = None,
     settings: SizingSettings | None = None,
 ) -> Sizing:

@@ -19,7 +19,7 @@ throughput    float64   work per second (``1 / time`` when time is given)
 avg_power_w   float64   average GPU power at that cap, W; NaN without a column
 ============  ========  ===================================================
 
-Bad input raises :class:`planner.table.ProfileError` naming the file and the
+Bad input raises :class:`planner.errors.ProfileError` naming the file and the
 1-based line (the header is line 1); nothing is returned.
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from planner.table import ProfileError, read_input_text
+from planner.errors import ProfileError, read_input_text
 
 #: A GPU's power (cap or draw under work) in W lies in this range; outside it
 #: the column is almost surely in another unit (NVML reports mW; site sheets

@@ -36,7 +36,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from planner.table import ProfileError
+from planner.errors import ProfileError
 
 TYPICAL: dict[str, float] = {
     "node_w": 1000.0,

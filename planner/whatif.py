@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from planner.mix import Placement
-from planner.sizing import Trace, job_power_traces
+from planner.sizing import WorkloadTrace, job_power_traces
 from policies import (
     NORMAL,
     PHASE_CODES,
@@ -40,7 +40,6 @@ from policies import (
     PolicySettings,
     Tree,
     decide,
-    overhead_below,
 )
 from policies.tree import LEVEL_NAMES
 from powerd.gpu.models import GPU_MODELS
@@ -114,7 +113,7 @@ class WhatifResult:
 def replay(
     top: Topology,
     placement: Placement,
-    traces: dict[str, Trace],
+    traces: dict[str, WorkloadTrace],
     settings: WhatifSettings | None = None,
     speed: SpeedModel | None = None,
 ) -> WhatifResult:
@@ -124,7 +123,7 @@ def replay(
     step_s = next(iter(traces.values())).step_s
     n_steps = max(1, math.ceil(settings.duration_s / step_s))
     rng = np.random.default_rng(settings.seed)
-    tree = top.to_tree()
+    tree = top.tree
     n_nodes = tree.n_nodes
     jobs = placement.jobs
     n_jobs = len(jobs)
@@ -149,7 +148,7 @@ def replay(
     floor_w = tree.cap_min_w.copy()
     controllable = np.ones(tree.n_gpus, dtype=bool)
     idle_phase = np.int8(PHASE_CODES["idle"])
-    overhead_w = overhead_below(tree)
+    overhead_w = tree.overhead_below_w
     busy_idx = np.flatnonzero(busy)
     job_start = np.searchsorted(gpu_job[busy_idx], np.arange(n_jobs))  # GPUs of a job: contiguous
     workload_of = [job.workload for job in jobs]

@@ -4,7 +4,7 @@ No I/O, no clocks, no MQTT: the controller calls them every cycle and the
 planner replays profiles through the same functions.
 """
 
-from policies.capping import Decision, PolicySettings, decide, overhead_below
+from policies.capping import Decision, PolicySettings, decide
 from policies.phases import infer_phases
 from policies.tree import (
     HIGH,
@@ -38,5 +38,4 @@ __all__ = [
     "Tree",
     "decide",
     "infer_phases",
-    "overhead_below",
 ]

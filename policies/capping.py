@@ -11,7 +11,7 @@ Terms: a GPU's *predicted power* is ``min(power_w, cap)`` if it is
 controllable, else its measured ``power_w`` (an offline or silent GPU does not
 follow the controller; the controller already reports it at its failsafe cap).
 A node's measured power is the measured power of every GPU under it plus its
-``overhead_sum``; its predicted power is the same with predicted GPU power.
+``overhead_below_w``; its predicted power is the same with predicted GPU power.
 
 1. **Sanitise.** Non-finite power or caps read as the GPU's failsafe cap;
    negative power as 0; caps and floors are clipped into
@@ -92,7 +92,6 @@ A node's measured power is the measured power of every GPU under it plus its
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -170,7 +169,7 @@ class Decision:
 
     cap_w: np.ndarray  # (n_gpus,) new caps, always within [cap_min_w, cap_max_w]
     max_sm_clock_mhz: np.ndarray  # (n_gpus,) NaN = no clock lock
-    node_power_w: np.ndarray  # (n_nodes,) measured: GPU power under the node + overhead_sum
+    node_power_w: np.ndarray  # (n_nodes,) measured: GPU power under the node + overhead_below_w
     node_predicted_w: np.ndarray  # (n_nodes,) after the decision: predicted GPU power + overhead
     node_capping: np.ndarray  # (n_nodes,) bool: node above its capping threshold this cycle
     floor_hold_energy_j: float  # energy this cycle spent holding a power floor (0 if off)
@@ -185,60 +184,6 @@ class Decision:
     shifted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
-@dataclass(frozen=True)
-class _Structure:
-    """What decide() needs from a tree's shape, in index types numpy uses without copying."""
-
-    level_nodes: tuple[np.ndarray, ...]  # node ids per level
-    level_parent: tuple[np.ndarray, ...]  # their parents
-    ancestor: np.ndarray  # intp (4, n_gpus)
-
-
-_STRUCTURES: dict[int, tuple[weakref.ref[Tree], np.ndarray, _Structure]] = {}
-
-
-def _structure(tree: Tree) -> _Structure:
-    """Per-tree cache (the shape arrays are read-only by convention, tree.py)."""
-    key = id(tree)
-    hit = _STRUCTURES.get(key)
-    if hit is not None and hit[0]() is tree and hit[1] is tree.parent:
-        return hit[2]
-    level_nodes = tuple(np.flatnonzero(tree.level == lvl) for lvl in range(4))
-    structure = _Structure(
-        level_nodes=level_nodes,
-        level_parent=tuple(tree.parent[nodes].astype(np.intp) for nodes in level_nodes),
-        ancestor=tree.gpu_ancestor.astype(np.intp),
-    )
-    _STRUCTURES[key] = (
-        weakref.ref(tree, lambda _: _STRUCTURES.pop(key, None)),
-        tree.parent,
-        structure,
-    )
-    return structure
-
-
-def _fold_up(st: _Structure, total: np.ndarray) -> np.ndarray:
-    """Add every node's value into all its ancestors (in place), deepest level first."""
-    n_nodes = len(total)
-    for lvl in (SERVER, RACK, ROW):
-        nodes = st.level_nodes[lvl]
-        if len(nodes):
-            total += np.bincount(st.level_parent[lvl], weights=total[nodes], minlength=n_nodes)
-    return total
-
-
-def _node_sum(st: _Structure, per_gpu: np.ndarray, overhead: np.ndarray) -> np.ndarray:
-    """Like ``tree.node_sum(per_gpu) + overhead``: one pass over the GPUs, then over the nodes."""
-    total = np.bincount(st.ancestor[SERVER], weights=per_gpu, minlength=len(overhead))
-    summed: np.ndarray = _fold_up(st, total.astype(float, copy=False)) + overhead
-    return summed
-
-
-def overhead_below(tree: Tree) -> np.ndarray:
-    """Each node's overhead plus that of every node below it (vectorised ``Tree.overhead_sum``)."""
-    return _fold_up(_structure(tree), np.asarray(tree.overhead_w, dtype=float).copy())
-
-
 def decide(
     tree: Tree, state: ClusterState, dt_s: float, settings: PolicySettings | None = None
 ) -> Decision:
@@ -247,9 +192,8 @@ def decide(
         settings = PolicySettings()
     if not (np.isfinite(dt_s) and dt_s > 0):
         raise ValueError(f"dt_s must be a positive number of seconds, not {dt_s}")
-    st = _structure(tree)
     n_nodes, n_gpus = tree.n_nodes, tree.n_gpus
-    overhead = _fold_up(st, np.asarray(tree.overhead_w, dtype=float).copy())
+    overhead = tree.overhead_below_w
 
     # 1. sanitise
     cap_min = np.asarray(tree.cap_min_w, dtype=float)
@@ -266,7 +210,7 @@ def decide(
         priority = np.clip(priority, LOW, HIGH)
     phase = np.asarray(state.phase)
 
-    node_power = _node_sum(st, power, overhead)
+    node_power = tree.node_sum(power) + overhead
     capping = node_power > tree.cap_threshold_w
 
     # 2. staged phases: caps follow the GPU down, not below the staged start cap
@@ -288,11 +232,11 @@ def decide(
     pred = np.minimum(power, cap)
     if not ctl.all():
         pred[~ctl] = power[~ctl]
-    node_pred = _node_sum(st, pred, overhead)
+    node_pred = tree.node_sum(pred) + overhead
     node_cut = np.zeros(n_nodes)
     cut_levels = np.zeros(n_gpus, dtype=np.uint8)
     for lvl in LEVELS_BOTTOM_UP:
-        nodes = st.level_nodes[lvl]
+        nodes = tree.level_nodes[lvl]
         over = nodes[capping[nodes]]
         if not len(over):
             continue
@@ -300,7 +244,7 @@ def decide(
         need[over] = node_pred[over] - tree.cap_target_w[over]
         if not np.any(need[over] > NEGLIGIBLE_W):
             continue
-        idx, taken = _cut(st, lvl, need, pred, cap, node_pred, floor, priority, ctl)
+        idx, taken = _cut(tree, lvl, need, pred, cap, node_pred, floor, priority, ctl)
         cut_levels[idx] |= np.uint8(1 << lvl)
         node_cut[nodes] += taken[nodes]
 
@@ -311,7 +255,6 @@ def decide(
     if settings.priority_shift and pressed.any():
         _shift(
             tree,
-            st,
             node_power,
             node_pred,
             node_shift,
@@ -328,8 +271,10 @@ def decide(
     # 4. uncapping, ramp-limited at every level, HIGH first
     below = node_power < tree.uncap_threshold_w
     for lvl in (ROW, RACK, SERVER):  # a node hands back only if all its ancestors do too
-        below[st.level_nodes[lvl]] &= below[st.level_parent[lvl]]
-    asking = ctl & ~staged & ~waiting & ~shifted & below[st.ancestor[SERVER]] & (cap < cap_max)
+        below[tree.level_nodes[lvl]] &= below[tree.level_parent[lvl]]
+    asking = (
+        ctl & ~staged & ~waiting & ~shifted & below[tree.gpu_ancestor[SERVER]] & (cap < cap_max)
+    )
     if asking.any():
         i = np.flatnonzero(asking)
         gap = cap_max[i] - cap[i]
@@ -337,30 +282,30 @@ def decide(
         request = np.minimum(gap, step)
         # what every GPU under a node could draw at its cap (the others at what they draw)
         held = np.where(ctl, cap, power) if not ctl.all() else cap
-        node_cap_sum = _node_sum(st, held, overhead)
+        node_cap_sum = tree.node_sum(held) + overhead
         budget = np.minimum(tree.ramp_w_per_s * dt_s, tree.cap_target_w - node_pred)
         np.minimum(budget, tree.limit_w - node_cap_sum, out=budget)
         budget = np.where(below & (budget > 0), budget, 0.0)  # NaN (a bad tree): nothing
-        server = st.ancestor[SERVER][i]
+        server = tree.gpu_ancestor[SERVER][i]
         classes = priority[i]
         for prio in range(HIGH, LOW - 1, -1):  # what HIGH leaves goes to NORMAL, then LOW
             mine = classes == prio
             if not mine.any():
                 continue
-            given = request[mine] * _ramp_grants(st, server[mine], request[mine], budget)
+            given = request[mine] * _ramp_grants(tree, server[mine], request[mine], budget)
             cap[i[mine]] = np.minimum(cap[i[mine]] + given, cap_max[i[mine]])
             used = np.bincount(server[mine], weights=given, minlength=n_nodes)
-            budget = np.maximum(budget - _fold_up(st, used.astype(float, copy=False)), 0.0)
+            budget = np.maximum(budget - tree.fold_up(used.astype(float, copy=False)), 0.0)
             # nothing for lower classes under a node where this class is still held at
             # its caps: those watts would be shifted back to it next cycle (churn)
             still = i[mine][pressed[i[mine]] & (cap[i[mine]] < cap_max[i[mine]])]
             for lvl in LEVELS_BOTTOM_UP if len(still) else ():
-                budget[st.ancestor[lvl][still]] = 0.0
+                budget[tree.gpu_ancestor[lvl][still]] = 0.0
 
     pred = np.minimum(power, cap)
     if not ctl.all():
         pred[~ctl] = power[~ctl]
-    node_predicted = _node_sum(st, pred, overhead)
+    node_predicted = tree.node_sum(pred) + overhead
 
     # 5. clocks
     clock = np.full(n_gpus, np.nan)
@@ -391,7 +336,6 @@ def decide(
 
 def _shift(
     tree: Tree,
-    st: _Structure,
     node_power: np.ndarray,
     node_pred: np.ndarray,
     node_shift: np.ndarray,
@@ -420,10 +364,10 @@ def _shift(
     below = node_power < tree.uncap_threshold_w
     clear = np.ones(len(p_idx), dtype=bool)
     for lvl in LEVELS_BOTTOM_UP:
-        nodes = st.level_nodes[lvl]
-        group = st.ancestor[lvl]
+        nodes = tree.level_nodes[lvl]
+        group = tree.gpu_ancestor[lvl]
         if lvl != SERVER:
-            clear &= below[st.ancestor[lvl + 1][p_idx]]
+            clear &= below[tree.gpu_ancestor[lvl + 1][p_idx]]
         held = p_idx[clear]
         # the highest class held at its cap under each node, and the gaps of that class
         top = np.full(n_nodes, -1)
@@ -450,14 +394,14 @@ def _shift(
         if not np.any(need[want] > NEGLIGIBLE_W):
             continue
         need[need <= NEGLIGIBLE_W] = 0.0
-        idx, taken = _cut(st, lvl, need, pred, cap, node_pred, floor, priority, ctl)
+        idx, taken = _cut(tree, lvl, need, pred, cap, node_pred, floor, priority, ctl)
         shifted[idx] = True
         node_shift[nodes] += taken[nodes]
         taken_below += taken
 
 
 def _cut(
-    st: _Structure,
+    tree: Tree,
     lvl: int,
     need: np.ndarray,
     pred: np.ndarray,
@@ -471,12 +415,12 @@ def _cut(
     place: the cut GPUs' predicted power and caps come down to what they keep, and every
     node's predicted power loses what was taken under it. Returns the GPUs cut and, per
     tree node, the watts taken under it (for the level's nodes: what each took)."""
-    idx, spare, spare_after, took = _take(need, st.ancestor[lvl], pred, floor, priority, ctl)
+    idx, spare, spare_after, took = _take(need, tree.gpu_ancestor[lvl], pred, floor, priority, ctl)
     was_cut = spare_after < spare
     idx = idx[was_cut]
     pred[idx] = floor[idx] + spare_after[was_cut]
     cap[idx] = np.minimum(cap[idx], pred[idx])
-    taken = _fold_up(st, took)  # in place: the level's own values stay, ancestors gain
+    taken = tree.fold_up(took)  # in place: the level's own values stay, ancestors gain
     node_pred -= taken  # ancestors (and the nodes) lose what was taken
     return idx, taken
 
@@ -612,7 +556,7 @@ def _water_fill(spare: np.ndarray, seg: np.ndarray, take: np.ndarray) -> np.ndar
 
 
 def _ramp_grants(
-    st: _Structure, server: np.ndarray, request: np.ndarray, budget: np.ndarray
+    tree: Tree, server: np.ndarray, request: np.ndarray, budget: np.ndarray
 ) -> np.ndarray:
     """Per request, the fraction of it granted so every ancestor's budget holds.
 
@@ -625,15 +569,15 @@ def _ramp_grants(
     demand = np.bincount(server, weights=request, minlength=n_nodes).astype(float, copy=False)
     allowed = np.zeros(n_nodes)
     for lvl in LEVELS_BOTTOM_UP:
-        nodes = st.level_nodes[lvl]
+        nodes = tree.level_nodes[lvl]
         allowed[nodes] = np.minimum(budget[nodes], demand[nodes])
         if lvl != SITE and len(nodes):
-            demand += np.bincount(st.level_parent[lvl], weights=allowed[nodes], minlength=n_nodes)
+            demand += np.bincount(tree.level_parent[lvl], weights=allowed[nodes], minlength=n_nodes)
     grant = np.zeros(n_nodes)
-    roots = st.level_nodes[SITE]
+    roots = tree.level_nodes[SITE]
     grant[roots] = allowed[roots]
     for lvl in (ROW, RACK, SERVER):
-        nodes, parent = st.level_nodes[lvl], st.level_parent[lvl]
+        nodes, parent = tree.level_nodes[lvl], tree.level_parent[lvl]
         grant[nodes] = allowed[nodes] * _ratio(grant[parent], demand[parent])
     share: np.ndarray = _ratio(grant, demand)[server]
     return share

@@ -3,12 +3,17 @@
 Tree nodes (site, rows, racks, servers) are numbered in topological order:
 a parent always comes before its children, the site is node 0. GPUs are
 numbered separately and each belongs to one server (a leaf of the tree).
-Builders: ``powerd.topology`` (from a budgets file) and the tests' generators.
+Builders: ``powerd.topology`` (``Topology.tree``, from a budgets file) and the
+tests' generators.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
 
 import numpy as np
 
@@ -26,9 +31,23 @@ PRIORITY_CODES = {name: len(PRIORITIES) - 1 - rank for rank, name in enumerate(P
 PHASE_CODES = {name: code for code, name in enumerate(PHASES)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Tree:
-    """Static description of the power tree; arrays are read-only by convention."""
+    """The power tree every part of powerd shares: structure, limits and GPUs as flat arrays.
+
+    Tree nodes (site, rows, racks, servers) are numbered in topological order
+    (a parent before its children, the site is node 0). A tree from a budgets
+    file numbers its GPUs server by server, in the servers' tree order, so each
+    server owns one contiguous run of GPUs (``server_gpus``); the policies do not
+    care about the GPUs' order (the property tests shuffle it). Servers also have an ordinal,
+    0 .. n_servers - 1 in tree order: the index the controller keeps per-node
+    state under. Names are optional (the tests' generated trees have none);
+    a tree from a budgets file (``Topology.tree``) has them.
+
+    Every array is made read-only: one tree is shared by the controller, the
+    planner and the demo, and nothing may change it under them. A variant is
+    a new tree (``dataclasses.replace``).
+    """
 
     # --- tree nodes (n_nodes,) ---
     parent: np.ndarray  # int32, -1 for the site
@@ -46,40 +65,57 @@ class Tree:
     cap_max_w: np.ndarray
     failsafe_cap_w: np.ndarray
     comm_clock_mhz: np.ndarray  # SM clock lock for communication phases, NaN: none
+    # --- names, by tree index (empty: an unnamed tree) ---
+    names: tuple[str, ...] = ()
     # --- derived ---
-    gpu_ancestor: np.ndarray = field(init=False)  # int32 (4, n_gpus): ancestor at each level
+    level_nodes: tuple[np.ndarray, ...] = field(init=False, repr=False)  # intp node ids per level
+    level_parent: tuple[np.ndarray, ...] = field(init=False, repr=False)  # intp, their parents
+    gpu_ancestor: np.ndarray = field(init=False, repr=False)  # intp (4, n_gpus): per level
+    server_nodes: np.ndarray = field(init=False, repr=False)  # intp (n_servers,): tree index
+    gpu_server_ordinal: np.ndarray = field(init=False, repr=False)  # intp (n_gpus,)
 
     def __post_init__(self) -> None:
         n_nodes = len(self.parent)
-        for name in (
-            "level",
-            "limit_w",
-            "budget_w",
-            "cap_threshold_w",
-            "cap_target_w",
-            "uncap_threshold_w",
-            "ramp_w_per_s",
-            "overhead_w",
-        ):
+        for name in _NODE_ARRAYS:
             if len(getattr(self, name)) != n_nodes:
                 raise ValueError(
                     f"Tree.{name} has {len(getattr(self, name))} entries, not {n_nodes}"
                 )
         n_gpus = len(self.gpu_server)
-        for name in ("cap_min_w", "cap_max_w", "failsafe_cap_w", "comm_clock_mhz"):
+        for name in _GPU_ARRAYS:
             if len(getattr(self, name)) != n_gpus:
                 raise ValueError(
                     f"Tree.{name} has {len(getattr(self, name))} entries, not {n_gpus}"
                 )
+        if self.names and len(self.names) != n_nodes:
+            raise ValueError(f"Tree.names has {len(self.names)} entries, not {n_nodes}")
         if n_nodes == 0 or self.parent[0] != -1:
             raise ValueError("node 0 must be the site (parent -1)")
         if np.any(self.parent[1:] >= np.arange(1, n_nodes)) or np.any(self.parent[1:] < 0):
             raise ValueError("tree nodes must be in topological order (parent before child)")
-        ancestor = np.empty((4, n_gpus), dtype=np.int32)
-        ancestor[SERVER] = self.gpu_server
+        level_nodes = tuple(np.flatnonzero(self.level == lvl) for lvl in range(len(LEVELS)))
+        servers = level_nodes[SERVER]
+        gpu_server = np.asarray(self.gpu_server, dtype=np.intp)
+        if n_gpus and np.any(self.level[gpu_server] != SERVER):
+            raise ValueError("every GPU must belong to a server (a tree node of level SERVER)")
+        ordinal = np.searchsorted(servers, gpu_server).astype(np.intp)
+        ancestor = np.empty((len(LEVELS), n_gpus), dtype=np.intp)
+        ancestor[SERVER] = gpu_server
         for lvl in (RACK, ROW, SITE):
             ancestor[lvl] = self.parent[ancestor[lvl + 1]]
-        object.__setattr__(self, "gpu_ancestor", ancestor)
+        derived = {
+            "level_nodes": level_nodes,
+            "level_parent": tuple(self.parent[nodes].astype(np.intp) for nodes in level_nodes),
+            "gpu_ancestor": ancestor,
+            "server_nodes": servers,
+            "gpu_server_ordinal": ordinal,
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+        for name in (*_NODE_ARRAYS, "parent", *_GPU_ARRAYS):
+            getattr(self, name).setflags(write=False)
+        for array in (ancestor, servers, ordinal, *level_nodes):
+            array.setflags(write=False)
 
     @property
     def n_nodes(self) -> int:
@@ -89,19 +125,100 @@ class Tree:
     def n_gpus(self) -> int:
         return len(self.gpu_server)
 
+    @property
+    def n_servers(self) -> int:
+        return len(self.server_nodes)
+
+    # --- names ---
+    @cached_property
+    def index(self) -> Mapping[str, int]:
+        """Tree index by name (empty for an unnamed tree)."""
+        return MappingProxyType({name: i for i, name in enumerate(self.names)})
+
+    @cached_property
+    def server_names(self) -> tuple[str, ...]:
+        """Names of the servers, by server ordinal."""
+        if not self.names:
+            return tuple(f"server{k}" for k in range(self.n_servers))
+        return tuple(self.names[i] for i in self.server_nodes.tolist())
+
+    @cached_property
+    def server_ordinal(self) -> Mapping[str, int]:
+        """Server ordinal by server name."""
+        return MappingProxyType({name: k for k, name in enumerate(self.server_names)})
+
+    @cached_property
+    def gpu_start(self) -> np.ndarray:
+        """(n_servers + 1,) offsets: server k owns GPUs gpu_start[k]:gpu_start[k + 1].
+
+        Only for a tree whose GPUs are numbered server by server (every tree from a
+        budgets file); ValueError otherwise."""
+        if np.any(np.diff(self.gpu_server_ordinal) < 0):
+            raise ValueError("this tree's GPUs are not numbered server by server")
+        start = np.zeros(self.n_servers + 1, dtype=np.intp)
+        np.cumsum(np.bincount(self.gpu_server_ordinal, minlength=self.n_servers), out=start[1:])
+        start.setflags(write=False)
+        return start
+
+    @cached_property
+    def server_gpus(self) -> tuple[range, ...]:
+        """Each server's GPU indices (contiguous), by server ordinal (see ``gpu_start``)."""
+        start = self.gpu_start.tolist()
+        return tuple(range(a, b) for a, b in itertools.pairwise(start))
+
+    # --- sums up the tree ---
+    def fold_up(self, per_node: np.ndarray) -> np.ndarray:
+        """(n_nodes,) each node's value plus the values of every node below it (a new array)."""
+        total = np.array(per_node, dtype=float)
+        return fold_levels(self.level_nodes, self.level_parent, total)
+
     def node_sum(self, per_gpu: np.ndarray) -> np.ndarray:
-        """Sum a per-GPU quantity up the tree: (n_nodes,) totals, GPUs only (no overhead)."""
-        total = np.zeros(self.n_nodes)
-        for lvl in range(4):
-            total += np.bincount(self.gpu_ancestor[lvl], weights=per_gpu, minlength=self.n_nodes)
+        """(n_nodes,) a per-GPU quantity summed under every node (GPUs only, no overhead)."""
+        total = np.bincount(self.gpu_ancestor[SERVER], weights=per_gpu, minlength=self.n_nodes)
+        return fold_levels(self.level_nodes, self.level_parent, total.astype(float, copy=False))
+
+    @cached_property
+    def overhead_below_w(self) -> np.ndarray:
+        """(n_nodes,) each node's own overhead plus that of every node below it (read-only)."""
+        total = self.fold_up(self.overhead_w)
+        total.setflags(write=False)
         return total
 
-    def overhead_sum(self) -> np.ndarray:
-        """Each node's own overhead plus that of every node below it."""
-        total = self.overhead_w.astype(float).copy()
-        for child in range(self.n_nodes - 1, 0, -1):  # children after parents: fold upwards
-            total[self.parent[child]] += total[child]
-        return total
+
+_NODE_ARRAYS = (
+    "level",
+    "limit_w",
+    "budget_w",
+    "cap_threshold_w",
+    "cap_target_w",
+    "uncap_threshold_w",
+    "ramp_w_per_s",
+    "overhead_w",
+)
+_GPU_ARRAYS = ("gpu_server", "cap_min_w", "cap_max_w", "failsafe_cap_w", "comm_clock_mhz")
+
+
+def fold_levels(
+    level_nodes: Sequence[np.ndarray], level_parent: Sequence[np.ndarray], total: np.ndarray
+) -> np.ndarray:
+    """Add every node's value into all its ancestors, in place, deepest level first.
+
+    The one way powerd sums up a tree (``Tree.fold_up``, ``Tree.node_sum``, the
+    policies, the budgets file's checks): one ``bincount`` per level.
+    """
+    n_nodes = len(total)
+    for lvl in (SERVER, RACK, ROW):
+        nodes = level_nodes[lvl]
+        if len(nodes):
+            total += np.bincount(level_parent[lvl], weights=total[nodes], minlength=n_nodes)
+    return total
+
+
+def fold_up(parent: np.ndarray, level: np.ndarray, per_node: np.ndarray) -> np.ndarray:
+    """``Tree.fold_up`` for a structure that is no ``Tree`` yet (a budgets file being checked)."""
+    level_nodes = [np.flatnonzero(level == lvl) for lvl in range(len(LEVELS))]
+    level_parent = [parent[nodes].astype(np.intp) for nodes in level_nodes]
+    return fold_levels(level_nodes, level_parent, np.array(per_node, dtype=float))
 
 
 @dataclass

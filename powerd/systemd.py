@@ -1,16 +1,62 @@
-"""sd_notify for ``Type=notify`` units: readiness, watchdog pings, status, stopping.
+"""systemd: the units powerd ships, and sd_notify for ``Type=notify`` units.
 
-A few lines over a Unix datagram socket, so no dependency on python-systemd.
-Outside systemd (no ``$NOTIFY_SOCKET``) every call does nothing.
+The unit files (``powerd/data/powerd-*.service``) are rendered with ExecStart
+and the config paths of this installation (``powerd unit agent|controller``).
+
+sd_notify (readiness, watchdog pings, status, stopping) is a few lines over a
+Unix datagram socket, so no dependency on python-systemd. Outside systemd (no
+``$NOTIFY_SOCKET``) every call does nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
+import sys
+from importlib import resources
+from pathlib import Path
 
 log = logging.getLogger("powerd.systemd")
+
+# --- unit files --------------------------------------------------------------------------
+
+
+def _render_unit(file_name: str, replacements: dict[str, str]) -> str:
+    text = resources.files("powerd.data").joinpath(file_name).read_text()
+    for default, value in replacements.items():
+        text = text.replace(default, value)
+    return text
+
+
+def render_agent_unit(exec_path: str, config_path: str) -> str:
+    """``powerd-agent.service`` with ExecStart running ``exec_path agent --config config_path``."""
+    return _render_unit(
+        "powerd-agent.service",
+        {"/usr/local/bin/powerd": exec_path, "/etc/powerd/agent.toml": config_path},
+    )
+
+
+def render_controller_unit(exec_path: str, config_path: str, budgets_path: str) -> str:
+    """``powerd-controller.service`` with ExecStart, the config and the budgets file set."""
+    return _render_unit(
+        "powerd-controller.service",
+        {
+            "/usr/local/bin/powerd": exec_path,
+            "/etc/powerd/controller.toml": config_path,
+            "/etc/powerd/budgets.toml": budgets_path,
+        },
+    )
+
+
+def this_executable() -> str:
+    """The ``powerd`` executable of this installation: on PATH, else the running one."""
+    found = shutil.which("powerd")
+    return str(Path(found).resolve()) if found else str(Path(sys.argv[0]).resolve())
+
+
+# --- sd_notify ---------------------------------------------------------------------------
 
 
 class SystemdNotifier:

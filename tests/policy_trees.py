@@ -198,7 +198,7 @@ def random_tree_and_state(rng: np.random.Generator) -> tuple[Tree, ClusterState,
     n_nodes = tree.n_nodes
     overhead = rng.uniform(0.0, 300.0, n_nodes) * (rng.random(n_nodes) < 0.7)
     tree = dataclasses.replace(tree, overhead_w=overhead)
-    nominal = tree.node_sum(cap_max) + tree.overhead_sum()
+    nominal = tree.node_sum(cap_max) + tree.overhead_below_w
     calm = rng.random() < 0.4  # a quiet cluster with room: caps are being handed back
     threshold = nominal * rng.uniform(*((0.7, 1.2) if calm else (0.3, 1.1)), n_nodes)
     target = threshold * rng.uniform(0.8, 1.0, n_nodes)

@@ -139,9 +139,9 @@ def test_resend_after_the_ack_timeout_with_counters(bench: Bench) -> None:
         assert command.seq > first[node].seq  # ... under a new seq
         # a resend says everything, the clock too (null: no lock)
         assert all(g.max_sm_clock_mhz is None for g in command.gpus)
-    assert {
-        bench.core.layout.server_names[s]: seq for s, (seq, _) in bench.core.pending.items()
-    } == {n: c.seq for n, c in result.commands}
+    assert {bench.core.tree.server_names[s]: seq for s, (seq, _) in bench.core.pending.items()} == {
+        n: c.seq for n, c in result.commands
+    }
 
 
 def test_ack_clears_the_pending_command_and_is_counted(bench: Bench) -> None:
@@ -330,5 +330,5 @@ def test_a_command_replacing_an_unacknowledged_one_is_counted_as_superseded(benc
     assert result.counters.superseded == 1 and result.counters.resends == 0
     # the first command's late ack is ignored: the newer one is what is pending
     bench.core.on_ack("k2-n2", ack_payload("k2-n2", first["k2-n2"]))
-    server = list(bench.core.layout.server_names).index("k2-n2")
+    server = list(bench.core.tree.server_names).index("k2-n2")
     assert bench.core.pending[server][0] == dict(result.commands)["k2-n2"].seq

@@ -19,7 +19,6 @@ from powerd.controller.core import (
     ControllerSettings,
     CycleCounters,
     CycleResult,
-    Layout,
 )
 from powerd.protocol import (
     Ack,
@@ -254,8 +253,7 @@ def make_bench(text: str = BUDGETS, **settings) -> Bench:
     topology = budgets(text)
     clock = ManualClock(100.0)
     core = ControllerCore(
-        topology.to_tree(),
-        Layout.from_topology(topology),
+        topology.tree,
         ControllerSettings(**settings),
         monotonic=clock,
         wall=lambda: WALL0 + clock.t,
@@ -297,22 +295,23 @@ def assert_same(a: dict, b: dict) -> None:
             assert a[key] == b[key], key
 
 
-# --- layout --------------------------------------------------------------------------
+# --- the tree's servers ---------------------------------------------------------------
 
 
-def test_layout_maps_each_node_to_its_contiguous_gpus() -> None:
+def test_the_tree_maps_each_node_to_its_contiguous_gpus() -> None:
     top = budgets()
-    layout = Layout.from_topology(top)
-    assert layout.server_names == list(NODES)
-    assert [(r.start, r.stop) for r in layout.gpu_slices] == [
+    tree = top.tree
+    assert tree.server_names == NODES
+    assert [(r.start, r.stop) for r in tree.server_gpus] == [
         (0, 2),
         (2, 4),
         (4, 6),
         (6, 8),
         (8, 10),
     ]
-    assert [top.names[i] for i in layout.server_nodes] == list(NODES)
-    assert layout.by_name["k2-n2"] == 3
+    assert [top.names[i] for i in tree.server_nodes] == list(NODES)
+    assert tree.server_ordinal["k2-n2"] == 3
+    assert tree.gpu_server_ordinal.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
 
 
 # --- telemetry into the state --------------------------------------------------------

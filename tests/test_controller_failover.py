@@ -82,7 +82,7 @@ async def test_killed_leader_is_replaced_with_a_higher_epoch_and_caps_stay_safe(
     budgets = tmp_path / "budgets.toml"
     budgets.write_text(budgets_toml())
     topology = parse_budgets(budgets.read_text())
-    tree = topology.to_tree()
+    tree = topology.tree
     config_a = tmp_path / "ctl-a.toml"
     config_a.write_text(controller_toml(mosquitto, "ctl-a"))
 
@@ -170,7 +170,7 @@ async def test_killed_leader_is_replaced_with_a_higher_epoch_and_caps_stay_safe(
     # overheads, stayed inside its limit. Uncapped, the racks would be over budget.
     commanded: dict[tuple[str, int], float] = {}
     caps = np.full(topology.n_gpus, np.nan)
-    overhead = tree.overhead_sum()
+    overhead = tree.overhead_below_w
     racks = [topology.node_index(r) for r in RACKS]
     uncapped = tree.node_sum(np.full(topology.n_gpus, 700.0)) + overhead
     assert np.all(uncapped[racks] > tree.budget_w[racks])

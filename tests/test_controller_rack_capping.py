@@ -65,7 +65,7 @@ async def test_rack_over_budget_is_back_under_within_two_cycles(mosquitto):
 
     # the agents' own telemetry agrees: from two cycles after the overload on, the rack's
     # GPUs plus its overheads draw less than the budget
-    overhead = float(tree.overhead_sum()[rack])
+    overhead = float(tree.overhead_below_w[rack])
     after = cycles[2].mono
     latest: dict[str, float] = {}
     checked = 0

@@ -147,22 +147,22 @@ def _canned_run():
 
     from policies.tree import PHASE_CODES
     from powerd.demo.runner import DemoRun, default_budgets_path
-    from powerd.demo.summary import JobRecord, Trace, summarize
+    from powerd.demo.summary import JobRecord, RunRecord, summarize
     from powerd.topology import load_budgets
 
     top = load_budgets(default_budgets_path())
-    tree = top.to_tree()
+    tree = top.tree
     n, g = 30, top.n_gpus
     power = np.full(g, 450.0)
-    node_power = tree.node_sum(power) + tree.overhead_sum()
-    trace = Trace(
+    node_power = tree.node_sum(power) + tree.overhead_below_w
+    trace = RunRecord(
         names=top.names,
         level=np.asarray(tree.level, dtype=int),
         limit_w=tree.limit_w,
         budget_w=tree.budget_w,
         cap_threshold_w=tree.cap_threshold_w,
         gpu_job=np.repeat([0, 1], g // 2),
-        overhead_total_w=float(tree.overhead_sum()[0]),
+        overhead_total_w=float(tree.overhead_below_w[0]),
         site_ramp_limit_w_per_s=float(tree.ramp_w_per_s[0]),
         t=np.arange(n) * 0.1,
         node_power_w=np.tile(node_power, (n, 1)),

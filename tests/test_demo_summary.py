@@ -15,7 +15,7 @@ from powerd.demo.summary import (
     EXIT_LIMIT_VIOLATED,
     EXIT_OK,
     JobRecord,
-    Trace,
+    RunRecord,
     peak_ramps,
     sample_durations,
     summarize,
@@ -26,7 +26,7 @@ COMPUTE = PHASE_CODES["compute"]
 COMM = PHASE_CODES["communication"]
 
 
-def make_trace(node_power_w, t=None, **overrides) -> Trace:
+def make_trace(node_power_w, t=None, **overrides) -> RunRecord:
     """A site, one row, one rack; two GPUs, one job. Budget/limit: site 100/120 W, row 90/110,
     rack 80/100. One sample a second unless ``t`` says otherwise."""
     power = np.asarray(node_power_w, dtype=float)
@@ -55,7 +55,7 @@ def make_trace(node_power_w, t=None, **overrides) -> Trace:
         duration_s=float(n),
     )
     fields.update(overrides)
-    return Trace(**fields)
+    return RunRecord(**fields)
 
 
 def flat(n: int, site: float, row: float, rack: float) -> list[list[float]]:

@@ -18,7 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 from powerd.cli import main
-from powerd.grafana.build import DATASOURCE_UID, GRID_WIDTH, Q
+from powerd.grafana.build import DATASOURCE_UID, GRID_WIDTH, Query
 from powerd.grafana.dashboards import DASHBOARDS, stale
 from powerd.telemetry_schema import MEASUREMENTS, TREE
 from tests.grafana_queries import variables_in
@@ -131,9 +131,9 @@ def test_queries_name_only_the_schemas_measurements_fields_and_tags(path: Path):
 
 def test_the_builder_refuses_a_name_the_schema_does_not_have():
     with pytest.raises(KeyError, match="no field or tag 'power_watts'"):
-        Q(TREE, (("mean({power_watts})", "p"),)).text()
+        Query(TREE, (("mean({power_watts})", "p"),)).text()
     with pytest.raises(KeyError, match="no field or tag"):
-        Q(TREE, (("mean({power_w})", "p"),), where=("{gpu} = '0'",)).text()
+        Query(TREE, (("mean({power_w})", "p"),), where=("{gpu} = '0'",)).text()
 
 
 def test_datasource_provisioning_is_influxql_with_the_dashboards_uid():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from planner.errors import ProfileError
 from planner.mix import check_workloads, load_mix, parse_mix, place
-from planner.table import ProfileError
 from policies.tree import HIGH, LOW, NORMAL
 from powerd.topology import parse_budgets
 

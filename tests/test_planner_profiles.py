@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import planner.profiles as profiles
 from planner.cli import main
+from planner.profile_table import COLUMNS
 from planner.profiles import (
     aggregate_power,
     flux_records_frame,
@@ -20,7 +21,6 @@ from planner.profiles import (
     read_profiles,
     summarise,
 )
-from planner.table import COLUMNS
 from tests.tsdb import InfluxDB1
 
 DATA = Path(__file__).resolve().parent / "data" / "profiles"

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import main
+from planner.errors import ProfileError
 from planner.profiles import read_profiles
-from planner.table import ProfileError
 
 HEADER = "time_s,node,gpu,workload,power_w"
 

@@ -14,17 +14,17 @@ from scipy import stats
 
 from planner.budgets_toml import budgets_toml
 from planner.cli import main
+from planner.errors import ProfileError
 from planner.mix import parse_mix, place
 from planner.sizing import (
     SizingError,
     SizingSettings,
-    Trace,
+    WorkloadTrace,
     failsafe_caps,
     size,
     tail_quantile,
     traces_from_profiles,
 )
-from planner.table import ProfileError
 from planner.terms import NonGpuTerms, load_terms
 from policies.tree import PHASE_CODES
 from powerd.topology import load_budgets, parse_budgets
@@ -62,10 +62,12 @@ failsafe_cap_w = 200
     )
 
 
-def square_trace(high_w: float, low_w: float, duty: float, period: int, steps: int) -> Trace:
+def square_trace(
+    high_w: float, low_w: float, duty: float, period: int, steps: int
+) -> WorkloadTrace:
     t = np.arange(steps)
     power = np.where((t % period) < duty * period, high_w, low_w).astype(float)
-    return Trace("w", power, np.full(steps, PHASE_CODES["compute"], np.int8), 1.0, 8)
+    return WorkloadTrace("w", power, np.full(steps, PHASE_CODES["compute"], np.int8), 1.0, 8)
 
 
 def demand(sized, name: str) -> float:

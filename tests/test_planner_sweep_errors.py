@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import main
+from planner.errors import ProfileError
 from planner.sweep import load_sweep
-from planner.table import ProfileError
 
 HEADER = "dataset,network,batch_size,optimizer,power_limit,time_per_epoch,average_power"
 GOOD = [

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from planner.cli import main
 from planner.mix import parse_mix, place
-from planner.sizing import Trace
+from planner.sizing import WorkloadTrace
 from planner.sweep import load_sweep
 from planner.whatif import WhatifSettings, power_law_speed, replay, sweep_speed
 from policies.tree import PHASE_CODES
@@ -50,8 +50,10 @@ failsafe_cap_w = {failsafe_w}
     )
 
 
-def trace(power_w: np.ndarray, name: str = "w") -> Trace:
-    return Trace(name, power_w.astype(float), np.full(len(power_w), COMPUTE, np.int8), 1.0, 8)
+def trace(power_w: np.ndarray, name: str = "w") -> WorkloadTrace:
+    return WorkloadTrace(
+        name, power_w.astype(float), np.full(len(power_w), COMPUTE, np.int8), 1.0, 8
+    )
 
 
 def ramps() -> np.ndarray:
@@ -108,7 +110,7 @@ def test_low_priority_gives_first_and_a_synchronous_job_pays_for_its_slowest_gpu
 def test_a_high_job_leaving_a_checkpoint_gets_its_watts_back_from_low():
     """The inversion rule 3b closes, replayed: after each checkpoint the high-priority job
     sits at its staged caps while the low-priority one fills the rack to between its bands."""
-    from planner.sizing import Trace as PhasedTrace
+    from planner.sizing import WorkloadTrace as PhasedTrace
     from policies import PolicySettings
 
     top = rack(budget_w=8000, limit_w=11_200, failsafe_w=700)

@@ -61,7 +61,7 @@ def test_capped_nodes_reach_target_whenever_floors_allow(seed, policy):
     floor = np.clip(state.floor_w, tree.cap_min_w, tree.cap_max_w)
     # the least each GPU can be brought to: its floor (or less, if it draws less)
     least = np.where(state.controllable, np.minimum(floor, state.power_w), state.power_w)
-    reachable = tree.node_sum(least) + tree.overhead_sum() <= tree.cap_target_w
+    reachable = tree.node_sum(least) + tree.overhead_below_w <= tree.cap_target_w
     checked = d.node_capping & reachable
     assert np.all(d.node_predicted_w[checked] <= tree.cap_target_w[checked] + TOL_W)
     # and one that does not get there has every controllable GPU below it at its floor
@@ -167,11 +167,11 @@ def test_predictions_and_no_uncapping_into_capping(seed, policy):
     d = decide(tree, state, dt_s, policy)
     assert np.all(d.node_predicted_w <= d.node_power_w + TOL_W)  # never more than measured
     np.testing.assert_allclose(
-        d.node_power_w, tree.node_sum(state.power_w) + tree.overhead_sum(), atol=TOL_W
+        d.node_power_w, tree.node_sum(state.power_w) + tree.overhead_below_w, atol=TOL_W
     )
     live = state.controllable
     expected = tree.node_sum(np.where(live, np.minimum(state.power_w, d.cap_w), state.power_w))
-    np.testing.assert_allclose(d.node_predicted_w, expected + tree.overhead_sum(), atol=TOL_W)
+    np.testing.assert_allclose(d.node_predicted_w, expected + tree.overhead_below_w, atol=TOL_W)
     # a node under which caps rose stays at or below its target
     gained = tree.node_sum(np.maximum(d.cap_w - state.cap_w, 0.0)) > 0
     assert np.all(d.node_predicted_w[gained] <= tree.cap_target_w[gained] + TOL_W)
@@ -182,11 +182,11 @@ def reference_capping(tree, state) -> np.ndarray:
     power, floor = state.power_w, np.clip(state.floor_w, tree.cap_min_w, tree.cap_max_w)
     cap = state.cap_w.copy()
     pred = np.where(state.controllable, np.minimum(power, cap), power)
-    measured = tree.node_sum(power) + tree.overhead_sum()
+    measured = tree.node_sum(power) + tree.overhead_below_w
     for level in (SERVER, 2, 1, 0):
         for node in np.flatnonzero((tree.level == level) & (measured > tree.cap_threshold_w)):
             below = under(tree, int(node))
-            need = pred[below].sum() + tree.overhead_sum()[node] - tree.cap_target_w[node]
+            need = pred[below].sum() + tree.overhead_below_w[node] - tree.cap_target_w[node]
             for prio in (LOW, NORMAL, HIGH):
                 if need <= 1e-9:  # rounding, not watts
                     break
@@ -253,8 +253,8 @@ def test_uncapping_never_lifts_a_nodes_cap_sum_above_its_limit(seed, policy):
         state.controllable, np.clip(state.cap_w, tree.cap_min_w, tree.cap_max_w), state.power_w
     )
     held_after = np.where(state.controllable, d.cap_w, state.power_w)
-    before = tree.node_sum(held_before) + tree.overhead_sum()
-    after = tree.node_sum(held_after) + tree.overhead_sum()
+    before = tree.node_sum(held_before) + tree.overhead_below_w
+    after = tree.node_sum(held_after) + tree.overhead_below_w
     rose = after > before + TOL_W
     assert np.all(after[rose] <= tree.limit_w[rose] + TOL_W)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from powerd.cli import render_agent_unit, render_controller_unit
+from powerd.systemd import render_agent_unit, render_controller_unit
 
 
 def test_agent_unit_verifies(tmp_path: Path):

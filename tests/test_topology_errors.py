@@ -458,7 +458,7 @@ def test_broken_file_returns_nothing_and_changes_nothing(tmp_path: Path) -> None
     # and nothing carries over into the next load
     again = parse_budgets(BASE, source="again")
     assert again.names == good.names
-    np.testing.assert_array_equal(again.to_tree().limit_w, good.to_tree().limit_w)
+    np.testing.assert_array_equal(again.tree.limit_w, good.tree.limit_w)
 
 
 def test_error_in_a_late_generated_rack_names_that_rack() -> None:

@@ -64,7 +64,7 @@ def test_examples_load_with_their_counts(
     )
     assert top.n_nodes == 1 + rows + racks + servers
     assert top.source == str(example(name))
-    tree = top.to_tree()
+    tree = top.tree
     assert isinstance(tree, Tree)
     assert (tree.n_nodes, tree.n_gpus) == (top.n_nodes, gpus)
 
@@ -72,7 +72,7 @@ def test_examples_load_with_their_counts(
 @pytest.mark.parametrize("name", ["tiny", "demo", "site-150mw"])
 def test_tree_is_topological_with_one_level_per_step(name: str) -> None:
     top = load_budgets(example(name))
-    tree = top.to_tree()
+    tree = top.tree
     idx = np.arange(tree.n_nodes)
     assert tree.parent[0] == -1 and tree.level[0] == SITE
     assert np.all(tree.parent[1:] < idx[1:])
@@ -90,7 +90,7 @@ def test_tree_is_topological_with_one_level_per_step(name: str) -> None:
     assert np.all(tree.budget_w <= tree.limit_w)
     assert np.all((tree.cap_min_w <= tree.failsafe_cap_w) & (tree.failsafe_cap_w <= tree.cap_max_w))
     # the failsafe guarantee, recomputed with the Tree's own sums
-    failsafe_power = tree.node_sum(tree.failsafe_cap_w) + tree.overhead_sum()
+    failsafe_power = tree.node_sum(tree.failsafe_cap_w) + tree.overhead_below_w
     assert np.all(failsafe_power <= tree.limit_w)
     np.testing.assert_allclose(failsafe_power, top.failsafe_power_w())
 
@@ -102,7 +102,7 @@ def test_gpu_order_is_servers_in_file_order_local_index_ascending() -> None:
     assert top.gpus == expected
     assert [top.gpu(i) for i in range(top.n_gpus)] == expected
     assert top.server_gpus("r1-k2-n1") == range(8, 12)
-    tree = top.to_tree()
+    tree = top.tree
     for name in top.servers:
         gpus = top.server_gpus(name)
         assert np.all(tree.gpu_server[gpus.start : gpus.stop] == top.node_index(name))
@@ -113,7 +113,7 @@ def test_gpu_order_is_servers_in_file_order_local_index_ascending() -> None:
 
 def test_gpu_ancestors_name_the_servers_rack_row_and_site() -> None:
     top = load_budgets(example("demo"))
-    tree = top.to_tree()
+    tree = top.tree
     for gpu in (0, 31, 32, 127, 128, 255):
         server_name, local = top.gpu(gpu)
         server = top.server(server_name)
@@ -132,7 +132,7 @@ def test_gpu_ancestors_name_the_servers_rack_row_and_site() -> None:
 
 def test_tiny_numbers_reach_the_tree_in_watts() -> None:
     top = load_budgets(example("tiny"))
-    tree = top.to_tree()
+    tree = top.tree
     site, row, rack = 0, top.node_index("r1"), top.node_index("r1-k2")
     node = top.node_index("r1-k2-n2")
     assert (tree.limit_w[site], tree.budget_w[site]) == (16_000, 14_000)
@@ -166,9 +166,9 @@ def test_lookups_refuse_unknown_names_and_non_servers() -> None:
 
 
 def test_demo_must_cap_under_full_load_and_holds_at_failsafe() -> None:
-    tree = load_budgets(example("demo")).to_tree()
-    full_load = tree.node_sum(tree.cap_max_w) + tree.overhead_sum()
-    failsafe = tree.node_sum(tree.failsafe_cap_w) + tree.overhead_sum()
+    tree = load_budgets(example("demo")).tree
+    full_load = tree.node_sum(tree.cap_max_w) + tree.overhead_below_w
+    failsafe = tree.node_sum(tree.failsafe_cap_w) + tree.overhead_below_w
     racks = tree.level == RACK
     assert racks.sum() == 8
     assert np.all(full_load[racks] > tree.cap_threshold_w[racks])  # capping must happen
@@ -189,14 +189,14 @@ def test_site_150mw_is_the_83k_gpu_site(site150: Topology) -> None:
     assert top.servers[0] == "row01-k01-n01" and top.servers[-1] == "row16-k72-n18"
     assert top.server_gpus("row16-k72-n18") == range(82_940, 82_944)
     assert top.failsafe_cap_w("row07-k33-n09") == 960  # planned at 960 W (80 % of 1200 W)
-    tree = top.to_tree()
+    tree = top.tree
     assert tree.limit_w[0] == 150e6 and tree.ramp_w_per_s[0] == 5e6
     assert tree.ramp_w_per_s[top.node_index("row03")] == 500e3
     assert np.all(tree.comm_clock_mhz == 1200)
 
 
 def test_site_150mw_failsafe_power_within_every_limit(site150: Topology) -> None:
-    tree = site150.to_tree()
+    tree = site150.tree
     failsafe = site150.failsafe_power_w()
     assert failsafe[0] <= tree.limit_w[0] == 150e6
     assert failsafe[0] == pytest.approx(82_944 * 960 + 20_736 * 1000 + 1152 * 10_800 + 30e6)
@@ -205,7 +205,7 @@ def test_site_150mw_failsafe_power_within_every_limit(site150: Topology) -> None
     # the plan: a rack at 960 W per GPU sits at its capping threshold, not above
     assert np.all(failsafe[racks] <= tree.cap_threshold_w[racks])
     # full TDP does not fit: that is why the site is planned at 960 W
-    full = tree.node_sum(tree.cap_max_w) + tree.overhead_sum()
+    full = tree.node_sum(tree.cap_max_w) + tree.overhead_below_w
     assert full[0] > tree.limit_w[0]
     # network ≈ 11 % of a rack's planned power (docs/DOMAIN.md)
     rack = site150.node_index("row01-k01")
@@ -217,7 +217,7 @@ def test_site_150mw_loads_well_under_two_seconds() -> None:
     best = math.inf
     for _ in range(3):
         t0 = time.perf_counter()
-        tree = load_budgets(path).to_tree()
+        tree = load_budgets(path).tree
         best = min(best, time.perf_counter() - t0)
     assert tree.n_gpus == 82_944
     assert best < 1.0, f"load + to_tree took {best:.2f} s"
@@ -272,7 +272,7 @@ def test_generators_give_the_same_tree_as_listing_one_by_one() -> None:
     assert gen.names == one_by_one.names
     assert gen.racks == ("s-r1-k00", "s-r1-k01", "s-r2-k00", "s-r2-k01")
     assert gen.servers[:3] == ("s-r1-k00-n1", "s-r1-k00-n2", "s-r1-k01-n1")
-    a, b = gen.to_tree(), one_by_one.to_tree()
+    a, b = gen.tree, one_by_one.tree
     for name in (
         "parent",
         "level",
@@ -390,7 +390,7 @@ def test_thresholds_inherit_from_defaults_then_each_parent() -> None:
     assert bands("n-row-cap") == (0.99, 0.9, 0.8)
     assert bands("n-own-cap") == (0.99, 0.9, 0.5)
     assert bands("r2") == bands("k2") == bands("n-model-cap") == (0.97, DEFAULT_CAP_TARGET, 0.85)
-    tree = top.to_tree()
+    tree = top.tree
     k1 = top.node_index("k1")
     assert tree.cap_threshold_w[k1] == pytest.approx(0.99 * 16_000)
     assert tree.uncap_threshold_w[k1] == pytest.approx(0.8 * 16_000)
@@ -402,7 +402,7 @@ def test_failsafe_cap_precedence_node_then_rack_row_then_model_then_default() ->
     assert top.failsafe_cap_w("n-row-cap") == 400  # row r1's, over [models.H100]
     assert top.failsafe_cap_w("n-model-cap") == 600  # [models.H100]
     assert top.failsafe_cap_w("n-default-cap") == 0.8 * 400  # 80 % of the A100's maximum
-    tree = top.to_tree()
+    tree = top.tree
     assert tree.failsafe_cap_w.tolist() == [400, 400, 300, 300, 600, 600, 320, 320]
     clocks = tree.comm_clock_mhz
     assert np.isnan(clocks[:6]).all() and clocks[6:].tolist() == [900, 900]
@@ -421,8 +421,11 @@ def test_topology_arrays_are_read_only() -> None:
     for array in (top.limit_w, top.budget_w, top.parent, top.level, top.server_failsafe_cap_w):
         with pytest.raises(ValueError, match="read-only"):
             array[0] = 1
-    tree = top.to_tree()
-    tree.limit_w[0] = 1  # the Tree gets its own copies
+    tree = top.tree
+    assert tree is top.tree  # built once, shared by everything that reads the file
+    for array in (tree.limit_w, tree.cap_target_w, tree.gpu_server, tree.failsafe_cap_w):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 1
     assert top.limit_w[0] == 16_000
 
 
@@ -432,7 +435,7 @@ def test_parse_and_load_agree(tmp_path: Path) -> None:
     path.write_text(text, encoding="utf-8")
     a, b = parse_budgets(text, source="x"), load_budgets(path)
     assert a.names == b.names and a.source == "x" and b.source == str(path)
-    np.testing.assert_array_equal(a.to_tree().failsafe_cap_w, b.to_tree().failsafe_cap_w)
+    np.testing.assert_array_equal(a.tree.failsafe_cap_w, b.tree.failsafe_cap_w)
 
 
 def test_the_example_in_docs_loads() -> None:

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from powerd.controller.config import ControllerConfig
-from powerd.controller.core import ControllerCore, Layout
+from powerd.controller.core import ControllerCore
 from powerd.controller.records import Records
 from powerd.controller.service import ControllerService
 from powerd.recorder import Recorder, open_recorder
@@ -39,14 +39,13 @@ def open_configured_recorder(config: ControllerConfig) -> Recorder | None:
 def build_service(
     config: ControllerConfig, topology: Topology, recorder: Recorder | None = None
 ) -> ControllerService:
-    layout = Layout.from_topology(topology)
-    core = ControllerCore(topology.to_tree(), layout, config.settings())
+    core = ControllerCore(topology.tree, config.settings())
     records = None
     if recorder is not None:
         records = Records(
             config.cluster, topology, config.name, fine_every_s=config.recorder.fine_every_s
         )
-    return ControllerService(config, core, layout, recorder=recorder, records=records)
+    return ControllerService(config, core, recorder=recorder, records=records)
 
 
 async def run_controller(config: ControllerConfig, budgets_path: Path) -> None:

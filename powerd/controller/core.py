@@ -20,7 +20,7 @@ from typing import TypeVar
 import numpy as np
 
 from policies import ClusterState, Decision, PolicySettings, Tree, decide, infer_phases
-from policies.tree import PHASE_CODES, PRIORITY_CODES, SERVER
+from policies.tree import PHASE_CODES, PRIORITY_CODES
 from powerd.controller.inbox import Waiting
 from powerd.protocol import (
     Ack,
@@ -33,7 +33,6 @@ from powerd.protocol import (
     decode,
 )
 from powerd.ratelimit import LogOncePer
-from powerd.topology import Topology
 from powerd.vocabulary import PHASES, PROTOCOL_VERSION
 
 log = logging.getLogger("powerd.controller")
@@ -119,41 +118,19 @@ class CycleResult:
     cycle_s: float
 
 
-class Layout:
-    """Where each server's GPUs sit in the flat arrays, by node name."""
-
-    def __init__(self, server_names: list[str], server_nodes: np.ndarray, gpu_slices: list[range]):
-        self.server_names = server_names
-        self.server_nodes = server_nodes  # tree node index of each server
-        self.gpu_slices = gpu_slices
-        self.by_name = {name: i for i, name in enumerate(server_names)}
-
-    @classmethod
-    def from_topology(cls, topology: Topology) -> Layout:
-        first = topology.level_start[SERVER]
-        servers = list(topology.servers)
-        return cls(
-            servers,
-            np.arange(first, first + len(servers)),
-            [topology.server_gpus(name) for name in servers],
-        )
-
-
 class ControllerCore:
     def __init__(
         self,
         tree: Tree,
-        layout: Layout,
         settings: ControllerSettings,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.tree = tree
-        self.layout = layout
         self.settings = settings
         self._monotonic = monotonic
         self._wall = wall
-        n_gpus, n_servers = tree.n_gpus, len(layout.server_names)
+        n_gpus, n_servers = tree.n_gpus, tree.n_servers
         self.power_w = tree.failsafe_cap_w.astype(float).copy()
         self.cap_w = tree.failsafe_cap_w.astype(float).copy()  # read back from the devices
         self.clock_mhz = np.full(n_gpus, np.nan)  # locks in force, read back
@@ -176,7 +153,6 @@ class ControllerCore:
         self._acked_ts = np.full(n_servers, -math.inf)
         self._drift_retry_at = np.full(n_servers, -math.inf)  # monotonic
         self._last_node_power_w: np.ndarray | None = None  # tree node power, last decision
-        self._overhead_sum_w: np.ndarray | None = None
         self.epoch = 0
         self.seq = 0
         self.newest_agent_epoch = -1  # the highest epoch any agent says it follows
@@ -211,7 +187,7 @@ class ControllerCore:
         received, not when it was decoded. Gaps in a node's ``seq`` that the inbox did
         not replace are counted as ``telemetry_lost``: samples that never reached us.
         """
-        names, slices, last_seq = self.layout.server_names, self.layout.gpu_slices, self._last_seq
+        names, slices, last_seq = self.tree.server_names, self.tree.server_gpus, self._last_seq
         acked_ts = self._acked_ts
         gpu_ids: list[int] = []
         held_ids: list[int] = []
@@ -303,7 +279,7 @@ class ControllerCore:
         del self.pending[server]
         self.counters.acks_received += 1
         self._acked_ts[server] = ack.ts
-        gpus = self.layout.gpu_slices[server]
+        gpus = self.tree.server_gpus[server]
         for g in ack.gpus:
             if g.index < len(gpus) and g.cap_w is not None:
                 self.cap_w[gpus.start + g.index] = g.cap_w
@@ -343,7 +319,7 @@ class ControllerCore:
             job = Job(job_name, [], event.priority, event.phase, self._monotonic())
             self.jobs[job_name] = job
         if event.nodes is not None:
-            unknown = [n for n in event.nodes if n not in self.layout.by_name]
+            unknown = [n for n in event.nodes if n not in self.tree.server_ordinal]
             if unknown:
                 self._log.warning(
                     f"jobnodes-{job_name}",
@@ -356,7 +332,7 @@ class ControllerCore:
             for server in self._job_servers(job):
                 if self.server_job[server] == job_name:
                     self.server_job[server] = None
-            job.nodes = [n for n in event.nodes if n in self.layout.by_name]
+            job.nodes = [n for n in event.nodes if n in self.tree.server_ordinal]
             for server in self._job_servers(job):
                 self.server_job[server] = job_name
         job.priority, job.phase, job.since_mono = event.priority, event.phase, self._monotonic()
@@ -378,7 +354,7 @@ class ControllerCore:
         return event
 
     def _job_servers(self, job: Job) -> list[int]:
-        return [self.layout.by_name[n] for n in job.nodes]
+        return [self.tree.server_ordinal[n] for n in job.nodes]
 
     # --- the cycle -------------------------------------------------------------
 
@@ -468,7 +444,7 @@ class ControllerCore:
         settled &= now >= self._drift_retry_at
         if not settled.any():
             return
-        gpus = settled[self._gpu_server_ordinal]
+        gpus = settled[self.tree.gpu_server_ordinal]
         commanded_cap, commanded_clock = self.commanded_cap_w, self.commanded_clock
         known = ~np.isnan(commanded_cap)
         cap_off = known & ~(np.abs(self.cap_w - commanded_cap) <= CAP_TOLERANCE_W)
@@ -479,11 +455,13 @@ class ControllerCore:
         off = gpus & (cap_off | clock_off)
         if not off.any():
             return
-        drifted = np.bincount(self._gpu_server_ordinal, weights=off, minlength=len(candidates)) > 0
+        drifted = (
+            np.bincount(self.tree.gpu_server_ordinal, weights=off, minlength=len(candidates)) > 0
+        )
         self._adopt_read_back(drifted)
         self._drift_retry_at[drifted] = now + DRIFT_RETRY_S
         counters.nodes_drifted += int(drifted.sum())
-        first = self.layout.server_names[int(np.flatnonzero(drifted)[0])]
+        first = self.tree.server_names[int(np.flatnonzero(drifted)[0])]
         self._log.warning(
             "drift",
             now,
@@ -494,7 +472,7 @@ class ControllerCore:
 
     def _adopt_read_back(self, servers: np.ndarray) -> None:
         """Take what these servers report they hold as what they were commanded."""
-        gpus = servers[self._gpu_server_ordinal]
+        gpus = servers[self.tree.gpu_server_ordinal]
         self.commanded_cap_w[gpus] = self.cap_w[gpus]
         self.commanded_clock[gpus] = self.clock_mhz[gpus]
 
@@ -510,9 +488,7 @@ class ControllerCore:
         last = self._last_node_power_w
         if last is None:
             return False
-        if self._overhead_sum_w is None:
-            self._overhead_sum_w = self.tree.overhead_sum()
-        power = self.tree.node_sum(self.power_w) + self._overhead_sum_w
+        power = self.tree.node_sum(self.power_w) + self.tree.overhead_below_w
         tree = self.tree
         over = power > tree.cap_threshold_w
         news = over & (
@@ -542,14 +518,14 @@ class ControllerCore:
         counters.stale_nodes = int(np.sum(~fresh & ~self.offline))
         counters.offline_nodes = int(np.sum(self.offline))
         counters.failsafe_nodes = int(np.sum(self._in_mode("failsafe") & live))
-        gpu_live = live[self._gpu_server_ordinal]
+        gpu_live = live[self.tree.gpu_server_ordinal]
         # What a node we cannot hear holds: its failsafe caps, or its last caps if they
         # were higher while it may still be holding them (silent for less than the
         # agents' failsafe_after_s; or stopped, with on_exit = keep).
         silent_s = now - heard
         holding_last = (
             ~live & ((silent_s <= self.settings.agent_failsafe_after_s) | self.offline)
-        )[self._gpu_server_ordinal]
+        )[self.tree.gpu_server_ordinal]
         failsafe = self.tree.failsafe_cap_w
         held_w = np.where(holding_last, np.maximum(failsafe, self.cap_w), failsafe)
         power = np.where(gpu_live, self.power_w, held_w)
@@ -560,7 +536,7 @@ class ControllerCore:
         phase = np.full(self.tree.n_gpus, PHASE_CODES["compute"], dtype=np.int8)
         for job in self.jobs.values():
             for node in job.nodes:
-                gpus = self.layout.gpu_slices[self.layout.by_name[node]]
+                gpus = self.tree.server_gpus[self.tree.server_ordinal[node]]
                 priority[gpus.start : gpus.stop] = PRIORITY_CODES[job.priority]
                 phase[gpus.start : gpus.stop] = PHASE_CODES[job.effective_phase]
         state = ClusterState(
@@ -569,7 +545,7 @@ class ControllerCore:
             priority=priority,
             floor_w=self.tree.cap_min_w.astype(float).copy(),
             phase=phase,
-            controllable=commandable[self._gpu_server_ordinal],
+            controllable=commandable[self.tree.gpu_server_ordinal],
         )
         return state, commandable
 
@@ -584,8 +560,8 @@ class ControllerCore:
         keep their lower caps a cycle or more longer, which is safe, and the nodes are
         served round robin. That bounds the flood when a whole site uncaps at once.
         """
-        n_servers = len(self.layout.server_names)
-        ordinal = self._gpu_server_ordinal
+        n_servers = self.tree.n_servers
+        ordinal = self.tree.gpu_server_ordinal
         cap_changed = ~(np.abs(decision.cap_w - self.commanded_cap_w) <= CAP_TOLERANCE_W)
         # the last fraction of a watt back to cap_max is sent too: else the GPU stays "capped"
         cap_max = self.tree.cap_max_w
@@ -625,7 +601,7 @@ class ControllerCore:
                 self._forget_commanded(server)
             elif pending is not None:
                 counters.superseded += 1
-            gpus = self.layout.gpu_slices[server]
+            gpus = self.tree.server_gpus[server]
             self.seq += 1
             entries = []
             for local, i in enumerate(gpus):
@@ -642,7 +618,7 @@ class ControllerCore:
                 ttl_s=self.settings.command_ttl_s,
                 gpus=entries,
             )
-            out.append((self.layout.server_names[server], command))
+            out.append((self.tree.server_names[server], command))
             self.pending[server] = (self.seq, now)
             self.commanded_cap_w[gpus.start : gpus.stop] = decision.cap_w[gpus.start : gpus.stop]
             self.commanded_clock[gpus.start : gpus.stop] = want_clock[gpus.start : gpus.stop]
@@ -657,7 +633,7 @@ class ControllerCore:
         # else a job the controller has just capped would look like a synchronised wait.
         capped = self.cap_w < self.tree.cap_max_w - CAP_TOLERANCE_W
         cap_bound = capped & (self.power_w >= CAP_BOUND_FRACTION * self.cap_w)
-        column = np.where(fresh[self._gpu_server_ordinal] & ~cap_bound, self.power_w, np.nan)
+        column = np.where(fresh[self.tree.gpu_server_ordinal] & ~cap_bound, self.power_w, np.nan)
         self._history_w[:, self._history_next] = column
         self._history_next = (self._history_next + 1) % self._history_w.shape[1]
 
@@ -671,7 +647,7 @@ class ControllerCore:
         gpu_ids, job_ids = [], []
         for k, job in enumerate(quiet):
             for node in job.nodes:
-                gpus = self.layout.gpu_slices[self.layout.by_name[node]]
+                gpus = self.tree.server_gpus[self.tree.server_ordinal[node]]
                 gpu_ids.append(np.arange(gpus.start, gpus.stop))
                 job_ids.append(np.full(len(gpus), k))
         if not gpu_ids:
@@ -700,7 +676,7 @@ class ControllerCore:
     # --- helpers ---------------------------------------------------------------
 
     def job_of(self, node: str) -> str | None:
-        server = self.layout.by_name.get(node)
+        server = self.tree.server_ordinal.get(node)
         return None if server is None else self.server_job[server]
 
     def new_epoch(self, epoch: int) -> None:
@@ -713,27 +689,17 @@ class ControllerCore:
         self.commanded_cap_w[:] = np.nan
         self.commanded_clock[:] = np.nan
 
-    @property
-    def _gpu_server_ordinal(self) -> np.ndarray:
-        ordinal = getattr(self, "_gpu_ordinal_cache", None)
-        if ordinal is None:
-            ordinal = np.empty(self.tree.n_gpus, dtype=np.int64)
-            for server, gpus in enumerate(self.layout.gpu_slices):
-                ordinal[gpus.start : gpus.stop] = server
-            self._gpu_ordinal_cache = ordinal
-        return ordinal
-
     def _in_mode(self, mode: str) -> np.ndarray:
         return self.mode == mode
 
     def _forget_commanded(self, server: int) -> None:
-        gpus = self.layout.gpu_slices[server]
+        gpus = self.tree.server_gpus[server]
         self.commanded_cap_w[gpus.start : gpus.stop] = np.nan
         self.commanded_clock[gpus.start : gpus.stop] = np.nan
         self.pending.pop(server, None)
 
     def server_of(self, node: str, what: str) -> int | None:
-        server = self.layout.by_name.get(node)
+        server = self.tree.server_ordinal.get(node)
         if server is None:
             self._log.warning(
                 f"unknown-{node}",

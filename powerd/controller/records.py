@@ -73,7 +73,7 @@ class Records:
         tree, decision = core.tree, result.decision
         if self._gpus_under is None:
             self._gpus_under = tree.node_sum(np.ones(tree.n_gpus))
-            self._overhead_w = tree.overhead_sum()
+            self._overhead_w = tree.overhead_below_w
         gpus_under = np.maximum(self._gpus_under, 1.0)
         capped = decision.cap_w < tree.cap_max_w - 0.5
         capped_share = tree.node_sum(capped.astype(float)) / gpus_under

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from powerd.backoff import Backoff
 from powerd.controller.config import ControllerConfig
-from powerd.controller.core import ControllerCore, CycleResult, Layout
+from powerd.controller.core import ControllerCore, CycleResult
 from powerd.controller.inbox import TelemetryInbox
 from powerd.controller.leadership import Leadership
 from powerd.controller.records import Records
@@ -56,7 +56,6 @@ class ControllerService:
         self,
         config: ControllerConfig,
         core: ControllerCore,
-        layout: Layout,
         recorder: Recorder | None = None,
         records: Records | None = None,
         monotonic: Callable[[], float] = time.monotonic,
@@ -66,7 +65,6 @@ class ControllerService:
         self.config = config
         self.notifier = notifier or SystemdNotifier()
         self.core = core
-        self.layout = layout
         self.recorder = recorder
         self.records = records  # builds the recorder's points
         self.topics = t = Topics(config.cluster)
@@ -78,7 +76,7 @@ class ControllerService:
             self._on_control_message,
             monotonic=monotonic,
         )
-        self.inbox = TelemetryInbox(t.telemetry(n) for n in layout.server_names)
+        self.inbox = TelemetryInbox(t.telemetry(n) for n in core.tree.server_names)
         self.telemetry = MqttStream(
             config.broker,
             f"{client_id}-telemetry",

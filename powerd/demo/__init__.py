@@ -15,15 +15,15 @@ their phases (start, compute, exposed communication, checkpoint, stop) through
 
 from powerd.demo.runner import DemoOptions, DemoRun, LiveState, run_demo
 from powerd.demo.scenario import MIN_DURATION_S
-from powerd.demo.summary import Summary, Trace, summarize
+from powerd.demo.summary import RunRecord, Summary, summarize
 
 __all__ = [
     "MIN_DURATION_S",
     "DemoOptions",
     "DemoRun",
     "LiveState",
+    "RunRecord",
     "Summary",
-    "Trace",
     "run_demo",
     "summarize",
 ]

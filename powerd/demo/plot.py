@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from policies.tree import ROW, SITE
-from powerd.demo.summary import Trace
+from powerd.demo.summary import RunRecord
 
 PHASE_COLOURS = {
     "startup": "#9ecae1",
@@ -28,7 +28,7 @@ def _spans(phases: list[tuple[float, str]], end_s: float) -> list[tuple[float, f
     return out
 
 
-def plot_trace(trace: Trace, path: str | Path, title: str = "powerd demo") -> Path:
+def plot_trace(trace: RunRecord, path: str | Path, title: str = "powerd demo") -> Path:
     """Write the PNG; return its path. Uses matplotlib's Agg backend (no display needed)."""
     import matplotlib
 
@@ -125,6 +125,6 @@ def plot_trace(trace: Trace, path: str | Path, title: str = "powerd demo") -> Pa
     return path
 
 
-def _gpu_row(trace: Trace) -> np.ndarray:
+def _gpu_row(trace: RunRecord) -> np.ndarray:
     """The tree index of each GPU's row (-1 where the trace does not say)."""
     return trace.gpu_row if trace.gpu_row is not None else np.full(len(trace.gpu_job), -1)

@@ -42,7 +42,7 @@ from powerd.controller.config import ControllerConfig
 from powerd.controller.core import CycleResult
 from powerd.controller.service import ControllerService
 from powerd.demo.scenario import JobPlan, TrainingJob, default_jobs
-from powerd.demo.summary import JobRecord, Summary, Trace, summarize
+from powerd.demo.summary import JobRecord, RunRecord, Summary, summarize
 from powerd.embedded_broker import EmbeddedBroker
 from powerd.gpu.simulated import SimulatedGpu, open_simulated
 from powerd.jobhook import PhaseReporter
@@ -81,7 +81,7 @@ class DemoRun:
     """A finished run: what was recorded and what it adds up to."""
 
     topology: Topology
-    trace: Trace
+    trace: RunRecord
     summary: Summary
     setup_s: float  # broker, agents and controller up, before the jobs' clock started
     wall_s: float  # the whole run, setup and teardown included
@@ -116,8 +116,8 @@ class _Sampler:
     """Reads every simulated GPU; keeps per-sample arrays for the trace."""
 
     def __init__(self, topology: Topology, gpus: list[SimulatedGpu]) -> None:
-        self.tree = topology.to_tree()
-        self.overhead = self.tree.overhead_sum()
+        self.tree = topology.tree
+        self.overhead = self.tree.overhead_below_w
         self.gpus = gpus
         self.t: list[float] = []
         self.power: list[np.ndarray] = []
@@ -436,7 +436,7 @@ def _trace(
     cycles: _Cycles,
     jobs: list[TrainingJob],
     options: DemoOptions,
-) -> Trace:
+) -> RunRecord:
     tree = sampler.tree
     gpu_job = np.full(topology.n_gpus, -1)
     for k, job in enumerate(jobs):
@@ -448,7 +448,7 @@ def _trace(
     def stack(rows: list[np.ndarray], width: int, dtype=float) -> np.ndarray:
         return np.array(rows, dtype=dtype) if rows else np.zeros((0, width), dtype=dtype)
 
-    return Trace(
+    return RunRecord(
         names=topology.names,
         level=np.asarray(tree.level, dtype=int),
         limit_w=np.asarray(tree.limit_w, dtype=float),

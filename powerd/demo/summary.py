@@ -1,6 +1,6 @@
 """What a demo run recorded, and what it adds up to: pure functions over numpy arrays.
 
-The runner fills a :class:`Trace` (ground truth sampled from the simulated
+The runner fills a :class:`RunRecord` (ground truth sampled from the simulated
 GPUs, what the controller decided every cycle, what the jobs did);
 :func:`summarize` turns it into a :class:`Summary`, the numbers printed at the
 end, written by ``--summary-json`` and behind the exit code. No I/O and no
@@ -56,7 +56,7 @@ class JobRecord:
 
 
 @dataclass
-class Trace:
+class RunRecord:
     """Everything a run recorded. Times are seconds since the jobs' clock started.
 
     Samples (``n_samples``) are ground truth read from the simulated GPUs every
@@ -163,7 +163,7 @@ def peak_ramps(t: np.ndarray, power_w: np.ndarray, window_s: float = RAMP_WINDOW
     return max(0.0, float(rate.max())), max(0.0, float(-rate.min()))
 
 
-def summarize(trace: Trace) -> Summary:
+def summarize(trace: RunRecord) -> Summary:
     dt = sample_durations(trace.t)
     levels = [int(x) for x in np.unique(trace.level)]
     power = np.asarray(trace.node_power_w, dtype=float)
@@ -247,7 +247,7 @@ def _progress_mask(phase: np.ndarray) -> np.ndarray:
     return np.isin(phase, [PHASE_CODES[p] for p in PROGRESS_PHASES])
 
 
-def _jobs(trace: Trace, dt: np.ndarray) -> tuple[dict[str, dict[str, Any]], float | None]:
+def _jobs(trace: RunRecord, dt: np.ndarray) -> tuple[dict[str, dict[str, Any]], float | None]:
     progress = _progress_mask(trace.gpu_phase) if len(trace.t) else np.zeros((0, 0), bool)
     weights = dt[:, None] * progress if len(trace.t) else progress
     out: dict[str, dict[str, Any]] = {}
@@ -271,7 +271,7 @@ def _jobs(trace: Trace, dt: np.ndarray) -> tuple[dict[str, dict[str, Any]], floa
     return out, (work_all / time_all if time_all else None)
 
 
-def _capping(trace: Trace, dt: np.ndarray) -> dict[str, Any]:
+def _capping(trace: RunRecord, dt: np.ndarray) -> dict[str, Any]:
     capping = np.asarray(trace.cycle_capping, dtype=bool)
     levels = [int(x) for x in np.unique(trace.level)]
     cycles_by_level, nodes_by_level = {}, {}
@@ -295,7 +295,7 @@ def _capping(trace: Trace, dt: np.ndarray) -> dict[str, Any]:
     }
 
 
-def _clock_locks(trace: Trace, dt: np.ndarray) -> dict[str, float]:
+def _clock_locks(trace: RunRecord, dt: np.ndarray) -> dict[str, float]:
     if not len(trace.t):
         return {"gpu_s": 0.0, "communication_gpu_s": 0.0, "communication_locked_share": 0.0}
     locked = np.asarray(trace.gpu_locked, dtype=bool)

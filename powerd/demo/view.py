@@ -22,7 +22,7 @@ class _TreeView:
 
     def __init__(self, state: LiveState) -> None:
         top = state.topology
-        self.tree = top.to_tree()
+        self.tree = top.tree
         self.gpus_under = np.maximum(self.tree.node_sum(np.ones(top.n_gpus)), 1.0)
         shown = [0]
         racks_shown = 0
@@ -178,7 +178,7 @@ class EventLog:
         if elapsed >= self._next_status_s and state.node_power_w is not None:
             self._next_status_s += STATUS_EVERY_S
             if self._tree is None:
-                self._tree = state.topology.to_tree()
+                self._tree = state.topology.tree
             self.console.print(status_line(state, elapsed, self._tree), highlight=False)
 
 

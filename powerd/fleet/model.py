@@ -125,7 +125,7 @@ class FleetModel:
     def __init__(self, topology: Topology, options: FleetOptions) -> None:
         self.topology = topology
         self.options = options
-        self.tree = tree = topology.to_tree()
+        self.tree = tree = topology.tree
         servers = list(topology.servers)
         n_nodes = len(servers) if options.nodes is None else min(options.nodes, len(servers))
         self.names = servers[:n_nodes]

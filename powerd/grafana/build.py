@@ -23,15 +23,15 @@ SCHEMA_VERSION = 39  # Grafana 10.4 / 11: loads as is, newer versions migrate
 GRID_WIDTH = 24
 
 
-def ident(m: Measurement, name: str) -> str:
-    """A quoted field or tag of ``m``; KeyError for a name the schema does not have."""
-    if name not in m.field_names and name not in m.tag_names:
-        raise KeyError(f"measurement {m.name!r} has no field or tag {name!r}")
+def ident(measurement: Measurement, name: str) -> str:
+    """A quoted field or tag of ``measurement``; KeyError for a name the schema does not have."""
+    if name not in measurement.field_names and name not in measurement.tag_names:
+        raise KeyError(f"measurement {measurement.name!r} has no field or tag {name!r}")
     return f'"{name}"'
 
 
 @dataclass(frozen=True)
-class Q:
+class Query:
     """One InfluxQL SELECT over a schema measurement.
 
     ``select`` items are ``(expression, alias)``; in an expression ``{f}``
@@ -41,7 +41,7 @@ class Q:
     group by; ``every`` adds ``time($__interval)``.
     """
 
-    m: Measurement
+    measurement: Measurement
     select: tuple[tuple[str, str], ...]
     where: tuple[str, ...] = ()
     group: tuple[str, ...] = ()
@@ -50,22 +50,30 @@ class Q:
     tail: str = ""  # ORDER BY / LIMIT
 
     def _names(self, text: str) -> str:
-        names = {n: ident(self.m, n) for n in (*self.m.field_names, *self.m.tag_names)}
+        names = {
+            n: ident(self.measurement, n)
+            for n in (*self.measurement.field_names, *self.measurement.tag_names)
+        }
         try:
             return text.format(**names)
         except KeyError as exc:
-            raise KeyError(f"measurement {self.m.name!r} has no field or tag {exc}") from None
+            raise KeyError(
+                f"measurement {self.measurement.name!r} has no field or tag {exc}"
+            ) from None
 
     def text(self) -> str:
         cols = ", ".join(
             self._names(expr) + (f' AS "{alias}"' if alias else "") for expr, alias in self.select
         )
-        conds = [f"{ident(self.m, 'cluster')} =~ /^$cluster$/", *map(self._names, self.where)]
+        conds = [
+            f"{ident(self.measurement, 'cluster')} =~ /^$cluster$/",
+            *map(self._names, self.where),
+        ]
         conds.append("$timeFilter")
         groups = (["time($__interval)"] if self.every else []) + [
-            ident(self.m, g) for g in self.group
+            ident(self.measurement, g) for g in self.group
         ]
-        query = f'SELECT {cols} FROM "{self.m.name}" WHERE {" AND ".join(conds)}'
+        query = f'SELECT {cols} FROM "{self.measurement.name}" WHERE {" AND ".join(conds)}'
         if groups:
             query += " GROUP BY " + ", ".join(groups)
             if self.every:
@@ -73,7 +81,7 @@ class Q:
         return query + (f" {self.tail}" if self.tail else "")
 
 
-def subquery(outer: str, inner: Q, alias: str, group: tuple[str, ...] = ()) -> str:
+def subquery(outer: str, inner: Query, alias: str, group: tuple[str, ...] = ()) -> str:
     """``SELECT outer(alias) FROM (inner) WHERE $timeFilter GROUP BY time, group``."""
     groups = ", ".join(["time($__interval)", *(f'"{g}"' for g in group)])
     return (
@@ -82,8 +90,8 @@ def subquery(outer: str, inner: Q, alias: str, group: tuple[str, ...] = ()) -> s
     )
 
 
-def target(query: str | Q, ref: str, *, alias: str = "", fmt: str = "time_series") -> dict:
-    text = query.text() if isinstance(query, Q) else query
+def target(query: str | Query, ref: str, *, alias: str = "", fmt: str = "time_series") -> dict:
+    text = query.text() if isinstance(query, Query) else query
     out: dict[str, Any] = {
         "refId": ref,
         "datasource": dict(DATASOURCE),
@@ -199,9 +207,12 @@ def query_variable(
     }
 
 
-def tag_values(m: Measurement, key: str, where: tuple[str, ...] = ()) -> str:
-    conds = [f"{ident(m, 'cluster')} =~ /^$cluster$/", *where]
-    return f'SHOW TAG VALUES FROM "{m.name}" WITH KEY = {ident(m, key)} WHERE {" AND ".join(conds)}'
+def tag_values(measurement: Measurement, key: str, where: tuple[str, ...] = ()) -> str:
+    conds = [f"{ident(measurement, 'cluster')} =~ /^$cluster$/", *where]
+    return (
+        f'SHOW TAG VALUES FROM "{measurement.name}" WITH KEY = {ident(measurement, key)}'
+        f" WHERE {' AND '.join(conds)}"
+    )
 
 
 def dashboard(

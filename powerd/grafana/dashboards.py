@@ -13,7 +13,7 @@ from pathlib import Path
 
 from powerd.grafana.build import (
     Panel,
-    Q,
+    Query,
     annotation,
     dashboard,
     datasource_variable,
@@ -47,7 +47,7 @@ def _level(level: str, *more: str) -> tuple[str, ...]:
 
 
 def _phase_annotation(where: tuple[str, ...] = ()) -> dict:
-    q = Q(
+    q = Query(
         PHASE_EVENT,
         (("{events}", ""), ("{phase}", ""), ("{job}", "")),
         where=where,
@@ -58,7 +58,9 @@ def _phase_annotation(where: tuple[str, ...] = ()) -> dict:
 
 def _tightest(level: str, over: str) -> str:
     """Per interval, the highest power / ``over`` among the tree nodes of ``level``."""
-    inner = Q(TREE, ((f"mean({{power_w}}) / mean({{{over}}})", "share"),), _level(level), ("name",))
+    inner = Query(
+        TREE, ((f"mean({{power_w}}) / mean({{{over}}})", "share"),), _level(level), ("name",)
+    )
     return subquery("max", inner, "share")
 
 
@@ -70,7 +72,7 @@ def site_overview() -> dict:
             "stat",
             "Site power",
             "Measured power of the whole site (GPUs and overheads), last control cycle.",
-            [target(Q(TREE, (("last({power_w})", "power"),), site, every=False), "A")],
+            [target(Query(TREE, (("last({power_w})", "power"),), site, every=False), "A")],
             w=6,
             h=4,
             unit=W,
@@ -79,7 +81,7 @@ def site_overview() -> dict:
             "stat",
             "Site budget",
             "The power the site is planned for; the controller caps above its capping threshold.",
-            [target(Q(TREE, (("last({budget_w})", "budget"),), site, every=False), "A")],
+            [target(Query(TREE, (("last({budget_w})", "budget"),), site, every=False), "A")],
             w=6,
             h=4,
             unit=W,
@@ -88,7 +90,7 @@ def site_overview() -> dict:
             "stat",
             "Site limit",
             "The hard limit: the feed or breaker. Never to be crossed.",
-            [target(Q(TREE, (("last({limit_w})", "limit"),), site, every=False), "A")],
+            [target(Query(TREE, (("last({limit_w})", "limit"),), site, every=False), "A")],
             w=6,
             h=4,
             unit=W,
@@ -99,7 +101,7 @@ def site_overview() -> dict:
             "Site limit minus site power, last cycle.",
             [
                 target(
-                    Q(
+                    Query(
                         TREE,
                         (("last({limit_w}) - last({power_w})", "headroom"),),
                         site,
@@ -119,7 +121,7 @@ def site_overview() -> dict:
             " the budget and the limit of the site.",
             [
                 target(
-                    Q(
+                    Query(
                         TREE,
                         (
                             ("mean({power_w})", "power"),
@@ -144,12 +146,12 @@ def site_overview() -> dict:
             " sum of the caps the controller set. Job starts, checkpoints and ends swing it.",
             [
                 target(
-                    Q(TREE, (("derivative(mean({power_w}), 1s) / 1000000", "measured"),), site),
+                    Query(TREE, (("derivative(mean({power_w}), 1s) / 1000000", "measured"),), site),
                     "A",
                     alias="$col",
                 ),
                 target(
-                    Q(DECISION, (("mean({site_ramp_w_per_s}) / 1000000", "caps"),)),
+                    Query(DECISION, (("mean({site_ramp_w_per_s}) / 1000000", "caps"),)),
                     "B",
                     alias="$col",
                 ),
@@ -164,7 +166,7 @@ def site_overview() -> dict:
             "Each row's power as a share of its budget.",
             [
                 target(
-                    Q(
+                    Query(
                         TREE,
                         (("mean({power_w}) / mean({budget_w})", "share"),),
                         _level("row"),
@@ -198,7 +200,7 @@ def site_overview() -> dict:
                 target(
                     subquery(
                         "sum",
-                        Q(TREE, (("max({capping})", "capping"),), group=("name", "level")),
+                        Query(TREE, (("max({capping})", "capping"),), group=("name", "level")),
                         "capping",
                         ("level",),
                     ),
@@ -213,7 +215,7 @@ def site_overview() -> dict:
             "timeseries",
             "GPUs capped",
             "GPUs whose cap is below their maximum after the controller's cycle.",
-            [target(Q(DECISION, (("max({gpus_capped})", "GPUs capped"),)), "A", alias="$col")],
+            [target(Query(DECISION, (("max({gpus_capped})", "GPUs capped"),)), "A", alias="$col")],
             w=8,
             unit="short",
         ),
@@ -224,7 +226,7 @@ def site_overview() -> dict:
             " last will), and with stale telemetry (counted at their caps).",
             [
                 target(
-                    Q(
+                    Query(
                         DECISION,
                         (
                             ("max({failsafe_nodes})", "failsafe"),
@@ -262,7 +264,7 @@ def rows_and_racks() -> dict:
             "Measured power of each selected row.",
             [
                 target(
-                    Q(TREE, (("mean({power_w})", "power"),), rows, ("name",)),
+                    Query(TREE, (("mean({power_w})", "power"),), rows, ("name",)),
                     "A",
                     alias="$tag_name",
                 )
@@ -276,7 +278,9 @@ def rows_and_racks() -> dict:
             " capping threshold (a share of the budget, docs/BUDGETS.md).",
             [
                 target(
-                    Q(TREE, (("mean({power_w}) / mean({budget_w})", "share"),), rows, ("name",)),
+                    Query(
+                        TREE, (("mean({power_w}) / mean({budget_w})", "share"),), rows, ("name",)
+                    ),
                     "A",
                     alias="$tag_name",
                 )
@@ -290,7 +294,7 @@ def rows_and_racks() -> dict:
             "Measured power of each selected rack.",
             [
                 target(
-                    Q(TREE, (("mean({power_w})", "power"),), racks, ("name",)),
+                    Query(TREE, (("mean({power_w})", "power"),), racks, ("name",)),
                     "A",
                     alias="$tag_name",
                 )
@@ -303,7 +307,9 @@ def rows_and_racks() -> dict:
             "Each selected rack's power as a share of its limit (the rack breaker).",
             [
                 target(
-                    Q(TREE, (("mean({power_w}) / mean({limit_w})", "share"),), racks, ("name",)),
+                    Query(
+                        TREE, (("mean({power_w}) / mean({limit_w})", "share"),), racks, ("name",)
+                    ),
                     "A",
                     alias="$tag_name",
                 )
@@ -316,7 +322,7 @@ def rows_and_racks() -> dict:
             "Last cycle's power, budget, limit and share of GPUs capped of each selected rack.",
             [
                 target(
-                    Q(
+                    Query(
                         TREE,
                         (
                             ("last({power_w})", "power_w"),
@@ -341,7 +347,7 @@ def rows_and_racks() -> dict:
             "Share of each selected rack's GPUs with a cap below their maximum.",
             [
                 target(
-                    Q(TREE, (("mean({capped_share})", "capped"),), racks, ("name",)),
+                    Query(TREE, (("mean({capped_share})", "capped"),), racks, ("name",)),
                     "A",
                     alias="$tag_name",
                 )
@@ -357,7 +363,7 @@ def rows_and_racks() -> dict:
             "Measured power of each server (GPUs and its overhead) in the selected racks.",
             [
                 target(
-                    Q(
+                    Query(
                         TREE,
                         (("mean({power_w})", "power"),),
                         _level("node", "{rack} =~ /^$rack$/"),
@@ -387,13 +393,13 @@ def gpus() -> dict:
     name = "$tag_node/$tag_gpu"
     node_var = query_variable("node", "Node", tag_values(GPU, "node", ('"rack" =~ /^$rack$/',)))
     gpu_var = query_variable("gpu", "GPU", tag_values(GPU, "gpu", ('"node" =~ /^$node$/',)))
-    by_mode = Q(GPU, (("last({power_w})", "gpus"),), sel, ("node", "gpu", "mode"))
+    by_mode = Query(GPU, (("last({power_w})", "gpus"),), sel, ("node", "gpu", "mode"))
     panels = [
         Panel(
             "timeseries",
             "GPU power",
             "Power each selected GPU draws.",
-            [target(Q(GPU, (("mean({power_w})", "power"),), sel, per_gpu), "A", alias=name)],
+            [target(Query(GPU, (("mean({power_w})", "power"),), sel, per_gpu), "A", alias=name)],
             unit=W,
         ),
         Panel(
@@ -401,9 +407,9 @@ def gpus() -> dict:
             "Power caps",
             "The power limit each GPU enforces (read back from it), and the range it accepts.",
             [
-                target(Q(GPU, (("mean({cap_w})", "cap"),), sel, per_gpu), "A", alias=name),
+                target(Query(GPU, (("mean({cap_w})", "cap"),), sel, per_gpu), "A", alias=name),
                 target(
-                    Q(
+                    Query(
                         GPU,
                         (("min({cap_min_w})", "lowest cap"), ("max({cap_max_w})", "highest cap")),
                         sel,
@@ -418,7 +424,7 @@ def gpus() -> dict:
             "heatmap",
             "GPU power heatmap",
             "How the selected GPUs' power is spread over time: one bucket row per power band.",
-            [target(Q(GPU, (("mean({power_w})", "power"),), sel, per_gpu), "A", alias=name)],
+            [target(Query(GPU, (("mean({power_w})", "power"),), sel, per_gpu), "A", alias=name)],
             w=24,
             extra={
                 "options": {
@@ -435,9 +441,11 @@ def gpus() -> dict:
             "SM clock of each GPU; the lock the controller set during communication phases"
             " (absent when not locked).",
             [
-                target(Q(GPU, (("mean({sm_clock_mhz})", "clock"),), sel, per_gpu), "A", alias=name),
                 target(
-                    Q(GPU, (("mean({max_sm_clock_mhz})", "lock"),), sel, per_gpu),
+                    Query(GPU, (("mean({sm_clock_mhz})", "clock"),), sel, per_gpu), "A", alias=name
+                ),
+                target(
+                    Query(GPU, (("mean({max_sm_clock_mhz})", "lock"),), sel, per_gpu),
                     "B",
                     alias=f"{name} lock",
                 ),
@@ -455,7 +463,7 @@ def gpus() -> dict:
             "timeseries",
             "Temperature",
             "GPU temperature.",
-            [target(Q(GPU, (("mean({temp_c})", "temp"),), sel, per_gpu), "A", alias=name)],
+            [target(Query(GPU, (("mean({temp_c})", "temp"),), sel, per_gpu), "A", alias=name)],
             w=8,
             unit="celsius",
         ),
@@ -463,7 +471,7 @@ def gpus() -> dict:
             "timeseries",
             "Utilisation",
             "GPU utilisation.",
-            [target(Q(GPU, (("mean({util_pct})", "util"),), sel, per_gpu), "A", alias=name)],
+            [target(Query(GPU, (("mean({util_pct})", "util"),), sel, per_gpu), "A", alias=name)],
             w=8,
             unit="percent",
         ),
@@ -473,7 +481,7 @@ def gpus() -> dict:
             "Last sample of each selected GPU.",
             [
                 target(
-                    Q(
+                    Query(
                         GPU,
                         (
                             ("last({power_w})", "power_w"),
@@ -512,7 +520,7 @@ def gpus() -> dict:
 def jobs_and_phases() -> dict:
     job = ("{job} =~ /^$job$/",)
     job_var = query_variable("job", "Job", tag_values(PHASE_EVENT, "job"))
-    per_gpu = Q(GPU, (("mean({power_w})", "power"),), job, ("node", "gpu", "job"))
+    per_gpu = Query(GPU, (("mean({power_w})", "power"),), job, ("node", "gpu", "job"))
     panels = [
         Panel(
             "state-timeline",
@@ -521,7 +529,7 @@ def jobs_and_phases() -> dict:
             " communication, checkpoint, shutdown.",
             [
                 target(
-                    Q(
+                    Query(
                         PHASE_EVENT,
                         (("{phase}", "phase"), ("{events}", "")),
                         job,
@@ -557,7 +565,7 @@ def jobs_and_phases() -> dict:
             "What a GPU of the selected jobs draws in each phase the job is in.",
             [
                 target(
-                    Q(GPU, (("mean({power_w})", "power"),), job, ("phase",)),
+                    Query(GPU, (("mean({power_w})", "power"),), job, ("phase",)),
                     "A",
                     alias="$tag_phase",
                 )
@@ -568,7 +576,13 @@ def jobs_and_phases() -> dict:
             "timeseries",
             "Share of the job's GPUs capped",
             "Share of each job's GPU samples with a cap below the GPU's maximum.",
-            [target(Q(GPU, (("mean({capped})", "capped"),), job, ("job",)), "A", alias="$tag_job")],
+            [
+                target(
+                    Query(GPU, (("mean({capped})", "capped"),), job, ("job",)),
+                    "A",
+                    alias="$tag_job",
+                )
+            ],
             unit="percentunit",
             min=0,
             max=1,
@@ -580,7 +594,7 @@ def jobs_and_phases() -> dict:
             " length.",
             [
                 target(
-                    Q(
+                    Query(
                         PHASE_EVENT,
                         (
                             ("{job}", ""),
@@ -614,7 +628,7 @@ def controller_health() -> dict:
     # an annotation where the epoch grew: a failover (or a restart) in that interval
     epoch_change = (
         'SELECT "change" FROM ('
-        + Q(DECISION, (("difference(max({epoch}))", "change"),)).text()
+        + Query(DECISION, (("difference(max({epoch}))", "change"),)).text()
         + ') WHERE "change" > 0 AND $timeFilter'
     )
     panels = [
@@ -625,7 +639,7 @@ def controller_health() -> dict:
             " the budget for it.",
             [
                 target(
-                    Q(DECISION, (("mean({cycle_s})", "mean"), ("max({cycle_s})", "max"))),
+                    Query(DECISION, (("mean({cycle_s})", "mean"), ("max({cycle_s})", "max"))),
                     "A",
                     alias="$col",
                 )
@@ -639,7 +653,7 @@ def controller_health() -> dict:
             " commands past their ack timeout, per interval.",
             [
                 target(
-                    Q(
+                    Query(
                         DECISION,
                         (
                             ("sum({commands_sent})", "sent"),
@@ -660,7 +674,7 @@ def controller_health() -> dict:
             "Nodes whose telemetry is older than stale_after_s, nodes in failsafe, nodes offline.",
             [
                 target(
-                    Q(
+                    Query(
                         DECISION,
                         (
                             ("max({stale_nodes})", "stale"),
@@ -683,7 +697,7 @@ def controller_health() -> dict:
             " interval; and the most nodes whose newest sample still waited at a decision.",
             [
                 target(
-                    Q(
+                    Query(
                         DECISION,
                         (
                             ("sum({telemetry_received})", "received"),
@@ -705,9 +719,9 @@ def controller_health() -> dict:
             " cycle); nodes whose raise waits for a later cycle (max_raises_per_s); nodes"
             " found holding other caps than commanded (drift).",
             [
-                target(Q(DECISION, (("max({ingest_s})", "decode s"),)), "A", alias="$col"),
+                target(Query(DECISION, (("max({ingest_s})", "decode s"),)), "A", alias="$col"),
                 target(
-                    Q(
+                    Query(
                         DECISION,
                         (
                             ("max({raises_deferred})", "raises deferred"),
@@ -726,7 +740,7 @@ def controller_health() -> dict:
             "Invalid MQTT payloads the controller received and refused, per interval.",
             [
                 target(
-                    Q(
+                    Query(
                         DECISION,
                         (("non_negative_difference(max({rejected_payloads}))", "rejected"),),
                     ),
@@ -742,7 +756,7 @@ def controller_health() -> dict:
             "The controller epoch (grows at every failover), per controller that led.",
             [
                 target(
-                    Q(DECISION, (("max({epoch})", "epoch"),), group=("controller",)),
+                    Query(DECISION, (("max({epoch})", "epoch"),), group=("controller",)),
                     "A",
                     alias="$tag_controller",
                 )
@@ -753,7 +767,7 @@ def controller_health() -> dict:
             "stat",
             "Epoch changes in range",
             "How many times leadership changed hands in the time range (spread of the epoch).",
-            [target(Q(DECISION, (("spread({epoch})", "changes"),), every=False), "A")],
+            [target(Query(DECISION, (("spread({epoch})", "changes"),), every=False), "A")],
             w=6,
             unit="short",
         ),
@@ -763,7 +777,7 @@ def controller_health() -> dict:
             "Control cycles each controller led in the time range.",
             [
                 target(
-                    Q(
+                    Query(
                         DECISION,
                         (("count({cycle_s})", "cycles"),),
                         group=("controller",),

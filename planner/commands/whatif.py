@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from planner.options import placed_inputs, speed_options
+from planner.commands.options import placed_inputs, speed_options
 from planner.output import emit, format_option
 
 HELP = """Replay profiles through the controller's own policy at the budgets of BUDGETS.
@@ -71,9 +71,9 @@ def command(
     fmt: str,
 ) -> None:
 
-    from planner.commands_size import load_inputs
+    from planner.commands.size import load_inputs
+    from planner.errors import ProfileError
     from planner.output import column_mapping
-    from planner.table import ProfileError
     from planner.whatif import WhatifSettings, power_law_speed, replay, sweep_speed
 
     inputs = load_inputs(

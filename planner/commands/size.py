@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 import click
 import pandas as pd
 
-from planner.options import demand_options, placed_inputs
+from planner.commands.options import demand_options, placed_inputs
 from planner.output import column_mapping, emit, format_option, write_whole
 
 if TYPE_CHECKING:
     from planner.mix import Mix, Placement
-    from planner.sizing import Trace
+    from planner.sizing import WorkloadTrace
     from powerd.topology import Topology
 
 HELP = """Size rack, row and site budgets and the failsafe caps from measured profiles.
@@ -65,7 +65,7 @@ class Inputs:
     top: Topology
     mix: Mix
     placement: Placement
-    traces: dict[str, Trace]
+    traces: dict[str, WorkloadTrace]
     profiles: pd.DataFrame  # the normalised rows of the mix's workloads
 
 
@@ -78,10 +78,10 @@ def load_inputs(
     workload: str | None,
 ) -> Inputs:
     """Topology, mix, profiles -> placed jobs and their traces; a clear error for bad input."""
+    from planner.errors import ProfileError
     from planner.mix import check_workloads, load_mix, place
     from planner.profiles import read_profiles
     from planner.sizing import traces_from_profiles
-    from planner.table import ProfileError
     from powerd.topology import BudgetError, load_budgets
 
     try:
@@ -169,8 +169,8 @@ def command(
     fmt: str,
 ) -> None:
     from planner.budgets_toml import budgets_toml
+    from planner.errors import ProfileError
     from planner.sizing import SizingError, SizingSettings, size
-    from planner.table import ProfileError
     from planner.terms import NonGpuTerms, load_terms
     from powerd.topology import BudgetError
 

@@ -24,7 +24,7 @@ def compose(*decorators: Decorator) -> Decorator:
 
 def placed_inputs(first: str) -> Decorator:
     """FIRST (a budgets file) PROFILES... --mix, --step-s, --seed, --column, --workload:
-    what ``planner.commands_size.load_inputs`` reads."""
+    what ``planner.commands.size.load_inputs`` reads."""
     return compose(
         click.argument(first, type=click.Path(dir_okay=False, path_type=Path)),
         click.argument(

@@ -7,10 +7,10 @@ from pathlib import Path
 import click
 
 from planner.caps import recommend
+from planner.errors import ProfileError
 from planner.mix import load_mix
 from planner.output import emit, format_option
 from planner.sweep import default_label, load_sweeps
-from planner.table import ProfileError
 
 ZEUS_WORKLOAD_COLS = "dataset,network,batch_size,optimizer"
 

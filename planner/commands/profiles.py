@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from planner.errors import ProfileError
 from planner.output import column_mapping, emit, format_option, write_whole
 from planner.profiles import read_influx, read_profiles, summarise
-from planner.table import ProfileError
 from powerd.recorder import read_token
 
 OUT_SUFFIXES = (".parquet", ".pq", ".csv")

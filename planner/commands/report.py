@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from planner.options import demand_options, placed_inputs, speed_options
+from planner.commands.options import demand_options, placed_inputs, speed_options
 from planner.output import column_mapping
 
 HELP = """Write a report on a budgets file: demand against budgets, capping, cap curves.
@@ -78,13 +78,13 @@ def command(
     column_pairs: tuple[str, ...],
     workload: str | None,
 ) -> None:
-    from planner.commands_caps import ZEUS_WORKLOAD_COLS
-    from planner.commands_size import load_inputs
+    from planner.commands.caps import ZEUS_WORKLOAD_COLS
+    from planner.commands.size import load_inputs
+    from planner.errors import ProfileError
     from planner.report import ReportSettings, build
     from planner.report_doc import to_html, to_markdown
     from planner.sizing import SizingError
     from planner.sweep import load_sweeps
-    from planner.table import ProfileError
     from planner.whatif import power_law_speed
     from powerd import __version__
 

@@ -1,0 +1,49 @@
+"""The ``powerd`` command: ``agent``, ``controller``, ``gpus``, ``demo``, ``fleet``, ...
+
+Each subcommand lives in its own module (``powerd/cli/*.py``): it parses its
+options, calls its component and turns errors into click exits. This file
+only groups them. A command that needs an extra (demo, recorder) imports it
+inside its function, so ``powerd --help`` and ``powerd agent`` run on the core
+install.
+"""
+
+from __future__ import annotations
+
+import click
+
+from powerd import __version__
+from powerd.cli.agent import command as agent_command
+from powerd.cli.controller import command as controller_command
+from powerd.cli.dashboards import command as dashboards_command
+from powerd.cli.demo import command as demo_command
+from powerd.cli.fleet import command as fleet_command
+from powerd.cli.gpus import command as gpus_command
+from powerd.cli.unit import group as unit_group
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="powerd")
+def main() -> None:
+    """powerd: power management for GPU training clusters.
+
+    \b
+    powerd agent       the node agent (systemd service on every GPU node)
+    powerd controller  the cluster controller: keeps every rack, row and the site in budget
+    powerd gpus        what the agent reads from this node's GPUs
+    powerd demo        the whole loop on this machine, simulated GPUs, no servers
+    powerd fleet       thousands of simulated agents against a real broker (scale tests)
+    powerd unit agent  print the systemd unit for the agent (unit controller: the controller)
+
+    The wire protocol is in docs/PROTOCOL.md.
+    """
+
+
+main.add_command(agent_command)
+main.add_command(controller_command)
+main.add_command(demo_command)
+main.add_command(fleet_command)
+main.add_command(dashboards_command)
+main.add_command(gpus_command)
+main.add_command(unit_group)
+
+__all__ = ["main"]

@@ -1,0 +1,89 @@
+"""``powerd agent``: the node agent (powerd.agent.startup runs it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from powerd.agent.config import ConfigError, load_config
+from powerd.cli.options import (
+    broker_option,
+    cluster_option,
+    config_option,
+    log_level_option,
+    setup_logging,
+    simulate_option,
+)
+from powerd.gpu import GpuError
+
+
+@click.command("agent")
+@config_option("Agent config file (TOML). Without it: defaults, node name from the hostname.")
+@broker_option()
+@cluster_option()
+@click.option("--node", help="This node's name [default: short hostname].")
+@simulate_option("Simulated GPUs instead of NVML, for example 4xH100, 8xGB200, 2xA100.")
+@click.option("--period-s", type=float, help="Telemetry and safety-check period [default: 1].")
+@click.option(
+    "--failsafe-after-s",
+    type=float,
+    help="Failsafe caps after this long without a controller heartbeat [default: 10].",
+)
+@click.option(
+    "--on-exit",
+    type=click.Choice(["keep", "restore"]),
+    help="On stop, keep the current caps (safe on an oversubscribed site) or restore defaults.",
+)
+@click.option(
+    "--local",
+    "local_mode",
+    is_flag=True,
+    default=None,
+    help="No controller: hold the failsafe caps and publish telemetry only.",
+)
+@log_level_option()
+def command(
+    config_path: Path | None,
+    broker: str | None,
+    cluster: str | None,
+    node: str | None,
+    simulate: str | None,
+    period_s: float | None,
+    failsafe_after_s: float | None,
+    on_exit: str | None,
+    local_mode: bool | None,
+    log_level: str,
+) -> None:
+    """Run the node agent.
+
+    At start, before connecting anywhere, it applies the failsafe caps. Then it
+    publishes telemetry every period, applies the caps and clock locks the
+    controller sends (clamped to each GPU's range, acknowledged with read-back
+    values), and falls back to the failsafe caps when the controller's
+    heartbeat or the last command's TTL runs out. SIGTERM or SIGINT stops it
+    cleanly: offline status published, caps kept or restored (--on-exit).
+
+    Run it as root on a GPU node: NVML only lets root set power limits and
+    lock clocks.
+    """
+    from powerd.agent.startup import start_agent
+
+    setup_logging(log_level)
+    try:
+        config = load_config(config_path).with_overrides(
+            broker=broker,
+            cluster=cluster,
+            node=node,
+            simulate=simulate,
+            period_s=period_s,
+            failsafe_after_s=failsafe_after_s,
+            on_exit=on_exit,
+            mode="local" if local_mode else None,
+        )
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        start_agent(config)
+    except (GpuError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None

@@ -1,0 +1,102 @@
+"""``powerd controller``: the cluster controller (powerd.controller.app runs it)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import click
+
+from powerd.agent.config import ConfigError
+from powerd.cli.options import (
+    broker_option,
+    cluster_option,
+    config_option,
+    log_level_option,
+    setup_logging,
+)
+
+
+@click.command("controller")
+@config_option("Controller config file (TOML). Without it: defaults (broker mqtt://localhost).")
+@click.option(
+    "--budgets",
+    "budgets_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Budget tree (TOML, docs/BUDGETS.md): site, rows, racks, nodes and their budgets.",
+)
+@broker_option()
+@cluster_option()
+@click.option("--name", help="This controller's name [default: short hostname].")
+@click.option("--cycle-s", type=float, help="Control period [default: 1].")
+@click.option(
+    "--record",
+    metavar="URL|FILE",
+    help="Record telemetry: influx+http://HOST:PORT?org=O&bucket=B, or a line-protocol file.",
+)
+@click.option(
+    "--no-record",
+    is_flag=True,
+    help="Record nothing (default: the configured recorder, else telemetry.lp in the state dir).",
+)
+@log_level_option()
+def command(
+    config_path: Path | None,
+    budgets_path: Path,
+    broker: str | None,
+    cluster: str | None,
+    name: str | None,
+    cycle_s: float | None,
+    record: str | None,
+    no_record: bool,
+    log_level: str,
+) -> None:
+    """Run the cluster controller.
+
+    Every cycle it sums the agents' telemetry up the budget tree (node, rack,
+    row, site), caps the GPUs of any tree node above its capping threshold
+    down to its target (low-priority jobs first, then the GPUs drawing most),
+    hands watts back gradually below the uncapping threshold within every
+    level's ramp limit, locks SM clocks during communication phases, and sends
+    each node a command only when its caps change. A silent or offline node
+    counts at its failsafe power.
+
+    It leads with an epoch one above the highest it finds in the retained
+    heartbeat, and steps down when it sees a newer one: a second controller
+    started with the same settings is a standby that takes over when the
+    leader goes silent.
+    """
+    from powerd.controller.app import run_controller
+    from powerd.controller.config import load_controller_config
+    from powerd.extras import MissingExtra
+    from powerd.topology import BudgetError
+
+    setup_logging(log_level)
+    try:
+        config = load_controller_config(config_path).with_overrides(
+            broker=broker, cluster=cluster, name=name, cycle_s=cycle_s
+        )
+        if record is not None and no_record:
+            raise ConfigError("give --record or --no-record, not both")
+        if record is not None:
+            is_url = "://" in record
+            config = config.with_overrides(
+                recorder=dataclasses.replace(
+                    config.recorder,
+                    enabled=True,
+                    url=record if is_url else None,
+                    file=None if is_url else record,
+                )
+            )
+        if no_record:
+            config = config.with_overrides(
+                recorder=dataclasses.replace(config.recorder, enabled=False)
+            )
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        asyncio.run(run_controller(config, budgets_path))
+    except (BudgetError, OSError, ValueError, MissingExtra) as exc:
+        raise click.ClickException(str(exc)) from None

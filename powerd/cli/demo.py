@@ -1,0 +1,107 @@
+"""``powerd demo``: the whole loop on this machine (powerd.demo; needs the 'demo' extra)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from powerd.cli.options import setup_logging
+
+
+@click.command("demo")
+@click.option(
+    "--duration",
+    "duration_s",
+    type=float,
+    default=40.0,
+    show_default=True,
+    help="Seconds the jobs run (setup and teardown add about 3 s). At least 20.",
+)
+@click.option(
+    "--summary-json",
+    "summary_json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the summary as JSON to this file.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("demo-power.png"),
+    show_default=True,
+    help="PNG of power against budget and limit over time (the temp dir if it cannot be written).",
+)
+@click.option(
+    "--budgets",
+    "budgets_path",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Another budgets file [default: powerd/data/budgets/demo.toml].",
+)
+@click.option(
+    "--live/--no-live", default=None, help="Live view [default: when the output is a terminal]."
+)
+@click.option(
+    "--record",
+    metavar="FILE|URL",
+    default=None,
+    help="Also record the controller's telemetry, as `powerd controller` does: a .lp file,"
+    " influx+http://HOST:8086?org=ORG&bucket=BUCKET (v2 API) or"
+    " influx1+http://HOST:8086?db=DB (InfluxDB 1.x); see grafana/README.md.",
+)
+def command(
+    duration_s: float,
+    summary_json: Path | None,
+    plot_path: Path,
+    budgets_path: Path | None,
+    live: bool | None,
+    record: str | None,
+) -> None:
+    """The whole loop on this machine, no servers: broker, controller, agents, jobs.
+
+    An embedded MQTT broker, the controller, and a node agent on simulated
+    GPUs for every node of the budgets file (2 rows x 4 racks x 8 nodes x 4
+    H100), running two synthetic synchronous LLM training jobs (high priority
+    on row1, low on row2) that announce start, compute, exposed communication,
+    a checkpoint and stop through powerd.jobhook. The budgets are tight: racks,
+    rows and the site must be capped. Prints a summary (seconds over budgets
+    and limits, peak site ramp, energy, throughput relative to uncapped),
+    writes a PNG, and exits 1 if any rack, row, node or the site drew more
+    than its limit.
+    """
+    from powerd.extras import MissingExtra, require
+
+    try:
+        require("demo", "powerd demo")
+        if record is not None and "://" in record:
+            require("recorder", "powerd demo --record URL")
+    except MissingExtra as exc:
+        raise click.ClickException(str(exc)) from None
+
+    from powerd.demo import MIN_DURATION_S, DemoOptions
+    from powerd.demo.console import demo_console, run_in_console
+    from powerd.demo.report import print_outcome, save_plot, write_summary_json
+    from powerd.topology import BudgetError
+
+    if not MIN_DURATION_S <= duration_s <= 3600:
+        raise click.BadParameter(
+            f"at least {MIN_DURATION_S:g} s (to see every phase) and at most 3600 s",
+            param_hint="--duration",
+        )
+    setup_logging("error")  # the demo shows what happens itself
+    console = demo_console()
+    options = DemoOptions(duration_s=duration_s, budgets=budgets_path, record=record)
+    try:
+        run = run_in_console(options, console, live)
+    except (BudgetError, ValueError, RuntimeError, OSError) as exc:
+        raise click.ClickException(f"the demo could not run: {exc}") from None
+    except KeyboardInterrupt:
+        console.print("interrupted: no summary")
+        sys.exit(130)
+    plot = save_plot(run.trace, plot_path)
+    if summary_json is not None:
+        write_summary_json(summary_json, run, options, plot)
+    print_outcome(console, run, plot, record)
+    if run.summary.limit_violated:
+        sys.exit(run.summary.exit_code)

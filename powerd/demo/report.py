@@ -1,0 +1,82 @@
+"""What a finished demo run leaves behind: the PNG, the JSON report, the printed outcome."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from powerd.demo.runner import DemoOptions, DemoRun
+from powerd.demo.summary import RunRecord
+from powerd.demo.view import print_summary
+
+
+def save_plot(trace: RunRecord, path: Path) -> Path:
+    """The PNG at ``path``, or under the same name in the temp dir if ``path`` cannot be
+    written; returns where it went."""
+    from powerd.demo.plot import plot_trace  # matplotlib: once the run is over
+
+    try:
+        return plot_trace(trace, path)
+    except OSError:
+        return plot_trace(trace, Path(tempfile.gettempdir()) / path.name)
+
+
+def summary_report(run: DemoRun, options: DemoOptions, plot: Path) -> dict[str, Any]:
+    """``--summary-json``: the summary, the run's timings and topology, where the PNG went
+    and, with ``--record``, the recorder's counters."""
+    top = run.topology
+    report = run.summary.to_dict() | {
+        "setup_s": run.setup_s,
+        "wall_s": run.wall_s,
+        "budgets": top.source,
+        "topology": {
+            "rows": len(top.rows),
+            "racks": len(top.racks),
+            "nodes": len(top.servers),
+            "gpus": top.n_gpus,
+        },
+        "agent_period_s": options.agent_period_s,
+        "cycle_s": options.cycle_s,
+        "sample_s": options.sample_s,
+    }
+    report["plot"] = str(plot.resolve())
+    if run.recorded is not None:
+        report["recorded"] = run.recorded
+    return report
+
+
+def write_summary_json(path: Path, run: DemoRun, options: DemoOptions, plot: Path) -> None:
+    report = summary_report(run, options, plot)
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+def print_outcome(console: Console, run: DemoRun, plot: Path, record: str | None) -> None:
+    """The summary table, what was recorded, and every limit violated (or ``ok``)."""
+    summary = run.summary
+    console.print()
+    print_summary(console, summary, str(plot.resolve()))
+    if run.recorded is not None:
+        r = run.recorded
+        console.print(
+            f"telemetry: {r['written']:,} points recorded to {record}"
+            + (
+                f", {r['dropped']:,} dropped ({r['write_errors']} write errors)"
+                if r["dropped"]
+                else ""
+            ),
+            highlight=False,
+        )
+    if summary.limit_violated:
+        for v in summary.limit_violations:
+            console.print(
+                f"[bold red]LIMIT VIOLATED[/]: {v['level']} {v['name']} drew up to "
+                f"{v['peak_w'] / 1e3:.1f} kW, above its {v['limit_w'] / 1e3:g} kW limit, "
+                f"for {v['seconds']:.1f} s (first at {v['first_at_s']:.1f} s)",
+                highlight=False,
+            )
+        return
+    console.print("[green]ok[/]: no rack, row, node or the site went over its limit")

@@ -1,0 +1,237 @@
+"""The whole-tree checks a budgets file must pass, each a named function over arrays.
+
+``run_all`` runs them in order; the first failure raises ``BudgetError`` naming
+the file, the tree node and the number at fault (the first offender in tree
+order). Vectorised: the 150 MW site (20,736 nodes) is checked in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from policies.tree import LEVEL_NAMES, RACK, ROW, SERVER, SITE, fold_up
+from powerd.gpu.models import GPU_MODELS, GpuModel
+from powerd.protocol import NAME_PATTERN
+from powerd.topology.model import BudgetError, per_node
+from powerd.topology.units import (
+    PLAUSIBLE_W,
+    RAMP_PLAUSIBLE_PER_S,
+    Written,
+    implausible,
+    unit_hint,
+)
+
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+class _SpecLike(Protocol):
+    """What the checks read of an entry: the numbers as the file wrote them."""
+
+    @property
+    def written(self) -> dict[str, Written]: ...
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A parsed budgets file before its checks: nodes numbered level by level."""
+
+    source: str
+    names: tuple[str, ...]
+    level: np.ndarray  # int8 (n_nodes,)
+    parent: np.ndarray  # int32 (n_nodes,)
+    level_start: tuple[int, ...]
+    node_w: dict[str, np.ndarray]  # limit, budget, overhead, ramp, thresholds (n_nodes,)
+    specs: list[_SpecLike]  # the entry each node came from (what it wrote)
+    server_gpus: np.ndarray  # int32 (n_servers,)
+    server_model: tuple[str, ...]
+    server_failsafe_cap_w: np.ndarray
+    server_failsafe_from: tuple[str, ...]  # where each server's failsafe cap was set
+    configured_models: tuple[str, ...]  # the [models.<key>] tables
+
+    def fail(self, node: int, problem: str) -> BudgetError:
+        return BudgetError(self.source, self.describe(node), problem)
+
+    def describe(self, node: int) -> str:
+        return f"{LEVEL_NAMES[int(self.level[node])]} {self.names[node]!r}"
+
+    def subtree_sum(self, per_server: np.ndarray, own: np.ndarray | None = None) -> np.ndarray:
+        return fold_up(self.parent, self.level, per_node(self.level_start, per_server, own))
+
+    @property
+    def server_cap_max_w(self) -> np.ndarray:
+        return np.array([GPU_MODELS[m].cap_max_w for m in self.server_model])
+
+
+def run_all(draft: Draft) -> None:
+    for check in CHECKS:
+        check(draft)
+
+
+def names_valid_and_unique(draft: Draft) -> None:
+    """Every name matches the protocol's name pattern and is unique across the file."""
+    names, level = draft.names, draft.level
+    for i, name in enumerate(names):
+        if not _NAME_RE.match(name):
+            raise draft.fail(i, f"invalid name: names must match {NAME_PATTERN} (1-64 characters)")
+    if len(set(names)) != len(names):
+        seen: dict[str, int] = {}
+        for i, name in enumerate(names):
+            if name in seen:
+                j = seen[name]
+                raise draft.fail(
+                    i,
+                    f"duplicate name: tree node #{i} has the same name as "
+                    f"{LEVEL_NAMES[level[j]]} #{j}; names must be unique across the file",
+                )
+            seen[name] = i
+
+
+def units_plausible(draft: Draft) -> None:
+    """Overheads, limits and budgets inside their level's plausible range; ramps against
+    the budget. Only numbers the file wrote (a node's default limit is derived)."""
+    level, col = draft.level, draft.node_w
+    n = len(level)
+    max_draw = draft.subtree_sum(draft.server_gpus * draft.server_cap_max_w, col["overhead"])
+    lo = np.array([PLAUSIBLE_W[lvl][0] for lvl in range(4)])[level]
+    hi = np.array([PLAUSIBLE_W[lvl][1] for lvl in range(4)])[level]
+    budget = col["budget"]
+    ramp_lo, ramp_hi = budget * RAMP_PLAUSIBLE_PER_S[0], budget * RAMP_PLAUSIBLE_PER_S[1]
+    for quantity, low, high, expect in (
+        ("overhead", np.zeros(n), hi, None),
+        ("limit", lo, hi, max_draw),
+        ("budget", lo, hi, max_draw),
+        ("ramp", ramp_lo, ramp_hi, budget / 30),
+    ):
+        v = col[quantity]
+        bad = np.isfinite(v) & ((v < low) | (v > high))
+        written = [i for i in np.flatnonzero(bad).tolist() if quantity in draft.specs[i].written]
+        for i in written[:1]:
+            what = f"a {LEVEL_NAMES[level[i]]}"
+            if quantity == "ramp":
+                what = f"budget_w = {budget[i]:g} W"
+            raise draft.fail(
+                i,
+                implausible(
+                    draft.specs[i].written[quantity],
+                    quantity,
+                    what,
+                    float(low[i]),
+                    float(high[i]),
+                    None if expect is None else float(expect[i]),
+                ),
+            )
+
+
+def failsafe_out_of_range(cap: float, model: GpuModel, origin: str = "") -> str | None:
+    """The problem with a failsafe cap outside its model's cap range (None if inside)."""
+    lo, hi = model.cap_min_w, model.cap_max_w
+    if lo <= cap <= hi:
+        return None
+    written = Written("failsafe_cap_w", cap, 1.0)
+    hint = unit_hint(written, {"failsafe_cap_w": 1.0}, lo, hi, model.cap_default_w)
+    return (
+        f"failsafe_cap_w = {cap:g} W{origin} is outside the {model.key}'s cap range "
+        f"[{lo:g}, {hi:g}] W{hint}"
+    )
+
+
+def failsafe_caps_in_model_range(draft: Draft) -> None:
+    """Every server's failsafe cap (own or inherited) inside its GPU model's cap range."""
+    failsafe = draft.server_failsafe_cap_w
+    cap_min = np.array([GPU_MODELS[m].cap_min_w for m in draft.server_model])
+    bad = (failsafe < cap_min) | (failsafe > draft.server_cap_max_w)
+    if bad.any():
+        k = int(np.argmax(bad))
+        origin = draft.server_failsafe_from[k]
+        problem = failsafe_out_of_range(
+            float(failsafe[k]),
+            GPU_MODELS[draft.server_model[k]],
+            f" (set by {origin})" if origin else "",
+        )
+        assert problem is not None
+        server = draft.level_start[SERVER] + k
+        raise BudgetError(draft.source, f"node {draft.names[server]!r}", problem)
+
+
+def budgets_within_limits(draft: Draft) -> None:
+    """No node is planned to draw more than its breaker allows."""
+    budget, limit = draft.node_w["budget"], draft.node_w["limit"]
+    bad = budget > limit
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise draft.fail(i, f"budget_w = {budget[i]:g} W is above its limit_w = {limit[i]:g} W")
+
+
+def thresholds_ordered(draft: Draft) -> None:
+    """0 < uncap_threshold < cap_target < cap_threshold ≤ 1 at every node."""
+    thr, tgt, unc = (draft.node_w[k] for k in ("cap_threshold", "cap_target", "uncap_threshold"))
+    bad = ~((unc < tgt) & (tgt < thr) & (thr <= 1.0))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise draft.fail(
+            i,
+            "thresholds out of order: need 0 < uncap_threshold < cap_target < "
+            f"cap_threshold ≤ 1, got uncap_threshold = {unc[i]:g}, cap_target = {tgt[i]:g}, "
+            f"cap_threshold = {thr[i]:g} (own or inherited)",
+        )
+
+
+def failsafe_holds(draft: Draft) -> None:
+    """The failsafe guarantee: with the controller lost and every GPU at its failsafe cap,
+    every node stays under its limit. Reported bottom-up: the server, rack, row or site
+    that fails first, with the cap that would hold."""
+    gpus, limit = draft.server_gpus, draft.node_w["limit"]
+    overhead_w = draft.node_w["overhead"]
+    fs_power = draft.subtree_sum(gpus * draft.server_failsafe_cap_w, overhead_w)
+    overhead = draft.subtree_sum(np.zeros(len(gpus)), overhead_w)
+    n_gpus = draft.subtree_sum(gpus.astype(float))
+    over = fs_power > limit * (1 + 1e-12)
+    level_start = draft.level_start
+    for lvl in (SERVER, RACK, ROW, SITE):
+        bad_lvl = np.flatnonzero(over[level_start[lvl] : level_start[lvl + 1]])
+        if len(bad_lvl):
+            i = level_start[lvl] + int(bad_lvl[0])
+            what = LEVEL_NAMES[lvl]
+            room = (limit[i] - overhead[i]) / n_gpus[i]
+            more = f"; {len(bad_lvl) - 1} more {what}s fail too" if len(bad_lvl) > 1 else ""
+            fix = (
+                f"lower failsafe_cap_w to ≤ {math.floor(room):g} W per GPU or raise limit_w"
+                if room > 0
+                else "its overheads alone exceed limit_w; raise limit_w"
+            )
+            raise draft.fail(
+                i,
+                f"failsafe power {fs_power[i]:g} W ({n_gpus[i]:g} GPUs at their failsafe caps "
+                f"+ {overhead[i]:g} W overhead) exceeds limit_w = {limit[i]:g} W: with the "
+                f"controller lost this {what} would not hold; {fix}{more}",
+            )
+
+
+def configured_models_used(draft: Draft) -> None:
+    """A [models.<key>] table for a model no node has would apply to nothing: a typo."""
+    used = sorted(set(draft.server_model))
+    dangling = [m for m in draft.configured_models if m not in used]
+    if dangling:
+        raise BudgetError(
+            draft.source,
+            f"[models.{dangling[0]}]",
+            f"no node uses GPU model {dangling[0]}; the settings would apply to nothing "
+            f"(models in use: {', '.join(used)})",
+        )
+
+
+CHECKS: tuple[Callable[[Draft], None], ...] = (
+    names_valid_and_unique,
+    units_plausible,
+    failsafe_caps_in_model_range,
+    budgets_within_limits,
+    thresholds_ordered,
+    failsafe_holds,
+    configured_models_used,
+)
