@@ -22,7 +22,7 @@ def command(simulate: str | None, as_json: bool) -> None:
     setup_logging("warning")
     try:
         rows = read_gpus(simulate)
-    except GpuError as exc:
+    except (GpuError, ValueError) as exc:  # ValueError: a --simulate spec that does not parse
         raise click.ClickException(str(exc)) from None
     if as_json:
         for line in json_lines(rows):
