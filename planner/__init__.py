@@ -1,1 +1,1 @@
-"""Offline sizing of power budgets and static caps from measured profiles (`powerplan`, issue 4)."""
+"""Offline sizing of power budgets and static caps from measured profiles (`powerplan`)."""

@@ -88,10 +88,10 @@ async def test_wrong_password_keeps_node_safe_and_secret_out_of_logs(secured, mo
     daemon = AgentDaemon(config, gpus)
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))
-    await daemon.wait_for(lambda: daemon.connect_failures >= 2, timeout_s=15)
+    await daemon.wait_for(lambda: daemon.session.failures >= 2, timeout_s=15)
     stop.set()
     await asyncio.wait_for(task, 10)
-    assert daemon.connections == 0
+    assert daemon.session.sessions == 0
     assert gpus[0].enforced_cap_w() == FAILSAFE_CAP_W
     assert "authoriz" in caplog.text.lower()  # the operator sees why
     assert AGENT_PASSWORD not in caplog.text
@@ -155,10 +155,10 @@ async def test_tls_refused_keeps_node_safe(tmp_path, certs, files):
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))
     try:
-        await daemon.wait_for(lambda: daemon.connect_failures >= 2, timeout_s=15)
+        await daemon.wait_for(lambda: daemon.session.failures >= 2, timeout_s=15)
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
         broker.stop()
-    assert daemon.connections == 0
+    assert daemon.session.sessions == 0
     assert gpus[0].enforced_cap_w() == FAILSAFE_CAP_W

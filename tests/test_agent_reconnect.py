@@ -29,7 +29,7 @@ async def test_broker_restart_is_survived(mosquitto):
         assert not daemon.connected.is_set()
         assert gpus[0].enforced_cap_w() == FAILSAFE_CAP_W
         mosquitto.start()
-        await daemon.wait_for(lambda: daemon.connections >= 2, timeout_s=15)
+        await daemon.wait_for(lambda: daemon.session.sessions >= 2, timeout_s=15)
         async with probe(mosquitto) as p:
             status = decode(Status, (await p.expect(TOPICS.status(NODE))).payload, NODE)
             fresh = telemetry((await p.expect(TOPICS.telemetry(NODE))).payload)

@@ -15,8 +15,9 @@ def test_the_table_lists_every_simulated_gpu() -> None:
     lines = result.output.splitlines()
     assert lines[0] == "NVIDIA H100 80GB HBM3"
     rows = [line.split() for line in lines[2:]]
-    assert [(row[0], row[4], row[5], row[6]) for row in rows] == [("0", "700", "200", "700")] + [
-        ("1", "700", "200", "700")
+    assert [(row[0], row[4], row[5], row[6]) for row in rows] == [
+        ("0", "700", "200", "700"),
+        ("1", "700", "200", "700"),
     ]
 
 

@@ -25,6 +25,7 @@ from powerd.agent.config import AgentConfig
 from powerd.agent.core import AgentCore
 from powerd.backoff import Backoff
 from powerd.gpu import Gpu
+from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.protocol import NodeState, Topics, encode
 from powerd.ratelimit import TokenBucket
 from powerd.systemd import SystemdNotifier
@@ -35,27 +36,6 @@ PUBLISH_TIMEOUT_S = 5.0
 # Acks for malformed commands: enough for a controller to see what is wrong,
 # too few for a flood of garbage to become a flood of acks.
 REJECTED_ACKS_PER_S = 5.0
-
-
-CANCEL_RETRY_S = 0.5
-
-
-async def _cancel_until_done(tasks: set[asyncio.Task]) -> None:
-    """Cancel ``tasks`` and wait for them, cancelling again every ``CANCEL_RETRY_S``.
-
-    Python 3.11's ``asyncio.wait_for`` (inside aiomqtt's publish and connect) loses a
-    cancel that arrives as its inner call completes; the task then runs on. Seen as
-    an agent that never finished stopping (once in a loaded CI run). Their loops also
-    stop on ``_stopping``, so a lost cancel costs at most one more pass.
-    """
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=CANCEL_RETRY_S)
-    for task in tasks:  # collect their outcomes (cancelled, or an error already logged)
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("agent task %s ended with %r", task.get_name(), task.exception())
 
 
 class AgentDaemon:
@@ -80,9 +60,7 @@ class AgentDaemon:
             wall=wall,
         )
         self.notifier = notifier or SystemdNotifier()
-        self.connected = asyncio.Event()  # set while a broker session is up
-        self.connections = 0  # successful connects so far
-        self.connect_failures = 0  # sessions that failed or broke
+        self.session = SessionStats()  # sessions up so far, failures, and whether one is up now
         self._sampled = asyncio.Condition()  # notified after every sample-loop pass
         self._client: aiomqtt.Client | None = None
         self._stopping = False
@@ -113,7 +91,7 @@ class AgentDaemon:
     async def _shutdown(self, tasks: set[asyncio.Task]) -> None:
         self._stopping = True
         sample = next(t for t in tasks if t.get_name() == "sample")
-        await _cancel_until_done({sample})
+        await cancel_until_done({sample}, log)
         self.core.stop(self.config.on_exit)
         client = self._client
         if client is not None:
@@ -127,7 +105,7 @@ class AgentDaemon:
                 )
             except (aiomqtt.MqttError, TimeoutError) as exc:
                 log.warning("could not publish offline status on exit: %s", exc)
-        await _cancel_until_done(tasks)
+        await cancel_until_done(tasks, log)
         log.info("agent stopped")
 
     # --- the sample loop ---------------------------------------------------
@@ -137,7 +115,7 @@ class AgentDaemon:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         topic = self.topics.telemetry(self.config.node)
-        while not self._stopping:  # the flag too: see _cancel_until_done
+        while not self._stopping:  # the flag too: see powerd.mqtt_session
             self.core.tick()
             telemetry = encode(self.core.telemetry())
             client = self._client
@@ -185,54 +163,55 @@ class AgentDaemon:
 
     # --- the connection loop -----------------------------------------------
 
+    @property
+    def connected(self) -> asyncio.Event:
+        """Set while a broker session is up."""
+        return self.session.up
+
     async def _connection_loop(self) -> None:
         broker = self.config.broker
-        node = self.config.node
-        # Python 3.11's asyncio.wait_for (used inside aiomqtt) can swallow a cancel: stop on
-        # the flag too, so a lost cancel cannot keep a stopping agent reconnecting.
-        while not self._stopping:
-            try:
-                will = aiomqtt.Will(
-                    topic=self.topics.status(node),
-                    payload=encode(self.core.status("offline")),
-                    qos=1,
-                    retain=True,
-                )
-                async with aiomqtt.Client(
-                    **broker.client_kwargs(),
-                    identifier=f"powerd-agent-{self.config.cluster}-{node}",
-                    will=will,
-                    clean_session=True,
-                    timeout=PUBLISH_TIMEOUT_S,
-                ) as client:
-                    await self._session(client)
-            except aiomqtt.MqttError as exc:
-                self.connect_failures += 1
-                log.warning("broker %s: %s", broker.display, exc)
-            except (ValueError, OSError) as exc:  # unreadable password or TLS files
-                self.connect_failures += 1
-                log.error("broker %s: %s", broker.display, exc)
-            finally:
-                self._client = None
-                self.connected.clear()
-                self._published_state = None
-            if self._stopping:
-                return
-            delay_s = self._backoff.next_delay_s()
-            log.info("reconnecting to %s in %.1f s", broker.display, delay_s)
-            await asyncio.sleep(delay_s)
+        await keep_connected(
+            self._connect_and_serve,
+            what=f"broker {broker.display}",
+            backoff=self._backoff,
+            stopping=lambda: self._stopping,
+            log=log,
+            expected=(aiomqtt.MqttError,),
+            misconfigured=(ValueError, OSError),  # unreadable password or TLS files
+            on_down=self._on_down,
+            stats=self.session,
+        )
 
-    async def _session(self, client: aiomqtt.Client) -> None:
+    def _on_down(self) -> None:
+        self._client = None
+        self._published_state = None
+
+    async def _connect_and_serve(self, connected: Callable[[], None]) -> None:
+        node = self.config.node
+        will = aiomqtt.Will(
+            topic=self.topics.status(node),
+            payload=encode(self.core.status("offline")),
+            qos=1,
+            retain=True,
+        )
+        async with aiomqtt.Client(
+            **self.config.broker.client_kwargs(),
+            identifier=f"powerd-agent-{self.config.cluster}-{node}",
+            will=will,
+            clean_session=True,
+            timeout=PUBLISH_TIMEOUT_S,
+        ) as client:
+            await self._session(client, connected)
+
+    async def _session(self, client: aiomqtt.Client, connected: Callable[[], None]) -> None:
         node = self.config.node
         if self.config.mode == "controlled":
             await client.subscribe(self.topics.command(node), qos=1)
             await client.subscribe(self.topics.heartbeat, qos=1)
         self._client = client
-        self.connections += 1
-        self._backoff.reset()
         log.info("connected to %s as node %s", self.config.broker.display, node)
         await self._publish_status_if_changed(force=True)
-        self.connected.set()
+        connected()
         command_topic = self.topics.command(node)
         async for message in client.messages:
             payload = message.payload

@@ -36,6 +36,7 @@ from powerd.controller.inbox import TelemetryInbox
 from powerd.controller.leadership import Leadership
 from powerd.controller.records import Records
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
+from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.mqtt_stream import MqttStream, StreamError
 from powerd.protocol import Heartbeat, ProtocolError, Topics, decode, encode
 from powerd.ratelimit import LogOncePer
@@ -92,8 +93,8 @@ class ControllerService:
         self.cycles: list[CycleResult] = []  # the last few
         # called with every cycle's result as soon as it is decided (the demo's trace, tests)
         self.cycle_listeners: list[Callable[[CycleResult], None]] = []
-        self.connected = asyncio.Event()  # the control connection
-        self.telemetry_up = asyncio.Event()
+        self.control_stats = SessionStats()  # the control connection's sessions; .up while up
+        self.telemetry_stats = SessionStats()  # likewise the telemetry connection's
         self.leading = asyncio.Event()
         self._monotonic = monotonic
         self._wall = wall
@@ -119,14 +120,10 @@ class ControllerService:
         finally:
             self.notifier.stopping()
             self._stopping = True
-            stopper.cancel()
-            watchdog.cancel()
-            ingest.cancel()
+            await cancel_until_done({stopper, watchdog, ingest}, log)
             await self._step_down_on_exit()
-            connection.cancel()
-            telemetry.cancel()
             self.telemetry.close()  # ends its read even if the cancel is lost
-            await asyncio.gather(connection, telemetry, ingest, return_exceptions=True)
+            await cancel_until_done({connection, telemetry}, log)
             self.control.close()
             if self.recorder is not None:  # flushes what is buffered, for at most 5 s
                 await asyncio.to_thread(self.recorder.close, 5.0)
@@ -146,46 +143,64 @@ class ControllerService:
     # --- connections -------------------------------------------------------------
 
     async def _connection_loop(self) -> None:
-        backoff = Backoff(self.config.broker.reconnect_min_s, self.config.broker.reconnect_max_s)
-        while not self._stopping:
-            try:
-                await self.control.connect()
-                backoff.reset()
-                await self._session(self.control)
-            except (LinkError, *LINK_ERRORS) as exc:
-                log.warning("broker %s: %s", self.config.broker.display, exc)
-            finally:
-                self.control.close()
-                self.connected.clear()
-                if self.leadership.leading:
-                    log.warning("lost the broker: no longer leading until reconnected")
-                    self.leadership.leading = False
-                    self.leading.clear()
-            await asyncio.sleep(backoff.next_delay_s())
+        await keep_connected(
+            self._control_session,
+            what=f"broker {self.config.broker.display}",
+            backoff=self._backoff(),
+            stopping=lambda: self._stopping,
+            log=log,
+            expected=(LinkError, *LINK_ERRORS),
+            on_down=self._control_down,
+            stats=self.control_stats,
+        )
+
+    async def _control_session(self, connected: Callable[[], None]) -> None:
+        await self.control.connect()
+        connected()
+        await self._session(self.control)
+
+    def _control_down(self) -> None:
+        self.control.close()
+        if self.leadership.leading:
+            log.warning("lost the broker: no longer leading until reconnected")
+            self.leadership.leading = False
+            self.leading.clear()
 
     async def _telemetry_loop(self) -> None:
-        stream = self.telemetry
-        backoff = Backoff(self.config.broker.reconnect_min_s, self.config.broker.reconnect_max_s)
-        while not self._stopping:
-            try:
-                await stream.connect()
-                backoff.reset()
-                self.telemetry_up.set()
-                log.info("telemetry connection up: %s", self.topics.all_telemetry)
-                why = await stream.run()
-                log.warning("telemetry connection lost (%s): nodes look stale after %g s",
-                            why, self.config.stale_after_s)  # fmt: skip
-            except (StreamError, *LINK_ERRORS) as exc:
-                log.warning("telemetry connection to %s: %s", self.config.broker.display, exc)
-            except Exception:  # a bug here must not end telemetry for good, silently
-                log.exception("telemetry connection failed; reconnecting")
-            finally:
-                self.telemetry_up.clear()
-                stream.close()
-            await asyncio.sleep(backoff.next_delay_s())
+        await keep_connected(
+            self._telemetry_session,
+            what=f"telemetry connection to {self.config.broker.display}",
+            backoff=self._backoff(),
+            stopping=lambda: self._stopping,
+            log=log,
+            expected=(StreamError, *LINK_ERRORS),
+            bugs_reconnect=True,  # a bug here must not end telemetry for good, silently
+            on_down=self.telemetry.close,
+            stats=self.telemetry_stats,
+        )
+
+    async def _telemetry_session(self, connected: Callable[[], None]) -> None:
+        await self.telemetry.connect()
+        connected()
+        log.info("telemetry connection up: %s", self.topics.all_telemetry)
+        why = await self.telemetry.run()
+        log.warning("telemetry connection lost (%s): nodes look stale after %g s",
+                    why, self.config.stale_after_s)  # fmt: skip
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self.config.broker.reconnect_min_s, self.config.broker.reconnect_max_s)
+
+    @property
+    def connected(self) -> asyncio.Event:
+        """Set while the control connection is up."""
+        return self.control_stats.up
+
+    @property
+    def telemetry_up(self) -> asyncio.Event:
+        """Set while the telemetry connection is up."""
+        return self.telemetry_stats.up
 
     async def _session(self, link: MqttLink) -> None:
-        self.connected.set()
         log.info("connected to %s as %s", self.config.broker.display, self.config.name)
         # learn the current epoch from the retained heartbeat, if there is one
         with contextlib.suppress(TimeoutError):
