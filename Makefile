@@ -1,6 +1,6 @@
 # powerd: `make demo` runs the whole loop on this machine; `make test` runs ruff, mypy and
 # every test (and installs the core alone at its minimum pins in a throwaway venv:
-# tests/lean_install.py).
+# tests/support/lean_install.py).
 # Both create the virtual environment; `make test` also installs the Debian
 # services the tests start (mosquitto, systemd-analyze) when they are missing.
 
@@ -20,7 +20,7 @@ test: deps venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python tests/lean_install.py
+	$(BIN)/python tests/support/lean_install.py
 	$(BIN)/pytest -q
 
 lint: venv

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.common import cpu_s, machine, mem_mb, report
-from tests.brokers import Mosquitto, MqttProbe
+from tests.support.brokers import Mosquitto, MqttProbe
 
 GPUS = "8xH100"
 

@@ -1,7 +1,7 @@
 """Policy cost: one ``policies.decide()`` over a GB200-class site, realistic and worst cases.
 
 The default site is Meta's (docs/DOMAIN.md): 16 rows × 72 racks × 18 servers × 4
-GPUs = 82,944 GPUs, 200-1200 W caps, budgets from ``tests.policy_trees.gb200_site``
+GPUs = 82,944 GPUs, 200-1200 W caps, budgets from ``tests.support.policy_trees.gb200_site``
 (racks planned at 960 W per GPU, rows and site at 95 % of their racks).
 Three states, each timed over ``--runs`` calls after a warm-up:
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from bench.common import machine, report
 from policies import PHASE_CODES, ClusterState, PolicySettings, Tree, decide
-from tests.policy_trees import gb200_site
+from tests.support.policy_trees import gb200_site
 
 
 def realistic(tree: Tree, rng: np.random.Generator) -> ClusterState:

@@ -46,7 +46,7 @@ from bench.common import cpu_s, machine, mem_mb, report
 from powerd.fleet.app import fleet_argv
 from powerd.fleet.sites import NODES_PER_RACK, RACKS_PER_ROW, SITE_FILE, cut_site
 from powerd.telemetry_schema import parse_line
-from tests.brokers import Mosquitto
+from tests.support.brokers import Mosquitto
 
 NODES_PER_ROW = RACKS_PER_ROW * NODES_PER_RACK
 CLUSTER = "scale"

@@ -75,7 +75,7 @@ class _Payload(Struct, forbid_unknown_fields=False, omit_defaults=True):
 
     Decoding needs no check of its own: msgspec's JSON decoder has no NaN or
     Infinity tokens and refuses numbers that overflow a float ("Number out of
-    range"; pinned by ``tests/test_protocol_payloads.py``). This check is for
+    range"; pinned by ``tests/protocol/test_protocol_payloads.py``). This check is for
     messages built in code; ``encode`` checks again, since structs are mutable.
     msgspec calls ``__post_init__`` when decoding too, where ``decode`` turns
     it off (``_decoding``): telemetry decoding is the controller's hottest path

@@ -482,7 +482,7 @@ def telemetry_lines(
     out here: tags escaped once per GPU (cached), fields in one f-string. Any
     GPU the fast path does not cover (a non-finite or non-float number, a
     struct built in code) goes through ``gpu_line``; both give the same line
-    (``tests/test_telemetry_schema.py``).
+    (``tests/recorder/test_telemetry_schema.py``).
     """
     lines = []
     ns = to_ns(telemetry.ts)

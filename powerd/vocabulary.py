@@ -4,7 +4,7 @@ Imports nothing of powerd (and nothing but the standard library), so anything
 may import it: the wire protocol's types (``powerd.protocol``), the policies'
 codes (``policies.tree``), the telemetry schema's tag values
 (``powerd.telemetry_schema``), the job hook, the simulators.
-``tests/test_vocabulary.py`` checks that each of them uses these and no
+``tests/protocol/test_vocabulary.py`` checks that each of them uses these and no
 copy of its own.
 """
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from powerd.agent.config import ConfigError
 from powerd.cli.options import (
     broker_option,
     cluster_option,
@@ -16,6 +15,7 @@ from powerd.cli.options import (
     log_level_option,
     setup_logging,
 )
+from powerd.configfile import ConfigError
 
 
 @click.command("controller")

@@ -6,7 +6,7 @@ where ``pynvml.NVMLError`` is translated into the exception types of
 ``powerd.gpu.errors``; no raw ``NVMLError`` leaves this module.
 
 The ``nvml`` module is passed in rather than imported at each call so that the
-tests can inject a fake (``tests/fakes/fake_pynvml.py``). Constants and the
+tests can inject a fake (``tests/support/fakes/fake_pynvml.py``). Constants and the
 ``NVMLError`` class always come from the real ``pynvml``, which imports
 without a driver (the shared library is loaded by ``nvmlInit``).
 

@@ -36,7 +36,7 @@ from powerd.gpu.base import ClockRange, Gpu, PowerLimitRange, PowerReading
 from powerd.gpu.errors import GpuError, GpuLostError, GpuValueError
 from powerd.gpu.models import GPU_MODELS, GpuModel, gpu_model
 from powerd.gpu.workload_model import Device, OperatingPoint, WorkloadCurve, operating_point
-from powerd.protocol import PHASES
+from powerd.vocabulary import PHASES
 
 CURVES_RESOURCE = "data/workload_curves.json"
 MAX_GPUS = 64

@@ -42,7 +42,7 @@ exactly the cap; ``s`` in (1) and (3) is then the effective speed::
 The non-scaling part draws ``min(p_wait, c)`` and is not slowed (a
 simplification: it only matters for caps far below those of the GPUs the
 curves come from). So the power never exceeds a cap at or above idle power,
-unlike a real A40 at its 100 W floor (see ``tests/test_simulated_calibration.py``).
+unlike a real A40 at its 100 W floor (see ``tests/gpu/test_simulated_calibration.py``).
 
 Workload phases that use the GPU less than full training (evaluation,
 communication, checkpoints) are modelled by a ``load`` in [0, 1] that blends

@@ -1,0 +1,1 @@
+"""The node agent (powerd/agent): the daemon against a real broker, its core with a fake clock, its config."""

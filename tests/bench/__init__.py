@@ -1,0 +1,1 @@
+"""Every benchmark of bench/ runs and reports what it measures."""

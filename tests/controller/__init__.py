@@ -1,0 +1,1 @@
+"""The cluster controller (powerd/controller): its pure parts with a fake clock, and real clusters."""

@@ -1,0 +1,334 @@
+"""ControllerCore's commands: what is sent, when, and what the acks do to it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from msgspec import UNSET
+
+from powerd.controller.core import CAP_TOLERANCE_W
+from powerd.protocol import Command, decode, encode
+from tests.controller.test_controller_core import (
+    CAP_MAX_W,
+    COMM_CLOCK_MHZ,
+    K1_TARGET_W,
+    NODES,
+    WALL0,
+    Bench,
+    ack_payload,
+    make_bench,
+)
+
+
+@pytest.fixture
+def bench() -> Bench:
+    return make_bench(ack_timeout_s=3.0, command_ttl_s=30.0)
+
+
+def caps_of(command: Command) -> list[float]:
+    return [g.cap_w for g in command.gpus]  # type: ignore[misc]
+
+
+# --- what is commanded -------------------------------------------------------------
+
+
+def test_rack_over_budget_gets_lower_caps_the_others_their_maximum(bench: Bench) -> None:
+    bench.report_all(650.0)
+    result = bench.cycle()
+    commands = dict(result.commands)
+    assert sorted(commands) == sorted(NODES)  # a new controller commands every node once
+    # rack k1: 4 x 650 W + 100 W is over 1470 W; it comes down to its 1425 W target
+    k1_caps = caps_of(commands["k1-n1"]) + caps_of(commands["k1-n2"])
+    assert k1_caps == pytest.approx([(K1_TARGET_W - 100.0) / 4] * 4)
+    assert max(k1_caps) < 650.0
+    for node in ("k2-n1", "k2-n2", "k3-n1"):
+        assert caps_of(commands[node]) == [CAP_MAX_W, CAP_MAX_W]
+    assert result.counters.commands_sent == len(NODES)
+    assert result.decision.node_capping[bench.topology.node_index("k1")]
+
+
+def test_command_fields_follow_the_protocol(bench: Bench) -> None:
+    bench.core.new_epoch(7)
+    bench.report_all(650.0)
+    result = bench.cycle()
+    seqs = [c.seq for _, c in result.commands]
+    assert seqs == list(range(1, len(NODES) + 1))  # one seq per command, from 1 in an epoch
+    for _, command in result.commands:
+        assert command.epoch == 7
+        assert command.ttl_s == 30.0
+        assert command.ts == WALL0 + bench.clock.t
+        assert [g.index for g in command.gpus] == [0, 1]  # the node's own (NVML) indices
+        assert decode(Command, encode(command)) == command  # valid on the wire
+
+
+def test_no_command_when_nothing_changed(bench: Bench) -> None:
+    bench.report_all(650.0)
+    bench.apply(bench.cycle())
+    for _ in range(10):
+        bench.clock.advance(1.0)
+        bench.report_all(650.0)
+        result = bench.cycle()
+        assert result.commands == []
+        assert result.counters.commands_sent == 0
+        assert bench.core.pending == {}
+
+
+def test_a_change_within_the_tolerance_sends_nothing_beyond_it_sends(bench: Bench) -> None:
+    bench.report_all(650.0)
+    commands = bench.apply(bench.cycle())
+    cap = caps_of(commands["k1-n1"])[0]  # rack k1 capped: well inside the GPU's range
+    bench.core.commanded_cap_w[0] = cap - 0.9 * CAP_TOLERANCE_W
+    bench.report_all(650.0)
+    assert bench.cycle(advance_s=1.0).commands == []
+    bench.core.commanded_cap_w[0] = cap - 1.5 * CAP_TOLERANCE_W
+    bench.report_all(650.0)
+    result = bench.cycle(advance_s=1.0)
+    assert [n for n, _ in result.commands] == ["k1-n1"]
+    assert caps_of(result.commands[0][1]) == [cap, cap]  # the whole node
+
+
+def test_the_last_fraction_of_a_watt_back_to_the_maximum_is_sent(bench: Bench) -> None:
+    """Else the GPU would stay a fraction of a watt under cap_max: "capped" for ever."""
+    bench.report_all(300.0)
+    bench.apply(bench.cycle())
+    gpus = bench.gpus("k2-n1")
+    bench.core.commanded_cap_w[gpus.start] = CAP_MAX_W - 0.3
+    bench.report_all(300.0)
+    result = bench.cycle(advance_s=1.0)
+    assert [n for n, _ in result.commands] == ["k2-n1"]
+    assert caps_of(result.commands[0][1]) == [CAP_MAX_W, CAP_MAX_W]
+
+
+def test_only_the_node_whose_caps_change_is_commanded(bench: Bench) -> None:
+    bench.report_all(300.0)
+    bench.apply(bench.cycle())
+    bench.clock.advance(1.0)
+    bench.report_all({"k1-n1": 650.0, "k1-n2": 300.0})  # k1: 1300 + 600 + 100 > 1470 W
+    result = bench.cycle()
+    assert [n for n, _ in result.commands] == ["k1-n1"]  # the GPUs drawing most give first
+    assert all(c < 650.0 for c in caps_of(result.commands[0][1]))
+
+
+def test_commanded_caps_are_remembered_not_read_back(bench: Bench) -> None:
+    """Telemetry still showing the old cap does not trigger a command of the same cap again."""
+    bench.report_all(650.0)
+    bench.apply(bench.cycle())
+    bench.caps.clear()  # the agents have not applied anything yet: telemetry says 700 W
+    bench.report_all(650.0)
+    assert bench.cycle(advance_s=1.0).commands == []
+
+
+# --- acks and resends ---------------------------------------------------------------
+
+
+def test_resend_after_the_ack_timeout_with_counters(bench: Bench) -> None:
+    bench.report_all(650.0)
+    first = bench.apply(bench.cycle(), ack=False)
+    for _ in range(3):  # 3 s: not yet overdue (ack_timeout_s is 3)
+        bench.clock.advance(1.0)
+        bench.report_all(650.0)
+        result = bench.cycle()
+        assert result.commands == [] and result.counters.resends == 0
+    bench.clock.advance(0.5)
+    bench.report_all(650.0)
+    result = bench.cycle()
+    c = result.counters
+    assert (c.resends, c.acks_missing, c.commands_sent) == (len(NODES),) * 3
+    for node, command in result.commands:
+        assert caps_of(command) == caps_of(first[node])  # the same caps again ...
+        assert command.seq > first[node].seq  # ... under a new seq
+        # a resend says everything, the clock too (null: no lock)
+        assert all(g.max_sm_clock_mhz is None for g in command.gpus)
+    assert {bench.core.tree.server_names[s]: seq for s, (seq, _) in bench.core.pending.items()} == {
+        n: c.seq for n, c in result.commands
+    }
+
+
+def test_ack_clears_the_pending_command_and_is_counted(bench: Bench) -> None:
+    bench.report_all(650.0)
+    bench.apply(bench.cycle())  # every command acked
+    result = bench.cycle(advance_s=10.0 - 5.0)
+    assert result.counters.acks_received == len(NODES)
+    assert result.counters.acks_missing == 0
+    assert bench.core.pending == {}
+    bench.report_all(650.0)
+    assert bench.cycle(advance_s=10.0).commands == []  # nothing to resend
+
+
+def test_ack_from_an_old_epoch_is_ignored(bench: Bench) -> None:
+    bench.core.new_epoch(5)
+    bench.report_all(650.0)
+    commands = bench.apply(bench.cycle(), ack=False)
+    bench.core.on_ack("k1-n1", ack_payload("k1-n1", commands["k1-n1"], epoch=4, cap_w={0: 222.0}))
+    assert 0 in bench.core.pending  # still waiting
+    assert bench.core.cap_w[0] == CAP_MAX_W  # its read-back values were not taken
+    result = bench.cycle(advance_s=1.0)
+    assert result.counters.acks_received == 0
+    bench.report_all(650.0)
+    assert "k1-n1" in dict(bench.cycle(advance_s=3.0).commands)  # resent
+
+
+def test_ack_of_an_older_seq_is_ignored(bench: Bench) -> None:
+    bench.report_all(650.0)
+    old = bench.apply(bench.cycle(), ack=False)
+    bench.report_all(650.0)
+    new = bench.apply(bench.cycle(advance_s=4.0), ack=False)  # resent, new seqs
+    assert new["k2-n1"].seq > old["k2-n1"].seq
+    bench.core.on_ack("k2-n1", ack_payload("k2-n1", old["k2-n1"]))
+    assert bench.core.pending[2][0] == new["k2-n1"].seq
+    bench.core.on_ack("k2-n1", ack_payload("k2-n1", new["k2-n1"]))
+    assert 2 not in bench.core.pending
+    assert bench.cycle(advance_s=1.0).counters.acks_received == 1
+
+
+def test_ack_naming_another_node_is_rejected(bench: Bench) -> None:
+    bench.report_all(650.0)
+    commands = bench.apply(bench.cycle(), ack=False)
+    bench.core.on_ack("k1-n1", ack_payload("k1-n2", commands["k1-n2"]))
+    assert 0 in bench.core.pending and 1 in bench.core.pending
+    assert bench.core.rejected_total == 1
+
+
+def test_rejected_ack_means_command_again_next_cycle(bench: Bench) -> None:
+    bench.report_all(650.0)
+    commands = bench.apply(bench.cycle(), ack=False)
+    for node in NODES:
+        if node != "k3-n1":
+            bench.core.on_ack(node, ack_payload(node, commands[node]))
+    bench.core.on_ack(
+        "k3-n1", ack_payload("k3-n1", commands["k3-n1"], "rejected", errors=["no live controller"])
+    )
+    bench.report_all(650.0)
+    result = bench.cycle(advance_s=1.0)  # well before the ack timeout
+    assert [n for n, _ in result.commands] == ["k3-n1"]
+    assert result.counters.resends == 0 and result.counters.acks_received == len(NODES)
+    assert caps_of(result.commands[0][1]) == caps_of(commands["k3-n1"])
+
+
+def test_partial_ack_takes_the_read_back_caps_and_is_not_resent(bench: Bench) -> None:
+    bench.report_all(650.0)
+    commands = bench.apply(bench.cycle(), ack=False)
+    for node in NODES:
+        bench.core.on_ack(node, ack_payload(node, commands[node]))
+    gpus = bench.gpus("k2-n2")
+    bench.core.on_ack(  # a second ack for the same command: not pending any more, ignored
+        "k2-n2", ack_payload("k2-n2", commands["k2-n2"], cap_w={1: 555.0})
+    )
+    assert bench.core.cap_w[gpus.start + 1] == CAP_MAX_W
+    bench.report_all(650.0)
+    bench.core.commanded_cap_w[gpus.start : gpus.stop] = 600.0  # make k2-n2 commanded again
+    command = dict(bench.cycle(advance_s=1.0).commands)["k2-n2"]
+    bench.core.on_ack(
+        "k2-n2", ack_payload("k2-n2", command, "partial", cap_w={1: 555.0}, errors=["gpu 1: lost"])
+    )
+    assert list(bench.core.cap_w[gpus.start : gpus.stop]) == [CAP_MAX_W, 555.0]
+    assert bench.core.pending == {}
+    bench.caps["k2-n2"] = [CAP_MAX_W, 555.0]  # what its telemetry shows from now on
+    acks = 0
+    for _ in range(5):  # long past the ack timeout
+        bench.report_all(650.0)
+        result = bench.cycle(advance_s=1.0)
+        acks += result.counters.acks_received
+        assert result.counters.resends == result.counters.acks_missing == 0
+        # the decision starts from what the GPU holds (node k2-n2 is between its bands)
+        assert result.decision.cap_w[gpus.start + 1] == 555.0
+        bench.apply(result)
+    assert acks >= 1
+
+
+def test_acked_caps_are_the_new_read_back(bench: Bench) -> None:
+    bench.report_all(650.0)
+    commands = bench.apply(bench.cycle(), ack=False)
+    bench.core.on_ack("k1-n1", ack_payload("k1-n1", commands["k1-n1"], cap_w={0: 250.0}))
+    assert list(bench.core.cap_w[0:2]) == [250.0, caps_of(commands["k1-n1"])[1]]
+
+
+# --- epochs ---------------------------------------------------------------------------
+
+
+def test_new_epoch_commands_every_node_afresh(bench: Bench) -> None:
+    bench.core.new_epoch(3)
+    bench.report_all(650.0)
+    first = bench.apply(bench.cycle(), ack=False)
+    bench.core.new_epoch(4)
+    assert bench.core.pending == {}
+    bench.report_all(650.0)
+    result = bench.cycle(advance_s=1.0)
+    assert sorted(dict(result.commands)) == sorted(NODES)
+    assert [c.seq for _, c in result.commands] == list(range(1, len(NODES) + 1))
+    assert all(c.epoch == 4 for _, c in result.commands)
+    assert result.counters.resends == 0
+    for node, command in result.commands:
+        assert caps_of(command) == caps_of(first[node])
+    # an ack of the old epoch's command is not an ack of the new one
+    bench.core.on_ack("k1-n1", ack_payload("k1-n1", first["k1-n1"]))
+    assert 0 in bench.core.pending
+
+
+def test_first_command_of_an_epoch_removes_an_old_clock_lock(bench: Bench) -> None:
+    """A lock left by an earlier leader is removed: the clock is said (null), not left out."""
+    bench.core.new_epoch(2)
+    bench.report_all(650.0, clock_mhz=1100)  # still locked by the previous leader
+    result = bench.cycle()
+    for _, command in result.commands:
+        assert all(g.max_sm_clock_mhz is None for g in command.gpus)
+        assert b'"max_sm_clock_mhz":null' in encode(command)
+    bench.apply(result)
+    bench.report_all(650.0)
+    bench.core.commanded_cap_w[0] = 500.0  # a cap change alone says nothing about clocks
+    (node, command), *rest = bench.cycle(advance_s=1.0).commands
+    assert node == "k1-n1" and not rest
+    assert all(g.max_sm_clock_mhz is UNSET for g in command.gpus)
+
+
+def test_communication_phase_locks_clocks_and_compute_unlocks_them(bench: Bench) -> None:
+    bench.report_all(300.0)
+    bench.phase("j", "startup", ["k2-n1", "k2-n2"])
+    bench.phase("j", "compute")
+    bench.apply(bench.cycle())
+    bench.phase("j", "communication")
+    bench.report_all(300.0)
+    commands = bench.apply(bench.cycle(advance_s=1.0))
+    assert sorted(commands) == ["k2-n1", "k2-n2"]
+    for command in commands.values():
+        assert [g.max_sm_clock_mhz for g in command.gpus] == [COMM_CLOCK_MHZ] * 2
+    bench.report_all(300.0)
+    assert bench.cycle(advance_s=1.0).commands == []  # locked already: nothing new
+    bench.phase("j", "compute")
+    bench.report_all(300.0)
+    commands = bench.apply(bench.cycle(advance_s=1.0))
+    assert sorted(commands) == ["k2-n1", "k2-n2"]
+    for command in commands.values():
+        assert [g.max_sm_clock_mhz for g in command.gpus] == [None, None]  # unlock, explicitly
+
+
+def test_uncapping_is_gradual_one_command_per_step(bench: Bench) -> None:
+    bench.report_all(650.0)
+    bench.apply(bench.cycle())
+    caps = []
+    for _ in range(40):  # the load goes away: caps climb back, a step per cycle
+        bench.clock.advance(1.0)
+        bench.report_all(100.0)
+        commands = bench.apply(bench.cycle())
+        if "k1-n1" in commands:
+            caps.append(caps_of(commands["k1-n1"])[0])
+    assert caps == sorted(caps) and len(caps) > 3
+    # back up to where the 4 GPUs' caps fill rack k1's 2,600 W limit (100 W overhead):
+    # uncapping never lifts a node's cap sum above its limit
+    assert caps[-1] == pytest.approx(min(CAP_MAX_W, (2600.0 - 100.0) / 4))
+    assert np.all(np.diff(caps[:-1]) > CAP_TOLERANCE_W)  # each step worth a command
+
+
+def test_a_command_replacing_an_unacknowledged_one_is_counted_as_superseded(bench: Bench) -> None:
+    bench.report_all(650.0)
+    first = bench.apply(bench.cycle(), ack=False)
+    gpus = bench.gpus("k2-n2")
+    bench.core.commanded_cap_w[gpus.start : gpus.stop] = 600.0  # its caps must change again
+    bench.report_all(650.0)
+    result = bench.cycle(advance_s=0.5)  # well before the ack timeout
+    assert "k2-n2" in dict(result.commands)
+    assert result.counters.superseded == 1 and result.counters.resends == 0
+    # the first command's late ack is ignored: the newer one is what is pending
+    bench.core.on_ack("k2-n2", ack_payload("k2-n2", first["k2-n2"]))
+    server = list(bench.core.tree.server_names).index("k2-n2")
+    assert bench.core.pending[server][0] == dict(result.commands)["k2-n2"].seq

@@ -1,0 +1,309 @@
+"""Records: the controller's line-protocol points, read back with telemetry_schema.parse_line."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from policies.tree import RACK, ROW, SITE
+from powerd.controller.records import Records, by_level_name
+from powerd.protocol import PhaseEvent, decode
+from powerd.telemetry_schema import DECISION, GPU, PHASE_EVENT, TREE, ParsedLine, parse_line, to_ns
+from tests.controller.test_controller_core import (
+    CAP_MAX_W,
+    NODES,
+    WALL0,
+    Bench,
+    make_bench,
+    phase_payload,
+)
+
+TS = WALL0 + 123.25
+
+
+@pytest.fixture
+def bench() -> Bench:
+    return make_bench()
+
+
+@pytest.fixture
+def records(bench: Bench) -> Records:
+    return Records("prod", bench.topology, "ctl-a")
+
+
+def parsed(lines: list[str]) -> list[ParsedLine]:
+    out = [parse_line(line) for line in lines]
+    for p in out:  # every field has the schema's type
+        schema = {m.name: m for m in (GPU, TREE, DECISION, PHASE_EVENT)}[p.measurement]
+        assert set(p.tags) <= set(schema.tag_names), p
+        for name, value in p.fields.items():
+            kind = schema.field_type(name)
+            assert isinstance(value, float if kind == "float" else int), (name, value)
+    return out
+
+
+# --- one cycle ---------------------------------------------------------------------
+
+
+def test_cycle_writes_a_tree_point_per_tree_node_and_one_decision(
+    bench: Bench, records: Records
+) -> None:
+    bench.report_all(650.0)
+    result = bench.cycle()
+    points = parsed(records.cycle(bench.core, result, TS))
+    trees = [p for p in points if p.measurement == "tree"]
+    decisions = [p for p in points if p.measurement == "decision"]
+    assert [p.tags["name"] for p in trees] == list(bench.topology.names)
+    assert len(decisions) == 1 and len(points) == bench.topology.n_nodes + 1
+    assert all(p.ts_ns == to_ns(TS) for p in points)
+    assert all(p.tags["cluster"] == "prod" for p in points)
+
+
+def test_tree_points_carry_their_placement(bench: Bench, records: Records) -> None:
+    bench.report_all(650.0)
+    points = parsed(records.cycle(bench.core, bench.cycle(), TS))
+    tags = {p.tags["name"]: p.tags for p in points if p.measurement == "tree"}
+    drop = lambda t: {k: v for k, v in t.items() if k != "cluster"}  # noqa: E731
+    assert drop(tags["lab"]) == {"level": "site", "name": "lab", "site": "lab"}
+    assert drop(tags["r2"]) == {"level": "row", "name": "r2", "site": "lab"}
+    assert drop(tags["k1"]) == {"level": "rack", "name": "k1", "site": "lab", "row": "r1"}
+    assert drop(tags["k3-n1"]) == {
+        "level": "node",
+        "name": "k3-n1",
+        "site": "lab",
+        "row": "r2",
+        "rack": "k3",
+    }
+
+
+def test_tree_fields_are_the_cycles_numbers(bench: Bench, records: Records) -> None:
+    bench.report_all(650.0)
+    result = bench.cycle()
+    points = parsed(records.cycle(bench.core, result, TS))
+    k1 = next(p.fields for p in points if p.tags.get("name") == "k1")
+    assert k1["power_w"] == 4 * 650.0 + 100.0
+    assert (k1["budget_w"], k1["limit_w"]) == (1500.0, 2600.0)
+    assert k1["cap_threshold_w"] == pytest.approx(0.98 * 1500)
+    assert k1["cap_target_w"] == pytest.approx(0.95 * 1500)
+    assert k1["uncap_threshold_w"] == pytest.approx(0.90 * 1500)
+    assert k1["capping"] == 1
+    assert k1["capped_share"] == 1.0  # all four GPUs below their 700 W maximum
+    assert k1["predicted_w"] == pytest.approx(0.95 * 1500)
+    assert k1["cap_sum_w"] == pytest.approx(0.95 * 1500)  # caps sum + the 100 W overhead
+    k2 = next(p.fields for p in points if p.tags.get("name") == "k2")
+    assert (k2["capping"], k2["capped_share"]) == (0, 0.0)
+    assert k2["cap_sum_w"] == 4 * CAP_MAX_W
+    site = next(p.fields for p in points if p.tags.get("level") == "site")
+    assert site["capped_share"] == pytest.approx(4 / 10)
+
+
+def test_decision_point_counts_what_happened(bench: Bench, records: Records) -> None:
+    bench.core.new_epoch(3)
+    bench.report_all(650.0)
+    bench.core.on_telemetry("k1-n1", b"garbage")
+    result = bench.cycle()
+    (decision,) = [
+        p for p in parsed(records.cycle(bench.core, result, TS)) if p.measurement == "decision"
+    ]
+    assert decision.tags == {"cluster": "prod", "controller": "ctl-a"}
+    f = decision.fields
+    assert f["commands_sent"] == len(NODES)
+    assert f["epoch"] == 3
+    assert f["rejected_payloads"] == 1
+    assert f["gpus_capped"] == 4
+    assert (f["resends"], f["acks_missing"], f["stale_nodes"], f["offline_nodes"]) == (0, 0, 0, 0)
+    assert isinstance(f["cycle_s"], float) and f["cycle_s"] >= 0.0
+    assert "site_ramp_w_per_s" not in f  # no previous cycle to compare with
+
+
+def test_decision_point_counts_stale_offline_failsafe_and_resends(
+    bench: Bench, records: Records
+) -> None:
+    bench.report_all(300.0)
+    bench.apply(bench.cycle(), ack=False)
+    bench.clock.advance(4.0)
+    for node in ("k1-n2", "k2-n1"):
+        bench.report(node, 300.0)
+    bench.report("k2-n2", 300.0, mode="failsafe")
+    bench.core.on_status(
+        "k3-n1", b'{"v":1,"node":"k3-n1","state":"offline","ts":0,"gpus":2,"agent_version":"x"}'
+    )
+    bench.clock.advance(2.0)  # k1-n1 silent 6 s: stale; the others are 2 s old, resent
+    bench.report("k1-n2", 300.0)
+    bench.report("k2-n1", 300.0)
+    result = bench.cycle()
+    (decision,) = [
+        p for p in parsed(records.cycle(bench.core, result, TS)) if p.measurement == "decision"
+    ]
+    f = decision.fields
+    assert (f["stale_nodes"], f["offline_nodes"], f["failsafe_nodes"]) == (1, 1, 1)
+    assert f["resends"] == f["acks_missing"] == 2  # k1-n2 and k2-n1, live and unacknowledged
+    assert f["commands_sent"] == 3  # the two resends and the failsafe node
+
+
+def test_site_ramp_is_the_change_of_the_site_cap_sum_per_second(
+    bench: Bench, records: Records
+) -> None:
+    bench.report_all(650.0)
+    first = bench.cycle()
+    records.cycle(bench.core, first, TS)
+    bench.apply(first)
+    site_cap_before = float(first.decision.cap_w.sum()) + 100.0
+    bench.report_all(100.0)  # the load goes: rack k1 is handed watts back
+    second = bench.cycle(advance_s=2.0)
+    points = parsed(records.cycle(bench.core, second, TS + 2))
+    (decision,) = [p for p in points if p.measurement == "decision"]
+    site_cap_after = float(second.decision.cap_w.sum()) + 100.0
+    assert site_cap_after > site_cap_before
+    assert decision.fields["site_ramp_w_per_s"] == pytest.approx(
+        (site_cap_after - site_cap_before) / 2.0
+    )
+
+
+# --- telemetry and phases --------------------------------------------------------------
+
+
+def test_telemetry_points_carry_placement_job_and_phase(bench: Bench, records: Records) -> None:
+    bench.phase("llm-70b", "startup", ["k3-n1"], priority="high")
+    bench.phase("llm-70b", "checkpoint", priority="high")
+    sample = bench.report("k3-n1", [610.0, 0.0], cap_w=[650.0, 700.0], clock_mhz=1100, seq=41)
+    assert sample is not None
+    points = parsed(records.telemetry(bench.core, sample))
+    assert len(points) == 2
+    for i, p in enumerate(points):
+        assert p.measurement == "gpu"
+        assert p.tags == {
+            "cluster": "prod",
+            "site": "lab",
+            "row": "r2",
+            "rack": "k3",
+            "node": "k3-n1",
+            "gpu": str(i),
+            "job": "llm-70b",
+            "phase": "checkpoint",
+            "mode": "controlled",
+        }
+        assert p.ts_ns == to_ns(sample.ts)
+        assert p.fields["seq"] == 41
+        assert p.fields["max_sm_clock_mhz"] == 1100.0
+    assert points[0].fields["power_w"] == 610.0
+    assert (points[0].fields["capped"], points[1].fields["capped"]) == (1, 0)
+    assert points[1].fields["power_w"] == 0.0  # a zero is a value, not a missing one
+
+
+def test_telemetry_of_a_node_without_a_job_has_no_job_tags(bench: Bench, records: Records) -> None:
+    sample = bench.report("k1-n2", 300.0, mode="failsafe")
+    assert sample is not None
+    for p in parsed(records.telemetry(bench.core, sample)):
+        assert "job" not in p.tags and "phase" not in p.tags
+        assert (p.tags["rack"], p.tags["row"], p.tags["mode"]) == ("k1", "r1", "failsafe")
+        assert "max_sm_clock_mhz" not in p.fields  # not locked: left out, not 0
+
+
+def test_phase_event_point(records: Records) -> None:
+    event = decode(
+        PhaseEvent, phase_payload("llm-70b", "checkpoint", ["k1-n1", "k1-n2"], "high", 45.0)
+    )
+    (p,) = parsed(records.phase(event))
+    assert p.measurement == "phase_event"
+    assert p.tags == {
+        "cluster": "prod",
+        "job": "llm-70b",
+        "phase": "checkpoint",
+        "priority": "high",
+    }
+    assert p.fields == {"events": 1, "nodes": 2, "expected_s": 45.0}
+    assert p.ts_ns == to_ns(WALL0)
+    (p,) = parsed(records.phase(decode(PhaseEvent, phase_payload("llm-70b", "compute"))))
+    assert p.fields == {"events": 1}  # no node list, no expectation
+
+
+def test_by_level_name(bench: Bench) -> None:
+    top = bench.topology
+    node = top.node_index("k3-n1")
+    assert by_level_name(top, node, RACK) == "k3"
+    assert by_level_name(top, node, ROW) == "r2"
+    assert by_level_name(top, node, SITE) == "lab"
+    assert by_level_name(top, top.node_index("k1"), RACK) == "k1"  # itself
+    assert by_level_name(top, top.node_index("r1"), RACK) is None  # above the level
+
+
+# --- fine_every_s: per-node points once per window, windows staggered ----------------
+
+
+def test_fine_recording_writes_each_node_once_per_window_spread_over_the_window() -> None:
+    """400 nodes at 1 Hz for 60 s, fine_every_s = 10: each node's gpu points once per
+    10 s window (after its first), and no second carries much more than a tenth of them."""
+    from powerd.protocol import GpuTelemetry, Telemetry
+    from powerd.topology import parse_budgets
+
+    topology = parse_budgets(
+        """
+version = 1
+[site]
+name = "s"
+limit_w = 3e6
+budget_w = 2e6
+[models.H100]
+failsafe_cap_w = 500
+[rows]
+count = 1
+name = "r"
+limit_w = 3e6
+budget_w = 2e6
+[rows.racks]
+count = 20
+name = "k{i}"
+limit_w = 100000
+budget_w = 90000
+[rows.racks.nodes]
+count = 20
+name = "{rack}-n{i}"
+gpus = 1
+model = "H100"
+"""
+    )
+    nodes = list(topology.servers)
+    assert len(nodes) == 400
+    records = Records("c", topology, "ctl", fine_every_s=10.0)
+    bench = make_bench()
+    per_second: list[int] = []
+    seen: dict[str, list[float]] = {n: [] for n in nodes}
+    for second in range(60):
+        count = 0
+        for k, node in enumerate(nodes):
+            ts = WALL0 + second + k / len(nodes)
+            gpu = GpuTelemetry(
+                index=0, uuid="u", power_w=100.0, energy_j=None, cap_w=700.0, cap_min_w=200.0,
+                cap_max_w=700.0, sm_clock_mhz=1000, max_sm_clock_mhz=None, util_pct=1.0,
+                temp_c=40.0,
+            )  # fmt: skip
+            sample = Telemetry(v=1, node=node, ts=ts, seq=second, mode="controlled", gpus=[gpu])
+            if records.telemetry(bench.core, sample):
+                seen[node].append(ts)
+                count += 1
+        per_second.append(count)
+    assert per_second[:1] == [0]  # no burst when the controller starts
+    for node, times in seen.items():
+        assert len(times) in (5, 6), node  # windows 1..5 (or 6) of 60 s after the first
+        assert all(9.0 < b - a < 11.0 for a, b in itertools.pairwise(times)), node
+    assert max(per_second[10:]) < 2.5 * len(nodes) / 10  # a tenth a second, give or take
+
+
+def test_fine_recording_staggers_the_node_level_tree_points(bench: Bench) -> None:
+    records = Records("prod", bench.topology, "ctl-a", fine_every_s=10.0)
+    bench.report_all(650.0)
+    servers = set(bench.topology.servers)
+    written: dict[str, list[float]] = {n: [] for n in servers}
+    for second in range(41):
+        result = bench.cycle(advance_s=1.0)
+        for p in parsed(records.cycle(bench.core, result, TS + second)):
+            if p.measurement == "tree" and p.tags["name"] in servers:
+                written[p.tags["name"]].append(second)
+            elif p.measurement == "tree":
+                assert p.tags["level"] in ("site", "row", "rack")
+        bench.report_all(650.0)
+    for node, seconds in written.items():
+        assert len(seconds) == 4, (node, seconds)  # every 10 s, none in the first cycle
+        assert all(b - a == 10 for a, b in itertools.pairwise(seconds)), node

@@ -1,0 +1,1 @@
+"""powerd demo (powerd/demo)."""

@@ -1,0 +1,1 @@
+"""The fleet simulator (powerd/fleet)."""

@@ -1,0 +1,179 @@
+"""The fleet simulator's nodes answer like agents: telemetry, commands, heartbeats, failsafe."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from powerd.fleet.model import FleetModel, FleetOptions
+from powerd.protocol import Ack, Command, GpuCommand, Heartbeat, Telemetry, decode, encode
+from powerd.topology import parse_budgets
+from tests.support.fleet_sites import small_site
+
+WALL = 1.8e9
+
+
+@pytest.fixture
+def model() -> FleetModel:
+    m = FleetModel(parse_budgets(small_site(racks=2)), FleetOptions(noise=0.0))
+    m.new_round()
+    return m
+
+
+def beat(epoch: int = 1, ts: float = WALL, state: str = "leader") -> bytes:
+    return encode(Heartbeat(v=1, epoch=epoch, ts=ts, controller="c", state=state))  # type: ignore[arg-type]
+
+
+def command(epoch: int, seq: int, caps: list[float], lock: float | None = None) -> bytes:
+    gpus = [GpuCommand(index=i, cap_w=c, max_sm_clock_mhz=lock) for i, c in enumerate(caps)]
+    return encode(Command(v=1, epoch=epoch, seq=seq, ts=WALL, ttl_s=30.0, gpus=gpus))
+
+
+def telemetry(model: FleetModel, node: int = 0) -> Telemetry:
+    return decode(Telemetry, model.telemetry(node, WALL, 1.0), model.names[node])
+
+
+def ack(model: FleetModel, payload: bytes, node: int = 0, now: float = 1.0) -> Ack:
+    raw = model.on_command(model.names[node], payload, now, WALL)
+    assert raw is not None
+    return decode(Ack, raw, model.names[node])
+
+
+def test_telemetry_is_valid_protocol_and_counts_up(model: FleetModel) -> None:
+    first, second = telemetry(model), telemetry(model)
+    assert (first.seq, second.seq) == (1, 2)
+    assert first.mode == "failsafe" and first.epoch is None  # fresh agents: no leader yet
+    assert len(first.gpus) == 4
+    gpu = first.gpus[0]
+    assert gpu.cap_w == 960.0  # the model's failsafe cap
+    assert gpu.power_w == pytest.approx(0.6 * 1200.0)  # base load under the cap
+    assert second.gpus[0].energy_j == pytest.approx(2 * gpu.power_w)
+
+
+def test_commands_are_refused_in_failsafe_and_applied_under_a_live_leader(
+    model: FleetModel,
+) -> None:
+    refused = ack(model, command(1, 1, [1100.0] * 4))
+    assert refused.result == "rejected" and "failsafe" in refused.errors[0].message
+    assert model.on_heartbeat(beat(1), now=1.0, wall=WALL)
+    applied = ack(model, command(1, 2, [1100.0, 50.0, 5000.0, 700.0], lock=1500.0))
+    assert applied.result == "applied"
+    assert [g.cap_w for g in applied.gpus] == [1100.0, 200.0, 1200.0, 700.0]  # clamped
+    assert [g.clamped for g in applied.gpus] == [False, True, True, False]
+    assert {g.max_sm_clock_mhz for g in applied.gpus} == {1500}
+    sample = telemetry(model)
+    assert sample.mode == "controlled" and sample.epoch == 1
+    assert [g.cap_w for g in sample.gpus] == [1100.0, 200.0, 1200.0, 700.0]
+    assert sample.gpus[1].power_w == 200.0  # held by its cap
+    assert {g.max_sm_clock_mhz for g in sample.gpus} == {1500}
+    # unlocked again by an explicit null
+    ack(model, command(1, 3, [1100.0] * 4, lock=None))
+    assert {g.max_sm_clock_mhz for g in telemetry(model).gpus} == {None}
+
+
+def test_older_commands_are_stale(model: FleetModel) -> None:
+    model.on_heartbeat(beat(5), now=1.0, wall=WALL)
+    assert ack(model, command(5, 10, [1000.0] * 4)).result == "applied"
+    assert ack(model, command(5, 10, [300.0] * 4)).result == "stale"  # the same seq again
+    assert ack(model, command(4, 99, [300.0] * 4)).result == "stale"  # an older epoch
+    assert [g.cap_w for g in telemetry(model).gpus] == [1000.0] * 4
+
+
+def test_no_heartbeat_puts_every_node_in_failsafe(model: FleetModel) -> None:
+    model.on_heartbeat(beat(1), now=1.0, wall=WALL)
+    ack(model, command(1, 1, [1200.0] * 4, lock=1000.0))
+    assert not model.tick(now=10.5)  # failsafe_after_s is 10 s
+    assert model.tick(now=11.5)
+    sample = telemetry(model)
+    assert sample.mode == "failsafe"
+    assert [g.cap_w for g in sample.gpus] == [960.0] * 4
+    assert {g.max_sm_clock_mhz for g in sample.gpus} == {None}
+    assert model.on_heartbeat(beat(2), now=12.0, wall=WALL)  # a new leader: controlled
+    assert telemetry(model).mode == "controlled"
+
+
+def test_stale_or_standby_heartbeats_do_not_make_a_leader(model: FleetModel) -> None:
+    assert not model.on_heartbeat(beat(1, ts=WALL - 60), now=1.0, wall=WALL)
+    assert not model.on_heartbeat(beat(1, state="standby"), now=1.0, wall=WALL)
+    assert not model.on_heartbeat(b"{nope", now=1.0, wall=WALL)
+    assert model.failsafe and model.counters.rejected_payloads == 1
+
+
+def test_a_running_site_starts_at_its_maximum_caps_under_the_old_leader() -> None:
+    m = FleetModel(parse_budgets(small_site(racks=1)), FleetOptions(start="running"))
+    m.new_round()
+    m.start(now=100.0)
+    sample = decode(Telemetry, m.telemetry(0, WALL, 1.0), m.names[0])
+    assert sample.mode == "controlled" and [g.cap_w for g in sample.gpus] == [1200.0] * 4
+    assert not m.tick(now=109.0) and m.tick(now=111.0)  # the old leader's heartbeat lapses
+
+
+def test_a_pushed_rack_is_seen_over_and_brought_back(model: FleetModel) -> None:
+    model.on_heartbeat(beat(1), now=0.0, wall=WALL)
+    rack = int(model.racks[0])
+    nodes = [n for n in range(len(model.names)) if int(model.gpu_rack[model._first_gpu[n]]) == rack]
+    for n in nodes:  # uncapped, as a controller hands back watts below the thresholds
+        ack(model, command(1, 1, [1200.0] * 4), node=n)
+    push = model.push(rack, now=1.0)
+    model._clock_now = 1.5
+    for n in nodes:
+        model.telemetry(n, WALL, 1.0)
+    assert push.visible_at == 1.5  # reported power over the rack's capping threshold
+    threshold = float(model.tree.cap_threshold_w[rack])
+    assert model.rack_real_w(rack) > threshold
+    for n in nodes:  # the controller cuts every GPU of the rack
+        ack(model, command(1, 2, [700.0] * 4), node=n, now=2.0)
+    assert model.rack_real_w(rack) <= threshold and push.back_at == 2.0
+    model.release(rack)
+    assert model.pushed() == []
+
+
+def test_silent_and_offline_nodes_do_not_report() -> None:
+    m = FleetModel(
+        parse_budgets(small_site(racks=2)),
+        FleetOptions(silent_fraction=0.25, offline_fraction=0.25),
+    )
+    reporting = set(m.reporting().tolist())
+    assert len(reporting) == len(m.names) // 2
+    assert not reporting & set(m.silent.nonzero()[0].tolist())
+    assert not reporting & set(m.offline.nonzero()[0].tolist())
+    status = m.offline_status(int(m.offline.nonzero()[0][0]), time.time())
+    assert b'"state":"offline"' in status
+
+
+def test_jobs_announce_startup_then_alternate_compute_and_communication() -> None:
+    from powerd.fleet.model import COMM_LOAD, STARTUP_S
+    from powerd.protocol import PhaseEvent
+
+    m = FleetModel(
+        parse_budgets(small_site(racks=4)),
+        FleetOptions(jobs=2, compute_s=10.0, communication_s=2.0, noise=0.0),
+    )
+    m.new_round()
+    assert [len(j.nodes) for j in m.jobs] == [36, 36] and m.jobs[0].priority == "high"
+
+    def events(now: float) -> dict[str, PhaseEvent]:
+        return {j: decode(PhaseEvent, p, j) for j, p in m.phase_events(now, WALL)}
+
+    first = events(0.0)
+    assert {e.phase for e in first.values()} == {"startup"}
+    assert sorted(first["fleet-job000"].nodes or []) == sorted(m.names[n] for n in m.jobs[0].nodes)
+    assert events(1.0) == {}
+    assert {e.phase for e in events(STARTUP_S).values()} == {"compute"}
+    node = m.jobs[1].nodes[0]
+    computing = telemetry(m, node).gpus[0].power_w
+    later = events(STARTUP_S + 10.0)
+    assert {e.phase for e in later.values()} == {"communication"}
+    assert all(e.nodes is None for e in later.values())  # only startup names the nodes
+    assert telemetry(m, node).gpus[0].power_w == pytest.approx(COMM_LOAD * computing)
+    assert {e.phase for e in events(STARTUP_S + 12.0).values()} == {"compute"}
+    assert m.counters.phase_events == 8
+
+
+def test_a_job_too_big_to_announce_says_so() -> None:
+    from powerd.fleet.sites import cut_site
+
+    m = FleetModel(parse_budgets(cut_site(rows=4)), FleetOptions(jobs=1))  # 5,184 nodes
+    with pytest.raises(ValueError, match="run more, smaller jobs"):
+        m.phase_events(0.0, WALL)

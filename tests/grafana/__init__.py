@@ -1,0 +1,1 @@
+"""The Grafana dashboards (powerd/grafana, grafana/)."""

@@ -1,0 +1,1 @@
+"""The training-job hook (powerd/jobhook)."""

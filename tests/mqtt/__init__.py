@@ -1,0 +1,1 @@
+"""MQTT plumbing: broker URLs, the telemetry receiver, backoff and rate limits."""

@@ -1,0 +1,1 @@
+"""The offline planner and the powerplan CLI (planner/)."""

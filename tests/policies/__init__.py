@@ -1,0 +1,1 @@
+"""The capping and phase-inference rules (policies/)."""

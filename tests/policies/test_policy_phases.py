@@ -1,0 +1,205 @@
+"""Phases in decide() (clock locks, staged start and checkpoint caps, floor cost) and infer_phases()."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from policies import PHASE_CODES, ROW, SERVER, PolicySettings, decide, infer_phases
+from tests.support.policy_trees import make_state, uncapping_everywhere, uniform_tree, with_ramp
+
+COMPUTE, COMM, CKPT, STARTUP = (
+    PHASE_CODES["compute"],
+    PHASE_CODES["communication"],
+    PHASE_CODES["checkpoint"],
+    PHASE_CODES["startup"],
+)
+
+
+# --- clock locks ---------------------------------------------------------------------------
+
+
+def test_communication_locks_the_sm_clock():
+    tree = uniform_tree(1, 1, 1, 4, comm_clock_mhz=1100.0)
+    state = make_state(tree, 500.0, phase=[COMM, COMPUTE, COMM, CKPT])
+    d = decide(tree, state, 1.0)
+    np.testing.assert_array_equal(d.max_sm_clock_mhz, [1100.0, np.nan, 1100.0, np.nan])
+
+
+def test_no_clock_lock_when_off_unknown_or_offline():
+    tree = uniform_tree(1, 1, 1, 4, comm_clock_mhz=1100.0)
+    state = make_state(tree, 500.0, phase=COMM)
+    off = decide(tree, state, 1.0, PolicySettings(comm_clock_lock=False))
+    assert np.all(np.isnan(off.max_sm_clock_mhz))
+    unknown = dataclasses.replace(tree, comm_clock_mhz=np.array([np.nan, 900.0, 900.0, 900.0]))
+    d = decide(unknown, state, 1.0)
+    np.testing.assert_array_equal(d.max_sm_clock_mhz, [np.nan, 900.0, 900.0, 900.0])
+    state.controllable[1] = False
+    d = decide(unknown, state, 1.0)
+    np.testing.assert_array_equal(d.max_sm_clock_mhz, [np.nan, np.nan, 900.0, 900.0])
+
+
+# --- staged start and checkpoint ------------------------------------------------------------
+
+
+def test_startup_lowers_caps_to_the_staged_cap():
+    tree = uncapping_everywhere(uniform_tree(1, 1, 1, 4))  # 200-1200 W
+    settings = PolicySettings(startup_cap_fraction=0.25, stage_headroom_fraction=0.05)
+    state = make_state(tree, [150.0, 150.0, 600.0, 150.0], [1200.0, 300.0, 1200.0, 1200.0])
+    state.phase[:3] = STARTUP
+    d = decide(tree, state, 1.0, settings)
+    # 450 W = 200 + 0.25 x 1000; never raised (300 stays); a GPU drawing 600 W keeps 50 W
+    # above its draw; the GPU in compute (uncapping everywhere) keeps its cap_max
+    np.testing.assert_allclose(d.cap_w, [450.0, 300.0, 650.0, 1200.0])
+
+
+def test_staged_cap_respects_the_jobs_floor():
+    tree = uniform_tree(1, 1, 1, 2)
+    state = make_state(tree, 150.0, phase=STARTUP, floor_w=[800.0, 200.0])
+    d = decide(tree, state, 1.0)
+    np.testing.assert_allclose(d.cap_w, [800.0, 450.0])
+
+
+def test_checkpoint_caps_follow_the_gpus_down():
+    tree = uncapping_everywhere(uniform_tree(1, 1, 1, 3))
+    state = make_state(tree, [300.0, 800.0, 1000.0], phase=[CKPT, CKPT, COMPUTE])
+    d = decide(tree, state, 1.0)
+    np.testing.assert_allclose(d.cap_w, [450.0, 850.0, 1200.0])
+
+
+def simulate_job(phases: list[int], demand_w: list[float], staged: bool):
+    """A 16-GPU job on a ramp-limited tree; each cycle's power is min(demand, cap in force)."""
+    tree = uncapping_everywhere(uniform_tree(1, 2, 2, 4))
+    tree = with_ramp(tree, [0], 1000.0)
+    tree = with_ramp(tree, tree.level == ROW, 800.0)
+    tree = with_ramp(tree, tree.level == SERVER, 400.0)
+    state = make_state(tree, demand_w[0])
+    site_power, caps = [], []
+    for phase, demand in zip(phases, demand_w, strict=True):
+        state.phase[:] = phase if staged else COMPUTE
+        state.power_w = np.minimum(demand, state.cap_w)
+        site_power.append(state.power_w.sum())
+        new_cap = decide(tree, state, 1.0).cap_w
+        caps.append(new_cap.sum() - state.cap_w.sum())
+        state.cap_w = new_cap
+    return np.array(site_power), np.array(caps), state
+
+
+def test_job_start_rise_is_bounded_by_the_site_ramp():
+    n_start, n_run = 5, 40
+    phases = [STARTUP] * n_start + [COMPUTE] * n_run
+    demand = [150.0] * n_start + [1000.0] * n_run
+    power, cap_rise, state = simulate_job(phases, demand, staged=True)
+    np.testing.assert_allclose(state.cap_w, 1200.0)  # caps are all handed back in the end
+    steps = np.diff(power)
+    # one staged step when compute begins: at most up to the 450 W staged cap per GPU
+    assert steps[n_start - 1] == pytest.approx(16 * (450.0 - 150.0))
+    # after it, the site (1000 W/s) bounds every rise, of the caps and of the power
+    assert np.all(steps[n_start:] <= 1000.0 + 1e-6)
+    assert np.all(cap_rise <= 1000.0 + 1e-6)
+    assert power[-1] == pytest.approx(16 * 1000.0)  # and the job does get to full power
+    # without the startup phase the whole swing arrives in one cycle
+    unstaged, _, _ = simulate_job(phases, demand, staged=False)
+    assert np.diff(unstaged).max() == pytest.approx(16 * (1000.0 - 150.0))
+
+
+def test_checkpoint_resume_is_ramp_limited():
+    phases = [COMPUTE] * 3 + [CKPT] * 5 + [COMPUTE] * 40
+    demand = [1000.0] * 3 + [250.0] * 5 + [1000.0] * 40
+    power, _, _ = simulate_job(phases, demand, staged=True)
+    resume = 8
+    assert power[resume] - power[resume - 1] == pytest.approx(16 * (450.0 - 250.0))
+    assert np.all(np.diff(power)[resume:] <= 1000.0 + 1e-6)
+    assert power[-1] == pytest.approx(16 * 1000.0)
+    unstaged, _, _ = simulate_job(phases, demand, staged=False)
+    assert unstaged[resume] - unstaged[resume - 1] == pytest.approx(16 * 750.0)
+
+
+# --- power floor cost ------------------------------------------------------------------------
+
+
+def test_floor_hold_energy_counts_waiting_gpus_below_the_floor():
+    tree = uniform_tree(1, 1, 1, 5)
+    state = make_state(
+        tree, [300.0, 200.0, 700.0, 300.0, 300.0], phase=[COMM, CKPT, COMM, COMPUTE, COMM]
+    )
+    state.controllable[4] = False
+    d = decide(tree, state, 2.0, PolicySettings(hold_floor_w_per_gpu=600.0))
+    assert d.floor_hold_energy_j == pytest.approx((300.0 + 400.0 + 0.0) * 2.0)
+    assert decide(tree, state, 2.0).floor_hold_energy_j == 0.0
+
+
+# --- phase inference -------------------------------------------------------------------------
+
+
+def trace(n_gpus: int = 8, n: int = 60, level: float = 1000.0, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return level + rng.normal(0.0, 20.0, (n_gpus, n))
+
+
+def test_a_short_synchronised_drop_is_communication():
+    power = trace()
+    power[:, -2:] = 350.0
+    phases = infer_phases(power, np.zeros(8, dtype=int))
+    assert np.all(phases == COMM)
+
+
+def test_a_long_synchronised_drop_is_a_checkpoint():
+    power = trace()
+    power[:, -8:] = 300.0
+    phases = infer_phases(power, np.zeros(8, dtype=int), checkpoint_min_s=5.0)
+    assert np.all(phases == CKPT)
+    # the same drop, sampled ten times as often, is still short
+    assert np.all(infer_phases(power, np.zeros(8, dtype=int), sample_period_s=0.1) == COMM)
+
+
+def test_a_synchronised_rise_is_compute():
+    power = trace()
+    power[:, -10:-1] = 300.0  # a checkpoint that just ended
+    assert np.all(infer_phases(power, np.zeros(8, dtype=int)) == COMPUTE)
+
+
+def test_a_drop_of_a_few_gpus_is_not_a_phase():
+    power = trace()
+    power[:5, -3:] = 300.0  # 5 of 8 < 75 %
+    assert np.all(infer_phases(power, np.zeros(8, dtype=int)) == COMPUTE)
+    power[:6, -3:] = 300.0  # 6 of 8 = 75 %: the whole job waits
+    assert np.all(infer_phases(power, np.zeros(8, dtype=int)) == COMM)
+
+
+def test_a_shallow_dip_is_not_a_phase():
+    power = trace()
+    power[:, -3:] = 700.0  # 70 % of compute: a lighter kernel, not a wait
+    assert np.all(infer_phases(power, np.zeros(8, dtype=int)) == COMPUTE)
+
+
+def test_jobs_are_inferred_separately_and_no_job_is_compute():
+    power = np.vstack([trace(4, seed=1), trace(4, seed=2), trace(4, seed=3)])
+    power[:4, -2:] = 300.0  # job 7 waits on a collective
+    power[8:, -2:] = 300.0  # GPUs without a job drop too
+    jobs = np.array([7] * 4 + [3] * 4 + [-1] * 4)
+    phases = infer_phases(power, jobs)
+    np.testing.assert_array_equal(phases, [COMM] * 4 + [COMPUTE] * 8)
+
+
+def test_an_idle_gpus_dip_is_not_a_drop():
+    rng = np.random.default_rng(4)
+    power = 100.0 + rng.uniform(-5.0, 5.0, (4, 60))
+    power[:, -2:] = 55.0  # under 60 % but less than 50 W down: idle noise
+    assert np.all(infer_phases(power, np.zeros(4, dtype=int)) == COMPUTE)
+    assert np.all(infer_phases(power, np.zeros(4, dtype=int), min_drop_w=20.0) == COMM)
+
+
+def test_inference_edge_cases():
+    assert infer_phases(np.empty((0, 10)), np.empty(0, dtype=int)).shape == (0,)
+    assert np.all(infer_phases(np.empty((3, 0)), np.zeros(3, dtype=int)) == COMPUTE)
+    power = trace(4)
+    power[1, 10:20] = np.nan  # missing samples count as not low
+    power[:, -2:] = 300.0
+    assert np.all(infer_phases(power, np.zeros(4, dtype=int)) == COMM)
+    with pytest.raises(ValueError, match="n_gpus"):
+        infer_phases(np.zeros((3, 5)), np.zeros(4, dtype=int))
+    with pytest.raises(ValueError, match="drop_fraction"):
+        infer_phases(power, np.zeros(4, dtype=int), drop_fraction=1.5)

@@ -1,0 +1,1 @@
+"""The wire protocol and the one vocabulary (powerd/protocol.py, powerd/vocabulary.py)."""

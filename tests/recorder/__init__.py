@@ -1,0 +1,1 @@
+"""The recorders (powerd/recorder) and the telemetry schema they write."""

@@ -1,0 +1,92 @@
+"""The core install at its minimum pins, in a fresh venv: what a GPU node gets.
+
+``make test`` runs this after pytest. It creates a virtual environment,
+installs this package with every core dependency pinned to the floor
+pyproject.toml gives it (``>=X`` becomes ``==X``) and no extra, then checks
+that the extras are really absent, that the agent's and the controller's
+modules import (``powerd.gpu.nvml`` against the oldest nvidia-ml-py allowed),
+that ``powerd gpus`` runs, and that msgspec at its floor still refuses
+non-finite numbers while decoding (the protocol relies on it:
+``powerd/protocol.py``, ``_decoding``).
+
+    python tests/support/lean_install.py [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+import tomllib
+import venv
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+EXTRA_MODULES = ("pandas", "scipy", "pyarrow", "matplotlib", "amqtt", "rich", "influxdb_client")
+CHECK = f"""
+import importlib, json, sys
+for module in {EXTRA_MODULES!r}:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        continue
+    sys.exit(f"{{module}} is installed, but it is no core dependency")
+for module in ("powerd.agent.daemon", "powerd.gpu.nvml", "powerd.controller.service",
+               "powerd.fleet.runner", "powerd.mqtt_stream", "powerd.jobhook"):
+    importlib.import_module(module)
+import msgspec
+from powerd.protocol import ProtocolError, Telemetry, decode
+for number in (b"1e999", b"-1e999", b"1" + b"0" * 400):
+    try:
+        msgspec.json.decode(number, type=float)
+    except msgspec.ValidationError:
+        continue
+    sys.exit(f"msgspec {{msgspec.__version__}} decodes {{number[:12]!r}}: the protocol needs it refused")
+from importlib.metadata import version
+print(json.dumps({{name: version(name) for name in
+    ("aiomqtt", "msgspec", "nvidia-ml-py", "click", "numpy", "paho-mqtt")}}))
+"""
+
+
+def minimum_pins() -> list[str]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = []
+    for requirement in project["dependencies"]:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([^,;\s]+).*", requirement)
+        if match is None:
+            raise SystemExit(f"pyproject.toml: {requirement!r} has no >= floor to test")
+        pins.append(f"{match[1]}=={match[2]}")
+    return pins
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keep", type=Path, help="build the venv here and keep it")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="powerd-lean-") as tmp:
+        where = args.keep or Path(tmp) / "venv"
+        venv.create(where, with_pip=True, clear=True)
+        python = str(where / "bin" / "python")
+        pins = minimum_pins()
+        print(f"lean install: {' '.join(pins)}", flush=True)
+        subprocess.run(
+            [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(REPO), *pins],
+            check=True,
+        )
+        # run from elsewhere: the repository's own powerd/ must not shadow the install
+        subprocess.run([python, "-c", CHECK], check=True, cwd=tmp)
+        gpus = subprocess.run(
+            [str(where / "bin" / "powerd"), "gpus", "--simulate", "2xH100"],
+            check=True,
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
+        if gpus.stdout.count("simulated") != 2:
+            raise SystemExit(f"powerd gpus printed:\n{gpus.stdout}{gpus.stderr}")
+    print("lean install: ok (core only, minimum pins)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""systemd: the notify socket and the units."""

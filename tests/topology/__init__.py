@@ -1,0 +1,1 @@
+"""The budgets file (powerd/topology)."""
