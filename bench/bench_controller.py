@@ -8,6 +8,8 @@ as they arrive from the broker), then times, per cycle:
   batches (the ingest loop's work for one telemetry period; receiving it is
   ``bench/bench_scale.py``'s),
 - ``cycle``: ``ControllerCore.cycle()``: arrays, ``policies.decide``, commands,
+- ``sign``: encoding and signing every command of the cycle (Ed25519), as the
+  service does before publishing them,
 - ``records``: building the recorder's ``tree`` and ``decision`` points,
 - ``gpu_records``: building the ``gpu`` points of every telemetry message.
 
@@ -36,7 +38,8 @@ from powerd.controller.core import ControllerCore
 from powerd.controller.inbox import Waiting
 from powerd.controller.records import Records
 from powerd.controller.service import INGEST_BATCH
-from powerd.protocol import GpuTelemetry, Telemetry, encode
+from powerd.protocol import GpuTelemetry, Telemetry, Topics, encode
+from powerd.signing import Signer
 from powerd.topology import load_budgets
 
 
@@ -98,7 +101,14 @@ def run(budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0) ->
     cap = tree.cap_max_w.astype(float).copy()
     gpu_rack = tree.gpu_ancestor[2]
     racks = np.unique(gpu_rack)
-    timings: dict[str, list[float]] = {"ingest": [], "cycle": [], "records": [], "gpu_records": []}
+    timings: dict[str, list[float]] = {
+        "ingest": [],
+        "cycle": [],
+        "sign": [],
+        "records": [],
+        "gpu_records": [],
+    }
+    signer, topics = Signer.generate(), Topics("bench")
     commands_sent = []
     # warm-up: one cycle, and with fine_every_s one window, so every GPU's tag prefix is
     # built once (what a running controller has long done) before anything is timed
@@ -120,6 +130,10 @@ def run(budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0) ->
         t1 = time.perf_counter()
         result = core.cycle()
         t2 = time.perf_counter()
+        for node, command in result.commands:
+            topic = topics.command(node)
+            signer.sign(topic, encode(command))
+        t2s = time.perf_counter()
         lines = records.cycle(core, result, clock[0] + 1.7e9)
         t3 = time.perf_counter()
         n_gpu_lines = sum(len(records.telemetry(core, s)) for s in samples)
@@ -132,7 +146,8 @@ def run(budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0) ->
             continue  # warm-up
         timings["ingest"].append(t1 - t0)
         timings["cycle"].append(t2 - t1)
-        timings["records"].append(t3 - t2)
+        timings["sign"].append(t2s - t2)
+        timings["records"].append(t3 - t2s)
         timings["gpu_records"].append(t4 - t3)
         commands_sent.append(len(result.commands))
     return {

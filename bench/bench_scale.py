@@ -45,6 +45,7 @@ from pathlib import Path
 from bench.common import cpu_s, machine, mem_mb, report
 from powerd.fleet.app import fleet_argv
 from powerd.fleet.sites import NODES_PER_RACK, RACKS_PER_ROW, SITE_FILE, cut_site
+from powerd.signing import generate_key_files
 from powerd.telemetry_schema import parse_line
 from tests.support.brokers import Mosquitto
 
@@ -73,12 +74,16 @@ def budgets_for(rows: int, out: Path) -> Path:
 
 
 def controller_config(broker: Mosquitto, out: Path, ingest_share: float | None) -> Path:
+    """The controller's config, signing with ``out/controller.key`` (made here; the fleet
+    trusts ``out/controller.pub``): the signing cost is part of what is measured."""
     path = out / "controller.toml"
+    generate_key_files(out / "controller")
     share = "" if ingest_share is None else f"ingest_share = {ingest_share}\n"
     path.write_text(
         f'[controller]\nname = "bench"\ncluster = "{CLUSTER}"\n{share}'
         f'[broker]\nurl = "{broker.url}"\n'
         f'[recorder]\nfile = "{out / "controller.lp"}"\nfine_every_s = 10\n'
+        f'[trust]\nsigning_key = "{out / "controller.key"}"\n'
     )
     return path
 
@@ -138,6 +143,7 @@ def run_scenario(s: Scenario, warmup_s: float, window_s: float, push_every_s: fl
                     broker.url,
                     CLUSTER,
                     fleet_json,
+                    trust=out / "controller.pub",
                     period_s=s.period_s,
                     duration_s=duration_s,
                     warmup_s=warmup_s,

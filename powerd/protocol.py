@@ -51,12 +51,16 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z"  # \Z: "$" would allow a fi
 _NAME_RE = re.compile(NAME_PATTERN)
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
-NonNegInt = Annotated[int, Meta(ge=0)]
+# Counters (epoch, seq, telemetry seq) fit a signed 64-bit integer: what InfluxDB and
+# every language's JSON reader keep exactly.
+INT64_MAX = 2**63 - 1
+NonNegInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 GpuIndex = Annotated[int, Meta(ge=0, le=1023)]
 PositiveW = Annotated[float, Meta(gt=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
 Percent = Annotated[float, Meta(ge=0, le=100)]
 ClockMhz = Annotated[int, Meta(ge=0, le=100_000)]
+MAX_TTL_S = 86_400.0  # a command's ttl_s: the protocol's bound (agents set a tighter one)
 
 
 class ProtocolError(ValueError):
@@ -174,7 +178,8 @@ class Command(_Payload):
     epoch: NonNegInt
     seq: NonNegInt
     ts: float
-    ttl_s: Annotated[float, Meta(gt=0)]
+    # agents hold a command at most their own max_command_ttl_s, whatever it says
+    ttl_s: Annotated[float, Meta(gt=0, le=MAX_TTL_S)]
     gpus: list[GpuCommand]
 
     def __post_init__(self) -> None:
@@ -224,6 +229,9 @@ class Status(_Payload):
     ts: float
     gpus: NonNegInt
     agent_version: str
+    # optional addition to v1: the highest failsafe cap the agent holds its GPUs at when
+    # no controller leads (its config's); the controller compares it with the plan
+    failsafe_cap_w: NonNegFloat | None = None
 
 
 # --- phase: a training job announces a phase change --------------------------
@@ -282,6 +290,37 @@ _name_float_fields(
     PhaseEvent,
     Heartbeat,
 )
+
+
+# --- signatures: the last two members of every command and heartbeat ---------
+
+SIGNED_CONTEXT = b"powerd/v1 signed\n"
+# `,"key":"<16 hex>","sig":"<86 base64url>"}`: fixed in form and length, always last
+_SIGNATURE_SUFFIX = re.compile(rb',"key":"([0-9a-f]{16})","sig":"([A-Za-z0-9_-]{86})"\}\Z')
+
+
+def signed_bytes(topic: str, body: bytes) -> bytes:
+    """What a signature covers: a context string, the topic, the message as encoded without
+    its signature. The topic binds a command to its node and cluster: moved to another
+    topic, the signature fails."""
+    return SIGNED_CONTEXT + topic.encode("utf-8") + b"\n" + body
+
+
+def attach_signature(body: bytes, key: str, sig: str) -> bytes:
+    """``body`` (an encoded message: a JSON object) with ``key`` and ``sig`` appended as its
+    last members. Readers that do not verify see two optional fields (docs/PROTOCOL.md)."""
+    if not body.endswith(b"}") or body == b"{}":
+        raise ProtocolError("only a non-empty JSON object can be signed")
+    return b'%s,"key":"%s","sig":"%s"}' % (body[:-1], key.encode(), sig.encode())
+
+
+def detach_signature(payload: bytes) -> tuple[bytes, str, str] | None:
+    """The signed message (``payload`` as it was before ``attach_signature``), its key id and
+    signature; None when ``payload`` does not end in a signature of the right form."""
+    found = _SIGNATURE_SUFFIX.search(payload)
+    if found is None:
+        return None
+    return payload[: found.start()] + b"}", found[1].decode(), found[2].decode()
 
 
 # --- topics -------------------------------------------------------------------

@@ -38,14 +38,21 @@ def render_agent_unit(exec_path: str, config_path: str) -> str:
     )
 
 
-def render_controller_unit(exec_path: str, config_path: str, budgets_path: str) -> str:
-    """``powerd-controller.service`` with ExecStart, the config and the budgets file set."""
+def render_controller_unit(
+    exec_path: str,
+    config_path: str,
+    budgets_path: str,
+    signing_key_path: str = "/etc/powerd/controller.key",
+) -> str:
+    """``powerd-controller.service`` with ExecStart, the config, the budgets file and the
+    signing key (handed over as a systemd credential) set."""
     return _render_unit(
         "powerd-controller.service",
         {
             "/usr/local/bin/powerd": exec_path,
             "/etc/powerd/controller.toml": config_path,
             "/etc/powerd/budgets.toml": budgets_path,
+            "/etc/powerd/controller.key": signing_key_path,
         },
     )
 

@@ -306,6 +306,12 @@ DECISION = Measurement(
         Field("resends", INT, "count", "commands re-sent for want of an ack"),
         Field("acks_received", INT, "count", "acks received since the last cycle"),
         Field("acks_missing", INT, "count", "commands past ack_timeout_s without an ack"),
+        Field(
+            "acks_stale",
+            INT,
+            "count",
+            "our newest command acked stale: the node holds one we did not send",
+        ),
         Field("stale_nodes", INT, "count", "nodes whose telemetry is older than stale_after_s"),
         Field("failsafe_nodes", INT, "count", "nodes reporting failsafe mode"),
         Field("offline_nodes", INT, "count", "nodes whose status is offline"),
@@ -327,6 +333,12 @@ DECISION = Measurement(
         Field("ingest_s", FLOAT, "s", "CPU time spent decoding telemetry since the last cycle"),
         Field("raises_deferred", INT, "count", "nodes whose raise waits (max_raises_per_s)"),
         Field("nodes_drifted", INT, "count", "nodes found holding other caps than commanded"),
+        Field(
+            "failsafe_over_plan",
+            INT,
+            "count",
+            "nodes whose agents' failsafe cap is above the budgets file's",
+        ),
     ),
 )
 

@@ -13,8 +13,13 @@ from typing import Any, Literal
 
 from powerd.configfile import BROKER_KEYS, ConfigError, Getter, broker_from_table, read_toml
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
-from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
+from powerd.protocol import MAX_TTL_S, NAME_PATTERN, ProtocolError, check_name
+from powerd.signing import KeyFileError, Verifier, load_verifier
 from powerd.vocabulary import DEFAULT_FAILSAFE_FRACTION
+
+# A command holds at most this long without a newer one (docs/PROTOCOL.md): a leaked or
+# mistaken ttl_s cannot pin a node's caps for longer.
+DEFAULT_MAX_COMMAND_TTL_S = 120.0
 
 OnExit = Literal["keep", "restore"]
 AgentMode = Literal["controlled", "local"]
@@ -49,7 +54,30 @@ class AgentConfig:
     gpu_indices: tuple[int, ...] | None = None  # None: every GPU NVML finds
     broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
     failsafe: FailsafeConfig = field(default_factory=FailsafeConfig)
+    # public keys (PEM files) of the controllers this node obeys: commands and heartbeats
+    # signed by any other key are rejected (powerd.signing; two keys while one rotates)
+    controller_keys: tuple[str, ...] = ()
+    max_command_ttl_s: float = DEFAULT_MAX_COMMAND_TTL_S  # a command holds at most this long
     source: str = "<defaults>"
+
+    def verifier(self) -> Verifier | None:
+        """The trusted controller keys, loaded; None in local mode (no commands taken).
+
+        Raises ConfigError naming the file when a key cannot be used, or when a
+        controlled agent has none: it could never obey anyone.
+        """
+        if self.mode == "local":
+            return None
+        if not self.controller_keys:
+            raise ConfigError(
+                f"{self.source}: a controlled agent needs the controllers' public keys: set "
+                "trust.controller_keys (or --trust FILE); make a pair with "
+                "`powerd keys generate PREFIX`, or run with --local"
+            )
+        try:
+            return load_verifier(self.controller_keys)
+        except KeyFileError as exc:
+            raise ConfigError(f"{self.source}: trust.controller_keys: {exc}") from None
 
     def with_overrides(self, **overrides: Any) -> AgentConfig:
         """Apply command-line overrides (None means not given) and validate again."""
@@ -75,9 +103,11 @@ _KNOWN = {
         "on_exit",
         "simulate",
         "gpu_indices",
+        "max_command_ttl_s",
     },
     "broker": BROKER_KEYS,
     "failsafe": {"cap_w", "caps_w", "fraction"},
+    "trust": {"controller_keys"},
 }
 
 
@@ -111,6 +141,10 @@ def load_config(path: str | Path | None) -> AgentConfig:
             raise ConfigError(f"{where}: failsafe.caps_w key {key!r} is not a GPU index (0..1023)")
         caps_w[index] = get.number({key: value}, f"failsafe.caps_w.{key}", None, key=key)
 
+    keys = raw.get("trust", {}).get("controller_keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+        raise ConfigError(f"{where}: trust.controller_keys must be a list of public key files")
+
     indices = agent.get("gpu_indices")
     if indices is not None and (
         not isinstance(indices, list)
@@ -136,10 +170,17 @@ def load_config(path: str | Path | None) -> AgentConfig:
             caps_w=caps_w,
             fraction=get.number(failsafe_raw, "failsafe.fraction", DEFAULT_FAILSAFE_FRACTION),
         ),
+        controller_keys=tuple(_relative_to(path, k) for k in keys),
+        max_command_ttl_s=get.number(agent, "agent.max_command_ttl_s", DEFAULT_MAX_COMMAND_TTL_S),
         source=where,
     )
     _validate(config, where)
     return config
+
+
+def _relative_to(config_path: str | Path, key_path: str) -> str:
+    """A key file named relative to the config file that names it."""
+    return str(Path(config_path).parent / Path(key_path).expanduser())
 
 
 def _validate(config: AgentConfig, where: str) -> None:
@@ -172,6 +213,11 @@ def _validate(config: AgentConfig, where: str) -> None:
         raise ConfigError(
             f"{where}: agent.failsafe_after_s must be at least period_s ({config.period_s} s) "
             f"and at most a day, got {config.failsafe_after_s}"
+        )
+    if not config.period_s <= config.max_command_ttl_s <= MAX_TTL_S:
+        raise ConfigError(
+            f"{where}: agent.max_command_ttl_s must be at least period_s and at most "
+            f"{MAX_TTL_S:g} s, got {config.max_command_ttl_s}"
         )
     fs = config.failsafe
     for label, cap in [("failsafe.cap_w", fs.cap_w)] + [

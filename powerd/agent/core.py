@@ -6,11 +6,14 @@ lets the safety rules be tested exhaustively without a broker.
 
 Safety rules (docs/PROTOCOL.md):
 1. ``start()`` applies failsafe caps before anything else happens.
-2. Commands are applied only in ``(epoch, seq)`` order, and only from a
+2. Commands and heartbeats count only when signed by a trusted controller key
+   (``powerd.signing``); anything else is rejected and counted.
+3. Commands are applied only in ``(epoch, seq)`` order, and only from a
    controller whose heartbeat is live and whose epoch is not older than the
    newest epoch seen; everything else is acknowledged as stale or rejected.
-3. Every cap is clamped into the device range before it is written.
-4. No payload can raise out of ``on_command``/``on_heartbeat``.
+4. A command holds at most ``max_command_ttl_s``, whatever its ``ttl_s`` says.
+5. Every cap is clamped into the device range before it is written.
+6. No payload can raise out of ``on_command``/``on_heartbeat``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from powerd import __version__
-from powerd.agent.config import AgentMode, FailsafeConfig
+from powerd.agent.config import DEFAULT_MAX_COMMAND_TTL_S, AgentMode, FailsafeConfig
 from powerd.agent.controls import apply_failsafe, apply_gpu_command
 from powerd.gpu import Gpu, GpuError, PowerLimitRange
 from powerd.protocol import (
@@ -32,15 +35,17 @@ from powerd.protocol import (
     GpuAck,
     GpuTelemetry,
     Heartbeat,
+    M,
     Mode,
     NodeState,
     ProtocolError,
     Status,
     Telemetry,
-    decode,
+    Topics,
     peek_order,
 )
 from powerd.ratelimit import LogOncePer
+from powerd.signing import SignatureError, Verifier
 from powerd.vocabulary import PROTOCOL_VERSION
 
 log = logging.getLogger("powerd.agent")
@@ -55,6 +60,7 @@ class AgentCounters:
     commands_stale: int = 0
     payloads_rejected: int = 0  # malformed: failed validation
     commands_refused: int = 0  # well-formed, but no live controller or local mode
+    unverified: int = 0  # commands and heartbeats not signed by a trusted key
     heartbeats_ignored: int = 0
     failsafe_entries: int = 0
     gpu_read_errors: int = 0
@@ -69,11 +75,22 @@ class AgentCore:
         gpus: Sequence[Gpu],
         failsafe: FailsafeConfig,
         failsafe_after_s: float,
+        verifier: Verifier | None,
         mode: AgentMode = "controlled",
+        cluster: str = "default",
+        max_command_ttl_s: float = DEFAULT_MAX_COMMAND_TTL_S,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
+        """``verifier``: the controller keys this node trusts (None only in local mode)."""
+        if mode == "controlled" and verifier is None:
+            raise ValueError("a controlled agent needs the controllers' public keys to verify")
         self.node = node
+        self._verifier = verifier
+        topics = Topics(cluster)
+        self._command_topic = topics.command(node)
+        self._heartbeat_topic = topics.heartbeat
+        self.max_command_ttl_s = max_command_ttl_s
         self.gpus = {gpu.index: gpu for gpu in gpus}
         if len(self.gpus) != len(gpus):
             raise ValueError("two GPUs share an index")
@@ -124,16 +141,15 @@ class AgentCore:
     # --- inputs ------------------------------------------------------------
 
     def on_heartbeat(self, payload: bytes) -> None:
-        """A controller heartbeat: refreshes liveness if it is a current leader's."""
+        """A controller heartbeat: refreshes liveness if it is a current leader's, signed."""
         now_mono, now_wall = self._monotonic(), self._wall()
         try:
-            beat = decode(Heartbeat, payload)
+            beat = self._open(Heartbeat, self._heartbeat_topic, payload)
         except ProtocolError as exc:
-            self.counters.payloads_rejected += 1
             self._bad_input_log.warning("heartbeat", now_mono, "rejected heartbeat: %s", exc)
             return
         if beat.state != "leader" or beat.epoch < self._newest_epoch:
-            self.counters.heartbeats_ignored += 1
+            self.counters.heartbeats_ignored += 1  # a standby, or a deposed leader
             return
         if beat.epoch > self._newest_epoch:
             if self._newest_epoch >= 0:
@@ -156,13 +172,26 @@ class AgentCore:
             log.info("live controller %s (epoch %d): leaving failsafe", beat.controller, beat.epoch)
             self.mode = "controlled"
 
+    def _open(self, cls: type[M], topic: str, payload: bytes) -> M:
+        """A signed, valid message, or ProtocolError (counted as unverified or rejected)."""
+        if self._verifier is None:
+            self.counters.unverified += 1
+            raise SignatureError("this agent runs in local mode and trusts no controller key")
+        try:
+            return self._verifier.decode(cls, topic, payload)
+        except SignatureError:
+            self.counters.unverified += 1
+            raise
+        except ProtocolError:
+            self.counters.payloads_rejected += 1
+            raise
+
     def on_command(self, payload: bytes) -> Ack:
         """Apply a command if it is valid, current and in order; always return its ack."""
         now_mono = self._monotonic()
         try:
-            command = decode(Command, payload)
+            command = self._open(Command, self._command_topic, payload)
         except ProtocolError as exc:
-            self.counters.payloads_rejected += 1
             self._bad_input_log.warning("command", now_mono, "rejected command: %s", exc)
             epoch, seq = peek_order(payload)
             return self._ack(epoch, seq, "rejected", [], [AckError(index=None, message=str(exc))])
@@ -199,8 +228,8 @@ class AgentCore:
 
         self._last_applied = order
         self._newest_epoch = max(self._newest_epoch, command.epoch)
-        self._command_ttl_s = command.ttl_s
-        self._command_deadline = now_mono + command.ttl_s
+        self._command_ttl_s = min(command.ttl_s, self.max_command_ttl_s)
+        self._command_deadline = now_mono + self._command_ttl_s
         if errors:
             self.counters.commands_partial += 1
             for error in errors:
@@ -293,6 +322,7 @@ class AgentCore:
             ts=self._wall(),
             gpus=len(self.gpus),
             agent_version=__version__,
+            failsafe_cap_w=max(self.failsafe_caps_w.values(), default=None),
         )
 
     def _reject(self, command: Command, why: str) -> Ack:

@@ -28,6 +28,7 @@ from powerd.gpu import Gpu
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.protocol import NodeState, Topics, encode
 from powerd.ratelimit import TokenBucket
+from powerd.signing import Verifier
 from powerd.systemd import SystemdNotifier
 
 log = logging.getLogger("powerd.agent")
@@ -47,7 +48,10 @@ class AgentDaemon:
         rng: random.Random | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        verifier: Verifier | None = None,
     ) -> None:
+        """``verifier``: the trusted controller keys; by default loaded from the config's
+        ``controller_keys`` (ConfigError if they cannot be, before any GPU is touched)."""
         self.config = config
         self.topics = Topics(config.cluster)
         self.core = AgentCore(
@@ -55,7 +59,10 @@ class AgentDaemon:
             gpus=gpus,
             failsafe=config.failsafe,
             failsafe_after_s=config.failsafe_after_s,
+            verifier=verifier if verifier is not None else config.verifier(),
             mode=config.mode,
+            cluster=config.cluster,
+            max_command_ttl_s=config.max_command_ttl_s,
             monotonic=monotonic,
             wall=wall,
         )

@@ -26,6 +26,7 @@ async def run_agent(config: AgentConfig) -> None:
     from powerd.agent.daemon import AgentDaemon
     from powerd.gpu.open import close_gpus, open_gpus
 
+    verifier = config.verifier()  # a key that cannot be used stops us before any GPU is touched
     gpus = open_gpus(config.simulate, config.gpu_indices)
     if not gpus:
         raise GpuError("no GPUs to manage (check agent.gpu_indices and the driver)")
@@ -44,7 +45,7 @@ async def run_agent(config: AgentConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await AgentDaemon(config, gpus).run(stop)
+        await AgentDaemon(config, gpus, verifier=verifier).run(stop)
     finally:
         close_gpus(gpus)
 

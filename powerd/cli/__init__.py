@@ -18,6 +18,7 @@ from powerd.cli.dashboards import command as dashboards_command
 from powerd.cli.demo import command as demo_command
 from powerd.cli.fleet import command as fleet_command
 from powerd.cli.gpus import command as gpus_command
+from powerd.cli.keys import group as keys_group
 from powerd.cli.unit import group as unit_group
 
 
@@ -32,6 +33,8 @@ def main() -> None:
     powerd gpus        what the agent reads from this node's GPUs
     powerd demo        the whole loop on this machine, simulated GPUs, no servers
     powerd fleet       thousands of simulated agents against a real broker (scale tests)
+    powerd keys        make the controller role's signing key pair (agents trust its .pub)
+    powerd dashboards  write or check the Grafana dashboards' JSON
     powerd unit agent  print the systemd unit for the agent (unit controller: the controller)
 
     The wire protocol is in docs/PROTOCOL.md.
@@ -45,5 +48,6 @@ main.add_command(fleet_command)
 main.add_command(dashboards_command)
 main.add_command(gpus_command)
 main.add_command(unit_group)
+main.add_command(keys_group)
 
 __all__ = ["main"]

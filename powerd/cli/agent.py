@@ -36,6 +36,15 @@ from powerd.gpu import GpuError
     help="On stop, keep the current caps (safe on an oversubscribed site) or restore defaults.",
 )
 @click.option(
+    "--trust",
+    "trust",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Public key file (PEM) of a controller to obey; repeat while a key rotates. "
+    "Replaces trust.controller_keys. Commands and heartbeats signed by no trusted key "
+    "are rejected.",
+)
+@click.option(
     "--local",
     "local_mode",
     is_flag=True,
@@ -52,6 +61,7 @@ def command(
     period_s: float | None,
     failsafe_after_s: float | None,
     on_exit: str | None,
+    trust: tuple[Path, ...],
     local_mode: bool | None,
     log_level: str,
 ) -> None:
@@ -64,8 +74,18 @@ def command(
     heartbeat or the last command's TTL runs out. SIGTERM or SIGINT stops it
     cleanly: offline status published, caps kept or restored (--on-exit).
 
+    It obeys only commands and heartbeats signed by a controller key it trusts
+    (--trust or trust.controller_keys; `powerd keys generate` makes a pair).
+
     Run it as root on a GPU node: NVML only lets root set power limits and
     lock clocks.
+
+    \b
+    Examples:
+      powerd agent --config /etc/powerd/agent.toml
+      powerd keys generate /tmp/ctl && \\
+        powerd agent --simulate 4xH100 --broker mqtt://localhost --trust /tmp/ctl.pub
+      powerd agent --simulate 2xA100 --local      # telemetry only, failsafe caps held
     """
     from powerd.agent.startup import start_agent
 
@@ -80,6 +100,7 @@ def command(
             failsafe_after_s=failsafe_after_s,
             on_exit=on_exit,
             mode="local" if local_mode else None,
+            controller_keys=tuple(str(p) for p in trust) or None,
         )
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None

@@ -37,6 +37,12 @@ from powerd.configfile import ConfigError
     help="Record telemetry: influx+http://HOST:PORT?org=O&bucket=B, or a line-protocol file.",
 )
 @click.option(
+    "--signing-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The controller role's private key (PEM; `powerd keys generate`): every command and "
+    "heartbeat is signed with it. Replaces trust.signing_key.",
+)
+@click.option(
     "--no-record",
     is_flag=True,
     help="Record nothing (default: the configured recorder, else telemetry.lp in the state dir).",
@@ -50,6 +56,7 @@ def command(
     name: str | None,
     cycle_s: float | None,
     record: str | None,
+    signing_key: Path | None,
     no_record: bool,
     log_level: str,
 ) -> None:
@@ -67,6 +74,15 @@ def command(
     heartbeat, and steps down when it sees a newer one: a second controller
     started with the same settings is a standby that takes over when the
     leader goes silent.
+
+    Every command and heartbeat is signed with the role's private key
+    (--signing-key); agents obey only keys they trust.
+
+    \b
+    Examples:
+      powerd controller --config /etc/powerd/controller.toml --budgets /etc/powerd/budgets.toml
+      powerd keys generate /tmp/ctl && powerd controller --signing-key /tmp/ctl.key \\
+        --budgets powerd/data/budgets/demo.toml --broker mqtt://localhost
     """
     from powerd.controller.app import run_controller
     from powerd.controller.config import load_controller_config
@@ -76,8 +92,13 @@ def command(
     setup_logging(log_level)
     try:
         config = load_controller_config(config_path).with_overrides(
-            broker=broker, cluster=cluster, name=name, cycle_s=cycle_s
+            broker=broker,
+            cluster=cluster,
+            name=name,
+            cycle_s=cycle_s,
+            signing_key=None if signing_key is None else str(signing_key),
         )
+        config.signer()  # an unusable key stops us here, with the file named
         if record is not None and no_record:
             raise ConfigError("give --record or --no-record, not both")
         if record is not None:

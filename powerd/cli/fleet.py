@@ -18,6 +18,14 @@ from powerd.cli.options import log_level_option, setup_logging
     help="Budget tree (TOML): the nodes to simulate, their GPUs, racks and thresholds.",
 )
 @click.option("--broker", default="mqtt://localhost", show_default=True, help="Broker URL.")
+@click.option(
+    "--trust",
+    multiple=True,
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Public key (PEM) of the controller the simulated agents obey, as an agent's "
+    "--trust; repeatable.",
+)
 @click.option("--cluster", default="default", show_default=True, help="Topic prefix cluster.")
 @click.option("--nodes", type=click.IntRange(min=1), help="Only the first N nodes [default: all].")
 @click.option(

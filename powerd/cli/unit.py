@@ -30,7 +30,14 @@ def agent(exec_path: str | None, config_path: str) -> None:
 @exec_option()
 @click.option("--config", "config_path", default="/etc/powerd/controller.toml", show_default=True)
 @click.option("--budgets", "budgets_path", default="/etc/powerd/budgets.toml", show_default=True)
-def controller(exec_path: str | None, config_path: str, budgets_path: str) -> None:
+@click.option(
+    "--signing-key",
+    "key_path",
+    default="/etc/powerd/controller.key",
+    show_default=True,
+    help="The role's private key (root-only): passed to the service as a systemd credential.",
+)
+def controller(exec_path: str | None, config_path: str, budgets_path: str, key_path: str) -> None:
     """Print the controller's unit file, ExecStart pointing at this installation.
 
     \b
@@ -38,6 +45,6 @@ def controller(exec_path: str | None, config_path: str, budgets_path: str) -> No
     systemctl daemon-reload && systemctl enable --now powerd-controller
     """
     click.echo(
-        render_controller_unit(exec_path or this_executable(), config_path, budgets_path),
+        render_controller_unit(exec_path or this_executable(), config_path, budgets_path, key_path),
         nl=False,
     )

@@ -12,6 +12,7 @@ from powerd.controller.core import ControllerCore
 from powerd.controller.records import Records
 from powerd.controller.service import ControllerService
 from powerd.recorder import Recorder, open_recorder
+from powerd.signing import Signer
 from powerd.topology import Topology, load_budgets
 
 log = logging.getLogger("powerd.controller")
@@ -37,15 +38,19 @@ def open_configured_recorder(config: ControllerConfig) -> Recorder | None:
 
 
 def build_service(
-    config: ControllerConfig, topology: Topology, recorder: Recorder | None = None
+    config: ControllerConfig,
+    topology: Topology,
+    recorder: Recorder | None = None,
+    signer: Signer | None = None,
 ) -> ControllerService:
+    """``signer``: the role's key; by default ``config.signing_key``'s."""
     core = ControllerCore(topology.tree, config.settings())
     records = None
     if recorder is not None:
         records = Records(
             config.cluster, topology, config.name, fine_every_s=config.recorder.fine_every_s
         )
-    return ControllerService(config, core, recorder=recorder, records=records)
+    return ControllerService(config, core, recorder=recorder, records=records, signer=signer)
 
 
 async def run_controller(config: ControllerConfig, budgets_path: Path) -> None:

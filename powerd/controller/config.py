@@ -14,6 +14,11 @@ from powerd.controller.core import ControllerSettings
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
 from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
 from powerd.recorder import DEFAULT_FILE_KEEP, DEFAULT_FILE_MAX_BYTES
+from powerd.signing import KeyFileError, Signer, Verifier, load_signer, load_verifier
+
+# A standby's takeover (its silence timer, then a cycle to notice and a heartbeat to say
+# so) ends at least this long before the agents would fall to their failsafe caps.
+TAKEOVER_MARGIN_S = 1.0
 
 _TIMING_KEYS = (
     "cycle_s",
@@ -53,7 +58,9 @@ class ControllerConfig:
     stale_after_s: float = 5.0  # telemetry older than this: counted at failsafe power
     ack_timeout_s: float = 3.0  # resend a command not acknowledged within this
     command_ttl_s: float = 30.0  # agents fall back to failsafe if nothing newer comes
-    takeover_after_s: float = 10.0  # a standby leads once the leader is silent this long
+    # a standby leads once the leader is silent this long: well inside the agents' failsafe
+    # (validate() holds takeover + a cycle + a heartbeat at least TAKEOVER_MARGIN_S below it)
+    takeover_after_s: float = 6.0
     epoch_discovery_s: float = 1.0  # wait this long at start for the retained heartbeat
     agent_failsafe_after_s: float = 10.0  # the agents' failsafe_after_s (a silent node's grace)
     infer_phases: bool = True  # infer waits from power for jobs that do not announce them
@@ -67,7 +74,31 @@ class ControllerConfig:
     broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
     policy: PolicySettings = field(default_factory=PolicySettings)
     recorder: RecorderConfig = field(default_factory=RecorderConfig)
+    # the controller role's private key (PEM): every command and heartbeat is signed with it
+    signing_key: str | None = None
+    # public keys of the other controllers whose heartbeats count (ours always does)
+    controller_keys: tuple[str, ...] = ()
     source: str = "<defaults>"
+
+    def signer(self) -> Signer:
+        """The signing key, loaded; ConfigError naming the file if it cannot be used."""
+        if not self.signing_key:
+            raise ConfigError(
+                f"{self.source}: a controller signs its commands and heartbeats: set "
+                "trust.signing_key (or --signing-key FILE); make a pair with "
+                "`powerd keys generate PREFIX` and give the agents PREFIX.pub"
+            )
+        try:
+            return load_signer(self.signing_key)
+        except KeyFileError as exc:
+            raise ConfigError(f"{self.source}: trust.signing_key: {exc}") from None
+
+    def verifier(self, signer: Signer) -> Verifier:
+        """Whose heartbeats count: our own key and ``controller_keys``."""
+        try:
+            return load_verifier(self.controller_keys, signer.trusted())
+        except KeyFileError as exc:
+            raise ConfigError(f"{self.source}: trust.controller_keys: {exc}") from None
 
     def settings(self) -> ControllerSettings:
         """What the core needs of this configuration."""
@@ -116,6 +147,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         },
         "broker": BROKER_KEYS,
         "policy": _policy_keys(),
+        "trust": {"signing_key", "controller_keys"},
         "recorder": {
             "enabled",
             "url",
@@ -145,6 +177,12 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: [policy]: {exc}") from None
     rec = raw.get("recorder", {})
+    trust = raw.get("trust", {})
+    peer_keys = trust.get("controller_keys", [])
+    if not isinstance(peer_keys, list) or not all(isinstance(k, str) and k for k in peer_keys):
+        raise ConfigError(f"{where}: trust.controller_keys must be a list of public key files")
+    signing_key = get.opt_str(trust, "trust.signing_key", None)
+    here = Path(where).parent
     config = ControllerConfig(
         name=get.text(section, "controller.name", defaults.name),
         cluster=get.text(section, "controller.cluster", "default"),
@@ -159,6 +197,8 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
             file_max_mb=get.number(rec, "recorder.file_max_mb", DEFAULT_FILE_MAX_BYTES / 1e6),
             file_keep=get.number(rec, "recorder.file_keep", DEFAULT_FILE_KEEP),
         ),
+        signing_key=str(here / Path(signing_key).expanduser()) if signing_key else None,
+        controller_keys=tuple(str(here / Path(k).expanduser()) for k in peer_keys),
         source=where,
         infer_phases=get.flag(section, "controller.infer_phases", defaults.infer_phases),
         ingest_share=get.number(section, "controller.ingest_share", defaults.ingest_share),
@@ -189,6 +229,15 @@ def validate(config: ControllerConfig, where: str) -> None:
         raise ConfigError(f"{where}: controller.command_ttl_s must exceed ack_timeout_s")
     if config.takeover_after_s <= 2 * config.heartbeat_s:
         raise ConfigError(f"{where}: controller.takeover_after_s must exceed 2 heartbeats")
+    takeover_done_s = config.takeover_after_s + config.cycle_s + config.heartbeat_s
+    if takeover_done_s + TAKEOVER_MARGIN_S > config.agent_failsafe_after_s:
+        raise ConfigError(
+            f"{where}: a standby takes over after takeover_after_s + a cycle + a heartbeat "
+            f"({takeover_done_s:g} s), which must end {TAKEOVER_MARGIN_S:g} s before the agents "
+            f"fall to failsafe (agent_failsafe_after_s = {config.agent_failsafe_after_s:g} s): "
+            "lower controller.takeover_after_s or raise the agents' failsafe_after_s (and "
+            "controller.agent_failsafe_after_s with it)"
+        )
     if not 0 <= config.epoch_discovery_s <= 30:
         raise ConfigError(f"{where}: controller.epoch_discovery_s must be in [0, 30] s")
     if not 0 < config.agent_failsafe_after_s <= 86400:

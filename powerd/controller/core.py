@@ -35,6 +35,9 @@ from powerd.protocol import (
 from powerd.ratelimit import LogOncePer
 from powerd.vocabulary import PHASES, PROTOCOL_VERSION
 
+# A reported failsafe cap this far above the plan's is a disagreement (rounding is not).
+FAILSAFE_TOLERANCE_W = 1.0
+
 log = logging.getLogger("powerd.controller")
 _M = TypeVar("_M", Telemetry, Status, Ack)
 
@@ -89,6 +92,7 @@ class CycleCounters:
     resends: int = 0
     acks_received: int = 0
     acks_missing: int = 0
+    acks_stale: int = 0  # our newest command acked stale: not applied, asked again
     # commands sent while the node's previous one was still unacknowledged (and not yet
     # overdue): the newer one replaces it, and the older one's ack, when it comes, is ignored
     superseded: int = 0
@@ -108,6 +112,9 @@ class CycleCounters:
     raises_deferred: int = 0
     # nodes found holding other caps or clock locks than commanded (commanded again)
     nodes_drifted: int = 0
+    # nodes whose agents hold a failsafe cap above the budgets file's: the limits were
+    # proven for the file's caps, so such a node is counted at its own when silent
+    failsafe_over_plan: int = 0
 
 
 @dataclass
@@ -131,6 +138,10 @@ class ControllerCore:
         self._monotonic = monotonic
         self._wall = wall
         n_gpus, n_servers = tree.n_gpus, tree.n_servers
+        # what a node that cannot be heard falls back to: the plan's failsafe caps, or the
+        # agent's own where its status reports a higher one (FAILSAFE_TOLERANCE_W)
+        self.failsafe_cap_w = tree.failsafe_cap_w.astype(float).copy()
+        self.failsafe_over_plan = np.zeros(tree.n_servers, dtype=bool)
         self.power_w = tree.failsafe_cap_w.astype(float).copy()
         self.cap_w = tree.failsafe_cap_w.astype(float).copy()  # read back from the devices
         self.clock_mhz = np.full(n_gpus, np.nan)  # locks in force, read back
@@ -155,7 +166,6 @@ class ControllerCore:
         self._last_node_power_w: np.ndarray | None = None  # tree node power, last decision
         self.epoch = 0
         self.seq = 0
-        self.newest_agent_epoch = -1  # the highest epoch any agent says it follows
         self.counters = CycleCounters()
         self.rejected_total = 0
         self.last_dt_s = settings.cycle_s
@@ -200,7 +210,6 @@ class ControllerCore:
         modes: list[str] = []
         samples: list[Telemetry] = []
         lost = 0
-        newest_epoch = self.newest_agent_epoch
         for server, payload, arrived, replaced in batch:
             node = names[server]
             try:
@@ -235,8 +244,6 @@ class ControllerCore:
             if 0 < gap <= MAX_SEQ_GAP and previous >= 0:  # lower: the agent restarted
                 lost += max(0, gap - replaced)
             last_seq[server] = sample.seq
-            if sample.epoch is not None and sample.epoch > newest_epoch:
-                newest_epoch = sample.epoch
             servers.append(server)
             arrivals.append(arrived)
             sampled.append(sample.ts)
@@ -253,7 +260,6 @@ class ControllerCore:
             self._sample_ts[servers] = sampled
             self.mode[servers] = modes
             self.offline[servers] = False
-        self.newest_agent_epoch = newest_epoch
         self.counters.telemetry_lost += lost
         return samples
 
@@ -262,10 +268,30 @@ class ControllerCore:
         if got is None:
             return
         server, status = got
+        if status.failsafe_cap_w is not None:
+            self._take_failsafe_cap(server, node, status.failsafe_cap_w)
         self.offline[server] = status.state == "offline"
         if status.state == "offline":
             log.warning(
                 "node %s is offline: counted at its last caps (at least its failsafe caps)", node
+            )
+
+    def _take_failsafe_cap(self, server: int, node: str, reported_w: float) -> None:
+        gpus = self.tree.server_gpus[server]
+        planned_w = self.tree.failsafe_cap_w[gpus]
+        over = reported_w > float(planned_w.max()) + FAILSAFE_TOLERANCE_W
+        self.failsafe_over_plan[server] = over
+        self.failsafe_cap_w[gpus] = np.maximum(planned_w, reported_w) if over else planned_w
+        if over:
+            self._log.warning(
+                f"failsafe-{node}",
+                self._monotonic(),
+                "node %s falls back to failsafe caps up to %.0f W, above the budgets file's "
+                "%.0f W: the budgets were proven for the file's caps; set failsafe.cap_w in its "
+                "agent config to at most that (it is counted at its own meanwhile)",
+                node,
+                reported_w,
+                float(planned_w.max()),
             )
 
     def on_ack(self, node: str, payload: bytes) -> None:
@@ -277,6 +303,21 @@ class ControllerCore:
         if ack.epoch != self.epoch or pending is None or ack.seq < pending[0]:
             return  # an old command's ack
         del self.pending[server]
+        if ack.result == "stale":
+            # It holds a newer command of this epoch than ours: not one we sent. Not
+            # applied: asked again (a newer seq) next cycle, and drift checks what it holds.
+            self.counters.acks_stale += 1
+            self._log.warning(
+                f"ack-{node}",
+                self._monotonic(),
+                "node %s: command %d acknowledged as stale: the node applied a command of "
+                "epoch %d that this controller did not send",
+                node,
+                ack.seq,
+                ack.epoch,
+            )
+            self._forget_commanded(server)
+            return
         self.counters.acks_received += 1
         self._acked_ts[server] = ack.ts
         gpus = self.tree.server_gpus[server]
@@ -526,7 +567,8 @@ class ControllerCore:
         holding_last = (
             ~live & ((silent_s <= self.settings.agent_failsafe_after_s) | self.offline)
         )[self.tree.gpu_server_ordinal]
-        failsafe = self.tree.failsafe_cap_w
+        counters.failsafe_over_plan = int(np.sum(self.failsafe_over_plan))
+        failsafe = self.failsafe_cap_w
         held_w = np.where(holding_last, np.maximum(failsafe, self.cap_w), failsafe)
         power = np.where(gpu_live, self.power_w, held_w)
         cap = np.where(gpu_live, self.cap_w, held_w)

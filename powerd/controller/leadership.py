@@ -1,11 +1,12 @@
 """Who leads: epochs from the retained heartbeat, step-down, and standby takeover.
 
 Rules (docs/PROTOCOL.md, safety rule 2): a starting controller takes the
-highest epoch it sees plus one; a leader that sees a heartbeat with a higher
-epoch, or the same epoch from a controller whose name sorts lower, steps down
-at once. A standby takes over (with a new, higher epoch) once no live leader
-heartbeat has been seen for ``takeover_after_s``, or at once when the leader
-it followed publishes a standby heartbeat (it stopped cleanly).
+highest epoch it sees plus one, and at least the wall clock in milliseconds; a
+leader that sees a heartbeat with a higher epoch, or the same epoch from a
+controller whose name sorts lower, steps down at once. A standby takes over
+(with a new, higher epoch) once no live leader heartbeat has been seen for
+``takeover_after_s``, or at once when the leader it followed publishes a
+standby heartbeat (it stopped cleanly).
 """
 
 from __future__ import annotations
@@ -61,12 +62,16 @@ class Leadership:
         """Not leading, and no other live leader heard from for ``takeover_after_s``."""
         return not self.leading and now_mono - self.leader_seen_mono > self.takeover_after_s
 
-    def outbid(self, epoch: int) -> None:
-        """An epoch seen elsewhere (agents' telemetry): the next ``take_over`` goes above it."""
-        self.highest_epoch_seen = max(self.highest_epoch_seen, epoch)
+    def take_over(self, floor: int = 0) -> int:
+        """Lead with an epoch above every one seen, and at least ``floor``.
 
-    def take_over(self) -> int:
-        self.epoch = max(self.highest_epoch_seen, self.epoch) + 1
+        The service's floor is the wall clock in milliseconds: a controller that finds
+        no retained heartbeat (the broker lost it) still leads above a leader that died
+        before it started, so agents following that leader follow it. Nothing else
+        raises an epoch: telemetry's ``epoch`` is never taken (a node's login could
+        report any number), only verified heartbeats' (``observe``).
+        """
+        self.epoch = max(self.highest_epoch_seen + 1, self.epoch + 1, floor)
         self.highest_epoch_seen = self.epoch
         self.leading = True
         log.info("%s leads with epoch %d", self.name, self.epoch)

@@ -127,6 +127,7 @@ class Records:
             resends=c.resends,
             acks_received=c.acks_received,
             acks_missing=c.acks_missing,
+            acks_stale=c.acks_stale,
             stale_nodes=c.stale_nodes,
             failsafe_nodes=c.failsafe_nodes,
             offline_nodes=c.offline_nodes,
@@ -141,6 +142,7 @@ class Records:
             ingest_s=c.ingest_s,
             raises_deferred=c.raises_deferred,
             nodes_drifted=c.nodes_drifted,
+            failsafe_over_plan=c.failsafe_over_plan,
         )
         if line is not None:
             lines.append(line)

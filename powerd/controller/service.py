@@ -38,9 +38,10 @@ from powerd.controller.records import Records
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.mqtt_stream import MqttStream, StreamError
-from powerd.protocol import Heartbeat, ProtocolError, Topics, decode, encode
+from powerd.protocol import Heartbeat, ProtocolError, Topics, encode
 from powerd.ratelimit import LogOncePer
 from powerd.recorder import Recorder
+from powerd.signing import Signer
 from powerd.systemd import SystemdNotifier
 from powerd.vocabulary import PROTOCOL_VERSION
 
@@ -62,8 +63,12 @@ class ControllerService:
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         notifier: SystemdNotifier | None = None,
+        signer: Signer | None = None,
     ) -> None:
+        """``signer``: the role's key; by default loaded from ``config.signing_key``."""
         self.config = config
+        self.signer = signer if signer is not None else config.signer()
+        self.verifier = config.verifier(self.signer)  # whose heartbeats count
         self.notifier = notifier or SystemdNotifier()
         self.core = core
         self.recorder = recorder
@@ -218,19 +223,8 @@ class ControllerService:
         link.lost.add_done_callback(lambda _: self._decide_now.set())  # wake up to leave
         while not link.lost.done() and not self._stopping:
             now = loop.time()
-            if self.leadership.leading and self.core.newest_agent_epoch > self.leadership.epoch:
-                # Agents follow a newer epoch than ours (the broker lost the retained
-                # heartbeat we started from): they would ignore us. Lead above them.
-                log.warning(
-                    "agents follow epoch %d, above ours (%d): taking a new epoch",
-                    self.core.newest_agent_epoch,
-                    self.leadership.epoch,
-                )
-                self.leadership.outbid(self.core.newest_agent_epoch)
-                self.core.new_epoch(self.leadership.take_over())
-                next_beat = now
             if self.leadership.should_lead(self._monotonic()):
-                self.core.new_epoch(self.leadership.take_over())
+                self.core.new_epoch(self.leadership.take_over(floor=int(self._wall() * 1000)))
                 self.leading.set()
                 self.notifier.status(f"leading, epoch {self.leadership.epoch}")
                 next_beat = now
@@ -345,8 +339,10 @@ class ControllerService:
                 log.exception("cycle listener %r failed", listener)
         # Queued, not awaited: the broker's PUBACKs are paho's business, and an
         # unacknowledged command is resent by the core after ack_timeout_s anyway.
+        sign, command_topic = self.signer.sign, self.topics.command
         for node, command in result.commands:
-            link.publish(self.topics.command(node), encode(command), qos=1)
+            topic = command_topic(node)
+            link.publish(topic, sign(topic, encode(command)), qos=1)
         if self.recorder is not None and self.records is not None:
             # its points after the loop has read the sockets again (~3,000 lines at site
             # scale, tens of ms): the broker's queue for us does not fill meanwhile
@@ -365,7 +361,7 @@ class ControllerService:
             controller=self.config.name,
             state=state,  # type: ignore[arg-type]
         )
-        return encode(beat)
+        return self.signer.sign(self.topics.heartbeat, encode(beat))
 
     async def _step_down_on_exit(self) -> None:
         """A clean stop hands over at once: a retained standby heartbeat, not a stale leader one."""
@@ -399,9 +395,10 @@ class ControllerService:
 
     def _on_heartbeat(self, payload: bytes) -> None:
         try:
-            beat = decode(Heartbeat, payload)
-        except ProtocolError:
+            beat = self.verifier.decode(Heartbeat, self.topics.heartbeat, payload)
+        except ProtocolError as exc:  # forged, unsigned or malformed: it leads nobody
             self.core.count_rejected()
+            self._log.warning("heartbeat", self._monotonic(), "heartbeat refused: %s", exc)
             return
         age_s = max(0.0, self._wall() - beat.ts)
         if self.leadership.observe(beat, self._monotonic(), age_s):

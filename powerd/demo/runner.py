@@ -48,6 +48,7 @@ from powerd.gpu.simulated import SimulatedGpu, open_simulated
 from powerd.jobhook import PhaseReporter
 from powerd.mqtt_url import parse_broker_url
 from powerd.recorder import open_recorder
+from powerd.signing import Signer, Verifier
 from powerd.topology import Topology, load_budgets
 
 DEFAULT_DURATION_S = 40.0
@@ -233,9 +234,13 @@ async def run_demo(
     broker = EmbeddedBroker()
     await broker.__aenter__()
     try:
-        agents = _agents(topology, gpus_by_node, broker.url, options)
+        # the controller role's key for this run only: agents obey what it signs, as in
+        # production; nothing else on the embedded broker can move a simulated GPU
+        signer = Signer.generate()
+        agents = _agents(topology, gpus_by_node, broker.url, options, Verifier([signer.trusted()]))
         recorder = open_recorder(options.record) if options.record else None
-        service = build_service(_controller_config(broker.url, options), topology, recorder)
+        config = _controller_config(broker.url, options)
+        service = build_service(config, topology, recorder, signer=signer)
         tasks += [asyncio.create_task(a.run(stop), name=a.config.node) for a in agents]
         tasks.append(asyncio.create_task(service.run(stop), name="controller"))
         await _wait_ready(agents, service, tasks)
@@ -284,6 +289,7 @@ def _agents(
     gpus_by_node: dict[str, list[SimulatedGpu]],
     url: str,
     options: DemoOptions,
+    verifier: Verifier,
 ) -> list[AgentDaemon]:
     """One agent per node, holding the failsafe cap the budgets file gives that node."""
     broker = parse_broker_url(url)
@@ -298,6 +304,7 @@ def _agents(
                 failsafe=FailsafeConfig(cap_w=topology.failsafe_cap_w(name)),
             ),
             gpus_by_node[name],
+            verifier=verifier,
         )
         for name in topology.servers
     ]

@@ -11,6 +11,7 @@ from pathlib import Path
 from powerd.fleet.model import FleetModel, FleetOptions
 from powerd.fleet.runner import FleetRunner, RunOptions
 from powerd.mqtt_url import parse_broker_url
+from powerd.signing import load_verifier
 from powerd.topology import load_budgets
 
 log = logging.getLogger("powerd.fleet")
@@ -33,6 +34,7 @@ def run_fleet(
     broker: str,
     cluster: str,
     *,
+    trust: tuple[Path, ...] = (),
     nodes: int | None = None,
     period_s: float = 1.0,
     connections: int = 4,
@@ -52,7 +54,12 @@ def run_fleet(
     seed: int = 1,
     report_json: Path | None = None,
 ) -> dict:
-    """Run until ``duration_s`` or SIGTERM/SIGINT; the report's summary."""
+    """Run until ``duration_s`` or SIGTERM/SIGINT; the report's summary.
+
+    ``trust``: the controller public keys the simulated agents obey (KeyFileError, a
+    ValueError, if none can be used).
+    """
+    verifier = load_verifier(trust)
     topology = load_budgets(budgets_path)
     model = FleetModel(
         topology,
@@ -68,6 +75,8 @@ def run_fleet(
             communication_s=communication_s,
             seed=seed,
         ),
+        verifier,
+        cluster,
     )
     runner = FleetRunner(
         model,

@@ -8,12 +8,14 @@ messages the way ``powerd.agent.core.AgentCore`` does, in bulk:
 - **Telemetry**: one protocol-valid ``Telemetry`` payload per node (what an
   agent publishes each period), power = ``min(demand, cap)``, scaled down
   under a clock lock; the newest controller epoch it has seen.
-- **Commands** (``on_command``): validated by ``powerd.protocol``; refused
+- **Commands** (``on_command``): signature verified against the trusted
+  controller keys (``powerd.signing``), validated by ``powerd.protocol``; refused
   (``rejected``) in failsafe; ``stale`` if older than the newest epoch or not
   after the last applied ``(epoch, seq)``; else every cap clamped into
   ``[cap_min, cap_max]``, clocks locked (clamped) or unlocked, and the ack
   reads back what is held. The next telemetry shows the new caps.
-- **Heartbeats** (``on_heartbeat``): a live leader's keeps every node
+- **Heartbeats** (``on_heartbeat``): verified too (one verification per
+  distinct payload: every node receives the same one); a live leader's keeps every node
   controlled; none for ``failsafe_after_s`` puts every node in failsafe
   (failsafe caps, clocks unlocked) until the next live one, as agents do.
 - **Load**: a base demand per GPU with a little noise; ``push(rack)`` sends a
@@ -55,10 +57,11 @@ from powerd.protocol import (
     PhaseEvent,
     ProtocolError,
     Status,
-    decode,
+    Topics,
     encode,
     peek_order,
 )
+from powerd.signing import Verifier
 from powerd.topology import Topology
 from powerd.vocabulary import PRIORITIES, PROTOCOL_VERSION
 
@@ -122,8 +125,18 @@ class FleetCounters:
 
 
 class FleetModel:
-    def __init__(self, topology: Topology, options: FleetOptions) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        options: FleetOptions,
+        verifier: Verifier,
+        cluster: str = "default",
+    ) -> None:
+        """``verifier``: the controller keys every simulated agent trusts."""
         self.topology = topology
+        self.verifier = verifier
+        self.topics = Topics(cluster)
+        self._verified_heartbeat: tuple[bytes, Heartbeat] | None = None
         self.options = options
         self.tree = tree = topology.tree
         servers = list(topology.servers)
@@ -266,11 +279,16 @@ class FleetModel:
     def on_heartbeat(self, payload: bytes, now: float, wall: float) -> bool:
         """A heartbeat; True if it was a live leader's (every node follows it)."""
         self.counters.heartbeats += 1
-        try:
-            beat = decode(Heartbeat, payload)
-        except ProtocolError:
-            self.counters.rejected_payloads += 1
-            return False
+        last = self._verified_heartbeat
+        if last is not None and last[0] == payload:
+            beat = last[1]
+        else:
+            try:
+                beat = self.verifier.decode(Heartbeat, self.topics.heartbeat, payload)
+            except ProtocolError:
+                self.counters.rejected_payloads += 1
+                return False
+            self._verified_heartbeat = (bytes(payload), beat)
         if beat.state != "leader" or beat.epoch < self.newest_epoch:
             return False
         deadline = now + self.options.failsafe_after_s - max(0.0, wall - beat.ts)
@@ -298,7 +316,7 @@ class FleetModel:
             return None
         self.counters.commands += 1
         try:
-            command = decode(Command, payload)
+            command = self.verifier.decode(Command, self.topics.command(node_name), payload)
         except ProtocolError as exc:
             self.counters.rejected_payloads += 1
             epoch, seq = peek_order(payload)

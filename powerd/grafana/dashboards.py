@@ -649,8 +649,9 @@ def controller_health() -> dict:
         Panel(
             "timeseries",
             "Commands and acknowledgements",
-            "Commands published, acks received, commands re-sent for want of an ack, and"
-            " commands past their ack timeout, per interval.",
+            "Commands published, acks received, commands re-sent for want of an ack,"
+            " commands past their ack timeout, and commands acked stale (the node held one"
+            " this controller did not send: investigate), per interval.",
             [
                 target(
                     Query(
@@ -660,6 +661,7 @@ def controller_health() -> dict:
                             ("sum({acks_received})", "acked"),
                             ("sum({resends})", "resent"),
                             ("max({acks_missing})", "missing acks"),
+                            ("sum({acks_stale})", "acked stale"),
                         ),
                     ),
                     "A",
@@ -717,7 +719,8 @@ def controller_health() -> dict:
             "Decode time and held-back commands",
             "CPU time spent decoding telemetry per cycle (the budget is ingest_share of the"
             " cycle); nodes whose raise waits for a later cycle (max_raises_per_s); nodes"
-            " found holding other caps than commanded (drift).",
+            " found holding other caps than commanded (drift); nodes whose agents fall back"
+            " to a failsafe cap above the budgets file's (fix their agent config).",
             [
                 target(Query(DECISION, (("max({ingest_s})", "decode s"),)), "A", alias="$col"),
                 target(
@@ -726,6 +729,7 @@ def controller_health() -> dict:
                         (
                             ("max({raises_deferred})", "raises deferred"),
                             ("sum({nodes_drifted})", "drifted"),
+                            ("max({failsafe_over_plan})", "failsafe over plan"),
                         ),
                     ),
                     "B",

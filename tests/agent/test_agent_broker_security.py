@@ -28,6 +28,7 @@ from tests.support.agent_harness import (
     telemetry,
 )
 from tests.support.brokers import Mosquitto, MqttProbe
+from tests.support.keys import VERIFIER
 from tests.support.secure_brokers import make_certs, passwd_file, tls_broker
 
 AGENT_PASSWORD = "n0de-Secret-42"
@@ -85,7 +86,7 @@ async def test_wrong_password_keeps_node_safe_and_secret_out_of_logs(secured, mo
     gpus = open_simulated("1xH100")
     config = agent_config(secured)
     config = replace(config, broker=replace(config.broker, username=NODE))
-    daemon = AgentDaemon(config, gpus)
+    daemon = AgentDaemon(config, gpus, verifier=VERIFIER)
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))
     await daemon.wait_for(lambda: daemon.session.failures >= 2, timeout_s=15)
@@ -151,7 +152,7 @@ async def test_tls_refused_keeps_node_safe(tmp_path, certs, files):
         agent_config(broker),
         broker=tls_settings(broker, **{k: certs[v] for k, v in files.items()}),
     )
-    daemon = AgentDaemon(config, gpus)
+    daemon = AgentDaemon(config, gpus, verifier=VERIFIER)
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))
     try:

@@ -17,6 +17,7 @@ from powerd.agent.config import (
     load_config,
 )
 from powerd.mqtt_url import BrokerSettings
+from powerd.topology import load_budgets
 
 
 def write(tmp_path: Path, text: str, name: str = "agent.toml") -> Path:
@@ -171,8 +172,14 @@ def example_text() -> str:
 def test_shipped_example_loads(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, example_text()))
     assert config.mode == "controlled"
-    assert config.failsafe.cap_w == 560.0  # H100 SXM: 80 % of 700 W
-    assert config.failsafe.cap_for(0, 700.0) == 560.0
+    # the failsafe cap the shipped budgets files plan for their H100s: one source of truth
+    for budgets in ("demo.toml", "tiny.toml"):
+        topology = load_budgets(str(resources.files("powerd.data").joinpath("budgets", budgets)))
+        h100 = [n for n in topology.servers if topology.server(n).model == "H100"]
+        assert {topology.failsafe_cap_w(n) for n in h100} >= {config.failsafe.cap_w}
+    assert config.failsafe.cap_for(0, 700.0) == 500.0
+    # the trusted key file is named relative to the config file
+    assert config.controller_keys == (str(tmp_path / "controller.pub"),)
     assert config.period_s <= config.failsafe_after_s
     assert config.broker.display == "mqtt://localhost:1883"
 

@@ -1,4 +1,9 @@
-"""Malformed commands and heartbeats change nothing and are counted; stop() on exit."""
+"""Malformed commands and heartbeats change nothing and are counted; stop() on exit.
+
+The malformed payloads are signed by the controller key where they can be (a JSON
+object): what is tested is validation behind the signature check, as if a real
+controller had a bug. Unsigned, every one of them is refused before that (the last
+tests here; tests/agent/test_agent_core_signed.py has the rest of the signature rules)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ from powerd.gpu import GpuPermissionError
 from powerd.gpu.simulated import SimulatedGpu
 from powerd.protocol import MAX_PAYLOAD_BYTES, Ack, GpuCommand, decode, encode, peek_order
 from tests.support.agent_core_harness import (
+    COMMAND_TOPIC,
     FAILSAFE_W,
+    TOPICS,
     WALL0,
     Node,
     command,
@@ -23,6 +30,17 @@ from tests.support.agent_core_harness import (
     started_core,
 )
 from tests.support.clock import ManualClock
+from tests.support.keys import sign
+
+
+def signed(topic: str, payload: bytes) -> bytes:
+    """``payload`` signed for ``topic`` if it is a JSON object (else it cannot be)."""
+    return sign(topic, payload) if payload.startswith(b"{") and payload.endswith(b"}") else payload
+
+
+def rejections(core: AgentCore) -> int:
+    """Payloads refused as malformed or as unsigned."""
+    return core.counters.payloads_rejected + core.counters.unverified
 
 
 @pytest.fixture
@@ -154,6 +172,7 @@ def assert_rejected_and_nothing_changed(
     core: AgentCore, gpus: list[SimulatedGpu], payload: bytes, rejected_before: int
 ) -> Ack:
     before = settings_of(gpus)
+    payload = signed(COMMAND_TOPIC, payload)
     ack = core.on_command(payload)
     assert ack.result == "rejected"
     assert ack.gpus == []
@@ -161,7 +180,7 @@ def assert_rejected_and_nothing_changed(
     assert ack.errors[0].message
     assert (ack.epoch, ack.seq) == peek_order(payload)
     assert settings_of(gpus) == before
-    assert core.counters.payloads_rejected == rejected_before + 1
+    assert rejections(core) == rejected_before + 1
     assert core.counters.commands_applied == 1  # the fixture's only
     assert core.counters.commands_refused == 0
     decode(Ack, encode(ack))  # the ack itself is valid
@@ -187,14 +206,15 @@ def test_overflowing_number_is_rejected_and_changes_nothing(node: Node, payload:
 @pytest.mark.parametrize("payload", OVERFLOWING)
 def test_overflowing_number_ack_carries_epoch_and_seq(node: Node, payload: bytes) -> None:
     core, _ = node
-    ack = core.on_command(payload)
+    ack = core.on_command(signed(COMMAND_TOPIC, payload))
     assert ack.result == "rejected"
     assert (ack.epoch, ack.seq) == (2, 9)
 
 
 def test_rejected_command_takes_no_place_in_the_order(node: Node) -> None:
     core, gpus = node
-    assert core.on_command(raw_command(gpus=[{"index": 0, "cap_w": 0}])).result == "rejected"
+    bad = signed(COMMAND_TOPIC, raw_command(gpus=[{"index": 0, "cap_w": 0}]))
+    assert core.on_command(bad).result == "rejected"
     # the same (2, 9), well-formed this time, is applied, not stale
     ack = core.on_command(command(2, 9, GpuCommand(index=0, cap_w=650.0)))
     assert ack.result == "applied"
@@ -205,17 +225,18 @@ def test_a_flood_of_garbage_is_counted_and_survived(node: Node) -> None:
     core, gpus = node
     before = settings_of(gpus)
     payloads = [p.values[0] for p in MALFORMED + OVERFLOWING]
+    payloads += [signed(COMMAND_TOPIC, p) for p in payloads]
     for _ in range(25):
         for payload in payloads:
             assert core.on_command(payload).result == "rejected"
-    assert core.counters.payloads_rejected == 25 * len(payloads)
+    assert rejections(core) == 25 * len(payloads)
     assert settings_of(gpus) == before
     assert core.on_command(command(2, 6, GpuCommand(index=1, cap_w=600.0))).result == "applied"
 
 
 def test_malformed_command_in_failsafe_is_still_rejected_as_malformed(clock: ManualClock) -> None:
     core, gpus = started_core(clock, "2xH100")
-    ack = core.on_command(raw_command(gpus=[{"index": 0, "cap_w": -1}]))
+    ack = core.on_command(signed(COMMAND_TOPIC, raw_command(gpus=[{"index": 0, "cap_w": -1}])))
     assert (ack.result, ack.epoch, ack.seq) == ("rejected", 2, 9)
     assert core.counters.payloads_rejected == 1
     assert core.counters.commands_refused == 0
@@ -258,9 +279,9 @@ def test_malformed_heartbeat_does_not_make_it_controlled(
     clock: ManualClock, make: MakeHeartbeat
 ) -> None:
     core, _ = started_core(clock, "2xH100")
-    core.on_heartbeat(make(clock))
+    core.on_heartbeat(signed(TOPICS.heartbeat, make(clock)))
     assert core.mode == "failsafe"
-    assert core.counters.payloads_rejected == 1
+    assert rejections(core) == 1
     assert core.counters.heartbeats_ignored == 0
 
 
@@ -269,9 +290,9 @@ def test_malformed_heartbeat_does_not_keep_it_alive(
     clock: ManualClock, node: Node, make: MakeHeartbeat
 ) -> None:
     core, gpus = node
-    heartbeat_each_second(clock, core, 11, make)
+    heartbeat_each_second(clock, core, 11, lambda c: signed(TOPICS.heartbeat, make(c)))
     assert core.mode == "failsafe"
-    assert core.counters.payloads_rejected == 11
+    assert rejections(core) == 11
     assert [g.power_limit_w() for g in gpus] == [FAILSAFE_W] * 4
 
 
@@ -279,7 +300,7 @@ def test_malformed_heartbeat_with_a_higher_epoch_does_not_raise_the_epoch(
     clock: ManualClock, node: Node
 ) -> None:
     core, _ = node
-    core.on_heartbeat(raw_heartbeat(clock, epoch=9, state="boss"))
+    core.on_heartbeat(signed(TOPICS.heartbeat, raw_heartbeat(clock, epoch=9, state="boss")))
     assert core.on_command(command(2, 6, GpuCommand(index=0, cap_w=610.0))).result == "applied"
 
 

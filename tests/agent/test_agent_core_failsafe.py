@@ -12,6 +12,7 @@ from powerd.gpu import GpuPermissionError
 from powerd.protocol import Command, GpuCommand, encode
 from tests.support.agent_core_harness import (
     AFTER_S,
+    COMMAND_TOPIC,
     FAILSAFE_W,
     Node,
     command,
@@ -24,6 +25,7 @@ from tests.support.agent_core_harness import (
     started_core,
 )
 from tests.support.clock import ManualClock
+from tests.support.keys import sign
 
 
 def all_gpus(count: int, cap_w: float, clock_mhz: int | None = None) -> list[GpuCommand]:
@@ -288,8 +290,11 @@ def test_ttl_is_measured_from_receipt_not_sender_ts(clock: ManualClock, node: No
     core, _ = node
     core.on_heartbeat(heartbeat(clock))
     # sent (by its ts) an hour ago: with a 5 s ttl it is still good for 5 s from now
-    old = encode(
-        Command(v=1, epoch=1, seq=1, ts=clock.wall - 3600, ttl_s=5.0, gpus=all_gpus(4, 300.0))
+    old = sign(
+        COMMAND_TOPIC,
+        encode(
+            Command(v=1, epoch=1, seq=1, ts=clock.wall - 3600, ttl_s=5.0, gpus=all_gpus(4, 300.0))
+        ),
     )
     assert core.on_command(old).result == "applied"
     assert mode_after(clock, core, 4.5) == "controlled"

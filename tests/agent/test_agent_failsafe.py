@@ -22,6 +22,7 @@ from tests.support.agent_harness import (
     telemetry,
 )
 from tests.support.brokers import Mosquitto
+from tests.support.keys import VERIFIER
 
 FAILSAFE_AFTER_S = 1.0
 PERIOD_S = 0.1
@@ -113,7 +114,7 @@ async def test_stale_retained_heartbeat_is_not_a_live_controller(mosquitto):
 async def test_failsafe_caps_applied_before_any_broker_answers(tmp_path):
     nowhere = Mosquitto(tmp_path)  # never started: nothing listens on its port
     gpus = open_simulated("2xH100")
-    daemon = AgentDaemon(agent_config(nowhere), gpus)
+    daemon = AgentDaemon(agent_config(nowhere), gpus, verifier=VERIFIER)
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))
     await daemon.wait_for(lambda: True, timeout_s=5)  # one pass of the sample loop

@@ -17,6 +17,7 @@ from tests.support.agent_harness import (
     send,
     telemetry,
 )
+from tests.support.keys import sign
 
 FLOOD = 10_000
 
@@ -59,8 +60,19 @@ async def test_garbage_flood_leaves_agent_publishing_and_caps_in_range(mosquitto
     rng = random.Random(20261122)
     async with probe(mosquitto) as p, running_agent(mosquitto, gpus) as daemon:
         await become_controlled(p)
+        topic = TOPICS.command(NODE)
         for i in range(FLOOD):
-            await p.publish(TOPICS.command(NODE), garbage(rng, i), qos=0 if i % 2 else 1)
+            payload = garbage(rng, i)
+            # half of them signed by the controller key where they can be (a JSON object):
+            # wild values from a trusted controller must still be clamped, never obeyed
+            if (
+                i % 4 < 2
+                and payload.startswith(b"{")
+                and payload.endswith(b"}")
+                and payload != b"{}"
+            ):
+                payload = sign(topic, payload)
+            await p.publish(topic, payload, qos=0 if i % 2 else 1)
         # the flood's expired ttls and its length put the agent in failsafe: a live
         # leader again, then everything sent so far is handled before this ack
         await become_controlled(p, epoch=9)
@@ -82,10 +94,13 @@ async def test_garbage_flood_leaves_agent_publishing_and_caps_in_range(mosquitto
         assert g.cap_min_w <= g.cap_w <= g.cap_max_w
     handled = (
         counters.payloads_rejected
+        + counters.unverified
         + counters.commands_applied
         + counters.commands_partial
         + counters.commands_stale
         + counters.commands_refused
     )
     assert handled >= FLOOD  # every payload was looked at; QoS 0 ones may be dropped by no one
-    assert counters.payloads_rejected >= FLOOD * 3 // 5
+    assert counters.payloads_rejected + counters.unverified >= FLOOD * 3 // 5
+    assert counters.unverified >= FLOOD // 2  # the unsigned half, at least
+    assert counters.commands_applied + counters.commands_partial > 1  # signed wild ones obeyed

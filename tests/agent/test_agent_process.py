@@ -11,6 +11,7 @@ from pathlib import Path
 
 from powerd.protocol import Status, decode
 from tests.support.agent_harness import TOPICS, probe
+from tests.support.keys import key_files
 
 NODE = "proc-n1"
 
@@ -35,6 +36,8 @@ def start_agent(broker_url: str, tmp_path: Path, env: dict | None = None) -> sub
             "0.2",
             "--failsafe-after-s",
             "2",
+            "--trust",
+            str(key_files(tmp_path)[1]),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -7,6 +7,7 @@ import pytest
 from powerd.gpu.simulated import open_simulated
 from powerd.protocol import GpuCommand
 from tests.support.agent_harness import (
+    NODE,
     TOPICS,
     become_controlled,
     command,
@@ -15,6 +16,7 @@ from tests.support.agent_harness import (
     running_agent,
     send,
 )
+from tests.support.keys import sign
 
 
 def caps(gpus):
@@ -62,11 +64,14 @@ async def test_malformed_command_is_rejected_and_changes_nothing(mosquitto, payl
     async with probe(mosquitto) as p, running_agent(mosquitto, gpus) as daemon:
         await become_controlled(p)
         before = caps(gpus)
-        ack = await send(p, payload)
+        # signed where it can be (a JSON object), as a controller with a bug would send it
+        signable = payload.startswith(b"{") and payload.endswith(b"}")
+        ack = await send(p, sign(TOPICS.command(NODE), payload) if signable else payload)
         # the agent still takes a good command afterwards
         good = await send(p, command(1, 6, [GpuCommand(index=1, cap_w=333.0)]))
     assert ack.result == "rejected"
     assert ack.errors and ack.errors[0].message
     assert caps(gpus)[0] == before[0]
     assert good.result == "applied"
-    assert daemon.core.counters.payloads_rejected == 1
+    counters = daemon.core.counters
+    assert (counters.payloads_rejected, counters.unverified) == ((1, 0) if signable else (0, 1))

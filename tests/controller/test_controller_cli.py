@@ -77,15 +77,17 @@ async def test_controller_leads_records_and_steps_down_on_sigterm(mosquitto, tmp
     log = (tmp_path / "controller.log").read_text()
     assert returncode == 0, log
     leader = heartbeat_of(beat)
-    assert (leader.controller, leader.epoch) == ("ctl-cli", 1)
+    # its epoch: the wall clock in ms when it took over (no retained heartbeat to beat)
+    assert leader.controller == "ctl-cli" and leader.epoch >= int(started * 1000)
     down = heartbeat_of(standby)
-    assert (down.controller, down.state, down.epoch) == ("ctl-cli", "standby", 1)
+    assert (down.controller, down.state, down.epoch) == ("ctl-cli", "standby", leader.epoch)
     async with probe(mosquitto) as late:  # the standby heartbeat is what stays retained
         retained = await late.expect(TOPICS.heartbeat)
     assert retained.retain and heartbeat_of(retained).state == "standby"
     # its last word (a leader heartbeat may have been in flight when SIGTERM came)
     assert [m for m in p.messages[mark:] if m.topic == TOPICS.heartbeat][-1] is standby
-    assert {heartbeat_of(m).epoch for m in p.messages if m.topic == TOPICS.heartbeat} == {1}
+    beats = {heartbeat_of(m).epoch for m in p.messages if m.topic == TOPICS.heartbeat}
+    assert beats == {leader.epoch}
 
     lines = record.read_text().splitlines()
     assert lines and all(LINE.match(line) for line in lines), [

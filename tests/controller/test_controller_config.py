@@ -15,6 +15,7 @@ from policies import PolicySettings
 from powerd.configfile import ConfigError
 from powerd.controller.config import (
     _TIMING_KEYS,
+    TAKEOVER_MARGIN_S,
     ControllerConfig,
     RecorderConfig,
     load_controller_config,
@@ -276,8 +277,10 @@ def example_text() -> str:
 def test_shipped_example_loads_and_shows_the_defaults(tmp_path: Path) -> None:
     config = load_controller_config(write(tmp_path, example_text()))
     defaults = load_controller_config(None)
-    # everything it sets is the default; what it leaves commented out is unset
-    assert dataclasses.replace(config, source=defaults.source) == defaults
+    # everything it sets is the default but the key it must name (relative to the file);
+    # what it leaves commented out is unset
+    assert config.signing_key == str(tmp_path / "controller.key")
+    assert dataclasses.replace(config, source=defaults.source, signing_key=None) == defaults
 
 
 def test_shipped_example_values_are_the_defaults_key_by_key() -> None:
@@ -311,6 +314,7 @@ def test_shipped_example_documents_every_key() -> None:
         ],
         "policy": policy_keys,
         "recorder": ["url", "token_file", "file", "file_max_mb", "file_keep"],
+        "trust": ["signing_key", "controller_keys"],
     }
     for section, keys in known.items():
         assert re.search(rf"^\[{section}\]", text, re.M), f"section [{section}] missing"
@@ -326,3 +330,19 @@ def test_every_documented_key_is_known(tmp_path: Path) -> None:
             continue
         text = "\n".join([*lines[:i], line[2:], *lines[i + 1 :]])
         load_controller_config(write(tmp_path, text))
+
+
+def test_a_standby_must_take_over_before_the_agents_fall_to_failsafe(tmp_path: Path) -> None:
+    """Issue 12, finding 6: a standby took over after 9.2-10.2 s, the agents' failsafe came
+    at 10 s. Takeover + a cycle + a heartbeat must end TAKEOVER_MARGIN_S before it."""
+    with pytest.raises(ConfigError, match="before the agents fall to failsafe"):
+        load_controller_config(write(tmp_path, "[controller]\ntakeover_after_s = 9.0\n"))
+    ok = load_controller_config(
+        write(tmp_path, "[controller]\ntakeover_after_s = 9.0\nagent_failsafe_after_s = 12.0\n")
+    )
+    assert ok.takeover_after_s + ok.cycle_s + ok.heartbeat_s + TAKEOVER_MARGIN_S <= 12.0
+    defaults = load_controller_config(None)
+    assert (
+        defaults.takeover_after_s + defaults.cycle_s + defaults.heartbeat_s + TAKEOVER_MARGIN_S
+        <= defaults.agent_failsafe_after_s
+    )

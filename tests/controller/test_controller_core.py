@@ -600,13 +600,15 @@ def test_payload_naming_another_node_or_job_than_its_topic_is_rejected(bench: Be
     assert bench.core.rejected_total == 3
 
 
-def test_the_newest_epoch_agents_follow_is_remembered(bench: Bench) -> None:
-    """An agent ahead of the controller's epoch (lost retained heartbeat) is noticed."""
-    assert bench.core.newest_agent_epoch == -1
-    bench.core.on_telemetry("k2-n2", telemetry_payload("k2-n2", 500.0, epoch=7))
-    bench.core.on_telemetry("k1-n1", telemetry_payload("k1-n1", 500.0, epoch=3))
-    bench.core.on_telemetry("k1-n2", telemetry_payload("k1-n2", 500.0))  # no epoch yet
-    assert bench.core.newest_agent_epoch == 7
+def test_an_epoch_reported_in_telemetry_changes_no_epoch(bench: Bench) -> None:
+    """Issue 12, finding 2: one node's login reporting epoch + 10^18 made the controller take
+    new epochs. Telemetry's epoch is information only: epochs come from verified heartbeats."""
+    epoch = bench.core.epoch
+    bench.report_all(300.0)
+    bench.core.on_telemetry("k2-n2", telemetry_payload("k2-n2", 300.0, epoch=epoch + 10**18))
+    result = bench.cycle(advance_s=1.0)
+    assert bench.core.epoch == epoch
+    assert all(command.epoch == epoch for _, command in result.commands)
 
 
 def test_a_local_mode_node_counts_its_power_but_is_never_commanded(bench: Bench) -> None:

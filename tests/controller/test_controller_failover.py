@@ -34,8 +34,11 @@ from tests.support.controller_harness import (
     telemetry_of,
     until,
 )
+from tests.support.keys import sign
 
-OLD_EPOCH = 5  # a controller before A left this, retained, as it stopped cleanly
+# A controller before A left this, retained, as it stopped cleanly; above the wall clock in
+# ms (epochs are at least that), so each new leader's epoch is exactly the last one + 1.
+OLD_EPOCH = 10**13
 
 
 def tail(log: Path, chars: int = 3000) -> str:
@@ -90,7 +93,7 @@ async def test_killed_leader_is_replaced_with_a_higher_epoch_and_caps_stay_safe(
         old = Heartbeat(
             v=1, epoch=OLD_EPOCH, ts=time.time() - 60, controller="ctl-old", state="standby"
         )
-        await p.publish(TOPICS.heartbeat, encode(old), retain=True)
+        await p.publish(TOPICS.heartbeat, sign(TOPICS.heartbeat, encode(old)), retain=True)
 
         a = spawn_controller(
             ["--config", str(config_a), "--budgets", str(budgets), "--log-level", "warning"],
@@ -244,11 +247,12 @@ async def test_hot_standby_takes_over_before_the_agents_fall_back_to_failsafe(mo
                 killed_at = time.monotonic()
                 a.wait(WAIT_S)
                 await asyncio.wait_for(b.service.leading.wait(), WAIT_S)
-                assert b.core.epoch == epoch_a + 1
+                epoch_b = b.core.epoch
+                assert epoch_b > epoch_a  # above A's, and at least the wall clock in ms
                 for node in SERVERS:
                     await p.expect(
                         TOPICS.ack(node),
-                        lambda m: ack_of(m).epoch == epoch_a + 1 and ack_of(m).result == "applied",
+                        lambda m: ack_of(m).epoch == epoch_b and ack_of(m).result == "applied",
                         after=killed_mark,
                     )
                 # past the moment the agents would have given up on A (its last heartbeat

@@ -173,9 +173,12 @@ def test_failover_after_the_leader_dies() -> None:
     assert not a.leading and not a.should_lead(now + 1.0)
 
 
-def test_outbid_makes_the_next_epoch_go_above_what_agents_follow() -> None:
+def test_an_epoch_is_at_least_the_floor_and_above_every_one_seen() -> None:
+    """The service's floor is the wall clock in ms: a controller that found no retained
+    heartbeat still leads above a leader that died before it started."""
     lead = leader("ctl-a", epoch=2)
-    lead.outbid(9)  # agents say they follow epoch 9
-    assert lead.take_over() == 10
-    lead.outbid(4)  # lower: no effect
-    assert lead.take_over() == 11
+    assert lead.take_over(floor=1_795_320_000_000) == 1_795_320_000_000
+    assert lead.take_over(floor=5) == 1_795_320_000_001  # above its own, whatever the floor
+    other = Leadership("ctl-b", takeover_after_s=10.0)
+    other.observe(beat("ctl-a", 1_795_320_000_001), 0.0, age_s=0.0)
+    assert other.take_over(floor=1_795_320_000_000) == 1_795_320_000_002

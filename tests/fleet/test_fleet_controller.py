@@ -16,6 +16,7 @@ from powerd.topology import parse_budgets
 from tests.support.brokers import Mosquitto
 from tests.support.controller_harness import CLUSTER, controller_config, running_controller
 from tests.support.fleet_sites import small_site
+from tests.support.keys import key_files
 
 FAILSAFE_AFTER_S = 1.5  # the simulated agents', as the controller harness's agents
 
@@ -32,6 +33,7 @@ async def run_fleet(
         report,
         start="running",
         failsafe_after_s=FAILSAFE_AFTER_S,
+        trust=key_files(out)[1],  # the key the harness's controller signs with
     )
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

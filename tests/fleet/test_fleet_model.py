@@ -7,25 +7,35 @@ import time
 import pytest
 
 from powerd.fleet.model import FleetModel, FleetOptions
-from powerd.protocol import Ack, Command, GpuCommand, Heartbeat, Telemetry, decode, encode
-from powerd.topology import parse_budgets
+from powerd.protocol import Ack, Command, GpuCommand, Heartbeat, Telemetry, Topics, decode, encode
+from powerd.topology import Topology, parse_budgets
 from tests.support.fleet_sites import small_site
+from tests.support.keys import STRANGER, VERIFIER, sign
+
+TOPICS = Topics("default")
 
 WALL = 1.8e9
 
 
+def fleet(topology: Topology, options: FleetOptions) -> FleetModel:
+    """A fleet whose nodes trust the suite's controller key, as agents would."""
+    return FleetModel(topology, options, verifier=VERIFIER)
+
+
 @pytest.fixture
 def model() -> FleetModel:
-    m = FleetModel(parse_budgets(small_site(racks=2)), FleetOptions(noise=0.0))
+    m = fleet(parse_budgets(small_site(racks=2)), FleetOptions(noise=0.0))
     m.new_round()
     return m
 
 
 def beat(epoch: int = 1, ts: float = WALL, state: str = "leader") -> bytes:
-    return encode(Heartbeat(v=1, epoch=epoch, ts=ts, controller="c", state=state))  # type: ignore[arg-type]
+    body = encode(Heartbeat(v=1, epoch=epoch, ts=ts, controller="c", state=state))  # type: ignore[arg-type]
+    return sign(TOPICS.heartbeat, body)
 
 
 def command(epoch: int, seq: int, caps: list[float], lock: float | None = None) -> bytes:
+    """The command unsigned: ``ack`` signs it for the node it is sent to."""
     gpus = [GpuCommand(index=i, cap_w=c, max_sm_clock_mhz=lock) for i, c in enumerate(caps)]
     return encode(Command(v=1, epoch=epoch, seq=seq, ts=WALL, ttl_s=30.0, gpus=gpus))
 
@@ -35,7 +45,8 @@ def telemetry(model: FleetModel, node: int = 0) -> Telemetry:
 
 
 def ack(model: FleetModel, payload: bytes, node: int = 0, now: float = 1.0) -> Ack:
-    raw = model.on_command(model.names[node], payload, now, WALL)
+    name = model.names[node]
+    raw = model.on_command(name, sign(TOPICS.command(name), payload), now, WALL)
     assert raw is not None
     return decode(Ack, raw, model.names[node])
 
@@ -101,7 +112,7 @@ def test_stale_or_standby_heartbeats_do_not_make_a_leader(model: FleetModel) -> 
 
 
 def test_a_running_site_starts_at_its_maximum_caps_under_the_old_leader() -> None:
-    m = FleetModel(parse_budgets(small_site(racks=1)), FleetOptions(start="running"))
+    m = fleet(parse_budgets(small_site(racks=1)), FleetOptions(start="running"))
     m.new_round()
     m.start(now=100.0)
     sample = decode(Telemetry, m.telemetry(0, WALL, 1.0), m.names[0])
@@ -130,7 +141,7 @@ def test_a_pushed_rack_is_seen_over_and_brought_back(model: FleetModel) -> None:
 
 
 def test_silent_and_offline_nodes_do_not_report() -> None:
-    m = FleetModel(
+    m = fleet(
         parse_budgets(small_site(racks=2)),
         FleetOptions(silent_fraction=0.25, offline_fraction=0.25),
     )
@@ -146,7 +157,7 @@ def test_jobs_announce_startup_then_alternate_compute_and_communication() -> Non
     from powerd.fleet.model import COMM_LOAD, STARTUP_S
     from powerd.protocol import PhaseEvent
 
-    m = FleetModel(
+    m = fleet(
         parse_budgets(small_site(racks=4)),
         FleetOptions(jobs=2, compute_s=10.0, communication_s=2.0, noise=0.0),
     )
@@ -174,6 +185,35 @@ def test_jobs_announce_startup_then_alternate_compute_and_communication() -> Non
 def test_a_job_too_big_to_announce_says_so() -> None:
     from powerd.fleet.sites import cut_site
 
-    m = FleetModel(parse_budgets(cut_site(rows=4)), FleetOptions(jobs=1))  # 5,184 nodes
+    m = fleet(parse_budgets(cut_site(rows=4)), FleetOptions(jobs=1))  # 5,184 nodes
     with pytest.raises(ValueError, match="run more, smaller jobs"):
         m.phase_events(0.0, WALL)
+
+
+def test_unsigned_forged_or_misdirected_control_messages_move_nothing(model: FleetModel) -> None:
+    """As an agent: only what the trusted key signed for this node's topic counts."""
+    assert not model.on_heartbeat(
+        encode(Heartbeat(v=1, epoch=9, ts=WALL, controller="x", state="leader")), now=1.0, wall=WALL
+    )
+    assert not model.on_heartbeat(
+        STRANGER.sign(
+            TOPICS.heartbeat,
+            encode(Heartbeat(v=1, epoch=9, ts=WALL, controller="x", state="leader")),
+        ),
+        now=1.0,
+        wall=WALL,
+    )
+    assert model.failsafe and model.newest_epoch == -1
+    assert model.on_heartbeat(beat(1), now=1.0, wall=WALL)
+    caps_before = list(model.cap_w)
+    body = command(1, 5, [1100.0] * 4)
+    name = model.names[0]
+    for payload in (
+        body,  # unsigned
+        STRANGER.sign(TOPICS.command(name), body),  # signed by a key nobody trusts
+        sign(TOPICS.command(model.names[1]), body),  # signed for another node
+    ):
+        raw = model.on_command(name, payload, 1.0, WALL)
+        assert raw is not None and decode(Ack, raw, name).result == "rejected"
+    assert model.cap_w == caps_before
+    assert model.counters.rejected_payloads == 5

@@ -63,11 +63,15 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
         )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         demo = json.loads((work / "demo.json").read_text())
-        # a failover: another controller leads with the next epoch
+        # a failover: another controller leads with a later epoch (epochs are at least the
+        # wall clock in ms at takeover: this one took over now, after the demo's)
         now = time.time()
+        epoch = int(now * 1000)
         with open_recorder(url) as recorder:
             recorder.write(
-                decision_line(now + i, cluster="demo", controller="ctl-b", epoch=9, cycle_s=0.01)
+                decision_line(
+                    now + i, cluster="demo", controller="ctl-b", epoch=epoch, cycle_s=0.01
+                )
                 for i in range(3)
             )
             assert recorder.flush(10.0)

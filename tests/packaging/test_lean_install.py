@@ -23,6 +23,7 @@ import pytest
 import powerd
 from powerd.extras import EXTRAS
 from tests.support.brokers import MqttProbe
+from tests.support.keys import key_files
 
 BLOCKED = sorted({module for modules in EXTRAS.values() for module in modules})
 BLOCKER = f"""
@@ -75,6 +76,7 @@ async def test_agent_controller_gpus_and_fleet_run_without_extras(lean_env, mosq
     gpus = run(["-m", "powerd", "gpus", "--simulate", "2xH100"], lean_env)
     assert gpus.returncode == 0, gpus.stderr
     assert "H100" in gpus.stdout and gpus.stdout.count("simulated") == 2
+    key_path, pub_path = key_files(tmp_path)
 
     async with MqttProbe(mosquitto.port, ["powerd/v1/lean/#"]) as probe:
         log = (tmp_path / "controller.log").open("wb")
@@ -92,6 +94,8 @@ async def test_agent_controller_gpus_and_fleet_run_without_extras(lean_env, mosq
                 "lean",
                 "--record",
                 str(tmp_path / "t.lp"),
+                "--signing-key",
+                str(key_path),
             ],
             env=lean_env,
             stdout=log,
@@ -113,6 +117,8 @@ async def test_agent_controller_gpus_and_fleet_run_without_extras(lean_env, mosq
                 "r1-k1-n1",
                 "--period-s",
                 "0.2",
+                "--trust",
+                str(pub_path),
             ],
             env=lean_env,
             stdout=subprocess.DEVNULL,
@@ -137,6 +143,8 @@ async def test_agent_controller_gpus_and_fleet_run_without_extras(lean_env, mosq
                     "2",
                     "--period-s",
                     "0.5",
+                    "--trust",
+                    str(pub_path),
                 ],
                 lean_env,
             )
@@ -172,7 +180,11 @@ async def test_agent_controller_gpus_and_fleet_run_without_extras(lean_env, mosq
         ),
     ],
 )
-def test_what_needs_an_extra_says_which(lean_env, args: list[str], extra: str) -> None:
+def test_what_needs_an_extra_says_which(
+    lean_env, args: list[str], extra: str, tmp_path: Path
+) -> None:
+    if "controller" in args:
+        args = [*args, "--signing-key", str(key_files(tmp_path)[0])]
     result = run(args, lean_env)
     assert result.returncode != 0
     assert f"pip install 'powerd[{extra}]'" in result.stderr

@@ -16,6 +16,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from powerd.protocol import (
+    INT64_MAX,
+    MAX_TTL_S,
     PHASES,
     Ack,
     Command,
@@ -71,7 +73,8 @@ names = st.from_regex(NAME_RE, fullmatch=True)
 finite = st.floats(allow_nan=False, allow_infinity=False)
 non_neg = st.floats(min_value=0, allow_infinity=False)
 positive = st.floats(min_value=0, exclude_min=True, allow_infinity=False)
-counters = st.integers(min_value=0, max_value=2**64)
+ttl = st.floats(min_value=0, exclude_min=True, max_value=MAX_TTL_S)
+counters = st.integers(min_value=0, max_value=INT64_MAX)
 gpu_index = st.integers(min_value=0, max_value=1023)
 clock = st.integers(min_value=0, max_value=100_000)
 short_text = st.text(max_size=20)
@@ -128,7 +131,7 @@ VALID: dict[type, st.SearchStrategy[dict[str, Any]]] = {
             "epoch": counters,
             "seq": counters,
             "ts": finite,
-            "ttl_s": positive,
+            "ttl_s": ttl,
             "gpus": st.lists(gpu_command, max_size=4, unique_by=lambda g: g["index"]),
         }
     ),
@@ -152,7 +155,8 @@ VALID: dict[type, st.SearchStrategy[dict[str, Any]]] = {
             "ts": finite,
             "gpus": counters,
             "agent_version": short_text,
-        }
+        },
+        optional={"failsafe_cap_w": non_neg},
     ),
     PhaseEvent: st.fixed_dictionaries(
         {"v": st.just(1), "job": names, "ts": finite, "phase": st.sampled_from(PHASES)},

@@ -33,6 +33,7 @@ from powerd.protocol import (
     Topics,
     check_name,
     decode,
+    detach_signature,
     encode,
     names,
     peek_order,
@@ -156,12 +157,16 @@ def test_example_values() -> None:
 
 
 def test_docs_examples_match_the_tests() -> None:
-    """docs/PROTOCOL.md shows exactly these examples, in this order, and they decode."""
+    """docs/PROTOCOL.md shows exactly these examples, in this order, and they decode; then
+    one signed heartbeat, in the form a verifier cuts its signature from."""
     blocks = re.findall(r"```json\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.S)
-    assert len(blocks) == len(CLASSES)
-    for cls, block in zip(CLASSES, blocks, strict=True):
+    assert len(blocks) == len(CLASSES) + 1
+    for cls, block in zip(CLASSES, blocks[: len(CLASSES)], strict=True):
         assert json.loads(block) == json.loads(EXAMPLES[cls]), cls.__name__
         decode(cls, block)
+    signed = json.dumps(json.loads(blocks[-1]), separators=(",", ":")).encode()
+    decode(Heartbeat, signed)
+    assert detach_signature(signed) is not None
 
 
 # --- good variants -------------------------------------------------------------
@@ -790,6 +795,13 @@ CONSTRAINTS: list[tuple[type, Path_, Any, str]] = [
     (Command, ("gpus", 0, "max_sm_clock_mhz"), 0, "> 0"),
     (Command, ("ttl_s",), 0, "> 0"),
     (Command, ("ttl_s",), -30, "> 0"),
+    # issue 12: a ttl of a billion seconds, epochs and seqs past a signed 64-bit integer
+    (Command, ("ttl_s",), 1e9, "<= 86400"),
+    (Command, ("ttl_s",), 86400.5, "<= 86400"),
+    *[(cls, ("epoch",), 2**63, f"<= {2**63 - 1}") for cls in (Command, Ack, Heartbeat)],
+    *[(cls, ("seq",), 2**63, f"<= {2**63 - 1}") for cls in (Command, Ack, Telemetry)],
+    (Telemetry, ("epoch",), 2**64, f"<= {2**63 - 1}"),
+    (Status, ("failsafe_cap_w",), -1.0, ">= 0"),
     # telemetry ranges
     (Telemetry, ("gpus", 0, "util_pct"), 100.5, "<= 100"),
     (Telemetry, ("gpus", 0, "util_pct"), 1000, "<= 100"),

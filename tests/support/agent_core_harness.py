@@ -7,13 +7,16 @@ from collections.abc import Callable
 from powerd.agent.config import AgentMode, FailsafeConfig
 from powerd.agent.core import AgentCore
 from powerd.gpu.simulated import SimulatedGpu, open_simulated
-from powerd.protocol import Command, ControllerState, GpuCommand, Heartbeat, encode
+from powerd.protocol import Command, ControllerState, GpuCommand, Heartbeat, Topics, encode
 from tests.support.clock import WALL0, ManualClock
+from tests.support.keys import VERIFIER, sign
 
 MONO0 = 5_000.0
 NODE = "r01-n03"
 FAILSAFE_W = 500.0
 AFTER_S = 10.0
+TOPICS = Topics("default")
+COMMAND_TOPIC = TOPICS.command(NODE)
 
 Node = tuple[AgentCore, list[SimulatedGpu]]
 
@@ -26,14 +29,16 @@ def core_clock() -> ManualClock:
 def heartbeat(
     clock: ManualClock, epoch: int = 1, *, age_s: float = 0.0, state: ControllerState = "leader"
 ) -> bytes:
-    """A heartbeat of controller ``ctl-a``, sent ``age_s`` seconds ago by the clock's wall time."""
-    return encode(
-        Heartbeat(v=1, epoch=epoch, ts=clock.wall - age_s, controller="ctl-a", state=state)
-    )
+    """A signed heartbeat of controller ``ctl-a``, sent ``age_s`` seconds ago by the clock's
+    wall time."""
+    beat = Heartbeat(v=1, epoch=epoch, ts=clock.wall - age_s, controller="ctl-a", state=state)
+    return sign(TOPICS.heartbeat, encode(beat))
 
 
 def command(epoch: int, seq: int, *gpus: GpuCommand, ttl_s: float = 30.0) -> bytes:
-    return encode(Command(v=1, epoch=epoch, seq=seq, ts=WALL0, ttl_s=ttl_s, gpus=list(gpus)))
+    """A command for ``NODE``, signed by the suite's controller key."""
+    body = encode(Command(v=1, epoch=epoch, seq=seq, ts=WALL0, ttl_s=ttl_s, gpus=list(gpus)))
+    return sign(COMMAND_TOPIC, body)
 
 
 def cap(index: int, cap_w: float) -> GpuCommand:
@@ -50,6 +55,7 @@ def make_core(
     failsafe: FailsafeConfig | None = None,
     mode: AgentMode = "controlled",
     spec: str = "4xH100",
+    **options: float,
 ) -> Node:
     """A core on simulated GPUs that run on ``clock``, failsafe cap 500 W unless told; not started."""
     gpus = open_simulated(spec, clock=clock.monotonic)
@@ -58,9 +64,11 @@ def make_core(
         gpus,
         failsafe if failsafe is not None else FailsafeConfig(cap_w=FAILSAFE_W),
         AFTER_S,
+        verifier=VERIFIER,
         mode=mode,
         monotonic=clock.monotonic,
         wall=clock.time,
+        **options,  # type: ignore[arg-type]
     )
     return core, gpus
 

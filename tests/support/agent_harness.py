@@ -19,6 +19,7 @@ from powerd.mqtt_url import parse_broker_url
 from powerd.protocol import Ack, Command, GpuCommand, Heartbeat, Telemetry, Topics, decode, encode
 from powerd.vocabulary import ControllerState
 from tests.support.brokers import Mosquitto, MqttProbe
+from tests.support.keys import VERIFIER, sign
 
 NODE = "r01-n01"
 TOPICS = Topics("test")
@@ -43,7 +44,7 @@ async def running_agent(
 ) -> AsyncIterator[AgentDaemon]:
     """An agent daemon on simulated H100s, connected; stopped cleanly on exit."""
     gpus = list(gpus) if gpus is not None else list(open_simulated("4xH100"))
-    daemon = AgentDaemon(agent_config(server, **overrides), gpus)
+    daemon = AgentDaemon(agent_config(server, **overrides), gpus, verifier=VERIFIER)
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))
     try:
@@ -59,19 +60,21 @@ def probe(broker: Mosquitto) -> MqttProbe:
 
 
 def heartbeat(epoch: int = 1, ts: float | None = None, state: ControllerState = "leader") -> bytes:
-    return encode(
-        Heartbeat(
-            v=1,
-            epoch=epoch,
-            ts=time.time() if ts is None else ts,
-            controller="ctl-test",
-            state=state,
-        )
+    """A leader heartbeat signed by the suite's controller key."""
+    beat = Heartbeat(
+        v=1,
+        epoch=epoch,
+        ts=time.time() if ts is None else ts,
+        controller="ctl-test",
+        state=state,
     )
+    return sign(TOPICS.heartbeat, encode(beat))
 
 
 def command(epoch: int, seq: int, gpus: list[GpuCommand], ttl_s: float = 30.0) -> bytes:
-    return encode(Command(v=1, epoch=epoch, seq=seq, ts=time.time(), ttl_s=ttl_s, gpus=gpus))
+    """A command for ``NODE`` signed by the suite's controller key."""
+    body = encode(Command(v=1, epoch=epoch, seq=seq, ts=time.time(), ttl_s=ttl_s, gpus=gpus))
+    return sign(TOPICS.command(NODE), body)
 
 
 async def become_controlled(p: MqttProbe, epoch: int = 1) -> None:

@@ -28,10 +28,13 @@ the site have room for both racks at their budgets.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -54,6 +57,7 @@ from powerd.recorder import Recorder
 from powerd.topology import Topology, parse_budgets
 from tests.support.agent_harness import agent_config
 from tests.support.brokers import Mosquitto, MqttProbe
+from tests.support.keys import SIGNER, VERIFIER, key_files
 
 CLUSTER = "ctltest"
 TOPICS = Topics(CLUSTER)
@@ -256,7 +260,8 @@ async def running_controller(
 ) -> AsyncIterator[RunningController]:
     """A controller; with ``lead``, returned once it leads. Stopped cleanly on exit."""
     config = config or controller_config(broker)
-    running = RunningController(build_service(config, topology, recorder), topology)
+    service = build_service(config, topology, recorder, signer=SIGNER)
+    running = RunningController(service, topology)
     running.start()
     try:
         if lead:
@@ -317,7 +322,7 @@ async def running_agents(
             failsafe_after_s=AGENT_FAILSAFE_AFTER_S,
             failsafe=FailsafeConfig(cap_w=topology.failsafe_cap_w(node)),
         )
-        daemon = AgentDaemon(config, gpus)
+        daemon = AgentDaemon(config, gpus, verifier=VERIFIER)
         agents.daemons[node], agents.gpus[node] = daemon, gpus
         tasks.append(asyncio.create_task(daemon.run(stop)))
     try:
@@ -366,11 +371,27 @@ async def running_cluster(
 # --- the controller as a process ------------------------------------------------------
 
 
+def controller_argv(args: list[str]) -> list[str]:
+    """``python -m powerd controller ARGS``, signing with the suite's key (files in a temporary
+    folder of this run) unless ARGS name a key of their own."""
+    if "--signing-key" not in args:
+        global _KEY_DIR
+        if _KEY_DIR is None:
+            _KEY_DIR = Path(tempfile.mkdtemp(prefix="powerd-test-ctl-"))
+            atexit.register(shutil.rmtree, _KEY_DIR, True)
+            key_files(_KEY_DIR)
+        args = [*args, "--signing-key", str(_KEY_DIR / "controller.key")]
+    return [sys.executable, "-m", "powerd", "controller", *args]
+
+
+_KEY_DIR: Path | None = None
+
+
 def spawn_controller(args: list[str], log_path: Path) -> subprocess.Popen:
-    """``python -m powerd controller ARGS``, its output in ``log_path``."""
+    """``python -m powerd controller ARGS`` (``controller_argv``), its output in ``log_path``."""
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "powerd", "controller", *args],
+            controller_argv(args),
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -379,12 +400,7 @@ def spawn_controller(args: list[str], log_path: Path) -> subprocess.Popen:
 
 def run_controller_cli(args: list[str], timeout_s: float = 30.0) -> subprocess.CompletedProcess:
     """``python -m powerd controller ARGS`` to completion (for the ones that must fail)."""
-    return subprocess.run(
-        [sys.executable, "-m", "powerd", "controller", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+    return subprocess.run(controller_argv(args), capture_output=True, text=True, timeout=timeout_s)
 
 
 # --- watching the wire ------------------------------------------------------------------

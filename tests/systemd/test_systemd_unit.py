@@ -46,14 +46,18 @@ def test_controller_unit_verifies(tmp_path: Path):
     if analyze is None:
         pytest.fail("systemd-analyze missing: `make test` installs the systemd package")
     unit = tmp_path / "powerd-controller.service"
-    unit.write_text(render_controller_unit(sys.executable, "/etc/x/c.toml", "/etc/x/b.toml"))
+    unit.write_text(
+        render_controller_unit(sys.executable, "/etc/x/c.toml", "/etc/x/b.toml", "/etc/x/k.key")
+    )
     result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     text = unit.read_text()
     assert (
         f"ExecStart={sys.executable} controller --config /etc/x/c.toml --budgets /etc/x/b.toml"
-        in text
+        " --signing-key ${CREDENTIALS_DIRECTORY}/signing-key" in text
     )
+    # the root-only key reaches the dynamic user as a credential of this service alone
+    assert "LoadCredential=signing-key:/etc/x/k.key" in text
     for line in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "DynamicUser=yes"):
         assert line in text
 
