@@ -339,6 +339,12 @@ DECISION = Measurement(
             "count",
             "nodes whose agents' failsafe cap is above the budgets file's",
         ),
+        Field(
+            "nodes_implausible",
+            INT,
+            "count",
+            "nodes whose telemetry says what no GPU can do: counted at their caps, not commanded",
+        ),
     ),
 )
 

@@ -48,6 +48,14 @@ RISE_FRACTION = 0.01
 DRIFT_RETRY_S = 10.0
 # A jump in an agent's telemetry seq larger than this is a restart (or nonsense), not a loss.
 MAX_SEQ_GAP = 3600
+# Plausibility of a node's telemetry (issue 12). A node whose telemetry says what a GPU
+# cannot do is treated as a node the controller cannot hear: counted at its caps (at
+# least its failsafe caps), never commanded, so never handed watts back on its word.
+POWER_OVER_CAP_RATIO = 1.15  # power may exceed the cap by this share (limiter lag, noise)
+POWER_OVER_CAP_W = 25.0  # and by this many watts
+RANGE_TOLERANCE_W = 1.0  # a cap outside [cap_min, cap_max], or a range not the model's
+SEQ_RESTART_MAX = 16  # seq back to this or below is an agent that restarted, not a replay
+PLAUSIBLE_TO_CLEAR = 5  # consecutive plausible samples before a node is believed again
 CAP_TOLERANCE_W = 1.0  # smaller cap changes are not worth a command
 CAP_BOUND_FRACTION = 0.9  # a capped GPU drawing this share of its cap is held by it
 # Announced phases under which a job that never announces its waits has them inferred.
@@ -115,6 +123,9 @@ class CycleCounters:
     # nodes whose agents hold a failsafe cap above the budgets file's: the limits were
     # proven for the file's caps, so such a node is counted at its own when silent
     failsafe_over_plan: int = 0
+    # nodes whose telemetry is implausible (seq going back, power above cap, caps outside
+    # their range): counted at their caps, not commanded (POWER_OVER_CAP_RATIO ...)
+    nodes_implausible: int = 0
 
 
 @dataclass
@@ -142,6 +153,12 @@ class ControllerCore:
         # agent's own where its status reports a higher one (FAILSAFE_TOLERANCE_W)
         self.failsafe_cap_w = tree.failsafe_cap_w.astype(float).copy()
         self.failsafe_over_plan = np.zeros(tree.n_servers, dtype=bool)
+        # telemetry that says what no GPU can do: per node, since when, and how often
+        self.implausible = np.zeros(tree.n_servers, dtype=bool)
+        self.implausible_samples = np.zeros(tree.n_servers, dtype=np.int64)
+        self._plausible_streak = [0] * tree.n_servers
+        self._gpu_cap_min = tree.cap_min_w.tolist()  # lists: read per message, per GPU
+        self._gpu_cap_max = tree.cap_max_w.tolist()
         self.power_w = tree.failsafe_cap_w.astype(float).copy()
         self.cap_w = tree.failsafe_cap_w.astype(float).copy()  # read back from the devices
         self.clock_mhz = np.full(n_gpus, np.nan)  # locks in force, read back
@@ -219,6 +236,14 @@ class ControllerCore:
                 continue
             gpus = slices[server]
             start, n_gpus = gpus.start, len(gpus)
+            doubt = self._doubt(sample, start, n_gpus, last_seq[server])
+            if doubt is not None:
+                self._disbelieve(server, node, doubt)
+            elif self.implausible[server]:
+                self._plausible_streak[server] += 1
+                if self._plausible_streak[server] >= PLAUSIBLE_TO_CLEAR:
+                    self.implausible[server] = False
+                    log.info("node %s: telemetry plausible again", node)
             # Caps read back in a sample taken before the node acked our last command are
             # older than the ack's (they come on another connection): power only.
             current = sample.ts >= acked_ts[server]
@@ -262,6 +287,44 @@ class ControllerCore:
             self.offline[servers] = False
         self.counters.telemetry_lost += lost
         return samples
+
+    def _doubt(self, sample: Telemetry, start: int, n_gpus: int, previous_seq: int) -> str | None:
+        """Why this sample cannot be true, or None. Cheap: a few comparisons per GPU."""
+        if SEQ_RESTART_MAX < sample.seq <= previous_seq:
+            return f"seq went back from {previous_seq} to {sample.seq}"
+        cap_min, cap_max = self._gpu_cap_min, self._gpu_cap_max
+        for g in sample.gpus:
+            if g.index >= n_gpus:
+                continue  # logged where the sample is taken in
+            if g.power_w > g.cap_w * POWER_OVER_CAP_RATIO + POWER_OVER_CAP_W:
+                return f"gpu {g.index} draws {g.power_w:.0f} W over its {g.cap_w:.0f} W cap"
+            k = start + g.index
+            if (
+                abs(g.cap_min_w - cap_min[k]) > RANGE_TOLERANCE_W
+                or abs(g.cap_max_w - cap_max[k]) > RANGE_TOLERANCE_W
+                or not g.cap_min_w - RANGE_TOLERANCE_W <= g.cap_w <= g.cap_max_w + RANGE_TOLERANCE_W
+            ):
+                return (
+                    f"gpu {g.index} reports cap {g.cap_w:.0f} W in [{g.cap_min_w:.0f}, "
+                    f"{g.cap_max_w:.0f}] W; its model's range is [{cap_min[k]:.0f}, "
+                    f"{cap_max[k]:.0f}] W"
+                )
+        return None
+
+    def _disbelieve(self, server: int, node: str, why: str) -> None:
+        self.implausible[server] = True
+        self.implausible_samples[server] += 1
+        self._plausible_streak[server] = 0
+        self._log.warning(
+            f"implausible-{node}",
+            self._monotonic(),
+            "node %s: implausible telemetry (%s): counted at its caps and not commanded until "
+            "%d plausible samples in a row (%d implausible so far)",
+            node,
+            why,
+            PLAUSIBLE_TO_CLEAR,
+            int(self.implausible_samples[server]),
+        )
 
     def on_status(self, node: str, payload: bytes) -> None:
         got = self._decode_from(node, Status, payload, "status")
@@ -555,8 +618,9 @@ class ControllerCore:
         """
         heard = self.last_seen if heard is None else heard
         fresh = (now - heard) <= self.settings.stale_after_s
-        live = fresh & ~self.offline
+        live = fresh & ~self.offline & ~self.implausible
         counters.stale_nodes = int(np.sum(~fresh & ~self.offline))
+        counters.nodes_implausible = int(np.sum(self.implausible))
         counters.offline_nodes = int(np.sum(self.offline))
         counters.failsafe_nodes = int(np.sum(self._in_mode("failsafe") & live))
         gpu_live = live[self.tree.gpu_server_ordinal]
@@ -570,6 +634,9 @@ class ControllerCore:
         counters.failsafe_over_plan = int(np.sum(self.failsafe_over_plan))
         failsafe = self.failsafe_cap_w
         held_w = np.where(holding_last, np.maximum(failsafe, self.cap_w), failsafe)
+        if counters.nodes_implausible:  # its read-back caps may be a lie: what we asked, too
+            doubted = self.implausible[self.tree.gpu_server_ordinal]
+            held_w = np.where(doubted, np.fmax(held_w, self.commanded_cap_w), held_w)
         power = np.where(gpu_live, self.power_w, held_w)
         cap = np.where(gpu_live, self.cap_w, held_w)
         # a local-mode agent reports but refuses commands: its power counts, it is not capped

@@ -143,6 +143,7 @@ class Records:
             raises_deferred=c.raises_deferred,
             nodes_drifted=c.nodes_drifted,
             failsafe_over_plan=c.failsafe_over_plan,
+            nodes_implausible=c.nodes_implausible,
         )
         if line is not None:
             lines.append(line)

@@ -160,6 +160,10 @@ class ControllerService:
         )
 
     async def _control_session(self, connected: Callable[[], None]) -> None:
+        # Every session learns the epoch afresh from the retained heartbeat: a standby may
+        # have taken over while we were away (leading at once on a flag left set by the
+        # last session made two leaders; issue 12, finding 6).
+        self._heartbeat_seen.clear()
         await self.control.connect()
         connected()
         await self._session(self.control)

@@ -720,7 +720,8 @@ def controller_health() -> dict:
             "CPU time spent decoding telemetry per cycle (the budget is ingest_share of the"
             " cycle); nodes whose raise waits for a later cycle (max_raises_per_s); nodes"
             " found holding other caps than commanded (drift); nodes whose agents fall back"
-            " to a failsafe cap above the budgets file's (fix their agent config).",
+            " to a failsafe cap above the budgets file's (fix their agent config); nodes whose"
+            " telemetry says what no GPU can do (counted at their caps, not commanded).",
             [
                 target(Query(DECISION, (("max({ingest_s})", "decode s"),)), "A", alias="$col"),
                 target(
@@ -730,6 +731,7 @@ def controller_health() -> dict:
                             ("max({raises_deferred})", "raises deferred"),
                             ("sum({nodes_drifted})", "drifted"),
                             ("max({failsafe_over_plan})", "failsafe over plan"),
+                            ("max({nodes_implausible})", "implausible telemetry"),
                         ),
                     ),
                     "B",

@@ -15,6 +15,8 @@ import pytest
 
 from policies import PHASE_CODES, PRIORITY_CODES
 from powerd.controller.core import (
+    POWER_OVER_CAP_RATIO,
+    POWER_OVER_CAP_W,
     ControllerCore,
     ControllerSettings,
     CycleCounters,
@@ -221,9 +223,18 @@ class Bench:
         return self.topology.server_gpus(node)
 
     def report(self, node: str, power_w: float | Sequence[float], **kw) -> Telemetry | None:
-        """Telemetry from ``node``; caps default to what the node was last commanded."""
+        """Telemetry from ``node``; caps default to what the node was last commanded. A
+        power the GPU could not draw under its cap (beyond the controller's plausibility
+        bound) is what its power limiter makes of it: the cap. Real GPUs report no more,
+        and the controller doubts a node whose telemetry says otherwise."""
         kw.setdefault("cap_w", self.caps.get(node, CAP_MAX_W))
-        return self.core.on_telemetry(node, telemetry_payload(node, power_w, **kw))
+        powers = _per_gpu(power_w, kw.get("n_gpus", 2))
+        caps = _per_gpu(kw["cap_w"], len(powers))
+        drawn = [
+            c if p > c * POWER_OVER_CAP_RATIO + POWER_OVER_CAP_W else p
+            for p, c in zip(powers, caps + caps[-1:] * (len(powers) - len(caps)), strict=True)
+        ]
+        return self.core.on_telemetry(node, telemetry_payload(node, drawn, **kw))
 
     def report_all(self, power_w: dict[str, float] | float = 300.0, **kw) -> None:
         for node in NODES:

@@ -4,7 +4,9 @@ command, and a node whose agent holds a failsafe cap above the plan counts at it
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from powerd.controller.core import PLAUSIBLE_TO_CLEAR
 from powerd.protocol import Status, encode
 from tests.controller.test_controller_core import (
     FAILSAFE_W,
@@ -12,6 +14,7 @@ from tests.controller.test_controller_core import (
     WALL0,
     ack_payload,
     make_bench,
+    telemetry_payload,
 )
 
 
@@ -72,3 +75,58 @@ def test_a_node_whose_agent_holds_more_than_planned_counts_at_its_own_when_silen
     state, _ = bench.core.cluster_state(bench.clock(), counters)
     assert counters.failsafe_over_plan == 0
     assert np.all(state.cap_w[gpus.start : gpus.stop] == FAILSAFE_W)
+
+
+def test_telemetry_no_gpu_could_send_makes_its_node_counted_at_its_caps_and_left_alone() -> None:
+    """Issue 12: a node's telemetry is not believed when it says what no GPU can do; such a
+    node is not handed watts back (nor commanded at all) until it is plausible again."""
+    bench = make_bench()
+    bench.report_all(300.0)
+    bench.apply(bench.cycle())
+    node = "k2-n1"
+    gpus = bench.gpus(node)
+    # far above the cap it reports: 900 W under a 500 W cap
+    bench.core.on_telemetry(node, telemetry_payload(node, 900.0, cap_w=500.0, seq=10, ts=WALL0 + 1))
+    for other in NODES:
+        if other != node:
+            bench.report(other, 300.0)
+    result = bench.cycle(advance_s=1.0)
+    assert result.counters.nodes_implausible == 1
+    assert node not in dict(result.commands)
+    # counted at its caps, not at the 900 W it claims nor at nothing
+    assert np.all(result.decision.cap_w[gpus.start : gpus.stop] >= FAILSAFE_W)
+    # plausible again for PLAUSIBLE_TO_CLEAR samples in a row: believed and commanded again
+    for k in range(PLAUSIBLE_TO_CLEAR):
+        bench.core.on_telemetry(node, telemetry_payload(node, 300.0, seq=11 + k, ts=WALL0 + 2 + k))
+    for other in NODES:
+        if other != node:
+            bench.report(other, 300.0)
+    assert bench.cycle(advance_s=1.0).counters.nodes_implausible == 0
+    assert not bench.core.implausible.any()
+
+
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        (telemetry_payload("k2-n1", 300.0, seq=40), "seq went back"),
+        (telemetry_payload("k2-n1", 100.0, cap_w=150.0, seq=60), "cap 150 W"),
+        (telemetry_payload("k2-n1", 300.0, cap_w=1500.0, seq=60), "cap 1500 W"),
+    ],
+    ids=["seq-back", "cap-below-range", "cap-above-range"],
+)
+def test_each_implausible_report_is_named(
+    payload: bytes, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    bench = make_bench()
+    bench.core.on_telemetry("k2-n1", telemetry_payload("k2-n1", 300.0, seq=50))
+    assert not bench.core.implausible.any()
+    bench.core.on_telemetry("k2-n1", payload)
+    assert bench.core.implausible[bench.core.tree.server_ordinal["k2-n1"]]
+    assert why in caplog.text
+
+
+def test_an_agent_that_restarted_is_no_replay() -> None:
+    bench = make_bench()
+    bench.core.on_telemetry("k2-n1", telemetry_payload("k2-n1", 300.0, seq=5000))
+    bench.core.on_telemetry("k2-n1", telemetry_payload("k2-n1", 300.0, seq=1))  # restarted
+    assert not bench.core.implausible.any()
