@@ -48,6 +48,7 @@ __all__ = [  # the vocabulary, re-exported: the protocol's users need not know w
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z"  # \Z: "$" would allow a final newline
+MAX_NAME_CHARS = 64  # the longest name NAME_PATTERN allows
 _NAME_RE = re.compile(NAME_PATTERN)
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
@@ -353,8 +354,12 @@ class Topics:
     def status(self, node: str) -> str:
         return f"{self.prefix}/nodes/{check_name(node, 'node')}/status"
 
-    def phase(self, job: str) -> str:
-        return f"{self.prefix}/jobs/{check_name(job, 'job')}/phase"
+    def phase(self, job: str, owner: str | None = None) -> str:
+        """A job's phase topic; with ``owner``, the owned form ``jobs/{owner}/{job}/phase``
+        that a broker ACL binds to the owner's login (``pattern write .../jobs/%u/+/phase``)."""
+        if owner is None:
+            return f"{self.prefix}/jobs/{check_name(job, 'job')}/phase"
+        return f"{self.prefix}/jobs/{check_name(owner, 'owner')}/{check_name(job, 'job')}/phase"
 
     @property
     def heartbeat(self) -> str:
@@ -377,6 +382,21 @@ class Topics:
     def all_phases(self) -> str:
         return f"{self.prefix}/jobs/+/phase"
 
+    @property
+    def all_owned_phases(self) -> str:
+        return f"{self.prefix}/jobs/+/+/phase"
+
+    def job_of(self, topic: str) -> tuple[str | None, str]:
+        """(owner, job) of a phase topic, owned or not; ProtocolError for any other topic."""
+        parts = topic.split("/")
+        if topic.startswith(self.prefix + "/jobs/") and parts[-1] == "phase":
+            tail = parts[len(self.prefix.split("/")) + 1 : -1]
+            if len(tail) == 1:
+                return None, check_name(tail[0], "job")
+            if len(tail) == 2:
+                return check_name(tail[0], "owner"), check_name(tail[1], "job")
+        raise ProtocolError(f"topic {topic!r} is not a phase topic of {self.prefix!r}")
+
     def parse(self, topic: str) -> tuple[str, str | None]:
         """Split a topic of this cluster into (kind, name).
 
@@ -393,6 +413,9 @@ class Topics:
             return parts[2], check_name(parts[1], "node")
         if len(parts) == 3 and parts[0] == "jobs" and parts[2] == "phase":
             return "phase", check_name(parts[1], "job")
+        if len(parts) == 4 and parts[0] == "jobs" and parts[3] == "phase":
+            check_name(parts[1], "owner")
+            return "phase", check_name(parts[2], "job")
         raise ProtocolError(f"topic {topic!r} is not a powerd v1 topic")
 
 

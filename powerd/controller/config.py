@@ -15,6 +15,7 @@ from powerd.mqtt_url import BrokerSettings, parse_broker_url
 from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
 from powerd.recorder import DEFAULT_FILE_KEEP, DEFAULT_FILE_MAX_BYTES
 from powerd.signing import KeyFileError, Signer, Verifier, load_signer, load_verifier
+from powerd.vocabulary import PRIORITIES
 
 # A standby's takeover (its silence timer, then a cycle to notice and a heartbeat to say
 # so) ends at least this long before the agents would fall to their failsafe caps.
@@ -78,6 +79,11 @@ class ControllerConfig:
     signing_key: str | None = None
     # public keys of the other controllers whose heartbeats count (ours always does)
     controller_keys: tuple[str, ...] = ()
+    # [jobs]: the highest priority each job owner (its broker login) may announce, the
+    # allowance of owners not listed, and whether the unowned phase topic is taken at all
+    job_priority_max: dict[str, str] = field(default_factory=dict)
+    default_job_priority_max: str = "high"
+    accept_unowned_jobs: bool = True
     source: str = "<defaults>"
 
     def signer(self) -> Signer:
@@ -112,6 +118,9 @@ class ControllerConfig:
             infer_window_s=self.infer_window_s,
             max_raises_per_cycle=max(1, round(self.max_raises_per_s * self.cycle_s)),
             policy=self.policy,
+            job_priority_max=dict(self.job_priority_max),
+            default_job_priority_max=self.default_job_priority_max,
+            accept_unowned_jobs=self.accept_unowned_jobs,
         )
 
     def with_overrides(self, **overrides: Any) -> ControllerConfig:
@@ -148,6 +157,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         "broker": BROKER_KEYS,
         "policy": _policy_keys(),
         "trust": {"signing_key", "controller_keys"},
+        "jobs": {"priority_max", "default_priority_max", "accept_unowned"},
         "recorder": {
             "enabled",
             "url",
@@ -183,6 +193,15 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         raise ConfigError(f"{where}: trust.controller_keys must be a list of public key files")
     signing_key = get.opt_str(trust, "trust.signing_key", None)
     here = Path(where).parent
+    jobs = raw.get("jobs", {})
+    priority_max = jobs.get("priority_max", {})
+    if not isinstance(priority_max, dict) or not all(
+        isinstance(v, str) for v in priority_max.values()
+    ):
+        raise ConfigError(
+            f"{where}: jobs.priority_max must be a table of owner = priority "
+            f"({', '.join(PRIORITIES)})"
+        )
     config = ControllerConfig(
         name=get.text(section, "controller.name", defaults.name),
         cluster=get.text(section, "controller.cluster", "default"),
@@ -197,6 +216,9 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
             file_max_mb=get.number(rec, "recorder.file_max_mb", DEFAULT_FILE_MAX_BYTES / 1e6),
             file_keep=get.number(rec, "recorder.file_keep", DEFAULT_FILE_KEEP),
         ),
+        job_priority_max=dict(priority_max),
+        default_job_priority_max=get.text(jobs, "jobs.default_priority_max", "high"),
+        accept_unowned_jobs=get.flag(jobs, "jobs.accept_unowned", True),
         signing_key=str(here / Path(signing_key).expanduser()) if signing_key else None,
         controller_keys=tuple(str(here / Path(k).expanduser()) for k in peer_keys),
         source=where,
@@ -255,5 +277,19 @@ def validate(config: ControllerConfig, where: str) -> None:
     keep: float = config.recorder.file_keep  # a TOML number: 4 or 4.0, not 4.5
     if not float(keep).is_integer() or not 0 <= keep <= 1000:
         raise ConfigError(f"{where}: recorder.file_keep must be a whole number in [0, 1000]")
+    for owner, priority in [
+        ("", config.default_job_priority_max),
+        *config.job_priority_max.items(),
+    ]:
+        key = f"jobs.priority_max.{owner}" if owner else "jobs.default_priority_max"
+        if priority not in PRIORITIES:
+            raise ConfigError(
+                f"{where}: {key} must be one of {', '.join(PRIORITIES)}, not {priority!r}"
+            )
+        if owner:
+            try:
+                check_name(owner, "owner")
+            except ProtocolError:
+                raise ConfigError(f"{where}: {key}: {owner!r} is not a valid owner name") from None
     if config.recorder.url and config.recorder.file:
         raise ConfigError(f"{where}: give recorder.url or recorder.file, not both")

@@ -33,7 +33,7 @@ from powerd.protocol import (
     decode,
 )
 from powerd.ratelimit import LogOncePer
-from powerd.vocabulary import PHASES, PROTOCOL_VERSION
+from powerd.vocabulary import PHASES, PRIORITIES, PROTOCOL_VERSION
 
 # A reported failsafe cap this far above the plan's is a disagreement (rounding is not).
 FAILSAFE_TOLERANCE_W = 1.0
@@ -77,6 +77,16 @@ class ControllerSettings:
     # commands that only hand watts back, per cycle (cuts, clock changes, resends: all)
     max_raises_per_cycle: int = 2000
     policy: PolicySettings = field(default_factory=PolicySettings)
+    # Jobs (issue 12): the highest priority each owner may announce (owners not listed:
+    # default_job_priority_max; "high" allows any), and whether jobs announced on the
+    # unowned topic (jobs/{job}/phase, no login bound to them) are taken at all.
+    job_priority_max: dict[str, str] = field(default_factory=dict)
+    default_job_priority_max: str = "high"
+    accept_unowned_jobs: bool = True
+
+    def job_priority_allowed(self, owner: str | None, priority: str) -> bool:
+        allowed = self.job_priority_max.get(owner or "", self.default_job_priority_max)
+        return PRIORITIES.index(priority) >= PRIORITIES.index(allowed)
 
 
 @dataclass
@@ -87,6 +97,7 @@ class Job:
     phase: str  # as announced
     since_mono: float
     announces_waits: bool = False  # it has announced communication or checkpoint itself
+    owner: str | None = None  # the login whose topic announced it first; None: unowned
     inferred_phase: str | None = None  # from power, for jobs that do not announce waits
 
     @property
@@ -288,6 +299,21 @@ class ControllerCore:
         self.counters.telemetry_lost += lost
         return samples
 
+    def _refuse_phase(self, job: Job | None, owner: str | None, event: PhaseEvent) -> str | None:
+        """Why this announcement may not change the job, or None."""
+        who = "the unowned topic" if owner is None else f"owner {owner}"
+        if owner is None and not self.settings.accept_unowned_jobs:
+            return f"job {event.job} announced on the unowned topic, which is not accepted"
+        if job is not None and job.owner != owner:
+            return (
+                f"job {event.job} belongs to "
+                f"{'the unowned topic' if job.owner is None else 'owner ' + job.owner}; "
+                f"{who} may not change it"
+            )
+        if not self.settings.job_priority_allowed(owner, event.priority):
+            return f"{who} may not announce priority {event.priority} (job {event.job})"
+        return None
+
     def _doubt(self, sample: Telemetry, start: int, n_gpus: int, previous_seq: int) -> str | None:
         """Why this sample cannot be true, or None. Cheap: a few comparisons per GPU."""
         if SEQ_RESTART_MAX < sample.seq <= previous_seq:
@@ -402,14 +428,26 @@ class ControllerCore:
             if ack.result == "rejected":  # ask again next cycle
                 self._forget_commanded(server)
 
-    def on_phase(self, job_name: str, payload: bytes) -> PhaseEvent | None:
-        """Take in one phase event; the decoded event, or None if it was refused or ignored."""
+    def on_phase(
+        self, job_name: str, payload: bytes, owner: str | None = None
+    ) -> PhaseEvent | None:
+        """Take in one phase event; the decoded event, or None if it was refused or ignored.
+
+        ``owner``: the owner level of the topic it came on (``jobs/{owner}/{job}/phase``,
+        bound to a login by the broker's ACL), None for the unowned topic. A job belongs
+        to whoever announced it first until its shutdown: anyone else's phases for it are
+        refused, as is a priority above the owner's allowance (ControllerSettings).
+        """
         try:
             event = decode(PhaseEvent, payload, job_name)
         except ProtocolError as exc:
             self._reject(job_name, exc)
             return None
         job = self.jobs.get(job_name)
+        refusal = self._refuse_phase(job, owner, event)
+        if refusal is not None:
+            self._reject(job_name, ProtocolError(refusal))
+            return None
         if job is None:
             if event.nodes is None:
                 self._log.warning(
@@ -420,7 +458,7 @@ class ControllerCore:
                     job_name,
                 )
                 return None
-            job = Job(job_name, [], event.priority, event.phase, self._monotonic())
+            job = Job(job_name, [], event.priority, event.phase, self._monotonic(), owner=owner)
             self.jobs[job_name] = job
         if event.nodes is not None:
             unknown = [n for n in event.nodes if n not in self.tree.server_ordinal]

@@ -78,7 +78,13 @@ class ControllerService:
         self.control = MqttLink(
             config.broker,
             client_id,
-            [(t.heartbeat, 1), (t.all_acks, 1), (t.all_status, 1), (t.all_phases, 1)],
+            [
+                (t.heartbeat, 1),
+                (t.all_acks, 1),
+                (t.all_status, 1),
+                (t.all_phases, 1),
+                (t.all_owned_phases, 1),
+            ],
             self._on_control_message,
             monotonic=monotonic,
         )
@@ -389,7 +395,8 @@ class ControllerService:
             elif kind == "status" and name:
                 self.core.on_status(name, payload)
             elif kind == "phase" and name:
-                event = self.core.on_phase(name, payload)
+                owner, _ = self.topics.job_of(topic)
+                event = self.core.on_phase(name, payload, owner)
                 if event is not None and self.recorder is not None and self.records:
                     self.recorder.write(self.records.phase(event))
         except ProtocolError:

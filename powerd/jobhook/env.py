@@ -21,6 +21,7 @@ ENV_JOB = "POWERD_JOB"
 ENV_CLUSTER = "POWERD_CLUSTER"
 ENV_PRIORITY = "POWERD_PRIORITY"
 ENV_NODES = "POWERD_NODES"
+ENV_OWNER = "POWERD_JOB_OWNER"
 # the first of these that is set gives this process's rank; only rank 0 publishes
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
@@ -66,6 +67,7 @@ def _reporter_from_env(environ: Mapping[str, str] | None = None, **overrides: An
     ``POWERD_BROKER``: broker URL; unset, the reporter is off (every call is a no-op).
     ``POWERD_JOB``: job name (else ``slurm-$SLURM_JOB_ID``); required when a broker is set.
     ``POWERD_CLUSTER`` (``default``), ``POWERD_PRIORITY`` (``normal``).
+    ``POWERD_JOB_OWNER``: who speaks for the job (else the broker URL's user, else none).
     ``POWERD_NODES``: node names, comma separated, Slurm ranges allowed
     (``r01-n[03-06]``); else ``$SLURM_JOB_NODELIST``; else this host in a
     single-node job; else omitted.
@@ -93,6 +95,12 @@ def _reporter_from_env(environ: Mapping[str, str] | None = None, **overrides: An
             kwargs[key] = check(value)
         except ValueError as exc:
             raise ValueError(f"{variable}: {exc}") from None
+    owner = env.get(ENV_OWNER, "").strip()
+    if owner:
+        try:
+            kwargs["owner"] = _check_name(owner, "owner")
+        except ValueError as exc:
+            raise ValueError(f"{ENV_OWNER}: {exc}") from None
     kwargs["nodes"] = _env_nodes(env)
     kwargs["enabled"] = _env_rank(env) == 0
     kwargs.update(overrides)

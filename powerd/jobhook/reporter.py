@@ -53,7 +53,8 @@ class ReporterStats:
 
 
 class PhaseReporter:
-    """Announces a training job's phases on ``powerd/v1/{cluster}/jobs/{job}/phase``.
+    """Announces a training job's phases on ``powerd/v1/{cluster}/jobs/{owner}/{job}/phase``
+    (``owner``: given, else the broker login; with neither, ``jobs/{job}/phase``).
 
     ``broker``: ``mqtt://[user@]host[:port]`` or ``mqtts://``; ``None`` or ``""``
     turns publishing off. ``enabled=False`` also turns it off (arguments are
@@ -80,8 +81,13 @@ class PhaseReporter:
         reconnect_max_s: float = 10.0,
         client_id: str | None = None,
         settings: BrokerSettings | None = None,
+        owner: str | None = None,
     ) -> None:
         self.job = _check_name(job, "job")
+        # Who speaks for the job: ``owner``, else the broker login. With one, phases go to
+        # jobs/{owner}/{job}/phase, which the shipped ACL binds to that login, and the
+        # controller lets nobody else change the job (docs/JOBHOOK.md, "Owners").
+        self.owner = None if owner is None else _check_name(owner, "owner")
         self.cluster = _check_name(cluster, "cluster")
         self.priority = _check_priority(priority)
         self.nodes = _check_nodes(nodes)
@@ -93,7 +99,7 @@ class PhaseReporter:
             raise ValueError("reconnect_max_s must be > 0")
         if client_id is not None and not isinstance(client_id, str):
             raise ValueError(f"client_id must be a string, not {type(client_id).__name__}")
-        self.topic = Topics(self.cluster).phase(self.job)
+        self.topic = Topics(self.cluster).phase(self.job, self.owner)
         self._check_startup_fits(self.nodes)
 
         self.broker = broker
@@ -126,6 +132,9 @@ class PhaseReporter:
                 reconnect_max_s=reconnect_max_s,
             )
             self._settings = parse_broker_url(broker, base)
+            if self.owner is None and self._settings.username:
+                self.owner = _check_name(self._settings.username, "owner (the broker login)")
+                self.topic = Topics(self.cluster).phase(self.job, self.owner)
             host = self._settings.host
             try:  # what the resolver would choke on, in the network thread
                 host.encode("idna")

@@ -294,6 +294,10 @@ def test_shipped_example_values_are_the_defaults_key_by_key() -> None:
         if key != "url":
             assert getattr(defaults.broker, key) == value, f"broker.{key}"
     assert raw.get("recorder", {}) == {}  # no recorder unless asked for
+    assert raw["jobs"] == {
+        "default_priority_max": defaults.default_job_priority_max,
+        "accept_unowned": defaults.accept_unowned_jobs,
+    }
 
 
 def test_shipped_example_documents_every_key() -> None:
@@ -315,6 +319,7 @@ def test_shipped_example_documents_every_key() -> None:
         "policy": policy_keys,
         "recorder": ["url", "token_file", "file", "file_max_mb", "file_keep"],
         "trust": ["signing_key", "controller_keys"],
+        "jobs": ["priority_max", "default_priority_max", "accept_unowned"],
     }
     for section, keys in known.items():
         assert re.search(rf"^\[{section}\]", text, re.M), f"section [{section}] missing"
@@ -346,3 +351,27 @@ def test_a_standby_must_take_over_before_the_agents_fall_to_failsafe(tmp_path: P
         defaults.takeover_after_s + defaults.cycle_s + defaults.heartbeat_s + TAKEOVER_MARGIN_S
         <= defaults.agent_failsafe_after_s
     )
+
+
+def test_jobs_section_sets_owners_allowances(tmp_path: Path) -> None:
+    config = load_controller_config(
+        write(
+            tmp_path,
+            '[jobs]\npriority_max = { alice = "high", batch = "low" }\n'
+            'default_priority_max = "normal"\naccept_unowned = false\n',
+        )
+    )
+    settings = config.settings()
+    assert settings.job_priority_allowed("alice", "high")
+    assert not settings.job_priority_allowed("bob", "high")
+    assert settings.job_priority_allowed("bob", "normal")
+    assert not settings.job_priority_allowed("batch", "normal")
+    assert not settings.accept_unowned_jobs
+    for text, says in (
+        ('[jobs]\ndefault_priority_max = "urgent"\n', "jobs.default_priority_max"),
+        ('[jobs]\npriority_max = { alice = "top" }\n', "jobs.priority_max.alice"),
+        ('[jobs]\npriority_max = { "a/b" = "low" }\n', "not a valid owner"),
+        ("[jobs]\npriority_max = 3\n", "jobs.priority_max must be a table"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_controller_config(write(tmp_path, text))

@@ -7,7 +7,7 @@ are shared by the other ``test_controller_*`` unit tests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -432,12 +432,13 @@ def test_malformed_payload_is_counted_and_changes_nothing(
     bench.phase("j1", "startup", ["k2-n1"], priority="high")
     bench.apply(bench.cycle(), ack=False)  # commands pending
     before = snapshot(bench.core)
-    handler = {
+    handlers: dict[str, Callable[[str, bytes], object]] = {
         "telemetry": bench.core.on_telemetry,
         "status": bench.core.on_status,
         "ack": bench.core.on_ack,
         "phase": bench.core.on_phase,
-    }[kind]
+    }
+    handler = handlers[kind]
     target = "j1" if kind == "phase" else "k1-n1"
     assert handler(target, payload) is None
     assert_same(before, snapshot(bench.core))

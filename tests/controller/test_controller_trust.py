@@ -3,6 +3,8 @@ command, and a node whose agent holds a failsafe cap above the plan counts at it
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -12,8 +14,10 @@ from tests.controller.test_controller_core import (
     FAILSAFE_W,
     NODES,
     WALL0,
+    Bench,
     ack_payload,
     make_bench,
+    phase_payload,
     telemetry_payload,
 )
 
@@ -130,3 +134,53 @@ def test_an_agent_that_restarted_is_no_replay() -> None:
     bench.core.on_telemetry("k2-n1", telemetry_payload("k2-n1", 300.0, seq=5000))
     bench.core.on_telemetry("k2-n1", telemetry_payload("k2-n1", 300.0, seq=1))  # restarted
     assert not bench.core.implausible.any()
+
+
+# --- jobs have owners (finding 5) ----------------------------------------------------
+
+
+def owned_bench(**settings: object) -> Bench:
+    bench = make_bench()
+    bench.core.settings = dataclasses.replace(bench.core.settings, **settings)  # type: ignore[arg-type]
+    return bench
+
+
+def test_a_job_belongs_to_whoever_announced_it_first() -> None:
+    """Finding 5: logged in as the one job user, a client raised another's low-priority job
+    to high, moved it onto every node and shut it down."""
+    bench = owned_bench()
+    core = bench.core
+    assert core.on_phase("job-a", phase_payload("job-a", "startup", ["k1-n1"], "low"), "alice")
+    for owner in ("bob", None):  # another login, and the unowned topic
+        for payload in (
+            phase_payload("job-a", "compute", list(NODES), "high"),
+            phase_payload("job-a", "shutdown"),
+        ):
+            assert core.on_phase("job-a", payload, owner) is None
+    job = core.jobs["job-a"]
+    assert (job.owner, job.priority, job.phase, job.nodes) == ("alice", "low", "startup", ["k1-n1"])
+    assert core.rejected_total == 4
+    # its owner may change it, and once it is shut down the name is free again
+    assert core.on_phase("job-a", phase_payload("job-a", "compute"), "alice")
+    assert core.on_phase("job-a", phase_payload("job-a", "shutdown"), "alice")
+    assert "job-a" not in core.jobs
+    assert core.on_phase("job-a", phase_payload("job-a", "startup", ["k2-n1"]), "bob")
+    assert core.jobs["job-a"].owner == "bob"
+
+
+def test_an_owner_announces_no_priority_above_its_allowance() -> None:
+    bench = owned_bench(job_priority_max={"alice": "high"}, default_job_priority_max="normal")
+    core = bench.core
+    assert core.on_phase("hi", phase_payload("hi", "startup", ["k1-n1"], "high"), "alice")
+    assert core.on_phase("b1", phase_payload("b1", "startup", ["k2-n1"], "high"), "bob") is None
+    assert core.on_phase("b1", phase_payload("b1", "startup", ["k2-n1"], "normal"), "bob")
+    # nor may a job be raised later
+    assert core.on_phase("b1", phase_payload("b1", "compute", None, "high"), "bob") is None
+    assert core.jobs["b1"].priority == "normal"
+
+
+def test_the_unowned_topic_can_be_closed() -> None:
+    bench = owned_bench(accept_unowned_jobs=False)
+    assert bench.core.on_phase("j", phase_payload("j", "startup", ["k1-n1"]), None) is None
+    assert "j" not in bench.core.jobs
+    assert bench.core.on_phase("j", phase_payload("j", "startup", ["k1-n1"]), "alice")

@@ -296,3 +296,31 @@ def test_module_level_config_error_is_raised_on_first_use(monkeypatch, default_r
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with pytest.raises(ValueError, match="POWERD_JOB"):
         jobhook.set_phase("compute")
+
+
+# --- owners ---------------------------------------------------------------------------
+
+
+def test_the_broker_login_owns_the_job_and_picks_the_owned_topic():
+    """Issue 12: phases go to jobs/{owner}/{job}/phase, which the shipped ACL binds to the
+    login, so another login cannot speak for this job."""
+    reporter = PhaseReporter("mqtt://alice@127.0.0.1:1", "job-1", cluster="lab")
+    try:
+        assert reporter.owner == "alice"
+        assert reporter.topic == "powerd/v1/lab/jobs/alice/job-1/phase"
+        assert Topics("lab").job_of(reporter.topic) == ("alice", "job-1")
+    finally:
+        reporter.close()
+    named = off(owner="team-b")
+    assert named.topic == "powerd/v1/default/jobs/team-b/job-1/phase"
+    assert off().topic == "powerd/v1/default/jobs/job-1/phase"  # no login, no owner: unowned
+    with pytest.raises(ValueError, match="owner"):
+        off(owner="a/b")
+
+
+def test_the_owner_may_come_from_the_environment():
+    env = {"POWERD_BROKER": "mqtt://127.0.0.1:1", "POWERD_JOB": "j", "POWERD_JOB_OWNER": "bob"}
+    reporter = PhaseReporter.from_env(env, enabled=False)
+    assert reporter.topic == "powerd/v1/default/jobs/bob/j/phase"
+    with pytest.raises(ValueError, match="POWERD_JOB_OWNER"):
+        PhaseReporter.from_env({**env, "POWERD_JOB_OWNER": "no spaces"}, enabled=False)
