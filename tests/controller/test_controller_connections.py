@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from powerd.gpu.simulated import open_simulated
+from powerd.jobhook import PhaseReporter
 from powerd.mqtt_url import PASSWORD_ENV, parse_broker_url
 from powerd.topology import parse_budgets
 from tests.support.agent_harness import NODE, running_agent
@@ -31,6 +32,7 @@ from tests.support.secure_brokers import make_certs, passwd_file, tls_broker
 
 CONTROLLER_PASSWORD = "ctl-Secret-17"
 AGENT_PASSWORD = "n0de-Secret-42"
+JOB_PASSWORD = "j0b-Secret-5"
 
 # one rack, one node: the agent harness's node, whose login the ACL ties to its topics
 ONE_NODE = f"""
@@ -65,7 +67,13 @@ def secured_tls_broker(tmp_path: Path, certs: dict[str, Path]) -> Mosquitto:
     """TLS with client certificates, passwords, and the ACL powerd ships."""
     acl = tmp_path / "acl"
     acl.write_text(resources.files("powerd.data").joinpath("mosquitto-acl.example").read_text())
-    users = {NODE: AGENT_PASSWORD, "powerd-controller": CONTROLLER_PASSWORD, "powerd-jobs": "j"}
+    users = {
+        NODE: AGENT_PASSWORD,
+        "powerd-controller": CONTROLLER_PASSWORD,
+        "powerd-jobs": "j",
+        "alice": JOB_PASSWORD,
+        "bob": JOB_PASSWORD,
+    }
     passwords = passwd_file(tmp_path / "passwd", users)
     broker = tls_broker(tmp_path, certs, require_client_cert=True)
     broker.allow_anonymous = False
@@ -77,7 +85,8 @@ async def test_controller_over_tls_with_password_and_the_shipped_acl(
     tmp_path, certs, monkeypatch, caplog
 ):
     """Both connections log in (TLS, client certificate, password): the controller hears
-    the agent's telemetry on one and commands it on the other, and leaks no secret."""
+    the agent's telemetry on one and commands it on the other, and leaks no secret; a job
+    announced through its owner's login is that owner's, whatever another job login tries."""
     caplog.set_level(logging.DEBUG)
     broker = secured_tls_broker(tmp_path, certs)
     broker.start()
@@ -114,8 +123,41 @@ async def test_controller_over_tls_with_password_and_the_shipped_acl(
                 )
             )
             await until(lambda: agent.core.mode == "controlled", what="agent follows the leader")
+            # the job hook too: alice's job, announced through her own login
+            job_password = tmp_path / "job-password"
+            job_password.write_text(JOB_PASSWORD + "\n")
+            url = broker.url.replace("://", "://alice@")
+            job_tls = replace(ctl_broker, username=None, password_file=str(job_password))
+            alice = PhaseReporter(
+                url, "job-a", [NODE], priority="low", cluster="test", settings=job_tls
+            )
+            alice.startup()
+            await until(lambda: "job-a" in ctl.core.jobs, what="alice's job is known")
+            # bob, another job login: the broker lets him write only under his own name, and
+            # the controller lets nobody but alice change her job
+            as_alice = PhaseReporter(
+                url.replace("alice@", "bob@"),
+                "job-a",
+                cluster="test",
+                settings=job_tls,
+                owner="alice",
+            )
+            as_alice.set_phase("shutdown")  # refused by the broker's ACL: never delivered
+            await asyncio.to_thread(as_alice.close, 5.0)
+            rejected = ctl.core.rejected_total
+            as_bob = PhaseReporter(
+                url.replace("alice@", "bob@"), "job-a", [NODE], priority="high", cluster="test",
+                settings=job_tls,
+            )  # fmt: skip
+            as_bob.startup()  # delivered on bob's topic, refused by the controller
+            await until(lambda: ctl.core.rejected_total > rejected, what="bob refused")
+            job = ctl.core.jobs["job-a"]
+            owned = (job.owner, job.priority, job.phase)
+            await asyncio.to_thread(as_bob.close, 5.0)
+            await asyncio.to_thread(alice.close, 5.0)
     finally:
         broker.stop()
+    assert owned == ("alice", "low", "startup")
     assert ctl.service.inbox.received > 0  # telemetry over the TLS stream
     assert CONTROLLER_PASSWORD not in caplog.text and AGENT_PASSWORD not in caplog.text
 
