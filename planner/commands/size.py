@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -121,6 +122,24 @@ def _rack_summary(racks: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _write_agent_failsafe(output: Path, caps_w: dict[str, float]) -> list[Path]:
+    """Beside the budgets file, the agents' [failsafe] section per GPU model: the budgets
+    file is the one source of failsafe caps, and the agents must hold what it plans."""
+    written = []
+    for model, cap_w in sorted(caps_w.items()):
+        path = output.with_name(f"{output.stem}.agent-{model}.toml")
+        text = (
+            f"# The [failsafe] section of /etc/powerd/agent.toml for nodes with {model} GPUs,\n"
+            f"# written by `powerplan size` with {output.name}: the cap every rack, row and the\n"
+            "# site were proven to hold at. An agent holding more is flagged by the controller\n"
+            "# (failsafe_over_plan) and counted at its own cap.\n"
+            f"[failsafe]\ncap_w = {cap_w:g}\n"
+        )
+        write_whole(path, partial(Path.write_text, data=text, encoding="utf-8"))
+        written.append(path)
+    return written
+
+
 @click.command(help=HELP)
 @placed_inputs("topology")
 @click.option(
@@ -206,6 +225,7 @@ def command(
     except (SizingError, BudgetError) as exc:
         raise click.ClickException(f"{topology}: {exc}") from None
     write_whole(output, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    agent_configs = _write_agent_failsafe(output, sized.failsafe_cap_w)
 
     table = sized.table
     jobs = pd.DataFrame(
@@ -220,6 +240,7 @@ def command(
     extra = {
         "output": str(output),
         "failsafe_cap_w": sized.failsafe_cap_w,
+        "agent_configs": [str(p) for p in agent_configs],
         **{k: v for k, v in sized.info.items()},
         "terms": terms.describe(),
     }

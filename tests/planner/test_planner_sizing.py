@@ -27,6 +27,7 @@ from planner.sizing import (
 )
 from planner.terms import NonGpuTerms, load_terms
 from policies.tree import PHASE_CODES
+from powerd.agent.config import load_config
 from powerd.topology import load_budgets, parse_budgets
 from tests.support.paths import REPO
 
@@ -300,6 +301,11 @@ def test_size_command_writes_a_file_the_controller_loads(tmp_path: Path):
     budgets = {n["name"]: n["budget_w"] for n in doc["nodes"]}
     assert back.budget_w[back.node_index("row1-k1")] == budgets["row1-k1"]
     assert back.failsafe_cap_w("row1-k1-n1") == doc["failsafe_cap_w"]["H100"]
+    # and the agents' side of it: their [failsafe] section holds the same cap
+    agent_toml = tmp_path / "budgets.agent-H100.toml"
+    assert doc["agent_configs"] == [str(agent_toml)]
+    agent = load_config(agent_toml)
+    assert agent.failsafe.cap_w == doc["failsafe_cap_w"]["H100"]
     table = CliRunner().invoke(
         main,
         ["size", str(DATA / "demo.toml"), str(profiles), "--mix", str(mix), "-o", str(out)],
