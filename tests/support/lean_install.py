@@ -33,7 +33,7 @@ for module in {EXTRA_MODULES!r}:
         continue
     sys.exit(f"{{module}} is installed, but it is no core dependency")
 for module in ("powerd.agent.daemon", "powerd.gpu.nvml", "powerd.controller.service",
-               "powerd.fleet.runner", "powerd.mqtt_stream", "powerd.jobhook"):
+               "powerd.fleet.runner", "powerd.mqtt_stream", "powerd.jobhook", "powerd.signing"):
     importlib.import_module(module)
 import msgspec
 from powerd.protocol import ProtocolError, Telemetry, decode
@@ -43,9 +43,14 @@ for number in (b"1e999", b"-1e999", b"1" + b"0" * 400):
     except msgspec.ValidationError:
         continue
     sys.exit(f"msgspec {{msgspec.__version__}} decodes {{number[:12]!r}}: the protocol needs it refused")
+from powerd.protocol import Topics, encode, Heartbeat
+from powerd.signing import Signer, Verifier
+signer = Signer.generate()
+body = encode(Heartbeat(v=1, epoch=1, ts=1.0, controller="c", state="leader"))
+assert Verifier([signer.trusted()]).open("t", signer.sign("t", body))  # Ed25519 at the floor
 from importlib.metadata import version
 print(json.dumps({{name: version(name) for name in
-    ("aiomqtt", "msgspec", "nvidia-ml-py", "click", "numpy", "paho-mqtt")}}))
+    ("aiomqtt", "msgspec", "nvidia-ml-py", "click", "numpy", "paho-mqtt", "cryptography")}}))
 """
 
 
