@@ -7,6 +7,8 @@ a typo or a wrong type the same way.
 from __future__ import annotations
 
 import math
+import os
+import stat
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -116,4 +118,26 @@ def broker_from_table(table: dict[str, Any], where: str) -> BrokerSettings:
         raise ConfigError(f"{where}: need 0 < broker.reconnect_min_s <= broker.reconnect_max_s")
     if not 1 <= broker.keepalive_s <= 65535:
         raise ConfigError(f"{where}: broker.keepalive_s must be in [1, 65535] s")
+    for key in ("password_file", "ca_file", "cert_file", "key_file"):
+        _check_readable(where, f"broker.{key}", getattr(broker, key))
     return broker
+
+
+def _check_readable(where: str, dotted: str, path: str | None) -> None:
+    """A file the process reads when it connects must be there when it starts.
+
+    Found only at connect time, a missing password or TLS file was an error retried
+    for ever (issue 12). Only opened here, not read: the password is read at each
+    connect, so a rotated one is picked up. Non-blocking: a FIFO does not hang the load.
+    """
+    if path is None:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"{where}: {dotted}: cannot read {path}: {exc.strerror}") from None
+    try:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise ConfigError(f"{where}: {dotted}: {path} is a directory, not a file")
+    finally:
+        os.close(fd)

@@ -42,8 +42,10 @@ class Recorder(ABC):
         """
 
     @abstractmethod
-    def close(self, timeout_s: float | None = None) -> None:
-        """Flush (for at most ``timeout_s``) and release everything. Idempotent."""
+    def close(self, timeout_s: float | None = None) -> int:
+        """Flush (for at most ``timeout_s``) and release everything. Idempotent.
+
+        Returns the points not written (``dropped``), which it also logs, at error level."""
 
     def stats(self) -> dict[str, int]:
         return {

@@ -11,6 +11,7 @@ whole-tree checks over the columns as arrays. Nothing is half-loaded: a
 from __future__ import annotations
 
 import math
+import re
 import string
 import tomllib
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import numpy as np
 
 from policies.tree import LEVEL_NAMES, RACK, ROW, SERVER, SITE
 from powerd.gpu.models import GPU_MODELS, GpuModel
+from powerd.protocol import MAX_NAME_CHARS
 from powerd.topology import checks
 from powerd.topology.model import BudgetError, Topology
 from powerd.topology.units import QUANTITIES, Written
@@ -312,9 +314,30 @@ def _template_fields(
         parsed = list(string.Formatter().parse(name))
     except ValueError as exc:
         raise reader.fail(node, f"bad name template {name!r}: {exc}") from None
-    for _literal, fname, _spec, conv in parsed:
+    # Refused from the template alone, before any name is formatted: a width such as
+    # {i:>300000000} took 9.5 s and 2 GB to make names the checks then refuse (issue 12).
+    literal = sum(len(text) for text, *_ in parsed)
+    if literal > MAX_NAME_CHARS and any(fname is not None for _, fname, *_ in parsed):
+        raise reader.fail(
+            node,
+            f"name template {name!r} has {literal} characters besides its fields; "
+            f"names are at most {MAX_NAME_CHARS} characters (powerd.protocol.NAME_PATTERN)",
+        )
+    for _literal, fname, spec, conv in parsed:
         if fname is None:
             continue
+        if spec and "{" in spec:
+            raise reader.fail(
+                node, f"name template {name!r}: nested fields in a format spec are not allowed"
+            )
+        # width and precision: every number in the spec (a digit fill is one digit)
+        for number in re.findall(r"\d+", spec or ""):
+            if len(number.lstrip("0")) > 2 or int(number) > MAX_NAME_CHARS:
+                raise reader.fail(
+                    node,
+                    f"name template {name!r}: {number} in format spec {spec!r} would make names "
+                    f"longer than {MAX_NAME_CHARS} characters (powerd.protocol.NAME_PATTERN)",
+                )
         if fname not in allowed or conv:
             raise reader.fail(
                 node,

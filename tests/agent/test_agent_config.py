@@ -33,6 +33,19 @@ def load_error(tmp_path: Path, text: str) -> tuple[Path, str]:
     return path, str(info.value)
 
 
+def with_broker_files(tmp_path: Path, text: str) -> str:
+    """``text`` with its broker files (/etc/powerd/...) made in ``tmp_path``: they must
+    exist when the config loads (issue 12, point 6)."""
+
+    def made(match: re.Match[str]) -> str:
+        path = tmp_path / match[2]
+        path.write_text("x\n")
+        return f'{match[1]}"{path}"'
+
+    pattern = r'^((?:# )?(?:password|ca|cert|key)_file = )"/etc/powerd/([^"]+)"'
+    return re.sub(pattern, made, text, flags=re.M)
+
+
 # --- defaults ------------------------------------------------------------------
 
 
@@ -112,7 +125,7 @@ fraction = 0.7
 
 
 def test_full_file(tmp_path: Path) -> None:
-    path = write(tmp_path, FULL)
+    path = write(tmp_path, with_broker_files(tmp_path, FULL))
     config = load_config(path)
     assert config == AgentConfig(
         node="r07-n12",
@@ -128,10 +141,10 @@ def test_full_file(tmp_path: Path) -> None:
             port=18883,
             tls=True,
             username="ops",
-            password_file="/etc/powerd/pw",
-            ca_file="/etc/powerd/ca.pem",
-            cert_file="/etc/powerd/agent.crt",
-            key_file="/etc/powerd/agent.key",
+            password_file=f"{tmp_path}/pw",
+            ca_file=f"{tmp_path}/ca.pem",
+            cert_file=f"{tmp_path}/agent.crt",
+            key_file=f"{tmp_path}/agent.key",
             keepalive_s=15.0,
             reconnect_min_s=0.25,
             reconnect_max_s=12.5,
@@ -322,17 +335,19 @@ def test_broker_key_error_does_not_blame_the_url(tmp_path: Path) -> None:
 
 @pytest.fixture
 def base(tmp_path: Path) -> AgentConfig:
-    return load_config(write(tmp_path, FULL))
+    return load_config(write(tmp_path, with_broker_files(tmp_path, FULL)))
 
 
-def test_override_broker_keeps_files_and_settings_from_base(base: AgentConfig) -> None:
+def test_override_broker_keeps_files_and_settings_from_base(
+    base: AgentConfig, tmp_path: Path
+) -> None:
     updated = base.with_overrides(broker="mqtt://other.example.com:1884")
     b = updated.broker
     assert (b.host, b.port, b.tls) == ("other.example.com", 1884, False)
-    assert b.password_file == "/etc/powerd/pw"
-    assert b.ca_file == "/etc/powerd/ca.pem"
-    assert b.cert_file == "/etc/powerd/agent.crt"
-    assert b.key_file == "/etc/powerd/agent.key"
+    assert b.password_file == f"{tmp_path}/pw"
+    assert b.ca_file == f"{tmp_path}/ca.pem"
+    assert b.cert_file == f"{tmp_path}/agent.crt"
+    assert b.key_file == f"{tmp_path}/agent.key"
     assert b.keepalive_s == 15.0
     assert (b.reconnect_min_s, b.reconnect_max_s) == (0.25, 12.5)
     assert b.username == "ops"  # the override URL names no user: the base one stays
@@ -341,10 +356,10 @@ def test_override_broker_keeps_files_and_settings_from_base(base: AgentConfig) -
     assert base.broker.host == "broker.example.com"
 
 
-def test_override_broker_user_and_tls_default_port(base: AgentConfig) -> None:
+def test_override_broker_user_and_tls_default_port(base: AgentConfig, tmp_path: Path) -> None:
     b = base.with_overrides(broker="mqtts://svc@b2").broker
     assert (b.host, b.port, b.tls, b.username) == ("b2", 8883, True, "svc")
-    assert b.password_file == "/etc/powerd/pw"
+    assert b.password_file == f"{tmp_path}/pw"
 
 
 def test_none_overrides_change_nothing(base: AgentConfig) -> None:
@@ -374,3 +389,43 @@ def test_invalid_override_raises(base: AgentConfig, overrides: dict, fragment: s
         base.with_overrides(**overrides)
     assert fragment in str(info.value)
     assert "hunter2" not in str(info.value)
+
+
+# --- the broker's files exist when the config loads (issue 12, point 6) -----------------
+
+BROKER_FILE_KEYS = ("password_file", "ca_file", "cert_file", "key_file")
+
+
+@pytest.mark.parametrize("key", BROKER_FILE_KEYS)
+def test_a_missing_broker_file_is_an_error_at_load_time(tmp_path: Path, key: str) -> None:
+    """A missing password_file was found only at connect time, then retried for ever."""
+    missing = tmp_path / "no-such-file"
+    text = f'[agent]\nnode="n1"\n[broker]\nurl="mqtts://u@h"\n{key} = "{missing}"\n'
+    path, message = load_error(tmp_path, text)
+    assert message.startswith(f"{path}: broker.{key}: "), message
+    assert str(missing) in message and "No such file" in message
+
+
+@pytest.mark.parametrize("key", BROKER_FILE_KEYS)
+def test_a_broker_file_that_cannot_be_read_is_an_error_at_load_time(
+    tmp_path: Path, key: str
+) -> None:
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    text = f'[agent]\nnode="n1"\n[broker]\nurl="mqtts://u@h"\n{key} = "{directory}"\n'
+    path, message = load_error(tmp_path, text)
+    assert message.startswith(f"{path}: broker.{key}: "), message
+    assert str(directory) in message
+
+
+def test_the_broker_password_is_still_read_at_connect_time(tmp_path: Path) -> None:
+    """Checked at load, read when connecting: a rotated password is picked up."""
+    password = tmp_path / "pw"
+    password.write_text("old\n")
+    config = load_config(
+        write(
+            tmp_path, f'[agent]\nnode="n1"\n[broker]\nurl="mqtt://u@h"\npassword_file="{password}"'
+        )
+    )
+    password.write_text("rotated\n")
+    assert config.broker.client_kwargs()["password"] == "rotated"

@@ -29,6 +29,19 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def with_broker_files(tmp_path: Path, text: str) -> str:
+    """``text`` with its broker files (/etc/powerd/...) made in ``tmp_path``: they must
+    exist when the config loads (issue 12, point 6)."""
+
+    def made(match: re.Match[str]) -> str:
+        path = tmp_path / match[2]
+        path.write_text("x\n")
+        return f'{match[1]}"{path}"'
+
+    pattern = r'^((?:# )?(?:password|ca|cert|key)_file = )"/etc/powerd/([^"]+)"'
+    return re.sub(pattern, made, text, flags=re.M)
+
+
 # --- defaults and every key -------------------------------------------------------------
 
 
@@ -91,7 +104,7 @@ token_file = "/etc/powerd/token"
 
 
 def test_every_key_is_read(tmp_path: Path) -> None:
-    config = load_controller_config(write(tmp_path, FULL))
+    config = load_controller_config(write(tmp_path, with_broker_files(tmp_path, FULL)))
     assert (config.name, config.cluster) == ("ctl-a", "prod")
     assert config.cycle_s == 0.5 and isinstance(config.stale_after_s, float)
     assert (config.heartbeat_s, config.stale_after_s, config.ack_timeout_s) == (0.5, 4.0, 2.0)
@@ -104,10 +117,10 @@ def test_every_key_is_read(tmp_path: Path) -> None:
     b = config.broker
     assert (b.host, b.port, b.tls, b.username) == ("broker.example", 8884, True, "ctl")
     assert (b.password_file, b.ca_file, b.cert_file, b.key_file) == (
-        "/etc/powerd/pw",
-        "/etc/powerd/ca.pem",
-        "/etc/powerd/c.crt",
-        "/etc/powerd/c.key",
+        f"{tmp_path}/pw",
+        f"{tmp_path}/ca.pem",
+        f"{tmp_path}/c.crt",
+        f"{tmp_path}/c.key",
     )
     assert (b.keepalive_s, b.reconnect_min_s, b.reconnect_max_s) == (15.0, 1.0, 10.0)
     assert config.policy == PolicySettings(
@@ -124,7 +137,7 @@ def test_every_key_is_read(tmp_path: Path) -> None:
 
 
 def test_settings_hand_the_core_what_it_needs(tmp_path: Path) -> None:
-    config = load_controller_config(write(tmp_path, FULL))
+    config = load_controller_config(write(tmp_path, with_broker_files(tmp_path, FULL)))
     assert config.settings() == ControllerSettings(
         cycle_s=0.5,
         stale_after_s=4.0,
@@ -165,7 +178,7 @@ def test_recorder_file_rotation_reaches_the_file_recorder(tmp_path: Path) -> Non
 
 
 def test_overrides_replace_what_is_given_and_keep_the_rest(tmp_path: Path) -> None:
-    config = load_controller_config(write(tmp_path, FULL))
+    config = load_controller_config(write(tmp_path, with_broker_files(tmp_path, FULL)))
     changed = config.with_overrides(
         broker="mqtt://other:1999", cluster="lab", name=None, cycle_s=None
     )
@@ -329,7 +342,7 @@ def test_shipped_example_documents_every_key() -> None:
 
 def test_every_documented_key_is_known(tmp_path: Path) -> None:
     """Uncommenting any one example line gives a file that still loads."""
-    lines = example_text().splitlines()
+    lines = with_broker_files(tmp_path, example_text()).splitlines()
     for i, line in enumerate(lines):
         if not re.match(r"^# [a-z_]+ = ", line):
             continue
@@ -375,3 +388,30 @@ def test_jobs_section_sets_owners_allowances(tmp_path: Path) -> None:
     ):
         with pytest.raises(ConfigError, match=re.escape(says)):
             load_controller_config(write(tmp_path, text))
+
+
+# --- the broker's files exist when the config loads (issue 12, point 6) -----------------
+
+
+@pytest.mark.parametrize("key", ["password_file", "ca_file", "cert_file", "key_file"])
+def test_a_missing_broker_file_is_an_error_at_load_time(tmp_path: Path, key: str) -> None:
+    """A missing password_file was found only at connect time, then retried for ever."""
+    missing = tmp_path / "no-such-file"
+    path = write(tmp_path, f'[broker]\nurl = "mqtts://ctl@h"\n{key} = "{missing}"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_controller_config(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: broker.{key}: "), message
+    assert str(missing) in message and "No such file" in message
+
+
+def test_broker_files_that_exist_load_and_the_password_is_read_at_connect_time(
+    tmp_path: Path,
+) -> None:
+    password = tmp_path / "pw"
+    password.write_text("old\n")
+    config = load_controller_config(
+        write(tmp_path, f'[broker]\nurl = "mqtt://ctl@h"\npassword_file = "{password}"\n')
+    )
+    password.write_text("rotated\n")  # a rotated password is picked up when connecting
+    assert config.broker.client_kwargs()["password"] == "rotated"

@@ -41,22 +41,25 @@ def test_lines_are_appended_and_read_back(tmp_path: Path) -> None:
     assert path.read_text().splitlines() == [*lines, *sample_lines(2, first=3)]
 
 
-def test_close_flushes_and_flush_interval_flushes_without_close(tmp_path: Path) -> None:
+def test_each_write_is_in_the_file_when_it_returns(tmp_path: Path) -> None:
+    """No buffer in the process (a point counted as written is in the file: issue 12),
+    whatever the flush interval."""
     path = tmp_path / "t.lp"
     clock = ManualClock()
     recorder = FileRecorder(path, flush_interval_s=1.0, clock=clock)
     recorder.write(sample_lines(1))
-    assert path.read_text() == ""  # buffered in the process
+    assert path.read_text().splitlines() == sample_lines(1)
     clock.advance(1.0)
     recorder.write(sample_lines(1, first=1))
-    assert path.read_text().splitlines() == sample_lines(2)  # the interval passed
+    assert path.read_text().splitlines() == sample_lines(2)
     recorder.write(sample_lines(1, first=2))
     assert recorder.flush() is True
     assert len(path.read_text().splitlines()) == 3
     recorder.write(sample_lines(1, first=3))
-    recorder.close()
+    assert recorder.close() == 0
     assert path.read_text().splitlines() == sample_lines(4)
-    recorder.close()  # idempotent
+    assert recorder.stats() == {"written": 4, "buffered": 0, "dropped": 0, "write_errors": 0}
+    assert recorder.close() == 0  # idempotent
 
 
 def test_a_missing_directory_is_a_clear_error_at_construction(tmp_path: Path) -> None:
@@ -149,3 +152,72 @@ def test_keep_zero_starts_over_and_none_never_rotates(tmp_path: Path) -> None:
         FileRecorder(tmp_path / "x.lp", max_bytes=0)
     with pytest.raises(ValueError, match="keep"):
         FileRecorder(tmp_path / "x.lp", keep=-1)
+
+
+def test_a_full_disk_counts_every_point_as_not_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12, point 6: on a full disk the file recorder lost 14 s of points while it
+    logged '4 points dropped': lines the process buffered counted as written, the error
+    at the flush was charged to the one batch that triggered it, and close() said
+    nothing. /dev/full is a real full disk: every write(2) fails with ENOSPC."""
+    path = tmp_path / "telemetry.lp"
+    path.symlink_to("/dev/full")
+    clock = ManualClock()
+    recorder = FileRecorder(path, clock=clock)  # the default flush interval: 1 s
+    for i in range(56):  # 14 s at 4 writes a second, one point each
+        recorder.write(sample_lines(1, first=i))
+        clock.advance(0.25)
+    assert (recorder.written, recorder.buffered, recorder.dropped) == (0, 0, 56)
+    with caplog.at_level("ERROR", logger="powerd.recorder"):
+        not_written = recorder.close()
+    assert not_written == 56
+    assert recorder.stats() == {"written": 0, "buffered": 0, "dropped": 56, "write_errors": 56}
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("56 points not written" in m and str(path) in m for m in errors), errors
+    assert recorder.close() == 56  # idempotent: says it again, logs nothing more
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == len(errors)
+
+
+_PARTIAL_WRITE = """
+import json, resource, signal, sys
+from powerd.recorder import FileRecorder
+path, limit, first, second = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit: EFBIG, not a signal
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+recorder = FileRecorder(path, flush_interval_s=0.0)
+recorder.write(json.loads(first))
+recorder.write(json.loads(second))  # the disk fills half-way through this batch
+not_written = recorder.close()
+print(json.dumps([recorder.written, recorder.dropped, not_written]))
+"""
+
+
+def test_a_batch_the_disk_took_only_part_of_leaves_no_partial_line(tmp_path: Path) -> None:
+    """A disk that fills in the middle of a write takes part of the batch (a short
+    write), then refuses the rest: the file keeps whole lines only, and the counts
+    say which points are in it. RLIMIT_FSIZE makes the short write on a real file."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "telemetry.lp"
+    first, second = sample_lines(2), sample_lines(2, first=2)
+    limit = len("\n".join(first)) + 1 + len(second[0]) // 2  # half-way into the 3rd line
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PARTIAL_WRITE,
+            str(path),
+            str(limit),
+            *map(json.dumps, [first, second]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    written, dropped, not_written = json.loads(done.stdout)
+    assert path.read_text().splitlines() == first  # no half line left behind
+    assert (written, dropped, not_written) == (2, 2, 2)

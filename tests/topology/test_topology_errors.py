@@ -224,6 +224,28 @@ CASES = [
         sub('name = "r1-k1-n1"', f'name = "{"n" * 65}"'),
         ("node 'nnnn", "invalid name", "1-64 characters"),
     ),
+    # a template that can only make names longer than the protocol's 64 characters
+    # is refused before it is formatted (issue 12: {i:>300000000} took 9.5 s and 2 GB)
+    Case(
+        "name-template-width",
+        sub('"{rack}-n{i}"', '"{rack}-n{i:>300000000}"'),
+        ("node generator '{rack}-n{i:>300000000}' in rack 'r1-k2'", "300000000", "64"),
+    ),
+    Case(
+        "name-template-precision",
+        sub('"{rack}-n{i}"', '"{rack}-n{i:.99f}"'),
+        ("node generator '{rack}-n{i:.99f}'", "99", "64"),
+    ),
+    Case(
+        "name-template-nested-field",
+        sub('"{rack}-n{i}"', '"{rack}-n{i:>{rack}}"'),
+        ("node generator '{rack}-n{i:>{rack}}'", "nested"),
+    ),
+    Case(
+        "name-template-too-long-before-formatting",
+        sub('"{rack}-n{i}"', f'"{"n" * 65}{{i}}"'),
+        ("node generator 'nnnn", "65 characters", "64"),
+    ),
     Case(
         "missing-name",
         sub('name = "r1-k1"\n', ""),
@@ -469,3 +491,48 @@ def test_error_in_a_late_generated_rack_names_that_rack() -> None:
     with pytest.raises(BudgetError) as info:
         parse_budgets(text, source="gen.toml")
     assert str(info.value).startswith("gen.toml: rack 'r1-k4': duplicate name")
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{rack}-n{i:>300000000}",
+        "{rack}-n{i:0300000000d}",
+        "{rack}-n{i:.300000000f}",
+        "{i:>{rack}}",  # the width from a rack named 300000000
+        "n" * 10**6 + "{i}",
+    ],
+)
+def test_a_huge_name_template_fails_fast_without_allocating(template: str) -> None:
+    """Issue 12, point 6: a name template width of 300000000 took 9.5 s and 2 GB; refused
+    from the template alone, before a name is formatted."""
+    import time
+    import tracemalloc
+
+    text = BASE.replace('name = "r1-k2"', 'name = "300000000"').replace(
+        '"{rack}-n{i}"', repr(template).replace("'", '"')
+    )
+    tracemalloc.start()
+    began = time.perf_counter()
+    try:
+        with pytest.raises(BudgetError, match=r"64 characters|nested") as info:
+            parse_budgets(text, "budgets.toml")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    elapsed = time.perf_counter() - began
+    assert str(info.value).startswith("budgets.toml: ")
+    assert template[:40] in str(info.value)
+    assert peak < 20 * len(text) + 10**6, f"{peak} bytes allocated"
+    assert elapsed < 2.0
+
+
+def test_name_templates_with_a_format_spec_still_work() -> None:
+    for template, names in [
+        ("{rack}-n{i:03d}", ("r1-k2-n001", "r1-k2-n004")),
+        ("{rack}-n{i:0>4}", ("r1-k2-n0001", "r1-k2-n0004")),
+        ("{i:0>64}", ("0" * 63 + "1",)),  # the longest name there is
+        ("{rack:.2}-{i:x}", ("r1-1", "r1-4")),
+    ]:
+        top = parse_budgets(BASE.replace('"{rack}-n{i}"', f'"{template}"'))
+        assert set(names) <= set(top.servers), (template, top.servers)
