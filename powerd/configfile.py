@@ -90,9 +90,26 @@ class Getter:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{self.where}: {dotted} must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise ConfigError(f"{self.where}: {dotted} must be finite, got {value!r}")
-        return float(value)
+        number = finite(value)
+        if number is None:
+            raise ConfigError(f"{self.where}: {dotted} must be finite, got {shown(value)}")
+        return number
+
+
+def finite(value: int | float) -> float | None:
+    """``value`` as a finite float, or None: TOML integers have no size limit, and one past
+    a float's range overflows (found by bench/fuzz.py) rather than being infinite."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error message stays one short line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} characters)"
 
 
 def broker_from_table(table: dict[str, Any], where: str) -> BrokerSettings:

@@ -233,6 +233,9 @@ class Status(_Payload):
     # optional addition to v1: the highest failsafe cap the agent holds its GPUs at when
     # no controller leads (its config's); the controller compares it with the plan
     failsafe_cap_w: NonNegFloat | None = None
+    # optional addition to v1: the agent's telemetry period (a node sending much faster is
+    # not one agent: the controller doubts it)
+    period_s: Annotated[float, Meta(gt=0)] | None = None
 
 
 # --- phase: a training job announces a phase change --------------------------
@@ -509,7 +512,14 @@ def peek_order(payload: bytes | str) -> tuple[int, int]:
     if not isinstance(raw, dict):
         return 0, 0
     epoch, seq = raw.get("epoch"), raw.get("seq")
-    if type(epoch) is int and type(seq) is int and epoch >= 0 and seq >= 0:
+    # within int64, as a valid message's (found by bench/fuzz.py: a bigger one made the
+    # rejected ack itself unencodable)
+    if (
+        type(epoch) is int
+        and type(seq) is int
+        and 0 <= epoch <= INT64_MAX
+        and 0 <= seq <= INT64_MAX
+    ):
         return epoch, seq
     return 0, 0
 

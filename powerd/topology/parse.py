@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from policies.tree import LEVEL_NAMES, RACK, ROW, SERVER, SITE
+from powerd.configfile import finite, shown
 from powerd.gpu.models import GPU_MODELS, GpuModel
 from powerd.protocol import MAX_NAME_CHARS
 from powerd.topology import checks
@@ -117,8 +118,8 @@ class _Reader:
         value = table[key]
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(node, f"{key} must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise self.fail(node, f"{key} = {value} must be a finite number")
+        if finite(value) is None:
+            raise self.fail(node, f"{key} = {shown(value)} must be a finite number")
         if value < 0 or (value == 0 and not zero_ok):
             sign = "negative" if value < 0 else "zero"
             need = "≥ 0" if zero_ok else "> 0"
@@ -130,7 +131,7 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(node, f"{key} must be an integer, got {value!r}")
         if not lo <= value <= hi:
-            raise self.fail(node, f"{key} = {value} is outside {lo}..{hi}")
+            raise self.fail(node, f"{key} = {shown(value)} is outside {lo}..{hi}")
         return value
 
     def watts(

@@ -1081,7 +1081,7 @@ PEEK = {
     "wrong-version-still-ordered": (build(Command, (("v",), 2)), (7, 1203)),
     "bytes": (b'{"epoch":3,"seq":4}', (3, 4)),
     "zeros": (b'{"epoch":0,"seq":0}', (0, 0)),
-    "huge": (b'{"epoch":100000000000000000000,"seq":1}', (10**20, 1)),
+    "huge": (b'{"epoch":100000000000000000000,"seq":1}', (0, 0)),  # past int64: unsendable
     "not-json": (b"{nope", (0, 0)),
     "empty": (b"", (0, 0)),
     "bad-utf8": (b'{"epoch":1,"seq":2,"x":"\xff"}', (0, 0)),

@@ -536,3 +536,9 @@ def test_name_templates_with_a_format_spec_still_work() -> None:
     ]:
         top = parse_budgets(BASE.replace('"{rack}-n{i}"', f'"{template}"'))
         assert set(names) <= set(top.servers), (template, top.servers)
+
+
+def test_an_integer_past_a_floats_range_is_a_budget_error() -> None:
+    """Found by bench/fuzz.py: OverflowError escaped the budgets parser."""
+    with pytest.raises(BudgetError, match="must be a finite number"):
+        parse_budgets('version = 1\n[site]\nname = "s"\nlimit_w = 2' + "0" * 308 + "\n")
