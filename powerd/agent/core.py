@@ -79,6 +79,7 @@ class AgentCore:
         mode: AgentMode = "controlled",
         cluster: str = "default",
         max_command_ttl_s: float = DEFAULT_MAX_COMMAND_TTL_S,
+        period_s: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -91,6 +92,7 @@ class AgentCore:
         self._command_topic = topics.command(node)
         self._heartbeat_topic = topics.heartbeat
         self.max_command_ttl_s = max_command_ttl_s
+        self.period_s = period_s  # the telemetry period, reported in the status
         self.gpus = {gpu.index: gpu for gpu in gpus}
         if len(self.gpus) != len(gpus):
             raise ValueError("two GPUs share an index")
@@ -323,6 +325,7 @@ class AgentCore:
             gpus=len(self.gpus),
             agent_version=__version__,
             failsafe_cap_w=max(self.failsafe_caps_w.values(), default=None),
+            period_s=self.period_s,
         )
 
     def _reject(self, command: Command, why: str) -> Ack:

@@ -63,6 +63,7 @@ class AgentDaemon:
             mode=config.mode,
             cluster=config.cluster,
             max_command_ttl_s=config.max_command_ttl_s,
+            period_s=config.period_s,
             monotonic=monotonic,
             wall=wall,
         )

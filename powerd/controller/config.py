@@ -69,6 +69,10 @@ class ControllerConfig:
     # At most this share of the time goes to decoding telemetry; past it, samples wait in
     # the inbox and newer ones replace them (counted as dropped): docs/CONTROLLER.md, "Scale".
     ingest_share: float = 0.5
+    # A node sending telemetry faster than twice the rate its status reports, or than this
+    # before it reported one, is not believed (counted at its caps, not commanded): two
+    # senders on one login, or a broken agent. Agents' fastest period is 0.05 s (20 Hz).
+    telemetry_max_hz: float = 20.0
     # Commands that only hand watts back go to at most this many nodes a second; cuts,
     # clock locks and resends are never held back (docs/CONTROLLER.md, "Scale").
     max_raises_per_s: float = 2000.0
@@ -121,6 +125,7 @@ class ControllerConfig:
             job_priority_max=dict(self.job_priority_max),
             default_job_priority_max=self.default_job_priority_max,
             accept_unowned_jobs=self.accept_unowned_jobs,
+            telemetry_max_hz=self.telemetry_max_hz,
         )
 
     def with_overrides(self, **overrides: Any) -> ControllerConfig:
@@ -152,6 +157,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
             "infer_phases",
             "ingest_share",
             "max_raises_per_s",
+            "telemetry_max_hz",
             *_TIMING_KEYS,
         },
         "broker": BROKER_KEYS,
@@ -224,6 +230,9 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         source=where,
         infer_phases=get.flag(section, "controller.infer_phases", defaults.infer_phases),
         ingest_share=get.number(section, "controller.ingest_share", defaults.ingest_share),
+        telemetry_max_hz=get.number(
+            section, "controller.telemetry_max_hz", defaults.telemetry_max_hz
+        ),
         max_raises_per_s=get.number(
             section, "controller.max_raises_per_s", defaults.max_raises_per_s
         ),
@@ -266,6 +275,8 @@ def validate(config: ControllerConfig, where: str) -> None:
         raise ConfigError(f"{where}: controller.agent_failsafe_after_s must be in (0, 86400] s")
     if not 2 * config.cycle_s <= config.infer_window_s <= 3600:
         raise ConfigError(f"{where}: controller.infer_window_s must be in [2 cycles, 3600] s")
+    if not 0.1 <= config.telemetry_max_hz <= 1000:
+        raise ConfigError(f"{where}: controller.telemetry_max_hz must be in [0.1, 1000]")
     if not 0 < config.ingest_share <= 1:
         raise ConfigError(f"{where}: controller.ingest_share must be in (0, 1]")
     if not 1 <= config.max_raises_per_s <= 10**6:

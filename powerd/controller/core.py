@@ -77,6 +77,10 @@ class ControllerSettings:
     # commands that only hand watts back, per cycle (cuts, clock changes, resends: all)
     max_raises_per_cycle: int = 2000
     policy: PolicySettings = field(default_factory=PolicySettings)
+    # A node sending telemetry faster than twice its reported rate (status period_s), or,
+    # before it reported one, faster than this (Hz; agents' fastest period is 0.05 s), is
+    # not believed: two senders share its login, or its agent is broken.
+    telemetry_max_hz: float = 20.0
     # Jobs (issue 12): the highest priority each owner may announce (owners not listed:
     # default_job_priority_max; "high" allows any), and whether jobs announced on the
     # unowned topic (jobs/{job}/phase, no login bound to them) are taken at all.
@@ -164,6 +168,7 @@ class ControllerCore:
         # agent's own where its status reports a higher one (FAILSAFE_TOLERANCE_W)
         self.failsafe_cap_w = tree.failsafe_cap_w.astype(float).copy()
         self.failsafe_over_plan = np.zeros(tree.n_servers, dtype=bool)
+        self.period_s = np.full(tree.n_servers, np.inf)  # as each agent's status says; inf: unknown
         # telemetry that says what no GPU can do: per node, since when, and how often
         self.implausible = np.zeros(tree.n_servers, dtype=bool)
         self.implausible_samples = np.zeros(tree.n_servers, dtype=np.int64)
@@ -314,6 +319,24 @@ class ControllerCore:
             return f"{who} may not announce priority {event.priority} (job {event.job})"
         return None
 
+    def check_rates(self, received: np.ndarray, seconds: float) -> None:
+        """``received``: telemetry per node over the last ``seconds`` (the inbox's count). A
+        node over twice the rate its status reports (else over ``telemetry_max_hz``) is
+        implausible, as a sample no GPU could send is."""
+        if seconds <= 0:
+            return
+        known = np.isfinite(self.period_s)
+        allowed_hz = np.where(known, 2.0 / self.period_s, self.settings.telemetry_max_hz)
+        limit = allowed_hz * seconds + 2  # +2: samples early or late by a little are no rate
+        for server in np.flatnonzero(received > limit).tolist():
+            node = self.tree.server_names[server]
+            seen_hz = float(received[server]) / seconds
+            self._disbelieve(
+                server,
+                node,
+                f"{seen_hz:.1f} telemetry messages a second, allowed {allowed_hz[server]:g}",
+            )
+
     def _doubt(self, sample: Telemetry, start: int, n_gpus: int, previous_seq: int) -> str | None:
         """Why this sample cannot be true, or None. Cheap: a few comparisons per GPU."""
         if SEQ_RESTART_MAX < sample.seq <= previous_seq:
@@ -359,6 +382,8 @@ class ControllerCore:
         server, status = got
         if status.failsafe_cap_w is not None:
             self._take_failsafe_cap(server, node, status.failsafe_cap_w)
+        if status.period_s is not None:
+            self.period_s[server] = status.period_s
         self.offline[server] = status.state == "offline"
         if status.state == "offline":
             log.warning(

@@ -46,6 +46,7 @@ class TelemetryInbox:
         self._payload: list[bytes | None] = [None] * n
         self._arrived = [0.0] * n
         self._replaced = [0] * n
+        self._per_node = [0] * n  # payloads received per node since the last count_per_node()
         self._queue: deque[int] = deque()  # servers with a payload, oldest first
         # cumulative counters
         self.received = 0  # payloads put in a slot
@@ -63,6 +64,7 @@ class TelemetryInbox:
             self.unknown += 1
             return None
         self.received += 1
+        self._per_node[server] += 1
         if self._payload[server] is None:
             self._queue.append(server)
         else:
@@ -84,6 +86,13 @@ class TelemetryInbox:
             out.append(Waiting(server, payload, self._arrived[server], self._replaced[server]))
             self._replaced[server] = 0
         return out
+
+    def count_per_node(self) -> np.ndarray:
+        """Payloads received per node since the last call (a node sending faster than its
+        period shows here, whatever the slot kept of it)."""
+        counts = np.array(self._per_node, dtype=np.int64)
+        self._per_node = [0] * len(self._per_node)
+        return counts
 
     def waiting_arrivals(self) -> tuple[np.ndarray, np.ndarray]:
         """Servers with a payload still waiting, and when each was received."""

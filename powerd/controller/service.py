@@ -100,6 +100,7 @@ class ControllerService:
         self._counted = (0, 0)  # the inbox's received and replaced, as last counted
         self._ingest_allowance_s = 0.0  # decode time left in the budget's bucket
         self._ingest_filled_at = time.monotonic()
+        self._rates_since = monotonic()  # start of the per-node telemetry count
         self.leadership = Leadership(config.name, config.takeover_after_s)
         self.cycles: list[CycleResult] = []  # the last few
         # called with every cycle's result as soon as it is decided (the demo's trace, tests)
@@ -341,6 +342,9 @@ class ControllerService:
 
     def _cycle(self, link: MqttLink) -> None:
         self._ingest()  # the newest samples there are
+        now = self._monotonic()
+        self.core.check_rates(self.inbox.count_per_node(), now - self._rates_since)
+        self._rates_since = now
         result = self.core.cycle(self.inbox.waiting_arrivals() if len(self.inbox) else None)
         for listener in self.cycle_listeners:
             try:

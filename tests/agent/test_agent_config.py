@@ -434,5 +434,5 @@ def test_the_broker_password_is_still_read_at_connect_time(tmp_path: Path) -> No
 def test_an_integer_past_a_floats_range_is_a_clear_error(tmp_path: Path) -> None:
     """Found by bench/fuzz.py: TOML integers have no size limit, and one past a float's range
     raised OverflowError out of the parser instead of a ConfigError."""
-    path, message = load_error(tmp_path, "[agent]\nperiod_s = 2" + "0" * 308 + "\n")
+    _, message = load_error(tmp_path, "[agent]\nperiod_s = 2" + "0" * 308 + "\n")
     assert "agent.period_s must be finite" in message and "characters)" in message

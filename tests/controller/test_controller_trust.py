@@ -184,3 +184,30 @@ def test_the_unowned_topic_can_be_closed() -> None:
     assert bench.core.on_phase("j", phase_payload("j", "startup", ["k1-n1"]), None) is None
     assert "j" not in bench.core.jobs
     assert bench.core.on_phase("j", phase_payload("j", "startup", ["k1-n1"]), "alice")
+
+
+def test_a_node_sending_far_faster_than_its_period_is_not_believed() -> None:
+    """Finding 2's liar reported 100 W at 20 Hz beside the real agent at 1 Hz: the node's
+    rate gives it away, whatever each sample says."""
+    bench = make_bench()
+    status = Status(
+        v=1, node="k2-n1", state="online", ts=WALL0, gpus=2, agent_version="0.1.0", period_s=1.0
+    )
+    bench.core.on_status("k2-n1", encode(status))
+    counts = np.zeros(bench.core.tree.n_servers, dtype=np.int64)
+    server = bench.core.tree.server_ordinal["k2-n1"]
+    counts[server] = 4  # a 1 Hz agent, a little early over 2 s: believed
+    bench.core.check_rates(counts, seconds=2.0)
+    assert not bench.core.implausible.any()
+    counts[server] = 42  # 21 messages a second
+    bench.core.check_rates(counts, seconds=2.0)
+    assert bench.core.implausible[server]
+    # a node that never said its period is held to telemetry_max_hz (20 Hz)
+    other = bench.core.tree.server_ordinal["k1-n1"]
+    counts[:] = 0
+    counts[other] = 30
+    bench.core.check_rates(counts, seconds=2.0)
+    assert not bench.core.implausible[other]
+    counts[other] = 50
+    bench.core.check_rates(counts, seconds=2.0)
+    assert bench.core.implausible[other]
