@@ -46,6 +46,11 @@ DEFAULT_UNCAP_THRESHOLD = 0.90
 
 MAX_GPUS_PER_NODE = 1024  # the agent's GPU indices are 0..1023
 MAX_COUNT = 100_000  # one generator
+# Every tree node of a file together: a 1 GW site is ~130,000 (rows, racks, ~125,000
+# nodes). Generators nest, so their counts multiply: without this, a file of a few
+# lines could ask for billions of nodes (found beside bench/fuzz.py: 28 s and 4 GB
+# before it was refused).
+MAX_TREE_NODES = 1_000_000
 
 THRESHOLDS = ("cap_threshold", "cap_target", "uncap_threshold")
 _DEFAULT_THRESHOLDS = (DEFAULT_CAP_THRESHOLD, DEFAULT_CAP_TARGET, DEFAULT_UNCAP_THRESHOLD)
@@ -378,6 +383,7 @@ class _Walker:
         self.models = models
         self.columns = _Columns()
         self._specs: dict[int, _Spec] = {}  # a generator's entry is read once
+        self._named = 0  # tree nodes named so far (MAX_TREE_NODES)
 
     def spec(self, entry: Any, level: int, desc: str, position: int, parent_desc: str) -> _Spec:
         cached = self._specs.get(id(entry))
@@ -455,6 +461,13 @@ class _Walker:
         return entries
 
     def _names(self, spec: _Spec, context: dict[str, str]) -> list[str]:
+        self._named += 1 if spec.count is None else spec.count
+        if self._named > MAX_TREE_NODES:
+            raise self.reader.fail(
+                spec.desc,
+                f"the file asks for more than {MAX_TREE_NODES:,} tree nodes (generators "
+                "multiply: count inside count): is a count too large?",
+            )
         if spec.count is None:
             if not spec.fields:
                 return [spec.name]

@@ -506,25 +506,21 @@ def test_error_in_a_late_generated_rack_names_that_rack() -> None:
 def test_a_huge_name_template_fails_fast_without_allocating(template: str) -> None:
     """Issue 12, point 6: a name template width of 300000000 took 9.5 s and 2 GB; refused
     from the template alone, before a name is formatted."""
-    import time
     import tracemalloc
 
     text = BASE.replace('name = "r1-k2"', 'name = "300000000"').replace(
         '"{rack}-n{i}"', repr(template).replace("'", '"')
     )
     tracemalloc.start()
-    began = time.perf_counter()
     try:
         with pytest.raises(BudgetError, match=r"64 characters|nested") as info:
             parse_budgets(text, "budgets.toml")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    elapsed = time.perf_counter() - began
     assert str(info.value).startswith("budgets.toml: ")
     assert template[:40] in str(info.value)
-    assert peak < 20 * len(text) + 10**6, f"{peak} bytes allocated"
-    assert elapsed < 2.0
+    assert peak < 20 * len(text) + 10**6, f"{peak} bytes allocated"  # refused unformatted
 
 
 def test_name_templates_with_a_format_spec_still_work() -> None:
@@ -542,3 +538,14 @@ def test_an_integer_past_a_floats_range_is_a_budget_error() -> None:
     """Found by bench/fuzz.py: OverflowError escaped the budgets parser."""
     with pytest.raises(BudgetError, match="must be a finite number"):
         parse_budgets('version = 1\n[site]\nname = "s"\nlimit_w = 2' + "0" * 308 + "\n")
+
+
+def test_generators_that_multiply_past_a_million_tree_nodes_fail_fast() -> None:
+    """Found beside bench/fuzz.py: the 150 MW file with its node generator at count = 10000
+    (11.5 million servers) took 28 s and 4 GB before it was refused."""
+    from importlib import resources
+
+    text = resources.files("powerd.data").joinpath("budgets", "site-150mw.toml").read_text()
+    assert "count = 18" in text
+    with pytest.raises(BudgetError, match="more than 1,000,000 tree nodes"):
+        parse_budgets(text.replace("count = 18", "count = 10000", 1))
