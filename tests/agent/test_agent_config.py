@@ -18,6 +18,7 @@ from powerd.agent.config import (
 )
 from powerd.mqtt_url import BrokerSettings
 from powerd.topology import load_budgets
+from tests.support.config_files import with_broker_files
 
 
 def write(tmp_path: Path, text: str, name: str = "agent.toml") -> Path:
@@ -31,19 +32,6 @@ def load_error(tmp_path: Path, text: str) -> tuple[Path, str]:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     return path, str(info.value)
-
-
-def with_broker_files(tmp_path: Path, text: str) -> str:
-    """``text`` with its broker files (/etc/powerd/...) made in ``tmp_path``: they must
-    exist when the config loads (issue 12, point 6)."""
-
-    def made(match: re.Match[str]) -> str:
-        path = tmp_path / match[2]
-        path.write_text("x\n")
-        return f'{match[1]}"{path}"'
-
-    pattern = r'^((?:# )?(?:password|ca|cert|key)_file = )"/etc/powerd/([^"]+)"'
-    return re.sub(pattern, made, text, flags=re.M)
 
 
 # --- defaults ------------------------------------------------------------------

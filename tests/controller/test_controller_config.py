@@ -21,25 +21,13 @@ from powerd.controller.config import (
     load_controller_config,
 )
 from powerd.controller.core import ControllerSettings
+from tests.support.config_files import with_broker_files
 
 
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "controller.toml"
     path.write_text(text, encoding="utf-8")
     return path
-
-
-def with_broker_files(tmp_path: Path, text: str) -> str:
-    """``text`` with its broker files (/etc/powerd/...) made in ``tmp_path``: they must
-    exist when the config loads (issue 12, point 6)."""
-
-    def made(match: re.Match[str]) -> str:
-        path = tmp_path / match[2]
-        path.write_text("x\n")
-        return f'{match[1]}"{path}"'
-
-    pattern = r'^((?:# )?(?:password|ca|cert|key)_file = )"/etc/powerd/([^"]+)"'
-    return re.sub(pattern, made, text, flags=re.M)
 
 
 # --- defaults and every key -------------------------------------------------------------
