@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -53,6 +54,9 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=1883)
     parser.add_argument("--cluster", default="default")
+    parser.add_argument(
+        "--username", help="broker login; the password from $POWERD_MQTT_PASSWORD, as powerd's"
+    )
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--json", type=Path)
@@ -67,6 +71,8 @@ def main() -> None:
 
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-bare-subscriber")
     client.on_message = on_message
+    if args.username:
+        client.username_pw_set(args.username, os.environ.get("POWERD_MQTT_PASSWORD", ""))
     client.connect(args.host, args.port, 30)
     client.subscribe(f"powerd/v1/{args.cluster}/nodes/+/telemetry", qos=0)
     result: dict[str, float] = {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,8 @@ import time
 from pathlib import Path
 
 from bench.common import cpu_s, machine, mem_mb, report
-from tests.support.brokers import Mosquitto, MqttProbe
+from powerd.mqtt_url import PASSWORD_ENV
+from tests.support.brokers import TEST_PASSWORD, Mosquitto, MqttProbe
 
 GPUS = "8xH100"
 
@@ -52,6 +54,7 @@ async def measure(broker: Mosquitto, period_s: float, window_s: float) -> dict:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, PASSWORD_ENV: TEST_PASSWORD},  # the broker's login (its url names it)
     )
     try:
         async with MqttProbe(broker.port, [topic]) as probe:

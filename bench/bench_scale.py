@@ -45,9 +45,10 @@ from pathlib import Path
 from bench.common import cpu_s, machine, mem_mb, report
 from powerd.fleet.app import fleet_argv
 from powerd.fleet.sites import NODES_PER_RACK, RACKS_PER_ROW, SITE_FILE, cut_site
+from powerd.mqtt_url import PASSWORD_ENV
 from powerd.signing import generate_key_files
 from powerd.telemetry_schema import parse_line
-from tests.support.brokers import Mosquitto
+from tests.support.brokers import TEST_PASSWORD, TEST_USER, Mosquitto
 
 NODES_PER_ROW = RACKS_PER_ROW * NODES_PER_RACK
 CLUSTER = "scale"
@@ -89,12 +90,13 @@ def controller_config(broker: Mosquitto, out: Path, ingest_share: float | None) 
 
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen:
+    """``python ARGS``; the broker's login password in its environment, as powerd reads it."""
     with log.open("wb") as f:
         return subprocess.Popen(
             [sys.executable, *args],
             stdout=f,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", PASSWORD_ENV: TEST_PASSWORD},
         )
 
 
@@ -168,6 +170,8 @@ def run_scenario(s: Scenario, warmup_s: float, window_s: float, push_every_s: fl
                         str(window_s),
                         "--json",
                         str(bare_json),
+                        "--username",
+                        TEST_USER,
                     ],
                     out / "bare.log",
                 )

@@ -17,20 +17,40 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.brokers import Mosquitto
+from powerd.mqtt_url import PASSWORD_ENV
+from tests.support.brokers import TEST_PASSWORD, Mosquitto
 from tests.support.markers import SERVER_MARKERS, ServerFinder
 from tests.support.servers import ALLOWED_ENV
 
 
 @pytest.fixture
 def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
-    """A real Mosquitto on a free port, for this test only."""
+    """A real Mosquitto on a free port, for this test only; clients must log in
+    (``TEST_USER``, in its ``url``; the password in $POWERD_MQTT_PASSWORD)."""
     broker = Mosquitto(tmp_path)
     broker.start()
     try:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def anonymous_mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
+    """A real Mosquitto that lets anyone in: what a lab or a demo runs (forged traffic)."""
+    broker = Mosquitto(tmp_path, allow_anonymous=True)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(autouse=True)
+def _broker_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite's broker password, where every powerd process of a test finds it (the
+    environment is inherited by the processes a test starts); a test may set its own."""
+    monkeypatch.setenv(PASSWORD_ENV, TEST_PASSWORD)
 
 
 @pytest.fixture(autouse=True)

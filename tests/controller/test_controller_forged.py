@@ -1,4 +1,5 @@
-"""Forged control traffic on an anonymous broker (issue 12, findings 1-3): real agents on
+"""Forged control traffic (issue 12, findings 1-3), on an anonymous broker and on one that
+requires a login (the attacker has one): real agents on
 simulated GPUs, a real controller, real Mosquitto. Whoever can publish cannot sign: no
 forged command moves a GPU, no forged heartbeat deposes the leader or leads the agents,
 no epoch reported in telemetry moves the controller's."""
@@ -29,8 +30,12 @@ def forged_command(epoch: int) -> bytes:
     return encode(Command(v=1, epoch=epoch, seq=10**18, ts=time.time(), ttl_s=86_400, gpus=gpus))
 
 
-async def test_a_forged_command_moves_no_gpu_and_the_rack_stays_inside_its_limit(mosquitto):
-    async with probe(mosquitto) as p, running_cluster(mosquitto, phase="compute") as cluster:
+async def test_a_forged_command_moves_no_gpu_and_the_rack_stays_inside_its_limit(
+    anonymous_mosquitto,
+):
+    """On an anonymous broker, as finding 1 tried it: anyone can publish, nobody can sign."""
+    broker = anonymous_mosquitto
+    async with probe(broker) as p, running_cluster(broker, phase="compute") as cluster:
         ctl, agents, tree = cluster.controller, cluster.agents, cluster.controller.core.tree
         # in compute both racks are over budget: the controller holds their GPUs below max
         await agents.wait_for(lambda: max(agents.caps()) < 450.0, what="racks capped")

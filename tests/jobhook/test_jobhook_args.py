@@ -12,7 +12,7 @@ import pytest
 import powerd.jobhook as jobhook
 from powerd.jobhook import PhaseReporter, expand_hostlist
 from powerd.protocol import PhaseEvent, Topics, decode
-from tests.support.brokers import MqttProbe
+from tests.support.brokers import TEST_USER, MqttProbe
 
 
 def off(**kwargs: object) -> PhaseReporter:
@@ -259,7 +259,7 @@ async def test_module_level_phase_configured_from_the_environment(
     monkeypatch.setenv("RANK", "0")
     from powerd.jobhook import phase, set_phase, shutdown, startup
 
-    topic = Topics("lab-b").phase("env-job")
+    topic = Topics("lab-b").phase("env-job", owner=TEST_USER)
     async with MqttProbe(mosquitto.port, [topic]) as probe:
         startup()
         with phase("checkpoint", expected_s=5):

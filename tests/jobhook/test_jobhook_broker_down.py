@@ -20,10 +20,10 @@ import powerd.jobhook.publisher as jobhook_publisher
 import powerd.jobhook.reporter as jobhook_reporter
 from powerd.jobhook import PhaseReporter
 from powerd.protocol import PhaseEvent, Topics, decode
-from tests.support.brokers import Mosquitto, MqttProbe
+from tests.support.brokers import TEST_USER, Mosquitto, MqttProbe
 
 JOB = "resnet-sweep-7"
-TOPIC = Topics().phase(JOB)
+TOPIC = Topics().phase(JOB, owner=TEST_USER)  # the broker login owns the job
 SANITY_S = 10.0  # for hundreds of calls that should take milliseconds
 
 

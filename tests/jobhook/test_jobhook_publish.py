@@ -12,11 +12,11 @@ import pytest
 
 from powerd.jobhook import PhaseReporter
 from powerd.protocol import PhaseEvent, Topics, decode
-from tests.support.brokers import MqttProbe
+from tests.support.brokers import TEST_USER, MqttProbe
 
 JOB = "llama-70b-pretrain"
 NODES = ["r01-n03", "r01-n04"]
-TOPIC = Topics().phase(JOB)
+TOPIC = Topics().phase(JOB, owner=TEST_USER)  # the broker login owns the job
 
 
 @pytest.fixture
@@ -144,12 +144,12 @@ async def test_shutdown_publishes_shutdown_then_closes(mosquitto, reporters):
 
 
 async def test_cluster_prefix_and_job_topic(mosquitto, reporters):
-    topic = Topics("lab-a").phase("bert.ft_2")
+    topic = Topics("lab-a").phase("bert.ft_2", owner=TEST_USER)
     async with MqttProbe(mosquitto.port, ["powerd/v1/#"]) as probe:
         reporter = make(reporters, mosquitto.url, job="bert.ft_2", cluster="lab-a", priority="low")
         reporter.set_phase("eval", expected_s=12.5)
         (event,) = await next_events(probe, 1, after=0, topic=topic, job="bert.ft_2")
-    assert probe.messages[0].topic == "powerd/v1/lab-a/jobs/bert.ft_2/phase"
+    assert probe.messages[0].topic == f"powerd/v1/lab-a/jobs/{TEST_USER}/bert.ft_2/phase"
     assert (event.phase, event.priority, event.expected_s) == ("eval", "low", 12.5)
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from powerd.mqtt_stream import MqttStream, StreamError, remaining_length, str16
 from powerd.mqtt_url import parse_broker_url
-from tests.support.brokers import Mosquitto
+from tests.support.brokers import TEST_PASSWORD, TEST_USER, Mosquitto
 from tests.support.secure_brokers import passwd_file
 
 
@@ -93,6 +93,7 @@ def test_what_a_broker_never_sends_ends_the_session(frame: bytes, why: str) -> N
 
 async def test_against_mosquitto_retained_and_many(mosquitto: Mosquitto) -> None:
     publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    publisher.username_pw_set(TEST_USER, TEST_PASSWORD)
     publisher.connect("127.0.0.1", mosquitto.port)
     publisher.loop_start()
     try:

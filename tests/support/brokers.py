@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import fnmatch
 import getpass
+import re
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,8 +32,20 @@ def find_mosquitto() -> str:
     return find_program(MOSQUITTO_CANDIDATES, "mosquitto")
 
 
+# Every broker of the suite requires a login unless a test asks for an anonymous one (the
+# shipped mosquitto.example.conf refuses anonymous clients too): this user, whose password
+# every powerd process of a test finds in $POWERD_MQTT_PASSWORD (tests/conftest.py).
+TEST_USER = "powerd-test"
+TEST_PASSWORD = "t3st-Secret-9"
+
+
 class Mosquitto(ServerProcess):
-    """One Mosquitto process with its own config, on a free port (kept across restarts)."""
+    """One Mosquitto process with its own config, on a free port (kept across restarts).
+
+    By default it refuses anonymous clients and knows one user, ``TEST_USER`` (its ``url``
+    names it); ``allow_anonymous=True`` makes an anonymous broker (forged traffic from
+    anyone), and an ``extra_config`` with its own ``password_file`` brings its own users.
+    """
 
     name = "mosquitto"
     marker = "broker"
@@ -42,7 +56,7 @@ class Mosquitto(ServerProcess):
         workdir: Path,
         extra_config: str = "",
         listener_options: str = "",
-        allow_anonymous: bool = True,
+        allow_anonymous: bool = False,
         tls: bool = False,
     ) -> None:
         """``listener_options``: lines for the listener (certificates, require_certificate);
@@ -55,10 +69,25 @@ class Mosquitto(ServerProcess):
         self.config_path = workdir / "mosquitto.conf"
 
     @property
+    def suite_login(self) -> bool:
+        """Whether clients log in as ``TEST_USER`` (no anonymous clients, no users of its own)."""
+        own_users = re.search(r"^\s*password_file\s", self.extra_config, re.M)
+        return not self.allow_anonymous and own_users is None
+
+    @property
     def url(self) -> str:
-        return f"{'mqtts' if self.tls else 'mqtt'}://127.0.0.1:{self.port}"
+        user = f"{TEST_USER}@" if self.suite_login else ""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{user}127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
+        logins = ""
+        if self.suite_login:
+            passwords = self.workdir / "passwd"
+            passwords.write_text("")
+            subprocess.run(
+                ["mosquitto_passwd", "-b", str(passwords), TEST_USER, TEST_PASSWORD], check=True
+            )
+            logins = f"password_file {passwords}\n"
         self.config_path.write_text(
             # Started as root, mosquitto drops to user "mosquitto", which cannot read the
             # test's private tmp dirs (certificates, password file); as anyone else this
@@ -72,6 +101,7 @@ class Mosquitto(ServerProcess):
             "max_inflight_messages 100\n"
             "max_queued_messages 100000\n"
             f"{self.extra_config}\n"
+            f"{logins}"
         )
         return [find_mosquitto(), "-c", str(self.config_path)]
 
@@ -91,9 +121,12 @@ class MqttProbe:
     """A test client that records every message it receives and lets tests await them."""
 
     def __init__(self, url_port: int, subscriptions: list[str], **client_kwargs: Any) -> None:
-        """``client_kwargs`` go to aiomqtt.Client: username, password, tls_context."""
+        """``client_kwargs`` go to aiomqtt.Client: username, password, tls_context. Without a
+        username it logs in as the suite's user (an anonymous broker accepts that too)."""
         self.port = url_port
         self.subscriptions = subscriptions
+        if "username" not in client_kwargs:
+            client_kwargs = {**client_kwargs, "username": TEST_USER, "password": TEST_PASSWORD}
         self.client_kwargs = client_kwargs
         self.messages: list[Received] = []
         self._changed = asyncio.Condition()
