@@ -78,6 +78,21 @@ class Getter:
             raise ConfigError(f"{self.where}: {dotted} must be a string, got {value!r}")
         return value or default
 
+    def path(self, table: dict, dotted: str) -> str | None:
+        """A file named by the config: relative to the config file's directory."""
+        value = self.opt_str(table, dotted, None)
+        return None if value is None else self._near(value)
+
+    def paths(self, table: dict, dotted: str) -> tuple[str, ...]:
+        """A list of files named by the config, each as ``path`` reads one."""
+        value = table.get(dotted.rsplit(".", 1)[-1], [])
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{self.where}: {dotted} must be a list of file names")
+        return tuple(self._near(v) for v in value)
+
+    def _near(self, name: str) -> str:
+        return str(Path(self.where).parent / Path(name).expanduser())
+
     def flag(self, table: dict, dotted: str, default: bool) -> bool:
         value = table.get(dotted.rsplit(".", 1)[-1], default)
         if not isinstance(value, bool):

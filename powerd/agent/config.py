@@ -141,10 +141,6 @@ def load_config(path: str | Path | None) -> AgentConfig:
             raise ConfigError(f"{where}: failsafe.caps_w key {key!r} is not a GPU index (0..1023)")
         caps_w[index] = get.number({key: value}, f"failsafe.caps_w.{key}", None, key=key)
 
-    keys = raw.get("trust", {}).get("controller_keys", [])
-    if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
-        raise ConfigError(f"{where}: trust.controller_keys must be a list of public key files")
-
     indices = agent.get("gpu_indices")
     if indices is not None and (
         not isinstance(indices, list)
@@ -170,17 +166,12 @@ def load_config(path: str | Path | None) -> AgentConfig:
             caps_w=caps_w,
             fraction=get.number(failsafe_raw, "failsafe.fraction", DEFAULT_FAILSAFE_FRACTION),
         ),
-        controller_keys=tuple(_relative_to(path, k) for k in keys),
+        controller_keys=get.paths(raw.get("trust", {}), "trust.controller_keys"),
         max_command_ttl_s=get.number(agent, "agent.max_command_ttl_s", DEFAULT_MAX_COMMAND_TTL_S),
         source=where,
     )
     _validate(config, where)
     return config
-
-
-def _relative_to(config_path: str | Path, key_path: str) -> str:
-    """A key file named relative to the config file that names it."""
-    return str(Path(config_path).parent / Path(key_path).expanduser())
 
 
 def _validate(config: AgentConfig, where: str) -> None:

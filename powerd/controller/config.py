@@ -194,11 +194,6 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         raise ConfigError(f"{where}: [policy]: {exc}") from None
     rec = raw.get("recorder", {})
     trust = raw.get("trust", {})
-    peer_keys = trust.get("controller_keys", [])
-    if not isinstance(peer_keys, list) or not all(isinstance(k, str) and k for k in peer_keys):
-        raise ConfigError(f"{where}: trust.controller_keys must be a list of public key files")
-    signing_key = get.opt_str(trust, "trust.signing_key", None)
-    here = Path(where).parent
     jobs = raw.get("jobs", {})
     priority_max = jobs.get("priority_max", {})
     if not isinstance(priority_max, dict) or not all(
@@ -225,8 +220,8 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         job_priority_max=dict(priority_max),
         default_job_priority_max=get.text(jobs, "jobs.default_priority_max", "high"),
         accept_unowned_jobs=get.flag(jobs, "jobs.accept_unowned", True),
-        signing_key=str(here / Path(signing_key).expanduser()) if signing_key else None,
-        controller_keys=tuple(str(here / Path(k).expanduser()) for k in peer_keys),
+        signing_key=get.path(trust, "trust.signing_key"),
+        controller_keys=get.paths(trust, "trust.controller_keys"),
         source=where,
         infer_phases=get.flag(section, "controller.infer_phases", defaults.infer_phases),
         ingest_share=get.number(section, "controller.ingest_share", defaults.ingest_share),

@@ -254,6 +254,9 @@ ERRORS = [
     pytest.param("[failsafe]\nfraction = 80", "failsafe.fraction", id="fraction-percent"),
     pytest.param("[failsafe]\nfraction = 0", "failsafe.fraction", id="fraction-zero"),
     pytest.param("[failsafe]\nfraction = 1.5", "failsafe.fraction", id="fraction-over-one"),
+    pytest.param(
+        '[trust]\ncontroller_keys = "ctl.pub"', "trust.controller_keys", id="keys-not-a-list"
+    ),
     pytest.param("[broker]\nkeepalive_s = 0", "broker.keepalive_s", id="keepalive-zero"),
     pytest.param("[broker]\nkeepalive_s = 70000", "broker.keepalive_s", id="keepalive-huge"),
     pytest.param(
