@@ -68,6 +68,9 @@ def paho_client(broker: BrokerSettings, client_id: str) -> mqtt.Client:
     return client
 
 
+SUBSCRIPTIONS_PER_PACKET = 256
+
+
 class LinkError(Exception):
     """The broker refused the connection or a subscription, or the connection broke."""
 
@@ -229,9 +232,14 @@ class MqttLink:
         if not self.subscriptions:
             self._ready_now()
             return
-        self._unsubscribed = len(self.subscriptions)
-        for topic, qos in self.subscriptions:
-            client.subscribe(topic, qos=qos)
+        # in packets of SUBSCRIPTIONS_PER_PACKET (a leaf controller subscribes per node)
+        chunks = [
+            self.subscriptions[i : i + SUBSCRIPTIONS_PER_PACKET]
+            for i in range(0, len(self.subscriptions), SUBSCRIPTIONS_PER_PACKET)
+        ]
+        self._unsubscribed = len(chunks)
+        for chunk in chunks:
+            client.subscribe(chunk)
 
     def _on_subscribe(
         self, _client: mqtt.Client, _userdata: Any, _mid: int, reasons: Any, _props: Any

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from powerd.mqtt_url import BrokerSettings
 
@@ -78,10 +78,15 @@ def connect_packet(
     return b"\x10" + remaining_length(len(body)) + body
 
 
-def subscribe_packet(packet_id: int, topic_filter: str, qos: int = 0) -> bytes:
-    """SUBSCRIBE to one topic filter."""
-    body = struct.pack("!H", packet_id) + str16(topic_filter) + bytes([qos])
+def subscribe_packet(packet_id: int, topic_filter: str | Sequence[str], qos: int = 0) -> bytes:
+    """SUBSCRIBE to one topic filter, or to several in one packet."""
+    filters = [topic_filter] if isinstance(topic_filter, str) else topic_filter
+    body = struct.pack("!H", packet_id) + b"".join(str16(f) + bytes([qos]) for f in filters)
     return b"\x82" + remaining_length(len(body)) + body
+
+
+# Topic filters per SUBSCRIBE packet when a stream takes many (a leaf controller's nodes).
+FILTERS_PER_PACKET = 256
 
 
 class MqttStream:
@@ -89,13 +94,22 @@ class MqttStream:
         self,
         broker: BrokerSettings,
         client_id: str,
-        topic_filter: str,
+        topic_filter: str | Sequence[str],
         on_message: OnMessage,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``topic_filter``: one filter (a wildcard), or many (a scoped controller's nodes,
+        one topic each: the broker then sends it only its own nodes' telemetry)."""
         self.broker = broker
         self.client_id = client_id
-        self.topic_filter = topic_filter
+        self.topic_filters = (topic_filter,) if isinstance(topic_filter, str) else (*topic_filter,)
+        if not self.topic_filters:
+            raise ValueError("a stream needs at least one topic filter")
+        self.topic_filter = (
+            self.topic_filters[0]
+            if len(self.topic_filters) == 1
+            else f"{self.topic_filters[0]} and {len(self.topic_filters) - 1} more"
+        )
         self.on_message = on_message
         self.received = 0
         self._monotonic = monotonic
@@ -126,11 +140,24 @@ class MqttStream:
             kind, body = await self._next_control_frame()
         if kind != _CONNACK or len(body) != 2 or body[1] != 0:
             raise StreamError(f"connection refused (CONNACK {bytes(body).hex() or kind})")
-        self._writer.write(subscribe_packet(1, self.topic_filter))
+        chunks = [
+            self.topic_filters[i : i + FILTERS_PER_PACKET]
+            for i in range(0, len(self.topic_filters), FILTERS_PER_PACKET)
+        ]
+        for packet_id, chunk in enumerate(chunks, start=1):
+            self._writer.write(subscribe_packet(packet_id, chunk))
+        waiting = {packet_id: len(chunk) for packet_id, chunk in enumerate(chunks, start=1)}
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            kind, body = await self._next_control_frame()
-        if kind != _SUBACK or len(body) != 3 or body[2] >= 0x80:
-            raise StreamError(f"subscription to {self.topic_filter} refused by the broker")
+            while waiting:
+                kind, body = await self._next_control_frame()
+                if kind == _PUBLISH:
+                    continue  # telemetry of a filter already granted (QoS 0): the next comes
+                packet_id = int.from_bytes(body[:2]) if len(body) >= 2 else -1
+                codes = body[2:]
+                if kind != _SUBACK or len(codes) != waiting.pop(packet_id, -1):
+                    raise StreamError(f"unexpected answer to SUBSCRIBE (frame {kind:#x})")
+                if any(code >= 0x80 for code in codes):
+                    raise StreamError(f"subscription to {self.topic_filter} refused by the broker")
 
     async def run(self) -> str:
         """Receive until the connection ends; why it ended."""

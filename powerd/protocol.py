@@ -97,7 +97,10 @@ class _Payload(Struct, forbid_unknown_fields=False, omit_defaults=True):
         # this struct's own numbers are checked here (msgspec adds the path, `$.gpus[0]`).
         for name in self._finite_fields:
             value = getattr(self, name)
-            if value.__class__ is float and value - value != 0.0:  # inf - inf, nan - nan: nan
+            if value.__class__ is list:  # a list of numbers (Summary's watts by class)
+                if not all(math.isfinite(item) for item in value):
+                    raise ValueError(f"non-finite number in {type(self).__name__}.{name}")
+            elif value.__class__ is float and value - value != 0.0:  # inf - inf, nan - nan
                 raise ValueError(f"non-finite number at {type(self).__name__}.{name}")
 
 
@@ -262,6 +265,64 @@ class Heartbeat(_Payload):
     state: ControllerState
 
 
+# --- the tree of controllers: leaf summary -> coordinator, grant -> leaf -------------
+
+ClassWatts = Annotated[list[NonNegFloat], Meta(min_length=3, max_length=3)]
+
+
+class Summary(_Payload):
+    """A leaf (scoped) controller's account of its scope, once per coordinator period.
+
+    Watts by priority class are lists in ``PRIORITIES`` order (high, normal, low).
+    ``fixed_w`` is what no cut can remove: overheads, the GPUs the leaf cannot command
+    (at what they are counted), and every commandable GPU's minimum cap. ``demand_w``:
+    what commandable GPUs draw above their minimum caps; ``held_w``: what GPUs held at
+    their caps could draw more (their caps' distance to the maximum). ``budget_w`` is the
+    budget in force, and ``grant_seq`` the grant it came from (null: the file's budget).
+    """
+
+    v: Version
+    scope: Name
+    controller: Name
+    epoch: NonNegInt
+    seq: NonNegInt
+    ts: float
+    measured_w: NonNegFloat
+    predicted_w: NonNegFloat
+    cap_sum_w: NonNegFloat
+    fixed_w: NonNegFloat
+    demand_w: ClassWatts
+    held_w: ClassWatts
+    budget_w: PositiveW
+    file_budget_w: PositiveW
+    limit_w: PositiveW
+    ramp_w_per_s: Annotated[float, Meta(gt=0)] | None  # null: no ramp limit
+    nodes: NonNegInt
+    stale_nodes: NonNegInt
+    grant_epoch: NonNegInt | None = None
+    grant_seq: NonNegInt | None = None
+
+
+class Grant(_Payload):
+    """The site coordinator's budget for one scope, valid ``ttl_s`` after it is received.
+
+    ``budget_w`` replaces the scope's file budget (its root's bands are the site's
+    fractions of it); ``ramp_w_per_s`` is the scope's share of the site's ramp limit
+    (null: none). After ``ttl_s`` without a newer grant the leaf holds
+    ``min(budget_w, file budget)`` for ``ttl_s`` more, then its file budget.
+    """
+
+    v: Version
+    scope: Name
+    coordinator: Name
+    epoch: NonNegInt
+    seq: NonNegInt
+    ts: float
+    ttl_s: Annotated[float, Meta(gt=0, le=MAX_TTL_S)]
+    budget_w: PositiveW
+    ramp_w_per_s: Annotated[float, Meta(gt=0)] | None = None
+
+
 def _can_hold_float(info: msgspec.inspect.Type) -> bool:
     if isinstance(info, msgspec.inspect.FloatType):
         return True
@@ -269,8 +330,8 @@ def _can_hold_float(info: msgspec.inspect.Type) -> bool:
         return any(_can_hold_float(t) for t in info.types)
     if isinstance(info, msgspec.inspect.ListType | msgspec.inspect.TupleType):
         item_types = getattr(info, "item_types", None) or (getattr(info, "item_type", None),)
-        if any(t is not None and _can_hold_float(t) for t in item_types):
-            raise TypeError("a list of numbers needs a finiteness check in _Payload")
+        # a list of floats: __post_init__ checks each (_FINITE_LISTS)
+        return any(t is not None and _can_hold_float(t) for t in item_types)
     return False
 
 
@@ -293,6 +354,8 @@ _name_float_fields(
     Status,
     PhaseEvent,
     Heartbeat,
+    Summary,
+    Grant,
 )
 
 
@@ -334,12 +397,16 @@ TOPIC_ROOT = "powerd/v1"
 
 @dataclass(frozen=True, slots=True)
 class Topics:
-    """Every topic of one cluster."""
+    """Every topic of one cluster; with ``scope``, as seen by that scope's controllers and
+    agents (a tree of controllers: their heartbeat is the scope's, docs/PROTOCOL.md)."""
 
     cluster: str = "default"
+    scope: str | None = None
 
     def __post_init__(self) -> None:
         check_name(self.cluster, "cluster")
+        if self.scope is not None:
+            check_name(self.scope, "scope")
 
     @property
     def prefix(self) -> str:
@@ -366,7 +433,25 @@ class Topics:
 
     @property
     def heartbeat(self) -> str:
-        return f"{self.prefix}/controller/heartbeat"
+        """The heartbeat of the controllers these agents follow: the site's single
+        controller's, or with ``scope`` the scope's leaf controllers'."""
+        if self.scope is None:
+            return f"{self.prefix}/controller/heartbeat"
+        return f"{self.prefix}/scopes/{self.scope}/heartbeat"
+
+    def summary(self, scope: str) -> str:
+        return f"{self.prefix}/scopes/{check_name(scope, 'scope')}/summary"
+
+    def grant(self, scope: str) -> str:
+        return f"{self.prefix}/scopes/{check_name(scope, 'scope')}/grant"
+
+    @property
+    def coordinator_heartbeat(self) -> str:
+        return f"{self.prefix}/coordinator/heartbeat"
+
+    @property
+    def all_summaries(self) -> str:
+        return f"{self.prefix}/scopes/+/summary"
 
     # wildcards for subscribers
     @property
@@ -403,8 +488,9 @@ class Topics:
     def parse(self, topic: str) -> tuple[str, str | None]:
         """Split a topic of this cluster into (kind, name).
 
-        kind is one of telemetry, command, ack, status, phase, heartbeat; name is
-        the node or job (None for the heartbeat). Raises ProtocolError otherwise.
+        kind is one of telemetry, command, ack, status, phase, heartbeat, summary,
+        grant, coordinator; name is the node, job or scope (None for the site
+        controller's heartbeat and the coordinator's). Raises ProtocolError otherwise.
         """
         head = self.prefix + "/"
         if not topic.startswith(head):
@@ -412,6 +498,10 @@ class Topics:
         parts = topic[len(head) :].split("/")
         if parts == ["controller", "heartbeat"]:
             return "heartbeat", None
+        if parts == ["coordinator", "heartbeat"]:
+            return "coordinator", None
+        if len(parts) == 3 and parts[0] == "scopes" and parts[2] in _SCOPE_KINDS:
+            return parts[2], check_name(parts[1], "scope")
         if len(parts) == 3 and parts[0] == "nodes" and parts[2] in _NODE_KINDS:
             return parts[2], check_name(parts[1], "node")
         if len(parts) == 3 and parts[0] == "jobs" and parts[2] == "phase":
@@ -423,6 +513,7 @@ class Topics:
 
 
 _NODE_KINDS = frozenset({"telemetry", "command", "ack", "status"})
+_SCOPE_KINDS = frozenset({"heartbeat", "summary", "grant"})
 
 
 def check_name(name: str, what: str) -> str:
@@ -434,15 +525,22 @@ def check_name(name: str, what: str) -> str:
 
 # --- encoding and decoding ----------------------------------------------------
 
-Message = Telemetry | Command | Ack | Status | PhaseEvent | Heartbeat
-M = TypeVar("M", Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat)
+Message = Telemetry | Command | Ack | Status | PhaseEvent | Heartbeat | Summary | Grant
+M = TypeVar("M", Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat, Summary, Grant)
 
 _ENCODER = msgspec.json.Encoder()
 _DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
     cls: msgspec.json.Decoder(cls)
-    for cls in (Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat)
+    for cls in (Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat, Summary, Grant)
 }
-_NAME_FIELD: dict[type, str] = {Telemetry: "node", Ack: "node", Status: "node", PhaseEvent: "job"}
+_NAME_FIELD: dict[type, str] = {
+    Telemetry: "node",
+    Ack: "node",
+    Status: "node",
+    PhaseEvent: "job",
+    Summary: "scope",
+    Grant: "scope",
+}
 
 
 def encode(message: Message) -> bytes:

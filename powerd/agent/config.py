@@ -46,6 +46,9 @@ class FailsafeConfig:
 class AgentConfig:
     node: str
     cluster: str = "default"
+    # the scope whose leaf controllers this node follows (a tree of controllers: their
+    # heartbeat topic is the scope's); None: the site's single controller
+    controller_scope: str | None = None
     mode: AgentMode = "controlled"
     period_s: float = 1.0
     failsafe_after_s: float = 10.0
@@ -97,6 +100,7 @@ _KNOWN = {
     "agent": {
         "node",
         "cluster",
+        "controller_scope",
         "mode",
         "period_s",
         "failsafe_after_s",
@@ -154,6 +158,7 @@ def load_config(path: str | Path | None) -> AgentConfig:
     config = AgentConfig(
         node=get.text(agent, "agent.node", default_node_name()),
         cluster=get.text(agent, "agent.cluster", "default"),
+        controller_scope=get.opt_str(agent, "agent.controller_scope", None),
         mode=get.text(agent, "agent.mode", "controlled"),
         period_s=get.number(agent, "agent.period_s", 1.0),
         failsafe_after_s=get.number(agent, "agent.failsafe_after_s", 10.0),
@@ -188,6 +193,15 @@ def _validate(config: AgentConfig, where: str) -> None:
         raise ConfigError(
             f"{where}: cluster name {config.cluster!r} must match {NAME_PATTERN}"
         ) from None
+    if config.controller_scope is not None:
+        try:
+            check_name(config.controller_scope, "scope")
+        except ProtocolError:
+            raise ConfigError(
+                f"{where}: agent.controller_scope {config.controller_scope!r} must be a scope "
+                f"name ({NAME_PATTERN}): the NAME of the leaf controllers' --scope NAME:ROWS, or "
+                "their row"
+            ) from None
     if config.mode not in ("controlled", "local"):
         raise ConfigError(
             f"{where}: agent.mode must be 'controlled' or 'local', not {config.mode!r}"

@@ -78,6 +78,7 @@ class AgentCore:
         verifier: Verifier | None,
         mode: AgentMode = "controlled",
         cluster: str = "default",
+        scope: str | None = None,
         max_command_ttl_s: float = DEFAULT_MAX_COMMAND_TTL_S,
         period_s: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
@@ -88,7 +89,7 @@ class AgentCore:
             raise ValueError("a controlled agent needs the controllers' public keys to verify")
         self.node = node
         self._verifier = verifier
-        topics = Topics(cluster)
+        topics = Topics(cluster, scope=scope)  # with a scope: its leaf controllers' heartbeat
         self._command_topic = topics.command(node)
         self._heartbeat_topic = topics.heartbeat
         self.max_command_ttl_s = max_command_ttl_s

@@ -53,7 +53,7 @@ class AgentDaemon:
         """``verifier``: the trusted controller keys; by default loaded from the config's
         ``controller_keys`` (ConfigError if they cannot be, before any GPU is touched)."""
         self.config = config
-        self.topics = Topics(config.cluster)
+        self.topics = Topics(config.cluster, scope=config.controller_scope)
         self.core = AgentCore(
             node=config.node,
             gpus=gpus,
@@ -62,6 +62,7 @@ class AgentDaemon:
             verifier=verifier if verifier is not None else config.verifier(),
             mode=config.mode,
             cluster=config.cluster,
+            scope=config.controller_scope,
             max_command_ttl_s=config.max_command_ttl_s,
             period_s=config.period_s,
             monotonic=monotonic,

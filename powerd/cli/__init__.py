@@ -14,6 +14,7 @@ import click
 from powerd import __version__
 from powerd.cli.agent import command as agent_command
 from powerd.cli.controller import command as controller_command
+from powerd.cli.coordinator import command as coordinator_command
 from powerd.cli.dashboards import command as dashboards_command
 from powerd.cli.demo import command as demo_command
 from powerd.cli.fleet import command as fleet_command
@@ -30,6 +31,7 @@ def main() -> None:
     \b
     powerd agent       the node agent (systemd service on every GPU node)
     powerd controller  the cluster controller: keeps every rack, row and the site in budget
+    powerd coordinator the site coordinator of a tree of (--scope) controllers: grants budgets
     powerd gpus        what the agent reads from this node's GPUs
     powerd demo        the whole loop on this machine, simulated GPUs, no servers
     powerd fleet       thousands of simulated agents against a real broker (scale tests)
@@ -43,6 +45,7 @@ def main() -> None:
 
 main.add_command(agent_command)
 main.add_command(controller_command)
+main.add_command(coordinator_command)
 main.add_command(demo_command)
 main.add_command(fleet_command)
 main.add_command(dashboards_command)

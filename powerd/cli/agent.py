@@ -23,6 +23,13 @@ from powerd.gpu import GpuError
 @broker_option()
 @cluster_option()
 @click.option("--node", help="This node's name [default: short hostname].")
+@click.option(
+    "--controller-scope",
+    metavar="NAME",
+    help="Follow the leaf controllers of this scope (a tree of controllers: `powerd controller "
+    "--scope NAME:ROWS`) instead of the site's single controller. Replaces "
+    "agent.controller_scope.",
+)
 @simulate_option("Simulated GPUs instead of NVML, for example 4xH100, 8xGB200, 2xA100.")
 @click.option("--period-s", type=float, help="Telemetry and safety-check period [default: 1].")
 @click.option(
@@ -57,6 +64,7 @@ def command(
     broker: str | None,
     cluster: str | None,
     node: str | None,
+    controller_scope: str | None,
     simulate: str | None,
     period_s: float | None,
     failsafe_after_s: float | None,
@@ -95,6 +103,7 @@ def command(
             broker=broker,
             cluster=cluster,
             node=node,
+            controller_scope=controller_scope,
             simulate=simulate,
             period_s=period_s,
             failsafe_after_s=failsafe_after_s,

@@ -30,6 +30,13 @@ from powerd.configfile import ConfigError
 @broker_option()
 @cluster_option()
 @click.option("--name", help="This controller's name [default: short hostname].")
+@click.option(
+    "--scope",
+    metavar="ROW|NAME:ROW,ROW",
+    help="Run as a leaf of a tree of controllers: manage only these rows of the budgets file "
+    "(their agents set controller_scope = NAME), under budgets granted by `powerd "
+    "coordinator`, falling back to the rows' file budgets. Replaces controller.scope.",
+)
 @click.option("--cycle-s", type=float, help="Control period [default: 1].")
 @click.option(
     "--record",
@@ -54,6 +61,7 @@ def command(
     broker: str | None,
     cluster: str | None,
     name: str | None,
+    scope: str | None,
     cycle_s: float | None,
     record: str | None,
     signing_key: Path | None,
@@ -78,11 +86,20 @@ def command(
     Every command and heartbeat is signed with the role's private key
     (--signing-key); agents obey only keys they trust.
 
+    With --scope it is a leaf of a tree of controllers (sites past one
+    process): it manages the nodes of its rows only, heartbeats on the scope's
+    topic, reports a summary to the site coordinator every cycle and holds the
+    budget the coordinator grants it (verified with trust.controller_keys), or
+    its rows' file budgets when no grant is live. docs/CONTROLLER.md, "A tree
+    of controllers".
+
     \b
     Examples:
       powerd controller --config /etc/powerd/controller.toml --budgets /etc/powerd/budgets.toml
       powerd keys generate /tmp/ctl && powerd controller --signing-key /tmp/ctl.key \\
         --budgets powerd/data/budgets/demo.toml --broker mqtt://localhost
+      powerd controller --config /etc/powerd/controller.toml --scope row01 \\
+        --budgets /etc/powerd/site-150mw.toml
     """
     from powerd.controller.app import run_controller
     from powerd.controller.config import load_controller_config
@@ -95,6 +112,7 @@ def command(
             broker=broker,
             cluster=cluster,
             name=name,
+            scope=scope,
             cycle_s=cycle_s,
             signing_key=None if signing_key is None else str(signing_key),
         )

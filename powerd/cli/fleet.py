@@ -27,6 +27,12 @@ from powerd.cli.options import log_level_option, setup_logging
     "--trust; repeatable.",
 )
 @click.option("--cluster", default="default", show_default=True, help="Topic prefix cluster.")
+@click.option(
+    "--scope",
+    metavar="ROW|NAME:ROW,ROW",
+    help="Simulate only these rows' nodes, following that scope's leaf controllers "
+    "(`powerd controller --scope`); one fleet per scope for a tree of controllers.",
+)
 @click.option("--nodes", type=click.IntRange(min=1), help="Only the first N nodes [default: all].")
 @click.option(
     "--period-s",
@@ -107,6 +113,11 @@ from powerd.cli.options import log_level_option, setup_logging
     type=click.IntRange(min=0),
     help="Training jobs (whole racks each) announcing startup, then compute and communication "
     "in turn; a job's node list must fit one announcement (~3,000 nodes).",
+)
+@click.option(
+    "--job-priority",
+    type=click.Choice(["high", "normal", "low"]),
+    help="Every job's priority [default: high, normal, low in turn].",
 )
 @click.option(
     "--compute-s",

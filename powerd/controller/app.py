@@ -10,10 +10,12 @@ from pathlib import Path
 from powerd.controller.config import ControllerConfig
 from powerd.controller.core import ControllerCore
 from powerd.controller.records import Records
+from powerd.controller.scoping import LeafGrants
 from powerd.controller.service import ControllerService
 from powerd.recorder import Recorder, open_recorder
 from powerd.signing import Signer
 from powerd.topology import Topology, load_budgets
+from powerd.topology.scope import scoped
 
 log = logging.getLogger("powerd.controller")
 
@@ -43,30 +45,45 @@ def build_service(
     recorder: Recorder | None = None,
     signer: Signer | None = None,
 ) -> ControllerService:
-    """``signer``: the role's key; by default ``config.signing_key``'s."""
+    """``signer``: the role's key; by default ``config.signing_key``'s. With a scope in
+    ``config``, ``topology`` is the whole budgets file and the controller manages its scope
+    (``scoped``: BudgetError if the scope or the rows' budgets do not fit the file)."""
+    scope = config.parsed_scope()
+    leaf = None
+    if scope is not None:
+        topology = scoped(topology, scope)
+        leaf = LeafGrants(scope.name, topology)
     core = ControllerCore(topology.tree, config.settings())
     records = None
     if recorder is not None:
         records = Records(
             config.cluster, topology, config.name, fine_every_s=config.recorder.fine_every_s
         )
-    return ControllerService(config, core, recorder=recorder, records=records, signer=signer)
+    return ControllerService(
+        config, core, recorder=recorder, records=records, signer=signer, leaf=leaf
+    )
 
 
 async def run_controller(config: ControllerConfig, budgets_path: Path) -> None:
     """Load the budgets, run until SIGTERM/SIGINT, close the recorder."""
     topology = load_budgets(budgets_path)
+    scope = config.parsed_scope()
+    if scope is not None:
+        scoped(topology, scope)  # a scope that does not fit fails before the recorder opens
     recorder = open_configured_recorder(config)
     service = build_service(config, topology, recorder)
+    managed = service.core.tree
     log.info(
-        "powerd controller %s: cluster %s, %s (%d nodes, %d GPUs, site budget %.0f kW), "
+        "powerd controller %s: cluster %s, %s%s (%d nodes, %d GPUs, %s budget %.0f kW), "
         "broker %s, recorder %s",
         config.name,
         config.cluster,
         budgets_path,
-        len(topology.servers),
-        topology.n_gpus,
-        topology.budget_w[0] / 1e3,
+        "" if scope is None else f", scope {scope}",
+        managed.n_servers,
+        managed.n_gpus,
+        "site" if scope is None else "file",
+        managed.budget_w[0] / 1e3,
         config.broker.display,
         "none" if recorder is None else type(recorder).__name__,
     )

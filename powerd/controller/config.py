@@ -15,6 +15,7 @@ from powerd.mqtt_url import BrokerSettings, parse_broker_url
 from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
 from powerd.recorder import DEFAULT_FILE_KEEP, DEFAULT_FILE_MAX_BYTES
 from powerd.signing import KeyFileError, Signer, Verifier, load_signer, load_verifier
+from powerd.topology.scope import Scope, parse_scope
 from powerd.vocabulary import PRIORITIES
 
 # A standby's takeover (its silence timer, then a cycle to notice and a heartbeat to say
@@ -88,7 +89,13 @@ class ControllerConfig:
     job_priority_max: dict[str, str] = field(default_factory=dict)
     default_job_priority_max: str = "high"
     accept_unowned_jobs: bool = True
+    # A leaf of a tree of controllers: "ROW" or "NAME:ROW,ROW,..." of the budgets file
+    # (powerd.topology.scope); None: one controller for the whole site.
+    scope: str | None = None
     source: str = "<defaults>"
+
+    def parsed_scope(self) -> Scope | None:
+        return None if self.scope is None else parse_scope(self.scope)
 
     def signer(self) -> Signer:
         """The signing key, loaded; ConfigError naming the file if it cannot be used."""
@@ -126,6 +133,7 @@ class ControllerConfig:
             default_job_priority_max=self.default_job_priority_max,
             accept_unowned_jobs=self.accept_unowned_jobs,
             telemetry_max_hz=self.telemetry_max_hz,
+            scoped=self.scope is not None,
         )
 
     def with_overrides(self, **overrides: Any) -> ControllerConfig:
@@ -154,6 +162,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         "controller": {
             "name",
             "cluster",
+            "scope",
             "infer_phases",
             "ingest_share",
             "max_raises_per_s",
@@ -206,6 +215,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
     config = ControllerConfig(
         name=get.text(section, "controller.name", defaults.name),
         cluster=get.text(section, "controller.cluster", "default"),
+        scope=get.opt_str(section, "controller.scope", None),
         broker=broker_from_table(raw.get("broker", {}), where),
         policy=policy,
         recorder=RecorderConfig(
@@ -238,6 +248,13 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
 
 
 def validate(config: ControllerConfig, where: str) -> None:
+    if config.scope is not None:
+        try:
+            parse_scope(config.scope)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{where}: controller.scope {config.scope!r}: {exc} (give ROW or NAME:ROW,ROW)"
+            ) from None
     for what, name in (("controller", config.name), ("cluster", config.cluster)):
         try:
             check_name(name, what)

@@ -87,6 +87,9 @@ class ControllerSettings:
     job_priority_max: dict[str, str] = field(default_factory=dict)
     default_job_priority_max: str = "high"
     accept_unowned_jobs: bool = True
+    # A leaf of a tree of controllers (a scope of the budgets file): jobs may name nodes of
+    # other scopes, which are not ours to warn about.
+    scoped: bool = False
 
     def job_priority_allowed(self, owner: str | None, priority: str) -> bool:
         allowed = self.job_priority_max.get(owner or "", self.default_job_priority_max)
@@ -149,6 +152,7 @@ class CycleResult:
     commands: list[tuple[str, Command]]
     counters: CycleCounters
     cycle_s: float
+    state: ClusterState | None = None  # what the decision was taken on
 
 
 class ControllerCore:
@@ -487,7 +491,7 @@ class ControllerCore:
             self.jobs[job_name] = job
         if event.nodes is not None:
             unknown = [n for n in event.nodes if n not in self.tree.server_ordinal]
-            if unknown:
+            if unknown and not self.settings.scoped:
                 self._log.warning(
                     f"jobnodes-{job_name}",
                     self._monotonic(),
@@ -570,7 +574,7 @@ class ControllerCore:
                 counters.telemetry_lost,
                 counters.telemetry_waiting,
             )
-        return CycleResult(decision, commands, counters, time.perf_counter() - started)
+        return CycleResult(decision, commands, counters, time.perf_counter() - started, state)
 
     def _track_holdings(self, now: float, live: np.ndarray, counters: CycleCounters) -> None:
         """What each node holds, as far as commands go.

@@ -35,10 +35,11 @@ from powerd.controller.core import ControllerCore, CycleResult
 from powerd.controller.inbox import TelemetryInbox
 from powerd.controller.leadership import Leadership
 from powerd.controller.records import Records
+from powerd.controller.scoping import LeafGrants
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.mqtt_stream import MqttStream, StreamError
-from powerd.protocol import Heartbeat, ProtocolError, Topics, encode
+from powerd.protocol import Grant, Heartbeat, ProtocolError, Topics, encode
 from powerd.ratelimit import LogOncePer
 from powerd.recorder import Recorder
 from powerd.signing import Signer
@@ -64,38 +65,41 @@ class ControllerService:
         wall: Callable[[], float] = time.time,
         notifier: SystemdNotifier | None = None,
         signer: Signer | None = None,
+        leaf: LeafGrants | None = None,
     ) -> None:
-        """``signer``: the role's key; by default loaded from ``config.signing_key``."""
+        """``signer``: the role's key; by default loaded from ``config.signing_key``.
+        ``leaf``: a scoped controller's grants (a leaf of a tree of controllers)."""
         self.config = config
+        self.leaf = leaf
         self.signer = signer if signer is not None else config.signer()
         self.verifier = config.verifier(self.signer)  # whose heartbeats count
         self.notifier = notifier or SystemdNotifier()
         self.core = core
         self.recorder = recorder
         self.records = records  # builds the recorder's points
-        self.topics = t = Topics(config.cluster)
+        self.topics = t = Topics(config.cluster, scope=None if leaf is None else leaf.scope)
         client_id = f"powerd-controller-{config.cluster}-{config.name}"
+        nodes = core.tree.server_names
+        subscriptions = [(t.heartbeat, 1), (t.all_phases, 1), (t.all_owned_phases, 1)]
+        telemetry_filters: str | list[str] = t.all_telemetry
+        if leaf is None:
+            subscriptions += [(t.all_acks, 1), (t.all_status, 1)]
+        else:  # its own nodes only: the broker does not send it the rest of the site
+            subscriptions += [(t.grant(leaf.scope), 1)]
+            subscriptions += [(t.ack(n), 1) for n in nodes] + [(t.status(n), 1) for n in nodes]
+            telemetry_filters = [t.telemetry(n) for n in nodes]
         self.control = MqttLink(
-            config.broker,
-            client_id,
-            [
-                (t.heartbeat, 1),
-                (t.all_acks, 1),
-                (t.all_status, 1),
-                (t.all_phases, 1),
-                (t.all_owned_phases, 1),
-            ],
-            self._on_control_message,
-            monotonic=monotonic,
+            config.broker, client_id, subscriptions, self._on_control_message, monotonic=monotonic
         )
-        self.inbox = TelemetryInbox(t.telemetry(n) for n in core.tree.server_names)
+        self.inbox = TelemetryInbox(t.telemetry(n) for n in nodes)
         self.telemetry = MqttStream(
             config.broker,
             f"{client_id}-telemetry",
-            t.all_telemetry,  # QoS 0, as agents publish it: a lost sample is replaced next period
+            telemetry_filters,  # QoS 0, as agents publish it: a lost sample is replaced next period
             self._on_telemetry_message,
             monotonic=monotonic,
         )
+        self._summary_seq = 0
         self.ingest_period_s = min(INGEST_PERIOD_S, config.cycle_s / 4)
         self._counted = (0, 0)  # the inbox's received and replaced, as last counted
         self._ingest_allowance_s = 0.0  # decode time left in the budget's bucket
@@ -345,6 +349,8 @@ class ControllerService:
         now = self._monotonic()
         self.core.check_rates(self.inbox.count_per_node(), now - self._rates_since)
         self._rates_since = now
+        if self.leaf is not None:  # the root's budget: a live grant, or the file's
+            self.core.tree = self.leaf.tree_for(now)
         result = self.core.cycle(self.inbox.waiting_arrivals() if len(self.inbox) else None)
         for listener in self.cycle_listeners:
             try:
@@ -357,11 +363,33 @@ class ControllerService:
         for node, command in result.commands:
             topic = command_topic(node)
             link.publish(topic, sign(topic, encode(command)), qos=1)
+        if self.leaf is not None and result.state is not None:
+            self._summarise(link, result, now)
         if self.recorder is not None and self.records is not None:
             # its points after the loop has read the sockets again (~3,000 lines at site
             # scale, tens of ms): the broker's queue for us does not fill meanwhile
             asyncio.get_running_loop().call_soon(self._record_cycle, result, self._wall())
         self.cycles = [*self.cycles[-59:], result]
+
+    def _summarise(self, link: MqttLink, result: CycleResult, now: float) -> None:
+        """The leaf's summary for the coordinator, signed and retained (a coordinator that
+        takes over reads every leaf's newest at once)."""
+        assert self.leaf is not None and result.state is not None
+        self._summary_seq += 1
+        summary = self.leaf.summary(
+            self.core.tree,
+            result.state,
+            result.decision,
+            controller=self.config.name,
+            epoch=self.leadership.epoch,
+            seq=self._summary_seq,
+            ts=self._wall(),
+            now_mono=now,
+            stale_nodes=result.counters.stale_nodes,
+            policy=self.config.policy,
+        )
+        topic = self.topics.summary(self.leaf.scope)
+        link.publish(topic, self.signer.sign(topic, encode(summary)), qos=1, retain=True)
 
     def _record_cycle(self, result: CycleResult, ts: float) -> None:
         assert self.recorder is not None and self.records is not None
@@ -398,6 +426,8 @@ class ControllerService:
                 self.core.on_ack(name, payload)
             elif kind == "status" and name:
                 self.core.on_status(name, payload)
+            elif kind == "grant" and name and self.leaf is not None:
+                self._on_grant(topic, payload)
             elif kind == "phase" and name:
                 owner, _ = self.topics.job_of(topic)
                 event = self.core.on_phase(name, payload, owner)
@@ -407,6 +437,22 @@ class ControllerService:
             self.core.count_rejected()
         except Exception:  # no payload stops the controller
             log.exception("unexpected error handling %s", topic)
+
+    def _on_grant(self, topic: str, payload: bytes) -> None:
+        assert self.leaf is not None
+        now = self._monotonic()
+        try:
+            grant = self.verifier.decode(Grant, topic, payload)
+        except ProtocolError as exc:  # forged, unsigned or malformed: it moves no watt
+            self.core.count_rejected()
+            self._log.warning("grant", now, "grant refused: %s", exc)
+            return
+        why = self.leaf.on_grant(grant, now, self._wall())
+        if why is not None:
+            self._log.warning("grant-order", now, "grant ignored: %s", why)
+        elif self.leaf.grants_taken == 1:
+            log.info("first grant from coordinator %s: %.1f kW for scope %s",
+                     grant.coordinator, grant.budget_w / 1e3, grant.scope)  # fmt: skip
 
     def _on_heartbeat(self, payload: bytes) -> None:
         try:

@@ -13,6 +13,7 @@ from powerd.fleet.runner import FleetRunner, RunOptions
 from powerd.mqtt_url import parse_broker_url
 from powerd.signing import load_verifier
 from powerd.topology import load_budgets
+from powerd.topology.scope import parse_scope, scoped
 
 log = logging.getLogger("powerd.fleet")
 
@@ -35,6 +36,7 @@ def run_fleet(
     cluster: str,
     *,
     trust: tuple[Path, ...] = (),
+    scope: str | None = None,
     nodes: int | None = None,
     period_s: float = 1.0,
     connections: int = 4,
@@ -46,6 +48,7 @@ def run_fleet(
     failsafe_after_s: float = 10.0,
     start: str = "fresh",
     jobs: int = 0,
+    job_priority: str | None = None,
     compute_s: float = 20.0,
     communication_s: float = 3.0,
     push_every_s: float = 0.0,
@@ -57,10 +60,15 @@ def run_fleet(
     """Run until ``duration_s`` or SIGTERM/SIGINT; the report's summary.
 
     ``trust``: the controller public keys the simulated agents obey (KeyFileError, a
-    ValueError, if none can be used).
+    ValueError, if none can be used). ``scope`` (``ROW`` or ``NAME:ROW,ROW``): simulate
+    only those rows' nodes, following that scope's leaf controllers.
     """
     verifier = load_verifier(trust)
     topology = load_budgets(budgets_path)
+    scope_name = None
+    if scope is not None:
+        parsed = parse_scope(scope)
+        topology, scope_name = scoped(topology, parsed), parsed.name
     model = FleetModel(
         topology,
         FleetOptions(
@@ -71,12 +79,15 @@ def run_fleet(
             failsafe_after_s=failsafe_after_s,
             start=start,
             jobs=jobs,
+            job_priority=job_priority,
+            job_prefix="fleet" if scope_name is None else f"fleet-{scope_name}",
             compute_s=compute_s,
             communication_s=communication_s,
             seed=seed,
         ),
         verifier,
         cluster,
+        scope_name,
     )
     runner = FleetRunner(
         model,
@@ -91,6 +102,7 @@ def run_fleet(
             push_hold_s=push_hold_s,
             warmup_s=warmup_s,
         ),
+        client_id="powerd-fleet" if scope_name is None else f"powerd-fleet-{scope_name}",
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

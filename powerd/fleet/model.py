@@ -97,6 +97,8 @@ class FleetOptions:
     # controller until failsafe_after_s from the start: the one being replaced)
     start: str = "fresh"
     jobs: int = 0  # training jobs announcing phases (0: none)
+    job_priority: str | None = None  # every job's; None: high, normal, low in turn
+    job_prefix: str = "fleet"  # jobs are PREFIX-job000 ...: one prefix per fleet process
     compute_s: float = 20.0
     communication_s: float = 3.0
     seed: int = 1
@@ -131,11 +133,13 @@ class FleetModel:
         options: FleetOptions,
         verifier: Verifier,
         cluster: str = "default",
+        scope: str | None = None,
     ) -> None:
-        """``verifier``: the controller keys every simulated agent trusts."""
+        """``verifier``: the controller keys every simulated agent trusts; ``scope``: the
+        leaf controllers the nodes follow (their agents' controller_scope), None: the site's."""
         self.topology = topology
         self.verifier = verifier
-        self.topics = Topics(cluster)
+        self.topics = Topics(cluster, scope=scope)
         self._verified_heartbeat: tuple[bytes, Heartbeat] | None = None
         self.options = options
         self.tree = tree = topology.tree
@@ -410,9 +414,9 @@ class FleetModel:
         count = min(count, len(racks))
         return [
             Job(
-                name=f"fleet-job{k:03d}",
+                name=f"{self.options.job_prefix}-job{k:03d}",
                 nodes=[n for rack in racks[k::count] for n in rack],
-                priority=PRIORITIES[k % len(PRIORITIES)],
+                priority=self.options.job_priority or PRIORITIES[k % len(PRIORITIES)],
             )
             for k in range(count)
         ]

@@ -38,7 +38,6 @@ from powerd.fleet.model import FleetModel
 from powerd.fleet.wire import TopicFrames, WirePublisher
 from powerd.mqtt_link import paho_client
 from powerd.mqtt_url import NO_DELAY, BrokerSettings
-from powerd.protocol import Topics
 
 log = logging.getLogger("powerd.fleet")
 
@@ -123,7 +122,7 @@ class FleetRunner:
     ) -> None:
         self.model = model
         self.broker = broker
-        self.topics = Topics(cluster)
+        self.topics = model.topics  # the model's: with its scope's heartbeat
         self.options = options
         self.client_id = client_id
         self._monotonic = monotonic

@@ -1,0 +1,158 @@
+"""A leaf controller's side of the tree of controllers, with no I/O: grants in, summaries out.
+
+A controller started with a scope (``--scope``) manages the nodes of its rows
+under a root of its own (``powerd.topology.scope.scoped``). ``LeafGrants`` keeps
+what that root may draw:
+
+- **a grant** from the site coordinator, once verified (``Grant``): in force for
+  its ``ttl_s`` from when it was received (this controller's monotonic clock, so
+  clock skew does not shorten or stretch it); refused if older, by its
+  ``(epoch, seq)``, than the newest taken, or if its ``ts`` is more than its
+  ``ttl_s`` in the past (a replay);
+- **then** ``min(grant, file budget)`` for one more ``ttl_s``: every leaf passes
+  through the lower of the two before any of them goes back to its file budget,
+  whatever order their grants expire in (policies/coordination.py);
+- **then the file budget**: the rows' budgets, which sum within the site's
+  (checked when the scoped file was loaded).
+
+``tree_for`` gives the core's tree under what is in force (``with_root_budget``);
+``summary`` builds the leaf's report for the coordinator after a cycle.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from policies import ClusterState, Decision, PolicySettings, Tree
+from policies.coordination import summarise, with_root_budget
+from powerd.protocol import Grant, Summary
+from powerd.topology import Topology
+from powerd.vocabulary import PROTOCOL_VERSION
+
+Source = Literal["grant", "expiring", "file"]
+
+
+@dataclass(frozen=True)
+class InForce:
+    """What the scope's root may draw now, and why."""
+
+    budget_w: float
+    ramp_w_per_s: float  # inf: no limit
+    source: Source  # a live grant, min(grant, file) after it expired, or the file's budget
+    grant: Grant | None  # the grant it comes from (for "grant" and "expiring")
+
+
+class LeafGrants:
+    def __init__(self, scope: str, topology: Topology, base_tree: Tree | None = None) -> None:
+        """``topology``: the scoped budgets (``scoped``); its root's budget is the file budget."""
+        self.scope = scope
+        self.base_tree = base_tree if base_tree is not None else topology.tree
+        self.file_budget_w = float(topology.budget_w[0])
+        self.file_ramp_w_per_s = float(topology.ramp_w_per_s[0])
+        self.limit_w = float(topology.limit_w[0])
+        self.fractions = (
+            float(topology.cap_threshold[0]),
+            float(topology.cap_target[0]),
+            float(topology.uncap_threshold[0]),
+        )
+        self.grant: Grant | None = None
+        self.received_mono = -math.inf
+        self.grants_taken = 0
+        self.grants_refused = 0
+        self._tree_key: tuple[float, float] | None = None
+        self._tree = self.base_tree
+
+    def on_grant(self, grant: Grant, now_mono: float, wall: float) -> str | None:
+        """Take a verified grant for this scope; why it was refused, or None if taken."""
+        why = self._refusal(grant, wall)
+        if why is not None:
+            self.grants_refused += 1
+            return why
+        self.grant = grant
+        self.received_mono = now_mono
+        self.grants_taken += 1
+        return None
+
+    def _refusal(self, grant: Grant, wall: float) -> str | None:
+        if grant.scope != self.scope:
+            return f"a grant for scope {grant.scope}, not {self.scope}"
+        if self.grant is not None and (grant.epoch, grant.seq) <= (
+            self.grant.epoch,
+            self.grant.seq,
+        ):
+            return (
+                f"grant (epoch {grant.epoch}, seq {grant.seq}) is not newer than the one "
+                f"taken (epoch {self.grant.epoch}, seq {self.grant.seq})"
+            )
+        if wall - grant.ts > grant.ttl_s:
+            return f"grant is {wall - grant.ts:.1f} s old, past its ttl_s {grant.ttl_s:g}"
+        return None
+
+    def in_force(self, now_mono: float) -> InForce:
+        grant = self.grant
+        if grant is not None:
+            age_s = now_mono - self.received_mono
+            ramp = math.inf if grant.ramp_w_per_s is None else grant.ramp_w_per_s
+            if age_s <= grant.ttl_s:
+                return InForce(min(grant.budget_w, self.granted_max_w), ramp, "grant", grant)
+            if age_s <= 2 * grant.ttl_s:
+                budget = min(grant.budget_w, self.file_budget_w)
+                return InForce(budget, min(ramp, self.file_ramp_w_per_s), "expiring", grant)
+        return InForce(self.file_budget_w, self.file_ramp_w_per_s, "file", None)
+
+    @property
+    def granted_max_w(self) -> float:
+        """The most a grant can give: the root's threshold at its rows' breakers."""
+        return self.limit_w / self.fractions[0]
+
+    def tree_for(self, now_mono: float) -> Tree:
+        """The core's tree under what is in force now (rebuilt only when that changes)."""
+        force = self.in_force(now_mono)
+        key = (force.budget_w, force.ramp_w_per_s)
+        if key != self._tree_key:
+            self._tree_key = key
+            self._tree = with_root_budget(
+                self.base_tree, force.budget_w, force.ramp_w_per_s, self.fractions
+            )
+        return self._tree
+
+    def summary(
+        self,
+        tree: Tree,
+        state: ClusterState,
+        decision: Decision,
+        *,
+        controller: str,
+        epoch: int,
+        seq: int,
+        ts: float,
+        now_mono: float,
+        stale_nodes: int,
+        policy: PolicySettings | None = None,
+    ) -> Summary:
+        leaf = summarise(tree, state, decision, policy)
+        force = self.in_force(now_mono)
+        return Summary(
+            v=PROTOCOL_VERSION,
+            scope=self.scope,
+            controller=controller,
+            epoch=epoch,
+            seq=seq,
+            ts=ts,
+            measured_w=max(leaf.measured_w, 0.0),
+            predicted_w=max(leaf.predicted_w, 0.0),
+            cap_sum_w=max(leaf.cap_sum_w, 0.0),
+            fixed_w=max(leaf.fixed_w, 0.0),
+            demand_w=list(leaf.demand_w),
+            held_w=list(leaf.held_w),
+            budget_w=force.budget_w,
+            file_budget_w=self.file_budget_w,
+            limit_w=self.limit_w,
+            ramp_w_per_s=force.ramp_w_per_s if math.isfinite(force.ramp_w_per_s) else None,
+            nodes=tree.n_servers,
+            stale_nodes=stale_nodes,
+            grant_epoch=None if force.grant is None else force.grant.epoch,
+            grant_seq=None if force.grant is None else force.grant.seq,
+        )

@@ -1,0 +1,1 @@
+"""The site coordinator of a tree of controllers: grants each leaf controller a budget."""

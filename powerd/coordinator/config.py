@@ -1,0 +1,142 @@
+"""The coordinator's configuration: a TOML file, then command-line overrides."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from powerd.configfile import BROKER_KEYS, ConfigError, Getter, broker_from_table, read_toml
+from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
+from powerd.signing import KeyFileError, Signer, Verifier, load_signer, load_verifier
+from powerd.topology import Topology
+from powerd.topology.scope import Scope, parse_scope
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    name: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    cluster: str = "default"
+    # Dynamo's upper levels re-budget slower than the leaves cycle (docs/DOMAIN.md)
+    period_s: float = 5.0
+    # a grant holds this long after it is received; then min(grant, file) as long again,
+    # then the file's budget (powerd.controller.scoping)
+    grant_ttl_s: float = 15.0
+    heartbeat_s: float = 1.0
+    # a standby leads once the leader is silent this long: before the leaves' grants expire
+    takeover_after_s: float = 8.0
+    epoch_discovery_s: float = 1.0
+    # the leaves: "ROW" or "NAME:ROW,ROW,..." each; empty: one leaf per row of the file
+    scopes: tuple[str, ...] = ()
+    broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
+    signing_key: str | None = None  # grants and heartbeats are signed with it
+    # public keys of the leaf controllers (their summaries) and of the other coordinators
+    # (their heartbeats); ours always counts
+    controller_keys: tuple[str, ...] = ()
+    source: str = "<defaults>"
+
+    def parsed_scopes(self, topology: Topology) -> list[Scope]:
+        if not self.scopes:
+            return [Scope(row, (row,)) for row in topology.rows]
+        return [parse_scope(text) for text in self.scopes]
+
+    def signer(self) -> Signer:
+        if not self.signing_key:
+            raise ConfigError(
+                f"{self.source}: the coordinator signs its grants and heartbeats: set "
+                "trust.signing_key (or --signing-key FILE); `powerd keys generate PREFIX` "
+                "makes a pair, and the leaf controllers list PREFIX.pub in trust.controller_keys"
+            )
+        try:
+            return load_signer(self.signing_key)
+        except KeyFileError as exc:
+            raise ConfigError(f"{self.source}: trust.signing_key: {exc}") from None
+
+    def verifier(self, signer: Signer) -> Verifier:
+        try:
+            return load_verifier(self.controller_keys, signer.trusted())
+        except KeyFileError as exc:
+            raise ConfigError(f"{self.source}: trust.controller_keys: {exc}") from None
+
+    def with_overrides(self, **overrides: Any) -> CoordinatorConfig:
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if isinstance(given.get("broker"), str):
+            try:
+                given["broker"] = parse_broker_url(given["broker"], base=self.broker)
+            except ValueError as exc:
+                raise ConfigError(f"--broker: {exc}") from None
+        updated = replace(self, **given)
+        validate(updated, "command line")
+        return updated
+
+
+_TIMING = ("period_s", "grant_ttl_s", "heartbeat_s", "takeover_after_s", "epoch_discovery_s")
+
+
+def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:
+    if path is None:
+        config = CoordinatorConfig()
+        validate(config, "defaults")
+        return config
+    where = str(path)
+    known = {
+        "coordinator": {"name", "cluster", "scopes", *_TIMING},
+        "broker": BROKER_KEYS,
+        "trust": {"signing_key", "controller_keys"},
+    }
+    raw = read_toml(path, known)
+    get = Getter(where)
+    section = raw.get("coordinator", {})
+    defaults = CoordinatorConfig()
+    scopes = section.get("scopes", [])
+    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+        raise ConfigError(
+            f'{where}: coordinator.scopes must be a list of "ROW" or "NAME:ROW,ROW" strings'
+        )
+    trust = raw.get("trust", {})
+    config = CoordinatorConfig(
+        name=get.text(section, "coordinator.name", defaults.name),
+        cluster=get.text(section, "coordinator.cluster", "default"),
+        scopes=tuple(scopes),
+        broker=broker_from_table(raw.get("broker", {}), where),
+        signing_key=get.path(trust, "trust.signing_key"),
+        controller_keys=get.paths(trust, "trust.controller_keys"),
+        source=where,
+        **{k: get.number(section, f"coordinator.{k}", getattr(defaults, k)) for k in _TIMING},
+    )
+    validate(config, where)
+    return config
+
+
+def validate(config: CoordinatorConfig, where: str) -> None:
+    for what, name in (("coordinator", config.name), ("cluster", config.cluster)):
+        try:
+            check_name(name, what)
+        except ProtocolError:
+            raise ConfigError(f"{where}: {what} name {name!r} must match {NAME_PATTERN}") from None
+    for text in config.scopes:
+        try:
+            parse_scope(text)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: coordinator.scopes: {text!r}: {exc}") from None
+    if not 0.1 <= config.period_s <= 600:
+        raise ConfigError(f"{where}: coordinator.period_s must be in [0.1, 600] s")
+    if config.grant_ttl_s < 2 * config.period_s:
+        raise ConfigError(
+            f"{where}: coordinator.grant_ttl_s ({config.grant_ttl_s:g} s) must be at least two "
+            f"periods ({2 * config.period_s:g} s): one lost grant must not expire a leaf's"
+        )
+    if not 0.05 <= config.heartbeat_s <= 60:
+        raise ConfigError(f"{where}: coordinator.heartbeat_s must be in [0.05, 60] s")
+    if config.takeover_after_s <= 2 * config.heartbeat_s:
+        raise ConfigError(f"{where}: coordinator.takeover_after_s must exceed 2 heartbeats")
+    if config.takeover_after_s + config.period_s >= config.grant_ttl_s:
+        raise ConfigError(
+            f"{where}: a standby coordinator grants after takeover_after_s + a period "
+            f"({config.takeover_after_s + config.period_s:g} s), which must be under "
+            f"grant_ttl_s ({config.grant_ttl_s:g} s): the leaves keep their grants meanwhile"
+        )
+    if not 0 <= config.epoch_discovery_s <= 30:
+        raise ConfigError(f"{where}: coordinator.epoch_discovery_s must be in [0, 30] s")

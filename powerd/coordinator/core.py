@@ -1,0 +1,199 @@
+"""The coordinator's bookkeeping and decisions, with no I/O: summaries in, grants out.
+
+Each leaf controller (``powerd controller --scope``) reports a ``Summary`` of its
+scope every cycle; every ``period_s`` the coordinator turns the newest of each
+into the arrays ``policies.coordination.allocate`` takes and sends each leaf a
+``Grant`` valid ``grant_ttl_s``. A leaf is *heard* while its newest summary was
+received within ``grant_ttl_s`` and is no older than that by its own ``ts``; a
+leaf not heard is reserved the larger of its last budget in force and its file
+budget (it may hold either). Summaries are verified by the service; here they
+are only ordered: per scope, by the leaf's ``(epoch, seq)``, so a replayed or
+deposed leader's summary changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from policies.coordination import Allocation, Leaves, SitePool, allocate
+from powerd.protocol import Grant, Summary
+from powerd.topology import Topology
+from powerd.topology.scope import Scope, check_scopes, leaf_pool_w, scoped
+from powerd.vocabulary import PROTOCOL_VERSION
+
+log = logging.getLogger("powerd.coordinator")
+
+
+@dataclass
+class CoordinatorCounters:
+    summaries: int = 0  # taken
+    summaries_stale: int = 0  # older, by (epoch, seq) or ts, than what we hold
+    summaries_unknown: int = 0  # for a scope we do not coordinate
+    grants_sent: int = 0
+    leaves_heard: int = 0
+    leaves_silent: int = 0
+
+
+@dataclass
+class Period:
+    """One coordination period's outcome."""
+
+    grants: list[Grant]
+    allocation: Allocation
+    site_measured_w: float  # the heard leaves' measured power + the site's own overhead
+    cycle_s: float  # CPU time of the decision
+    counters: CoordinatorCounters = field(default_factory=CoordinatorCounters)
+
+
+@dataclass(frozen=True)
+class LeafSpec:
+    """What the budgets file says of one leaf's scope."""
+
+    scope: Scope
+    file_budget_w: float
+    limit_w: float
+
+
+def leaf_specs(topology: Topology, scopes: Sequence[Scope]) -> list[LeafSpec]:
+    """Every scope's file budget and limit (BudgetError unless the scopes cover every row of
+    the file once and the rows' budgets are safe together)."""
+    check_scopes(topology, list(scopes), whole=True)
+    specs = []
+    for scope in scopes:
+        part = scoped(topology, scope)
+        specs.append(LeafSpec(scope, float(part.budget_w[0]), float(part.limit_w[0])))
+    return specs
+
+
+class CoordinatorCore:
+    def __init__(
+        self,
+        topology: Topology,
+        scopes: Sequence[Scope],
+        name: str,
+        grant_ttl_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.name = name
+        self.specs = leaf_specs(topology, scopes)
+        self.index = {spec.scope.name: k for k, spec in enumerate(self.specs)}
+        self.site = SitePool(
+            pool_w=leaf_pool_w(topology),
+            cap_threshold=float(topology.cap_threshold[0]),
+            cap_target=float(topology.cap_target[0]),
+            ramp_w_per_s=float(topology.ramp_w_per_s[0]),
+        )
+        self.site_overhead_w = float(topology.overhead_w[0])
+        self.site_limit_w = float(topology.limit_w[0])
+        self.grant_ttl_s = grant_ttl_s
+        self._monotonic = monotonic
+        self._wall = wall
+        n = len(self.specs)
+        self.summaries: list[Summary | None] = [None] * n
+        self.received_mono = np.full(n, -math.inf)
+        self.file_budget_w = np.array([s.file_budget_w for s in self.specs])
+        self.limit_w = np.array([s.limit_w for s in self.specs])
+        self.epoch = 0
+        self.seq = 0
+        self.counters = CoordinatorCounters()
+
+    @property
+    def scopes(self) -> list[str]:
+        return [spec.scope.name for spec in self.specs]
+
+    def on_summary(self, summary: Summary) -> bool:
+        """Take a verified summary; False if it is for no scope of ours or not the newest."""
+        k = self.index.get(summary.scope)
+        if k is None:
+            self.counters.summaries_unknown += 1
+            return False
+        last = self.summaries[k]
+        if last is not None and (summary.epoch, summary.seq) <= (last.epoch, last.seq):
+            self.counters.summaries_stale += 1
+            return False
+        if self._wall() - summary.ts > self.grant_ttl_s:  # retained from a leaf long gone
+            self.counters.summaries_stale += 1
+            return False
+        self.summaries[k] = summary
+        self.received_mono[k] = self._monotonic()
+        self.counters.summaries += 1
+        return True
+
+    def new_epoch(self, epoch: int) -> None:
+        self.epoch, self.seq = epoch, 0
+
+    def leaves(self) -> Leaves:
+        """The allocation's view of the leaves now."""
+        n = len(self.specs)
+        now = self._monotonic()
+        heard = (now - self.received_mono) <= self.grant_ttl_s
+        fixed, predicted = np.zeros(n), np.zeros(n)
+        demand, held = np.zeros((n, 3)), np.zeros((n, 3))
+        budget = self.file_budget_w.copy()
+        for k, summary in enumerate(self.summaries):
+            if summary is None:
+                continue
+            budget[k] = summary.budget_w  # in force as last reported, heard or not
+            if heard[k]:
+                fixed[k], predicted[k] = summary.fixed_w, summary.predicted_w
+                demand[k], held[k] = summary.demand_w, summary.held_w
+        return Leaves(
+            heard=heard,
+            fixed_w=fixed,
+            demand_w=demand,
+            held_w=held,
+            predicted_w=predicted,
+            budget_w=budget,
+            file_budget_w=self.file_budget_w,
+            limit_w=self.limit_w,
+        )
+
+    def period(self) -> Period:
+        """Allocate and build every leaf's grant."""
+        started = time.perf_counter()
+        leaves = self.leaves()
+        allocation = allocate(leaves, self.site)
+        ts = self._wall()
+        self.seq += 1
+        grants = [
+            Grant(
+                v=PROTOCOL_VERSION,
+                scope=spec.scope.name,
+                coordinator=self.name,
+                epoch=self.epoch,
+                seq=self.seq,
+                ts=ts,
+                ttl_s=self.grant_ttl_s,
+                budget_w=max(float(budget), 1.0),
+                ramp_w_per_s=float(ramp) if math.isfinite(ramp) else None,
+            )
+            for spec, budget, ramp in zip(
+                self.specs,
+                allocation.budget_w.tolist(),
+                allocation.ramp_w_per_s.tolist(),
+                strict=True,
+            )
+        ]
+        measured = sum(
+            s.measured_w
+            for s, h in zip(self.summaries, leaves.heard.tolist(), strict=True)
+            if s is not None and h
+        )
+        counters, self.counters = self.counters, CoordinatorCounters()
+        counters.grants_sent = len(grants)
+        counters.leaves_heard = int(leaves.heard.sum())
+        counters.leaves_silent = len(grants) - counters.leaves_heard
+        return Period(
+            grants=grants,
+            allocation=allocation,
+            site_measured_w=measured + self.site_overhead_w,
+            cycle_s=time.perf_counter() - started,
+            counters=counters,
+        )

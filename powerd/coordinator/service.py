@@ -1,0 +1,203 @@
+"""`powerd coordinator`: a thin asyncio shell around ``CoordinatorCore`` and ``Leadership``.
+
+One connection to the (site) broker: summaries and coordinator heartbeats in,
+grants and our heartbeat out, every one signed. A leader/standby pair works as
+the controllers' does (``powerd.controller.leadership``) on its own heartbeat
+topic: a standby takes over once the leader is silent ``takeover_after_s``,
+before the leaves' grants expire. Grants are retained: a leaf controller that
+restarts, or a standby leaf that takes over, has its scope's grant at once
+(a grant older than its TTL is refused by its ``ts``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from powerd.backoff import Backoff
+from powerd.controller.leadership import Leadership
+from powerd.coordinator.config import CoordinatorConfig
+from powerd.coordinator.core import CoordinatorCore, Period
+from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
+from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
+from powerd.protocol import Heartbeat, ProtocolError, Summary, Topics, encode
+from powerd.ratelimit import LogOncePer
+from powerd.signing import Signer
+from powerd.systemd import SystemdNotifier
+from powerd.vocabulary import PROTOCOL_VERSION
+
+log = logging.getLogger("powerd.coordinator")
+
+
+class CoordinatorService:
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        core: CoordinatorCore,
+        signer: Signer | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        notifier: SystemdNotifier | None = None,
+    ) -> None:
+        self.config = config
+        self.core = core
+        self.signer = signer if signer is not None else config.signer()
+        self.verifier = config.verifier(self.signer)
+        self.notifier = notifier or SystemdNotifier()
+        self.topics = t = Topics(config.cluster)
+        self.link = MqttLink(
+            config.broker,
+            f"powerd-coordinator-{config.cluster}-{config.name}",
+            [(t.coordinator_heartbeat, 1), (t.all_summaries, 1)],
+            self._on_message,
+            monotonic=monotonic,
+        )
+        self.leadership = Leadership(config.name, config.takeover_after_s)
+        self.stats = SessionStats()
+        self.leading = asyncio.Event()
+        self.periods: list[Period] = []  # the last few
+        self.period_listeners: list[Callable[[Period], None]] = []
+        self._monotonic = monotonic
+        self._wall = wall
+        self._heartbeat_seen = asyncio.Event()
+        self._stopping = False
+        self._log = LogOncePer(log)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        connection = asyncio.create_task(self._connection_loop(), name="connection")
+        stopper = asyncio.create_task(stop.wait(), name="stop")
+        self.notifier.ready(f"coordinator of {len(self.core.specs)} leaves, connecting")
+        try:
+            done, _ = await asyncio.wait({connection, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if connection in done:
+                connection.result()
+        finally:
+            self.notifier.stopping()
+            self._stopping = True
+            await cancel_until_done({stopper}, log)
+            await self._step_down_on_exit()
+            await cancel_until_done({connection}, log)
+            self.link.close()
+            log.info("coordinator stopped")
+
+    async def _connection_loop(self) -> None:
+        await keep_connected(
+            self._session,
+            what=f"broker {self.config.broker.display}",
+            backoff=Backoff(self.config.broker.reconnect_min_s, self.config.broker.reconnect_max_s),
+            stopping=lambda: self._stopping,
+            log=log,
+            expected=(LinkError, *LINK_ERRORS),
+            on_down=self._down,
+            stats=self.stats,
+        )
+
+    def _down(self) -> None:
+        self.link.close()
+        if self.leadership.leading:
+            log.warning("lost the broker: no longer leading until reconnected")
+            self.leadership.leading = False
+            self.leading.clear()
+
+    async def _session(self, connected: Callable[[], None]) -> None:
+        self._heartbeat_seen.clear()
+        await self.link.connect()
+        connected()
+        log.info("connected to %s as coordinator %s", self.config.broker.display, self.config.name)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.epoch_discovery_s):
+                await self._heartbeat_seen.wait()
+        await self._loop(self.link)
+
+    async def _loop(self, link: MqttLink) -> None:
+        loop = asyncio.get_running_loop()
+        next_period = next_beat = loop.time()
+        assert link.lost is not None
+        while not link.lost.done() and not self._stopping:
+            now = loop.time()
+            self.notifier.watchdog()
+            if self.leadership.should_lead(self._monotonic()):
+                self.core.new_epoch(self.leadership.take_over(floor=int(self._wall() * 1000)))
+                self.leading.set()
+                self.notifier.status(f"leading, epoch {self.leadership.epoch}")
+                next_beat = next_period = now
+            if self.leadership.leading and now >= next_beat:
+                topic = self.topics.coordinator_heartbeat
+                link.publish(topic, self._heartbeat("leader"), qos=1, retain=True)
+                next_beat = now + self.config.heartbeat_s
+            if now >= next_period:
+                if self.leadership.leading:
+                    self._grant(link)
+                next_period = max(next_period + self.config.period_s, now)
+            wake = min(next_period, next_beat) if self.leadership.leading else next_period
+            wake = min(wake, now + self.config.heartbeat_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, wake - loop.time())):
+                    await asyncio.shield(link.lost)
+        if link.lost.done():
+            raise LinkError(f"connection lost: {link.lost.result()}")
+
+    def _grant(self, link: MqttLink) -> None:
+        period = self.core.period()
+        grant_topic, sign = self.topics.grant, self.signer.sign
+        for grant in period.grants:
+            topic = grant_topic(grant.scope)
+            link.publish(topic, sign(topic, encode(grant)), qos=1, retain=True)
+        self.periods = [*self.periods[-59:], period]
+        for listener in self.period_listeners:
+            try:
+                listener(period)
+            except Exception:
+                log.exception("period listener %r failed", listener)
+        c = period.counters
+        log.info(
+            "period %d: site %.1f kW measured, %d leaves heard, %d silent, %.1f kW reserved",
+            self.core.seq,
+            period.site_measured_w / 1e3,
+            c.leaves_heard,
+            c.leaves_silent,
+            period.allocation.reserved_w / 1e3,
+        )
+
+    def _heartbeat(self, state: str) -> bytes:
+        beat = Heartbeat(
+            v=PROTOCOL_VERSION,
+            epoch=self.leadership.epoch,
+            ts=self._wall(),
+            controller=self.config.name,
+            state=state,  # type: ignore[arg-type]
+        )
+        return self.signer.sign(self.topics.coordinator_heartbeat, encode(beat))
+
+    async def _step_down_on_exit(self) -> None:
+        link = self.link
+        if not link.connected.is_set() or not self.leadership.leading:
+            return
+        self.leadership.leading = False
+        topic = self.topics.coordinator_heartbeat
+        mid = link.publish(topic, self._heartbeat("standby"), qos=1, retain=True)
+        if mid is None or not await link.published(mid, 2.0):
+            log.warning("could not publish the standby heartbeat on exit")
+
+    def _on_message(self, topic: str, payload: bytes, _arrived: float) -> None:
+        now = self._monotonic()
+        try:
+            kind, name = self.topics.parse(topic)
+            if kind == "coordinator":
+                beat = self.verifier.decode(Heartbeat, topic, payload)
+                age_s = max(0.0, self._wall() - beat.ts)
+                if self.leadership.observe(beat, now, age_s):
+                    self.leading.clear()
+                self._heartbeat_seen.set()
+            elif kind == "summary":
+                summary = self.verifier.decode(Summary, topic, payload)
+                if summary.scope != name:
+                    raise ProtocolError(f"a summary of scope {summary.scope} on {topic}")
+                self.core.on_summary(summary)
+        except ProtocolError as exc:  # forged, unsigned or malformed: it counts for nothing
+            self._log.warning(f"bad-{topic}", now, "refused %s: %s", topic, exc)
+        except Exception:  # no payload stops the coordinator
+            log.exception("unexpected error handling %s", topic)
