@@ -116,10 +116,12 @@ class CoordinatorService:
         loop = asyncio.get_running_loop()
         next_period = next_beat = loop.time()
         assert link.lost is not None
-        while not link.lost.done() and not self._stopping:
+        # Runs until the link is lost or the task is cancelled: on a stop, run() steps down
+        # (a standby heartbeat, awaited) on this very link before it cancels us.
+        while not link.lost.done():
             now = loop.time()
             self.notifier.watchdog()
-            if self.leadership.should_lead(self._monotonic()):
+            if not self._stopping and self.leadership.should_lead(self._monotonic()):
                 self.core.new_epoch(self.leadership.take_over(floor=int(self._wall() * 1000)))
                 self.leading.set()
                 self.notifier.status(f"leading, epoch {self.leadership.epoch}")
@@ -129,7 +131,7 @@ class CoordinatorService:
                 link.publish(topic, self._heartbeat("leader"), qos=1, retain=True)
                 next_beat = now + self.config.heartbeat_s
             if now >= next_period:
-                if self.leadership.leading:
+                if self.leadership.leading and not self._stopping:
                     self._grant(link)
                 next_period = max(next_period + self.config.period_s, now)
             wake = min(next_period, next_beat) if self.leadership.leading else next_period

@@ -1,0 +1,82 @@
+"""powerd.controller.scoping.LeafGrants: which budget a leaf holds, grant by grant, in time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from powerd.controller.scoping import LeafGrants
+from powerd.protocol import Grant
+from powerd.topology import parse_budgets
+from powerd.topology.scope import parse_scope, scoped
+from tests.support.tree_sites import three_rows
+
+WALL = 1_800_000_000.0
+
+
+def leaf() -> LeafGrants:
+    return LeafGrants("r1", scoped(parse_budgets(three_rows()), parse_scope("r1")))
+
+
+def grant(budget_w: float, seq: int = 1, epoch: int = 5, ttl_s: float = 10.0, **kw) -> Grant:
+    fields: dict[str, Any] = dict(v=1, scope="r1", coordinator="co", epoch=epoch, seq=seq, ts=WALL,
+                  ttl_s=ttl_s, budget_w=budget_w, ramp_w_per_s=500.0)  # fmt: skip
+    fields.update(kw)
+    return Grant(**fields)
+
+
+def test_without_a_grant_the_file_budget_holds():
+    grants = leaf()
+    force = grants.in_force(0.0)
+    assert (force.budget_w, force.source, force.grant) == (12_000.0, "file", None)
+    assert force.ramp_w_per_s == pytest.approx(4_000.0)  # 12 kW/s x 12 / 36
+
+
+def test_a_grant_holds_its_ttl_then_the_lower_of_grant_and_file_then_the_file():
+    grants = leaf()
+    assert grants.on_grant(grant(13_000.0), now_mono=100.0, wall=WALL) is None
+    assert grants.in_force(110.0).budget_w == 13_000.0  # ttl 10 s from receipt
+    assert grants.in_force(110.0).source == "grant"
+    expiring = grants.in_force(110.5)
+    assert (expiring.budget_w, expiring.source) == (12_000.0, "expiring")  # min(13, 12)
+    assert grants.in_force(120.0).source == "expiring"
+    assert (grants.in_force(120.5).budget_w, grants.in_force(120.5).source) == (12_000, "file")
+    # a grant below the file budget: held below it while it expires
+    grants.on_grant(grant(9_000.0, seq=2), now_mono=200.0, wall=WALL)
+    assert grants.in_force(215.0).budget_w == 9_000.0
+    assert grants.in_force(215.0).source == "expiring"
+    assert grants.in_force(221.0).budget_w == 12_000.0
+
+
+def test_older_replayed_and_foreign_grants_are_refused():
+    grants = leaf()
+    assert grants.on_grant(grant(13_000.0, seq=7), 0.0, WALL) is None
+    assert "not newer" in (grants.on_grant(grant(14_000.0, seq=7), 1.0, WALL) or "")
+    assert "not newer" in (grants.on_grant(grant(14_000.0, seq=9, epoch=4), 1.0, WALL) or "")
+    assert "past its ttl_s" in (grants.on_grant(grant(14_000.0, seq=8), 1.0, WALL + 11) or "")
+    assert "scope r2" in (grants.on_grant(grant(1.0, seq=9, scope="r2"), 1.0, WALL) or "")
+    assert grants.in_force(1.0).budget_w == 13_000.0
+    assert (grants.grants_taken, grants.grants_refused) == (1, 4)
+    # a new coordinator epoch starts its seq again
+    assert grants.on_grant(grant(11_000.0, seq=1, epoch=6), 2.0, WALL) is None
+
+
+def test_no_grant_lifts_the_root_past_its_breakers():
+    grants = leaf()
+    grants.on_grant(grant(1e9), 0.0, WALL)
+    assert grants.in_force(0.0).budget_w == pytest.approx(14_000.0 / 0.98)
+
+
+def test_the_tree_follows_what_is_in_force_and_is_rebuilt_only_on_change():
+    grants = leaf()
+    base = grants.tree_for(0.0)
+    assert base.budget_w[0] == 12_000.0
+    assert grants.tree_for(1.0) is base
+    grants.on_grant(grant(13_000.0), 2.0, WALL)
+    granted = grants.tree_for(2.0)
+    assert granted.budget_w[0] == 13_000.0
+    assert granted.cap_threshold_w[0] == pytest.approx(13_000.0 * 0.98)
+    assert granted.ramp_w_per_s[0] == 500.0
+    assert grants.tree_for(3.0) is granted
+    assert grants.tree_for(100.0).budget_w[0] == 12_000.0
