@@ -1,7 +1,7 @@
 """systemd: the units powerd ships, and sd_notify for ``Type=notify`` units.
 
 The unit files (``powerd/data/powerd-*.service``) are rendered with ExecStart
-and the config paths of this installation (``powerd unit agent|controller``).
+and the config paths of this installation (``powerd unit agent|controller|coordinator``).
 
 sd_notify (readiness, watchdog pings, status, stopping) is a few lines over a
 Unix datagram socket, so no dependency on python-systemd. Outside systemd (no
@@ -43,16 +43,36 @@ def render_controller_unit(
     config_path: str,
     budgets_path: str,
     signing_key_path: str = "/etc/powerd/controller.key",
+    scoped: bool = False,
 ) -> str:
     """``powerd-controller.service`` with ExecStart, the config, the budgets file and the
-    signing key (handed over as a systemd credential) set."""
+    signing key (handed over as a systemd credential) set; with ``scoped``, the template
+    ``powerd-controller@.service`` of the leaf controllers (the instance is the scope)."""
     return _render_unit(
-        "powerd-controller.service",
+        "powerd-controller@.service" if scoped else "powerd-controller.service",
         {
             "/usr/local/bin/powerd": exec_path,
             "/etc/powerd/controller.toml": config_path,
             "/etc/powerd/budgets.toml": budgets_path,
             "/etc/powerd/controller.key": signing_key_path,
+        },
+    )
+
+
+def render_coordinator_unit(
+    exec_path: str,
+    config_path: str,
+    budgets_path: str,
+    signing_key_path: str = "/etc/powerd/coordinator.key",
+) -> str:
+    """``powerd-coordinator.service``, set up as ``render_controller_unit`` does."""
+    return _render_unit(
+        "powerd-coordinator.service",
+        {
+            "/usr/local/bin/powerd": exec_path,
+            "/etc/powerd/coordinator.toml": config_path,
+            "/etc/powerd/budgets.toml": budgets_path,
+            "/etc/powerd/coordinator.key": signing_key_path,
         },
     )
 

@@ -1,11 +1,16 @@
-"""``powerd unit agent|controller``: print the systemd units (powerd.systemd renders them)."""
+"""``powerd unit agent|controller|coordinator``: print the systemd units (powerd.systemd)."""
 
 from __future__ import annotations
 
 import click
 
 from powerd.cli.options import exec_option
-from powerd.systemd import render_agent_unit, render_controller_unit, this_executable
+from powerd.systemd import (
+    render_agent_unit,
+    render_controller_unit,
+    render_coordinator_unit,
+    this_executable,
+)
 
 
 @click.group("unit")
@@ -37,14 +42,47 @@ def agent(exec_path: str | None, config_path: str) -> None:
     show_default=True,
     help="The role's private key (root-only): passed to the service as a systemd credential.",
 )
-def controller(exec_path: str | None, config_path: str, budgets_path: str, key_path: str) -> None:
+@click.option(
+    "--scoped",
+    is_flag=True,
+    help="The template unit of the leaf controllers of a tree of controllers "
+    "(powerd-controller@.service: the instance is the scope).",
+)
+def controller(
+    exec_path: str | None, config_path: str, budgets_path: str, key_path: str, scoped: bool
+) -> None:
     """Print the controller's unit file, ExecStart pointing at this installation.
 
     \b
     powerd unit controller > /etc/systemd/system/powerd-controller.service
     systemctl daemon-reload && systemctl enable --now powerd-controller
+    \b
+    A leaf controller per scope (a tree of controllers):
+    powerd unit controller --scoped > /etc/systemd/system/powerd-controller@.service
+    systemctl daemon-reload && systemctl enable --now powerd-controller@row01
     """
-    click.echo(
-        render_controller_unit(exec_path or this_executable(), config_path, budgets_path, key_path),
-        nl=False,
-    )
+    exec_path = exec_path or this_executable()
+    unit = render_controller_unit(exec_path, config_path, budgets_path, key_path, scoped=scoped)
+    click.echo(unit, nl=False)
+
+
+@group.command("coordinator")
+@exec_option()
+@click.option("--config", "config_path", default="/etc/powerd/coordinator.toml", show_default=True)
+@click.option("--budgets", "budgets_path", default="/etc/powerd/budgets.toml", show_default=True)
+@click.option(
+    "--signing-key",
+    "key_path",
+    default="/etc/powerd/coordinator.key",
+    show_default=True,
+    help="The coordinator's private key (root-only): passed as a systemd credential.",
+)
+def coordinator(exec_path: str | None, config_path: str, budgets_path: str, key_path: str) -> None:
+    """Print the site coordinator's unit file, ExecStart pointing at this installation.
+
+    \b
+    powerd unit coordinator > /etc/systemd/system/powerd-coordinator.service
+    systemctl daemon-reload && systemctl enable --now powerd-coordinator
+    """
+    exec_path = exec_path or this_executable()
+    click.echo(render_coordinator_unit(exec_path, config_path, budgets_path, key_path), nl=False)

@@ -79,6 +79,8 @@ class ControllerService:
         self.records = records  # builds the recorder's points
         self.topics = t = Topics(config.cluster, scope=None if leaf is None else leaf.scope)
         client_id = f"powerd-controller-{config.cluster}-{config.name}"
+        if leaf is not None:  # leaves of several scopes may run on one host, under its name
+            client_id += f"-{leaf.scope}"
         nodes = core.tree.server_names
         subscriptions = [(t.heartbeat, 1), (t.all_phases, 1), (t.all_owned_phases, 1)]
         telemetry_filters: str | list[str] = t.all_telemetry

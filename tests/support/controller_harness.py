@@ -305,9 +305,13 @@ class Agents:
 
 @contextlib.asynccontextmanager
 async def running_agents(
-    broker: Mosquitto, topology: Topology, phase: str = "idle"
+    broker: Mosquitto,
+    topology: Topology,
+    phase: str = "idle",
+    scope_of_row: Callable[[str], str | None] = lambda _row: None,
 ) -> AsyncIterator[Agents]:
-    """One agent per server of ``topology``, its failsafe cap the budgets file's, all connected."""
+    """One agent per server of ``topology``, its failsafe cap the budgets file's, all connected;
+    each follows the leaf controllers of ``scope_of_row(its row)`` (None: the site's)."""
     agents = Agents()
     stop = asyncio.Event()
     tasks = []
@@ -321,6 +325,7 @@ async def running_agents(
             period_s=AGENT_PERIOD_S,
             failsafe_after_s=AGENT_FAILSAFE_AFTER_S,
             failsafe=FailsafeConfig(cap_w=topology.failsafe_cap_w(node)),
+            controller_scope=scope_of_row(server.row),
         )
         daemon = AgentDaemon(config, gpus, verifier=VERIFIER)
         agents.daemons[node], agents.gpus[node] = daemon, gpus
