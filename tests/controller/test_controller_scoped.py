@@ -38,7 +38,7 @@ def grant(signer: Signer, budget_w: float, seq: int) -> bytes:
             ttl_s=30.0,
             budget_w=budget_w,
             ramp_w_per_s=1000.0,
-        )  # fmt: skip
+        )
     )
     return signer.sign(SCOPED.grant("r1"), body)
 
