@@ -35,7 +35,8 @@ from powerd.configfile import ConfigError
     metavar="ROW|NAME:ROW,ROW",
     help="Run as a leaf of a tree of controllers: manage only these rows of the budgets file "
     "(their agents set controller_scope = NAME), under budgets granted by `powerd "
-    "coordinator`, falling back to the rows' file budgets. Replaces controller.scope.",
+    "coordinator` (--coordinator-key), falling back to the rows' file budgets. Replaces "
+    "controller.scope.",
 )
 @click.option("--cycle-s", type=float, help="Control period [default: 1].")
 @click.option(
@@ -48,6 +49,14 @@ from powerd.configfile import ConfigError
     type=click.Path(dir_okay=False, path_type=Path),
     help="The controller role's private key (PEM; `powerd keys generate`): every command and "
     "heartbeat is signed with it. Replaces trust.signing_key.",
+)
+@click.option(
+    "--coordinator-key",
+    "coordinator_keys",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --scope: the site coordinator's public key (PEM), the only kind whose grants "
+    "count; repeatable. Replaces trust.coordinator_keys.",
 )
 @click.option(
     "--no-record",
@@ -65,6 +74,7 @@ def command(
     cycle_s: float | None,
     record: str | None,
     signing_key: Path | None,
+    coordinator_keys: tuple[Path, ...],
     no_record: bool,
     log_level: str,
 ) -> None:
@@ -89,9 +99,10 @@ def command(
     With --scope it is a leaf of a tree of controllers (sites past one
     process): it manages the nodes of its rows only, heartbeats on the scope's
     topic, reports a summary to the site coordinator every cycle and holds the
-    budget the coordinator grants it (verified with trust.controller_keys), or
-    its rows' file budgets when no grant is live. docs/CONTROLLER.md, "A tree
-    of controllers".
+    budget the coordinator grants it (verified with trust.coordinator_keys), or
+    its rows' file budgets when no grant is live. Grants count only when
+    signed by a coordinator key (--coordinator-key, trust.coordinator_keys).
+    docs/CONTROLLER.md, "A tree of controllers".
 
     \b
     Examples:
@@ -115,8 +126,10 @@ def command(
             scope=scope,
             cycle_s=cycle_s,
             signing_key=None if signing_key is None else str(signing_key),
+            coordinator_keys=tuple(str(p) for p in coordinator_keys) or None,
         )
         config.signer()  # an unusable key stops us here, with the file named
+        config.grant_verifier()  # and an unreadable coordinator key
         if record is not None and no_record:
             raise ConfigError("give --record or --no-record, not both")
         if record is not None:

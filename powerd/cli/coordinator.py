@@ -55,8 +55,8 @@ from powerd.configfile import ConfigError
     "--trust",
     multiple=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Public key (PEM) of the leaf controllers (their summaries) and of the other "
-    "coordinator (its heartbeats); repeatable. Replaces trust.controller_keys.",
+    help="Public key (PEM) of the leaf controllers, the only keys whose summaries count; "
+    "repeatable. Replaces trust.controller_keys.",
 )
 @log_level_option()
 def command(
@@ -112,6 +112,7 @@ def command(
             controller_keys=tuple(str(p) for p in trust) or None,
         )
         config.signer()
+        config.summary_verifier()  # no leaf key, or an unreadable one: stop here, named
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     try:

@@ -84,6 +84,9 @@ class ControllerConfig:
     signing_key: str | None = None
     # public keys of the other controllers whose heartbeats count (ours always does)
     controller_keys: tuple[str, ...] = ()
+    # a leaf of a tree of controllers: the site coordinator's public keys, the only ones
+    # whose grants count (a controller's key, ours included, signs no grant)
+    coordinator_keys: tuple[str, ...] = ()
     # [jobs]: the highest priority each job owner (its broker login) may announce, the
     # allowance of owners not listed, and whether the unowned phase topic is taken at all
     job_priority_max: dict[str, str] = field(default_factory=dict)
@@ -116,6 +119,15 @@ class ControllerConfig:
             return load_verifier(self.controller_keys, signer.trusted())
         except KeyFileError as exc:
             raise ConfigError(f"{self.source}: trust.controller_keys: {exc}") from None
+
+    def grant_verifier(self) -> Verifier | None:
+        """Whose grants count: ``coordinator_keys`` only; None when none is configured."""
+        if not self.coordinator_keys:
+            return None
+        try:
+            return load_verifier(self.coordinator_keys)
+        except KeyFileError as exc:
+            raise ConfigError(f"{self.source}: trust.coordinator_keys: {exc}") from None
 
     def settings(self) -> ControllerSettings:
         """What the core needs of this configuration."""
@@ -171,7 +183,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         },
         "broker": BROKER_KEYS,
         "policy": _policy_keys(),
-        "trust": {"signing_key", "controller_keys"},
+        "trust": {"signing_key", "controller_keys", "coordinator_keys"},
         "jobs": {"priority_max", "default_priority_max", "accept_unowned"},
         "recorder": {
             "enabled",
@@ -232,6 +244,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         accept_unowned_jobs=get.flag(jobs, "jobs.accept_unowned", True),
         signing_key=get.path(trust, "trust.signing_key"),
         controller_keys=get.paths(trust, "trust.controller_keys"),
+        coordinator_keys=get.paths(trust, "trust.coordinator_keys"),
         source=where,
         infer_phases=get.flag(section, "controller.infer_phases", defaults.infer_phases),
         ingest_share=get.number(section, "controller.ingest_share", defaults.ingest_share),

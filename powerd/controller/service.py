@@ -73,6 +73,13 @@ class ControllerService:
         self.leaf = leaf
         self.signer = signer if signer is not None else config.signer()
         self.verifier = config.verifier(self.signer)  # whose heartbeats count
+        self.grant_verifier = config.grant_verifier()  # whose grants count (a leaf's)
+        if leaf is not None and self.grant_verifier is None:
+            log.warning(
+                "scope %s: no trust.coordinator_keys: every grant is refused and the rows' "
+                "file budgets hold",
+                leaf.scope,
+            )
         self.notifier = notifier or SystemdNotifier()
         self.core = core
         self.recorder = recorder
@@ -444,7 +451,9 @@ class ControllerService:
         assert self.leaf is not None
         now = self._monotonic()
         try:
-            grant = self.verifier.decode(Grant, topic, payload)
+            if self.grant_verifier is None:
+                raise ProtocolError("no coordinator key is trusted (trust.coordinator_keys)")
+            grant = self.grant_verifier.decode(Grant, topic, payload)
         except ProtocolError as exc:  # forged, unsigned or malformed: it moves no watt
             self.core.count_rejected()
             self._log.warning("grant", now, "grant refused: %s", exc)

@@ -32,9 +32,10 @@ class CoordinatorConfig:
     scopes: tuple[str, ...] = ()
     broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
     signing_key: str | None = None  # grants and heartbeats are signed with it
-    # public keys of the leaf controllers (their summaries) and of the other coordinators
-    # (their heartbeats); ours always counts
+    # public keys of the leaf controllers: the only ones whose summaries count
     controller_keys: tuple[str, ...] = ()
+    # public keys of the other coordinators whose heartbeats count (ours always does)
+    coordinator_keys: tuple[str, ...] = ()
     source: str = "<defaults>"
 
     def parsed_scopes(self, topology: Topology) -> list[Scope]:
@@ -54,11 +55,24 @@ class CoordinatorConfig:
         except KeyFileError as exc:
             raise ConfigError(f"{self.source}: trust.signing_key: {exc}") from None
 
-    def verifier(self, signer: Signer) -> Verifier:
+    def summary_verifier(self) -> Verifier:
+        """Whose summaries count: the leaves' keys (ours signs none)."""
+        if not self.controller_keys:
+            raise ConfigError(
+                f"{self.source}: the coordinator needs the leaf controllers' public keys to "
+                "verify their summaries: set trust.controller_keys (or --trust FILE)"
+            )
         try:
-            return load_verifier(self.controller_keys, signer.trusted())
+            return load_verifier(self.controller_keys)
         except KeyFileError as exc:
             raise ConfigError(f"{self.source}: trust.controller_keys: {exc}") from None
+
+    def heartbeat_verifier(self, signer: Signer) -> Verifier:
+        """Whose coordinator heartbeats count: ours and ``coordinator_keys``."""
+        try:
+            return load_verifier(self.coordinator_keys, signer.trusted())
+        except KeyFileError as exc:
+            raise ConfigError(f"{self.source}: trust.coordinator_keys: {exc}") from None
 
     def with_overrides(self, **overrides: Any) -> CoordinatorConfig:
         given = {k: v for k, v in overrides.items() if v is not None}
@@ -84,7 +98,7 @@ def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:
     known = {
         "coordinator": {"name", "cluster", "scopes", *_TIMING},
         "broker": BROKER_KEYS,
-        "trust": {"signing_key", "controller_keys"},
+        "trust": {"signing_key", "controller_keys", "coordinator_keys"},
     }
     raw = read_toml(path, known)
     get = Getter(where)
@@ -103,6 +117,7 @@ def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:
         broker=broker_from_table(raw.get("broker", {}), where),
         signing_key=get.path(trust, "trust.signing_key"),
         controller_keys=get.paths(trust, "trust.controller_keys"),
+        coordinator_keys=get.paths(trust, "trust.coordinator_keys"),
         source=where,
         **{k: get.number(section, f"coordinator.{k}", getattr(defaults, k)) for k in _TIMING},
     )

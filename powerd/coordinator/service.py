@@ -45,7 +45,8 @@ class CoordinatorService:
         self.config = config
         self.core = core
         self.signer = signer if signer is not None else config.signer()
-        self.verifier = config.verifier(self.signer)
+        self.summaries_from = config.summary_verifier()  # the leaves' keys only
+        self.heartbeats_from = config.heartbeat_verifier(self.signer)  # coordinators' only
         self.notifier = notifier or SystemdNotifier()
         self.topics = t = Topics(config.cluster)
         self.link = MqttLink(
@@ -189,13 +190,13 @@ class CoordinatorService:
         try:
             kind, name = self.topics.parse(topic)
             if kind == "coordinator":
-                beat = self.verifier.decode(Heartbeat, topic, payload)
+                beat = self.heartbeats_from.decode(Heartbeat, topic, payload)
                 age_s = max(0.0, self._wall() - beat.ts)
                 if self.leadership.observe(beat, now, age_s):
                     self.leading.clear()
                 self._heartbeat_seen.set()
             elif kind == "summary":
-                summary = self.verifier.decode(Summary, topic, payload)
+                summary = self.summaries_from.decode(Summary, topic, payload)
                 if summary.scope != name:
                     raise ProtocolError(f"a summary of scope {summary.scope} on {topic}")
                 self.core.on_summary(summary)

@@ -20,7 +20,7 @@ from tests.support.controller_harness import (
     running_controller,
     until,
 )
-from tests.support.keys import STRANGER, VERIFIER
+from tests.support.keys import SIGNER, STRANGER, VERIFIER
 from tests.support.tree_sites import three_rows
 
 SCOPED = Topics(CLUSTER, scope="r1")
@@ -52,7 +52,7 @@ async def test_a_leaf_leads_its_scope_only_and_takes_only_signed_grants(mosquitt
     coordinator_key_path, coordinator_pub = generate_key_files(tmp_path / "coordinator")
     coordinator = load_signer(coordinator_key_path)
     site = parse_budgets(three_rows())
-    config = controller_config(mosquitto, scope="r1", controller_keys=(str(coordinator_pub),))
+    config = controller_config(mosquitto, scope="r1", coordinator_keys=(str(coordinator_pub),))
     async with (
         MqttProbe(mosquitto.port, [f"{SCOPED.prefix}/#"]) as probe,
         running_agents(mosquitto, site, scope_of_row=lambda row: row) as agents,
@@ -76,8 +76,10 @@ async def test_a_leaf_leads_its_scope_only_and_takes_only_signed_grants(mosquitt
         assert (first.budget_w, first.grant_seq, first.nodes) == (12_000.0, None, 2)
         assert first.file_budget_w == 12_000.0 and first.limit_w == 14_000.0
 
-        # a stranger's grant moves nothing; the coordinator's does
+        # a stranger's grant moves nothing, nor one signed with the controllers' own key
+        # (a stolen leaf key signs no grant); the coordinator's does
         await probe.publish(SCOPED.grant("r1"), grant(STRANGER, 13_500.0, 1))
+        await probe.publish(SCOPED.grant("r1"), grant(SIGNER, 13_500.0, 1))
         mark = probe.mark()
         await probe.publish(SCOPED.grant("r1"), grant(coordinator, 9_000.0, 2))
         got = await probe.expect(
@@ -87,4 +89,4 @@ async def test_a_leaf_leads_its_scope_only_and_takes_only_signed_grants(mosquitt
         assert leaf.service.leaf is not None and leaf.service.leaf.grants_taken == 1
         await leaf.wait_for(lambda: leaf.core.tree.budget_w[0] == 9_000.0)
         assert leaf.core.tree.cap_threshold_w[0] == pytest.approx(9_000.0 * 0.98)
-        assert leaf.core.rejected_total >= 1  # the stranger's grant, counted
+        assert leaf.core.rejected_total >= 2  # the two forged grants, counted

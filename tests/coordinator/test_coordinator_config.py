@@ -77,18 +77,26 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_cli_refuses_rows_whose_file_budgets_exceed_the_site(tmp_path: Path):
+def keys(tmp_path: Path) -> list[str]:
     key, _ = generate_key_files(tmp_path / "coordinator")
-    result = run_cli("--budgets", "powerd/data/budgets/demo.toml", "--signing-key", str(key))
+    _, leaf_pub = generate_key_files(tmp_path / "leaf")
+    return ["--signing-key", str(key), "--trust", str(leaf_pub)]
+
+
+def test_cli_refuses_rows_whose_file_budgets_exceed_the_site(tmp_path: Path):
+    result = run_cli("--budgets", "powerd/data/budgets/demo.toml", *keys(tmp_path))
     assert result.returncode != 0
     assert "the rows' budget_w sum to 200.0 kW, above the 180.0 kW" in result.stderr
 
 
-def test_cli_refuses_scopes_that_miss_a_row_and_a_missing_key(tmp_path: Path):
-    key, _ = generate_key_files(tmp_path / "coordinator")
+def test_cli_refuses_scopes_that_miss_a_row_and_missing_keys(tmp_path: Path):
     budgets = tmp_path / "site.toml"
     budgets.write_text(three_rows())
-    missed = run_cli("--budgets", str(budgets), "--signing-key", str(key), "--scope", "r1")
+    given = keys(tmp_path)
+    missed = run_cli("--budgets", str(budgets), *given, "--scope", "r1")
     assert missed.returncode != 0 and "rows in no scope: r2, r3" in missed.stderr
     keyless = run_cli("--budgets", str(budgets))
     assert keyless.returncode != 0 and "signing_key" in keyless.stderr
+    trustless = run_cli("--budgets", str(budgets), *given[:2])  # no leaf key
+    assert trustless.returncode != 0
+    assert "needs the leaf controllers' public keys" in trustless.stderr
