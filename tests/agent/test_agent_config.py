@@ -427,3 +427,30 @@ def test_an_integer_past_a_floats_range_is_a_clear_error(tmp_path: Path) -> None
     raised OverflowError out of the parser instead of a ConfigError."""
     _, message = load_error(tmp_path, "[agent]\nperiod_s = 2" + "0" * 308 + "\n")
     assert "agent.period_s must be finite" in message and "characters)" in message
+
+
+# --- a tree of controllers ----------------------------------------------------------------
+
+
+def test_controller_scope_sets_the_heartbeat_the_agent_follows(tmp_path: Path) -> None:
+    from powerd.agent.core import AgentCore
+    from powerd.gpu.simulated import open_simulated
+    from tests.support.keys import VERIFIER
+
+    config = load_config(write(tmp_path, '[agent]\nnode = "n1"\ncontroller_scope = "row07"\n'))
+    assert config.controller_scope == "row07"
+    assert load_config(write(tmp_path, '[agent]\nnode = "n1"\n')).controller_scope is None
+    core = AgentCore(
+        node="n1",
+        gpus=open_simulated("1xH100"),
+        failsafe=config.failsafe,
+        failsafe_after_s=10.0,
+        verifier=VERIFIER,
+        scope=config.controller_scope,
+    )
+    assert core._heartbeat_topic == "powerd/v1/default/scopes/row07/heartbeat"
+
+
+def test_a_bad_controller_scope_is_refused_with_the_key(tmp_path: Path) -> None:
+    _, message = load_error(tmp_path, '[agent]\nnode = "n1"\ncontroller_scope = "row 7"\n')
+    assert "agent.controller_scope 'row 7'" in message
