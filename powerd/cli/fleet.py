@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from powerd.cli.options import log_level_option, setup_logging
+from powerd.vocabulary import PRIORITIES
 
 
 @click.command("fleet")
@@ -116,7 +117,7 @@ from powerd.cli.options import log_level_option, setup_logging
 )
 @click.option(
     "--job-priority",
-    type=click.Choice(["high", "normal", "low"]),
+    type=click.Choice(PRIORITIES),
     help="Every job's priority [default: high, normal, low in turn].",
 )
 @click.option(

@@ -25,10 +25,12 @@ from powerd.protocol import (
     GpuAck,
     GpuCommand,
     GpuTelemetry,
+    Grant,
     Heartbeat,
     PhaseEvent,
     ProtocolError,
     Status,
+    Summary,
     Telemetry,
     Topics,
     check_name,
@@ -160,10 +162,15 @@ def test_docs_examples_match_the_tests() -> None:
     """docs/PROTOCOL.md shows exactly these examples, in this order, and they decode; then
     one signed heartbeat, in the form a verifier cuts its signature from."""
     blocks = re.findall(r"```json\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.S)
-    assert len(blocks) == len(CLASSES) + 1
+    assert len(blocks) == len(CLASSES) + 3
     for cls, block in zip(CLASSES, blocks[: len(CLASSES)], strict=True):
         assert json.loads(block) == json.loads(EXAMPLES[cls]), cls.__name__
         decode(cls, block)
+    # a tree of controllers: a summary and a grant, as sent (their signatures elided)
+    summary = decode(Summary, blocks[len(CLASSES)], "row01")
+    assert summary.demand_w == [3100000.0, 780000.0, 0.0] and summary.grant_seq == 57
+    grant = decode(Grant, blocks[len(CLASSES) + 1], "row01")
+    assert (grant.budget_w, grant.ttl_s, grant.seq) == (7350000.0, 15.0, 58)
     signed = json.dumps(json.loads(blocks[-1]), separators=(",", ":")).encode()
     decode(Heartbeat, signed)
     assert detach_signature(signed) is not None
