@@ -1,7 +1,7 @@
 """Reading powerd's TOML config files: errors that name the file and the key.
 
-Shared by the agent's and the controller's configs, so both spell a broker,
-a typo or a wrong type the same way.
+Shared by the agent's, the controller's and the coordinator's configs, so all
+spell a broker, a key file, a typo or a wrong type the same way.
 """
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ import math
 import os
 import stat
 import tomllib
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.signing import KeyFileError, Signer, TrustedKey, Verifier, load_signer, load_verifier
 
 BROKER_KEYS = frozenset(
     {
@@ -33,6 +35,46 @@ BROKER_KEYS = frozenset(
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message says where and why."""
+
+
+class _WithBroker(Protocol):
+    @property
+    def broker(self) -> BrokerSettings: ...
+
+
+C = TypeVar("C", bound=_WithBroker)
+
+
+def with_overrides(config: C, overrides: dict[str, Any], validate: Callable[[C, str], None]) -> C:
+    """``config`` with the command line's overrides (None: not given; ``broker`` a URL read
+    on top of the configured broker), validated again."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if isinstance(given.get("broker"), str):
+        try:
+            given["broker"] = parse_broker_url(given["broker"], base=config.broker)
+        except ValueError as exc:
+            raise ConfigError(f"--broker: {exc}") from None
+    updated = replace(config, **given)  # type: ignore[type-var]  # (C is a dataclass)
+    validate(updated, "command line")
+    return updated
+
+
+def signer_from(path: str | None, source: str, missing: str) -> Signer:
+    """The signing key at ``path``; ConfigError naming the file, or saying ``missing``."""
+    if not path:
+        raise ConfigError(f"{source}: {missing}")
+    try:
+        return load_signer(path)
+    except KeyFileError as exc:
+        raise ConfigError(f"{source}: trust.signing_key: {exc}") from None
+
+
+def verifier_from(paths: Iterable[str], source: str, key: str, *also: TrustedKey) -> Verifier:
+    """A verifier of the public keys at ``paths`` (config key ``key``) and ``also``."""
+    try:
+        return load_verifier(paths, *also)
+    except KeyFileError as exc:
+        raise ConfigError(f"{source}: {key}: {exc}") from None
 
 
 def read_toml(path: str | Path, known: dict[str, Any]) -> dict[str, Any]:

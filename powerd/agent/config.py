@@ -7,11 +7,18 @@ complete, validated ``AgentConfig`` comes back or ``ConfigError`` is raised.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from powerd.configfile import BROKER_KEYS, ConfigError, Getter, broker_from_table, read_toml
+from powerd.configfile import (
+    BROKER_KEYS,
+    ConfigError,
+    Getter,
+    broker_from_table,
+    read_toml,
+    with_overrides,
+)
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
 from powerd.protocol import MAX_TTL_S, NAME_PATTERN, ProtocolError, check_name
 from powerd.signing import KeyFileError, Verifier, load_verifier
@@ -84,16 +91,7 @@ class AgentConfig:
 
     def with_overrides(self, **overrides: Any) -> AgentConfig:
         """Apply command-line overrides (None means not given) and validate again."""
-        given = {k: v for k, v in overrides.items() if v is not None}
-        if "broker" in given and isinstance(given["broker"], str):
-            url = given["broker"]
-            try:
-                given["broker"] = parse_broker_url(url, base=self.broker)
-            except ValueError as exc:
-                raise ConfigError(f"--broker: {exc}") from None
-        updated = replace(self, **given)
-        _validate(updated, "command line")
-        return updated
+        return with_overrides(self, overrides, _validate)
 
 
 _KNOWN = {

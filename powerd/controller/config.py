@@ -9,12 +9,21 @@ from pathlib import Path
 from typing import Any
 
 from policies import PolicySettings
-from powerd.configfile import BROKER_KEYS, ConfigError, Getter, broker_from_table, read_toml
+from powerd.configfile import (
+    BROKER_KEYS,
+    ConfigError,
+    Getter,
+    broker_from_table,
+    read_toml,
+    signer_from,
+    verifier_from,
+    with_overrides,
+)
 from powerd.controller.core import ControllerSettings
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
 from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
 from powerd.recorder import DEFAULT_FILE_KEEP, DEFAULT_FILE_MAX_BYTES
-from powerd.signing import KeyFileError, Signer, Verifier, load_signer, load_verifier
+from powerd.signing import Signer, Verifier
 from powerd.topology.scope import Scope, parse_scope
 from powerd.vocabulary import PRIORITIES
 
@@ -102,32 +111,25 @@ class ControllerConfig:
 
     def signer(self) -> Signer:
         """The signing key, loaded; ConfigError naming the file if it cannot be used."""
-        if not self.signing_key:
-            raise ConfigError(
-                f"{self.source}: a controller signs its commands and heartbeats: set "
-                "trust.signing_key (or --signing-key FILE); make a pair with "
-                "`powerd keys generate PREFIX` and give the agents PREFIX.pub"
-            )
-        try:
-            return load_signer(self.signing_key)
-        except KeyFileError as exc:
-            raise ConfigError(f"{self.source}: trust.signing_key: {exc}") from None
+        return signer_from(
+            self.signing_key,
+            self.source,
+            "a controller signs its commands and heartbeats: set trust.signing_key (or "
+            "--signing-key FILE); make a pair with `powerd keys generate PREFIX` and give the "
+            "agents PREFIX.pub",
+        )
 
     def verifier(self, signer: Signer) -> Verifier:
         """Whose heartbeats count: our own key and ``controller_keys``."""
-        try:
-            return load_verifier(self.controller_keys, signer.trusted())
-        except KeyFileError as exc:
-            raise ConfigError(f"{self.source}: trust.controller_keys: {exc}") from None
+        return verifier_from(
+            self.controller_keys, self.source, "trust.controller_keys", signer.trusted()
+        )
 
     def grant_verifier(self) -> Verifier | None:
         """Whose grants count: ``coordinator_keys`` only; None when none is configured."""
         if not self.coordinator_keys:
             return None
-        try:
-            return load_verifier(self.coordinator_keys)
-        except KeyFileError as exc:
-            raise ConfigError(f"{self.source}: trust.coordinator_keys: {exc}") from None
+        return verifier_from(self.coordinator_keys, self.source, "trust.coordinator_keys")
 
     def settings(self) -> ControllerSettings:
         """What the core needs of this configuration."""
@@ -149,15 +151,7 @@ class ControllerConfig:
         )
 
     def with_overrides(self, **overrides: Any) -> ControllerConfig:
-        given = {k: v for k, v in overrides.items() if v is not None}
-        if isinstance(given.get("broker"), str):
-            try:
-                given["broker"] = parse_broker_url(given["broker"], base=self.broker)
-            except ValueError as exc:
-                raise ConfigError(f"--broker: {exc}") from None
-        updated = replace(self, **given)
-        validate(updated, "command line")
-        return updated
+        return with_overrides(self, overrides, validate)
 
 
 def _policy_keys() -> set[str]:

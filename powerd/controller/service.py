@@ -36,6 +36,7 @@ from powerd.controller.inbox import TelemetryInbox
 from powerd.controller.leadership import Leadership
 from powerd.controller.records import Records
 from powerd.controller.scoping import LeafGrants
+from powerd.heartbeat import signed_heartbeat, step_down_on_exit
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.mqtt_stream import MqttStream, StreamError
@@ -44,7 +45,7 @@ from powerd.ratelimit import LogOncePer
 from powerd.recorder import Recorder
 from powerd.signing import Signer
 from powerd.systemd import SystemdNotifier
-from powerd.vocabulary import PROTOCOL_VERSION
+from powerd.vocabulary import ControllerState
 
 log = logging.getLogger("powerd.controller")
 
@@ -404,25 +405,16 @@ class ControllerService:
         assert self.recorder is not None and self.records is not None
         self.recorder.write(self.records.cycle(self.core, result, ts))
 
-    def _heartbeat(self, state: str) -> bytes:
-        beat = Heartbeat(
-            v=PROTOCOL_VERSION,
-            epoch=self.leadership.epoch,
-            ts=self._wall(),
-            controller=self.config.name,
-            state=state,  # type: ignore[arg-type]
+    def _heartbeat(self, state: ControllerState) -> bytes:
+        return signed_heartbeat(
+            self.signer, self.topics.heartbeat, self.leadership, state, self._wall()
         )
-        return self.signer.sign(self.topics.heartbeat, encode(beat))
 
     async def _step_down_on_exit(self) -> None:
-        """A clean stop hands over at once: a retained standby heartbeat, not a stale leader one."""
-        link = self.control
-        if not link.connected.is_set() or not self.leadership.leading:
-            return
-        self.leadership.leading = False
-        mid = link.publish(self.topics.heartbeat, self._heartbeat("standby"), qos=1, retain=True)
-        if mid is None or not await link.published(mid, 2.0):
-            log.warning("could not publish the standby heartbeat on exit")
+        topic = self.topics.heartbeat
+        await step_down_on_exit(
+            self.control, self.leadership, topic, self.signer, self._wall(), log
+        )
 
     # --- control messages --------------------------------------------------------
 

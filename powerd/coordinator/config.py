@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from powerd.configfile import BROKER_KEYS, ConfigError, Getter, broker_from_table, read_toml
+from powerd.configfile import (
+    BROKER_KEYS,
+    ConfigError,
+    Getter,
+    broker_from_table,
+    read_toml,
+    signer_from,
+    verifier_from,
+    with_overrides,
+)
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
 from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
-from powerd.signing import KeyFileError, Signer, Verifier, load_signer, load_verifier
+from powerd.signing import Signer, Verifier
 from powerd.topology import Topology
 from powerd.topology.scope import Scope, parse_scope
 
@@ -44,16 +53,13 @@ class CoordinatorConfig:
         return [parse_scope(text) for text in self.scopes]
 
     def signer(self) -> Signer:
-        if not self.signing_key:
-            raise ConfigError(
-                f"{self.source}: the coordinator signs its grants and heartbeats: set "
-                "trust.signing_key (or --signing-key FILE); `powerd keys generate PREFIX` "
-                "makes a pair, and the leaf controllers list PREFIX.pub in trust.controller_keys"
-            )
-        try:
-            return load_signer(self.signing_key)
-        except KeyFileError as exc:
-            raise ConfigError(f"{self.source}: trust.signing_key: {exc}") from None
+        return signer_from(
+            self.signing_key,
+            self.source,
+            "the coordinator signs its grants and heartbeats: set trust.signing_key (or "
+            "--signing-key FILE); `powerd keys generate PREFIX` makes a pair, and the leaf "
+            "controllers list PREFIX.pub in trust.coordinator_keys",
+        )
 
     def summary_verifier(self) -> Verifier:
         """Whose summaries count: the leaves' keys (ours signs none)."""
@@ -62,28 +68,16 @@ class CoordinatorConfig:
                 f"{self.source}: the coordinator needs the leaf controllers' public keys to "
                 "verify their summaries: set trust.controller_keys (or --trust FILE)"
             )
-        try:
-            return load_verifier(self.controller_keys)
-        except KeyFileError as exc:
-            raise ConfigError(f"{self.source}: trust.controller_keys: {exc}") from None
+        return verifier_from(self.controller_keys, self.source, "trust.controller_keys")
 
     def heartbeat_verifier(self, signer: Signer) -> Verifier:
         """Whose coordinator heartbeats count: ours and ``coordinator_keys``."""
-        try:
-            return load_verifier(self.coordinator_keys, signer.trusted())
-        except KeyFileError as exc:
-            raise ConfigError(f"{self.source}: trust.coordinator_keys: {exc}") from None
+        return verifier_from(
+            self.coordinator_keys, self.source, "trust.coordinator_keys", signer.trusted()
+        )
 
     def with_overrides(self, **overrides: Any) -> CoordinatorConfig:
-        given = {k: v for k, v in overrides.items() if v is not None}
-        if isinstance(given.get("broker"), str):
-            try:
-                given["broker"] = parse_broker_url(given["broker"], base=self.broker)
-            except ValueError as exc:
-                raise ConfigError(f"--broker: {exc}") from None
-        updated = replace(self, **given)
-        validate(updated, "command line")
-        return updated
+        return with_overrides(self, overrides, validate)
 
 
 _TIMING = ("period_s", "grant_ttl_s", "heartbeat_s", "takeover_after_s", "epoch_discovery_s")

@@ -21,13 +21,14 @@ from powerd.backoff import Backoff
 from powerd.controller.leadership import Leadership
 from powerd.coordinator.config import CoordinatorConfig
 from powerd.coordinator.core import CoordinatorCore, Period
+from powerd.heartbeat import signed_heartbeat, step_down_on_exit
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.protocol import Heartbeat, ProtocolError, Summary, Topics, encode
 from powerd.ratelimit import LogOncePer
 from powerd.signing import Signer
 from powerd.systemd import SystemdNotifier
-from powerd.vocabulary import PROTOCOL_VERSION
+from powerd.vocabulary import ControllerState
 
 log = logging.getLogger("powerd.coordinator")
 
@@ -165,25 +166,20 @@ class CoordinatorService:
             period.allocation.reserved_w / 1e3,
         )
 
-    def _heartbeat(self, state: str) -> bytes:
-        beat = Heartbeat(
-            v=PROTOCOL_VERSION,
-            epoch=self.leadership.epoch,
-            ts=self._wall(),
-            controller=self.config.name,
-            state=state,  # type: ignore[arg-type]
+    def _heartbeat(self, state: ControllerState) -> bytes:
+        return signed_heartbeat(
+            self.signer, self.topics.coordinator_heartbeat, self.leadership, state, self._wall()
         )
-        return self.signer.sign(self.topics.coordinator_heartbeat, encode(beat))
 
     async def _step_down_on_exit(self) -> None:
-        link = self.link
-        if not link.connected.is_set() or not self.leadership.leading:
-            return
-        self.leadership.leading = False
-        topic = self.topics.coordinator_heartbeat
-        mid = link.publish(topic, self._heartbeat("standby"), qos=1, retain=True)
-        if mid is None or not await link.published(mid, 2.0):
-            log.warning("could not publish the standby heartbeat on exit")
+        await step_down_on_exit(
+            self.link,
+            self.leadership,
+            self.topics.coordinator_heartbeat,
+            self.signer,
+            self._wall(),
+            log,
+        )
 
     def _on_message(self, topic: str, payload: bytes, _arrived: float) -> None:
         now = self._monotonic()
