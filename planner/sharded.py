@@ -112,6 +112,7 @@ def replay_tree(
         pool_w=leaf_pool_w(site),
         cap_threshold=float(site.cap_threshold[0]),
         cap_target=float(site.cap_target[0]),
+        uncap_threshold=float(site.uncap_threshold[0]),
         ramp_w_per_s=float(site.ramp_w_per_s[0]),
     )
     in_force = file_w.copy()

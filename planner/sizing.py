@@ -29,6 +29,10 @@ The method (docs/PLANNER.md, Method) in four steps:
    each model's cap range) at which every tree node, servers to the site,
    stays within its limit with every GPU at that cap and every overhead in.
 
+For a tree of controllers (``powerplan size --tree``), :func:`fit_rows_to_leaf_pool`
+then scales the rows' budgets by one common factor so they sum within what the
+leaves may hold together on their file budgets (``powerd.topology.scope.leaf_pool_w``).
+
 The risk of each node: the share of time its demand (uncapped) would be above
 its capping threshold and above its limit, and the same in seconds per day;
 a share of 0 means "below 1 / n_eff", which the table gives as resolution.
@@ -36,6 +40,7 @@ a share of 0 means "below 1 / n_eff", which the table gives as resolution.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -47,6 +52,7 @@ from planner.terms import NonGpuTerms
 from policies.tree import LEVEL_NAMES, PHASE_CODES, RACK, ROW, SERVER, SITE
 from powerd.gpu.models import GPU_MODELS
 from powerd.topology import PLAUSIBLE_W, Topology
+from powerd.topology.scope import leaf_pool_w, rows_budget_w, rows_within_site
 
 SECONDS_PER_DAY = 86_400.0
 # The sample matrix (jobs × samples, float64) stays below this; samples shrink to fit.
@@ -114,6 +120,11 @@ class Sizing:
     # plots beside demand_q_w, without a second Monte Carlo run.
     demand_p50_w: np.ndarray = field(default_factory=lambda: np.zeros(0))
     info: dict[str, object] = field(default_factory=dict)
+    # per row (tree index): its sorted GPU power samples (the jobs' draws) and the constant
+    # added to them (idle GPUs, non-GPU power): what p_capping is recomputed from when
+    # fit_rows_to_leaf_pool lowers a row's budget. Rows only: one sample per distinct
+    # job composition, shared by the rows that have it.
+    row_samples: dict[int, tuple[np.ndarray, float]] = field(default_factory=dict, repr=False)
 
 
 # --- profiles -> traces ----------------------------------------------------------
@@ -300,6 +311,7 @@ def size(
     }
     tail_model = np.full(n_nodes, "", dtype=object)
     n_jobs_under = np.zeros(n_nodes, dtype=np.int64)
+    row_samples: dict[int, tuple[np.ndarray, float]] = {}
 
     floor_w = {lvl: PLAUSIBLE_W[lvl][0] for lvl in PLAUSIBLE_W}  # the loader's least budget
     for lvl in (RACK, ROW, SITE):
@@ -335,6 +347,8 @@ def size(
                 cols["p_capping"][node] = _exceed(row, thresholds[node] * budget_w[node] - shift)
                 cols["p_over_limit"][node] = _exceed(row, limit_w[node] - shift)
                 tail_model[node] = model
+                if lvl == ROW:
+                    row_samples[node] = (row, float(shift))
 
     failsafe, failsafe_power_w = failsafe_caps(top, limit_w, own_w)
     view = np.arange(0, top.level_start[SERVER])
@@ -380,8 +394,121 @@ def size(
         ),
     }
     return Sizing(
-        limit_w, budget_w, own_w, failsafe, table, info=info, demand_p50_w=cols["demand_p50_w"]
+        limit_w,
+        budget_w,
+        own_w,
+        failsafe,
+        table,
+        info=info,
+        demand_p50_w=cols["demand_p50_w"],
+        row_samples=row_samples,
     )
+
+
+# --- a tree of controllers -------------------------------------------------------------
+
+
+def sized_topology(top: Topology, sizing: Sizing) -> Topology:
+    """``top`` with the sizing's limits, budgets and overheads: the numbers the written
+    budgets file loads with (what ``powerd.topology.scope`` checks a tree against)."""
+    limit_w, budget_w, overhead_w = (
+        np.array(column, dtype=float)
+        for column in (sizing.limit_w, sizing.budget_w, sizing.overhead_w)
+    )
+    for column in (limit_w, budget_w, overhead_w):
+        column.setflags(write=False)  # as every Topology column
+    return dataclasses.replace(top, limit_w=limit_w, budget_w=budget_w, overhead_w=overhead_w)
+
+
+def fit_rows_to_leaf_pool(top: Topology, sizing: Sizing) -> tuple[Sizing, float]:
+    """The rows' budgets scaled by one common factor to sum within the leaf pool.
+
+    A leaf controller of a tree of controllers that hears no grant holds its rows'
+    file budgets; those must sum to at most ``leaf_pool_w`` of the sized site
+    (``powerd.topology.scope``). Rows are sized each for its own quantile, so they
+    usually sum above it (diversity across rows): every row's budget becomes
+    ``floor(budget * factor)`` with ``factor = pool / sum``, whole watts whose sum
+    is within the pool. Racks, the site, limits, overheads and failsafe caps are
+    left as sized. A row that would fall below the loader's least row budget
+    (``PLAUSIBLE_W``) is held there and the others share a smaller factor
+    (``info["tree"]["rows_at_floor"]``); :class:`SizingError` if the pool cannot
+    hold every row at that floor. The table's ``budget_w``, ``bound`` (``leaf
+    pool``), ``p_capping`` and ``capping_s_per_day`` of the scaled rows are
+    recomputed from the same draws. Returns the new sizing (the input is not
+    changed) and the factor (1.0 when the rows fit as sized).
+    """
+    sized = sized_topology(top, sizing)
+    pool = leaf_pool_w(sized)
+    before = rows_budget_w(sized)
+    first, end = top.level_start[ROW], top.level_start[ROW + 1]
+    rows = np.arange(first, end)
+    original = np.asarray(sizing.budget_w, dtype=float)[rows]
+    tree_info: dict[str, object] = {
+        "leaf_pool_w": pool,
+        "rows_budget_w_sized": before,
+        "factor": 1.0,
+        "rows_at_floor": [],
+    }
+    if rows_within_site(sized) is None:  # the loader's own test
+        info = {**sizing.info, "tree": {**tree_info, "rows_budget_w": before}}
+        return dataclasses.replace(sizing, info=info), 1.0
+    floor_w = PLAUSIBLE_W[ROW][0]
+    held = np.zeros(len(rows), dtype=bool)
+    held_w = np.minimum(original, floor_w)  # a row held at the floor is never raised
+    while True:
+        room = pool - float(held_w[held].sum())
+        if held.all() and room >= 0:  # every row at the floor, and that fits
+            scaled = held_w.copy()
+            break
+        free_w = float(original[~held].sum())
+        if room <= 0 or free_w <= 0:
+            raise SizingError(
+                f"site {top.site!r}: the leaves of a tree of controllers may hold "
+                f"{pool:,.0f} W together (site budget_w {sized.budget_w[0]:,.0f} W less its "
+                f"overhead_w {sized.overhead_w[0]:,.0f} W / cap_threshold "
+                f"{sized.cap_threshold[0]:g}), too little for its {len(rows)} rows at the "
+                f"least budget a row may have ({floor_w:,.0f} W each): size the site larger "
+                "or run one controller for the site"
+            )
+        factor = min(1.0, room / free_w)
+        scaled = np.where(held, held_w, np.floor(original * factor))
+        for _ in range(64):  # float noise in original * factor: a few ulps at most
+            if float(scaled[~held].sum()) <= room:
+                break
+            factor = math.nextafter(factor, 0.0)
+            scaled = np.where(held, held_w, np.floor(original * factor))
+        low = ~held & (scaled < floor_w)
+        if not low.any():
+            break
+        held |= low
+    budget_w = np.asarray(sizing.budget_w, dtype=float).copy()
+    budget_w[rows] = scaled
+    table = sizing.table.copy()
+    index = {name: i for i, name in enumerate(table["name"])}
+    thresholds = np.asarray(top.cap_threshold, dtype=float)
+    for node in rows.tolist():
+        if budget_w[node] == sizing.budget_w[node]:
+            continue
+        i = index.get(top.names[node])
+        if i is None:
+            continue
+        at = table.index[i]
+        table.at[at, "budget_w"] = budget_w[node]
+        table.at[at, "bound"] = "leaf pool"
+        p_capping = math.nan  # unknown, rather than the sized budget's, without the draws
+        if node in sizing.row_samples:
+            sample, shift = sizing.row_samples[node]
+            p_capping = _exceed(sample, thresholds[node] * budget_w[node] - shift)
+        table.at[at, "p_capping"] = p_capping
+        table.at[at, "capping_s_per_day"] = p_capping * SECONDS_PER_DAY
+    after = float(budget_w[rows].sum())
+    tree_info.update(
+        factor=factor,
+        rows_budget_w=after,
+        rows_at_floor=[top.names[int(n)] for n in rows[held]],
+    )
+    info = {**sizing.info, "tree": tree_info}
+    return dataclasses.replace(sizing, budget_w=budget_w, table=table, info=info), factor
 
 
 def _sorted_aggregates(unique: np.ndarray, sample: np.ndarray):

@@ -11,14 +11,21 @@ period, slower than the leaves' cycle. Three pure functions:
     cannot command at what they are counted, every commandable GPU's minimum
     cap); by priority class, ``demand_w`` (commandable GPUs' predicted power
     above their minimum caps) and ``held_w`` (for GPUs held at their caps, the
-    caps' distance to the maximum, as far as their racks' and nodes' own bands let them
-    draw it: what they would draw more under a larger grant).
+    caps' distance to the maximum, as far as their racks' and nodes' own bands
+    would hand it back, up to their uncapping thresholds: what they would draw
+    more under a larger grant).
 
 ``allocate(leaves, site)``
     The grants, in *budget* watts: a leaf granted ``B`` caps above
     ``B * cap_threshold`` down to ``B * cap_target`` and hands back below
-    ``B * uncap_threshold`` (the site's fractions), so it *wants* ``B = want /
-    cap_target``. The rules:
+    ``B * uncap_threshold`` (the site's fractions). A leaf that draws ``W`` and
+    wants no more is asked for at ``W / cap_target`` (its target is what it
+    draws); watts its held GPUs want more are asked for at ``/ uncap_threshold``,
+    so that under the grant the leaf hands them back until it draws them. (Asked
+    at ``/ cap_target`` too, a leaf whose power settled between its uncapping
+    threshold and its target would hold GPUs below their demand for good, between
+    its bands, while the coordinator saw it granted all it wanted: found by
+    ``tests/fleet/test_tree_of_controllers.py``.) The rules:
 
     1. **Pool.** The grants of the leaves sum to at most ``pool_w`` (the site's
        budget less its own overhead at its threshold, ``powerd.topology.scope.
@@ -105,11 +112,13 @@ def summarise(
     held = ctl & (cap < cap_max - NEGLIGIBLE_W)
     held &= power >= cap - settings.stage_headroom_fraction * span
     gap = np.where(held, cap_max - cap, 0.0)
-    # only what the racks' and nodes' own bands let them draw: a grant cannot lift those
+    # only what the racks' and nodes' own bands let them be handed back (up to their
+    # uncapping thresholds): a grant cannot lift those bands
     for lvl in (SERVER, RACK):
         if not gap.any():
             break
-        room = np.maximum(tree.cap_target_w - tree.node_sum(predicted) - tree.overhead_below_w, 0)
+        drawn = tree.node_sum(predicted) + tree.overhead_below_w
+        room = np.maximum(tree.uncap_threshold_w - drawn, 0)
         asked = tree.node_sum(gap)
         factor = np.where(asked > room, room / np.where(asked > 0, asked, 1.0), 1.0)
         gap *= factor[tree.gpu_ancestor[lvl]]
@@ -133,6 +142,7 @@ class SitePool:
     pool_w: float  # what the leaves' budgets may sum to (leaf_pool_w)
     cap_threshold: float  # the site's band fractions, which every leaf's root uses
     cap_target: float
+    uncap_threshold: float
     ramp_w_per_s: float  # the site's ramp limit; inf: none
 
 
@@ -171,11 +181,13 @@ def allocate(leaves: Leaves, site: SitePool) -> Allocation:
     silent_reserve = np.where(~heard, np.maximum(leaves.budget_w, file_w), 0.0)
     reserved = float(silent_reserve.sum())
     ceiling = np.where(heard, np.asarray(leaves.limit_w, dtype=float) / site.cap_threshold, 0.0)
-    tgt = site.cap_target
+    tgt, unc = site.cap_target, site.uncap_threshold
     available = site.pool_w - reserved
 
     # rule 3: fixed watts, then each class, high first
-    fixed_need = np.minimum(np.where(heard, leaves.fixed_w / tgt, 0.0), ceiling)
+    held_any = np.asarray(leaves.held_w, dtype=float).sum(axis=1) > 0
+    per_w = np.where(held_any, 1.0 / unc, 1.0 / tgt)  # budget watts per watt drawn
+    fixed_need = np.minimum(np.where(heard, leaves.fixed_w * per_w, 0.0), ceiling)
     total_fixed = float(fixed_need.sum())
     if total_fixed > available:
         alloc = fixed_need * (max(available, 0.0) / total_fixed) if total_fixed > 0 else fixed_need
@@ -183,7 +195,7 @@ def allocate(leaves: Leaves, site: SitePool) -> Allocation:
     else:
         alloc = fixed_need.copy()
         available -= total_fixed
-    want = (np.asarray(leaves.demand_w, dtype=float) + leaves.held_w) / tgt
+    want = (np.asarray(leaves.demand_w, dtype=float) + leaves.held_w) * per_w[:, None]
     for rank in range(want.shape[1]):  # PRIORITIES order: high, normal, low
         request = np.where(heard, np.clip(np.minimum(want[:, rank], ceiling - alloc), 0, None), 0)
         total = float(request.sum())

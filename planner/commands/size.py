@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import textwrap
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -12,10 +14,12 @@ import pandas as pd
 
 from planner.commands.options import demand_options, placed_inputs
 from planner.output import column_mapping, emit, format_option, write_whole
+from policies.tree import ROW
+from powerd.topology import PLAUSIBLE_W
 
 if TYPE_CHECKING:
     from planner.mix import Mix, Placement
-    from planner.sizing import WorkloadTrace
+    from planner.sizing import Sizing, WorkloadTrace
     from powerd.topology import Topology
 
 HELP = """Size rack, row and site budgets and the failsafe caps from measured profiles.
@@ -43,6 +47,16 @@ Method (docs/PLANNER.md):
   tail over the top 5 %; never above all GPUs at their maximum cap;
 - the failsafe cap per GPU model is the largest at which every node, servers
   to the site, stays within its limit with all its GPUs at that cap.
+
+\b
+A tree of controllers (one leaf controller per row, a site coordinator): a
+leaf that hears no grant holds its rows' file budgets, so these must sum to
+at most site budget_w - site overhead_w / site cap_threshold, or a leaf
+controller refuses the file. Rows sized each for its own quantile usually sum
+above it; the output says whether the file fits. --tree scales every row's
+budget by one common factor (whole watts, rounded down) so they fit; racks
+and the site keep their sized budgets, and the coordinator grants rows more
+at run time, up to their limits.
 
 \b
 Non-GPU power: each term unset keeps the topology's overheads.
@@ -122,6 +136,47 @@ def _rack_summary(racks: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _tree_fit(top: Topology, sized: Sizing, factor: float | None) -> dict[str, object]:
+    """Whether the rows' budgets as written fit a tree of controllers' leaf pool: the
+    numbers, and a note for people ('the rows' budgets sum to ...: fits'). ``factor``:
+    what --tree scaled the rows by (None without --tree)."""
+    from planner.sizing import sized_topology
+    from powerd.topology.scope import leaf_pool_w, rows_budget_w, rows_within_site
+
+    written = sized_topology(top, sized)
+    total, pool = rows_budget_w(written), leaf_pool_w(written)
+    fits = rows_within_site(written) is None
+    fit = sized.info.get("tree", {})
+    at_floor = list(fit.get("rows_at_floor", [])) if isinstance(fit, dict) else []
+    sums = f"sum to {total / 1e3:,.1f} kW, the leaves may hold {pool / 1e3:,.1f} kW together"
+    refused = (
+        "does not fit: a leaf controller refuses this file "
+        "(powerplan size --tree sizes the rows within it)"
+    )
+    if factor is None:
+        note = f"the rows' budgets {sums}: {'fits' if fits else refused}"
+    elif factor == 1.0:
+        note = f"the rows' budgets {sums}: fits as sized (--tree: factor 1, no row scaled)"
+    else:
+        before = float(fit["rows_budget_w_sized"]) if isinstance(fit, dict) else math.nan
+        note = (
+            f"the rows' budgets, scaled by {factor:.6g} (--tree) from {before / 1e3:,.1f} kW as "
+            f"sized, {sums}: {'fits' if fits else 'does not fit'}; they are the leaves' "
+            "fallback, the coordinator grants rows more, up to their limits"
+        )
+        if at_floor:
+            least = f"{PLAUSIBLE_W[ROW][0]:,.0f} W"
+            note += f"; held at the least row budget ({least}): {', '.join(at_floor)}"
+    return {
+        "rows_budget_w": total,
+        "leaf_pool_w": pool,
+        "fits": fits,
+        "factor": factor,
+        "rows_at_floor": at_floor,
+        "note": note,
+    }
+
+
 def _write_agent_failsafe(output: Path, caps_w: dict[str, float]) -> list[Path]:
     """Beside the budgets file, the agents' [failsafe] section per GPU model: the budgets
     file is the one source of failsafe caps, and the agents must hold what it plans."""
@@ -167,6 +222,11 @@ def _write_agent_failsafe(output: Path, caps_w: dict[str, float]) -> list[Path]:
 @click.option("--network-fraction", type=click.FloatRange(0, 0.9), default=None)
 @click.option("--cooling-fraction", type=click.FloatRange(0, 5), default=None)
 @click.option("--summer-rise", type=click.FloatRange(0, 5), default=None)
+@click.option(
+    "--tree",
+    is_flag=True,
+    help="Size the rows for a tree of controllers: scale their budgets to fit the leaf pool.",
+)
 @format_option()
 def command(
     topology: Path,
@@ -185,11 +245,12 @@ def command(
     summer_rise: float | None,
     column_pairs: tuple[str, ...],
     workload: str | None,
+    tree: bool,
     fmt: str,
 ) -> None:
     from planner.budgets_toml import budgets_toml
     from planner.errors import ProfileError
-    from planner.sizing import SizingError, SizingSettings, size
+    from planner.sizing import SizingError, SizingSettings, fit_rows_to_leaf_pool, size
     from planner.terms import NonGpuTerms, load_terms
     from powerd.topology import BudgetError
 
@@ -213,12 +274,17 @@ def command(
     )
     try:
         sized = size(inputs.top, inputs.placement, inputs.traces, terms, settings)
+        factor = None
+        if tree:
+            sized, factor = fit_rows_to_leaf_pool(inputs.top, sized)
+        tree_doc = _tree_fit(inputs.top, sized, factor)
         header = [
             f"powerd budgets file written by `powerplan size` from {topology},",
             f"mix {mix_path}, profiles {_names(profiles)}.",
             f"Racks, rows and the site are sized for p{quantile * 100:g} of their demand"
             f" ({sized.info['samples_per_node']:,} samples per node, seed {seed});",
             "failsafe caps keep every node within its limit. Method: docs/PLANNER.md.",
+            *textwrap.wrap(f"Tree of controllers: {tree_doc['note']}.", width=86),
             "",
         ]
         text = budgets_toml(inputs.top, sized, header)
@@ -241,9 +307,12 @@ def command(
         "output": str(output),
         "failsafe_cap_w": sized.failsafe_cap_w,
         "agent_configs": [str(p) for p in agent_configs],
-        **{k: v for k, v in sized.info.items()},
+        **{k: v for k, v in sized.info.items() if k != "tree"},
         "terms": terms.describe(),
+        "tree_of_controllers": tree_doc["note"],
     }
+    if fmt == "json":
+        extra["tree"] = {k: v for k, v in tree_doc.items() if k != "note"}
     if fmt == "table":
         upper = table[table["level"] != "rack"]
         racks = table[table["level"] == "rack"]

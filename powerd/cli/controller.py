@@ -10,23 +10,19 @@ import click
 
 from powerd.cli.options import (
     broker_option,
+    budgets_option,
     cluster_option,
     config_option,
     log_level_option,
     setup_logging,
+    signing_key_option,
 )
 from powerd.configfile import ConfigError
 
 
 @click.command("controller")
 @config_option("Controller config file (TOML). Without it: defaults (broker mqtt://localhost).")
-@click.option(
-    "--budgets",
-    "budgets_path",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Budget tree (TOML, docs/BUDGETS.md): site, rows, racks, nodes and their budgets.",
-)
+@budgets_option("Budget tree (TOML, docs/BUDGETS.md): site, rows, racks, nodes and their budgets.")
 @broker_option()
 @cluster_option()
 @click.option("--name", help="This controller's name [default: short hostname].")
@@ -44,11 +40,9 @@ from powerd.configfile import ConfigError
     metavar="URL|FILE",
     help="Record telemetry: influx+http://HOST:PORT?org=O&bucket=B, or a line-protocol file.",
 )
-@click.option(
-    "--signing-key",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The controller role's private key (PEM; `powerd keys generate`): every command and "
-    "heartbeat is signed with it. Replaces trust.signing_key.",
+@signing_key_option(
+    "The controller role's private key (PEM; `powerd keys generate`): every command and "
+    "heartbeat is signed with it. Replaces trust.signing_key."
 )
 @click.option(
     "--coordinator-key",

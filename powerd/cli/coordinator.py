@@ -9,23 +9,19 @@ import click
 
 from powerd.cli.options import (
     broker_option,
+    budgets_option,
     cluster_option,
     config_option,
     log_level_option,
     setup_logging,
+    signing_key_option,
 )
 from powerd.configfile import ConfigError
 
 
 @click.command("coordinator")
 @config_option("Coordinator config file (TOML). Without it: defaults (broker mqtt://localhost).")
-@click.option(
-    "--budgets",
-    "budgets_path",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The site's budgets file (TOML, docs/BUDGETS.md), the one the leaves load.",
-)
+@budgets_option("The site's budgets file (TOML, docs/BUDGETS.md), the one the leaves load.")
 @broker_option()
 @cluster_option()
 @click.option("--name", help="This coordinator's name [default: short hostname].")
@@ -45,11 +41,9 @@ from powerd.configfile import ConfigError
     help="A standby leads once the leader is silent this long [default: 8]; with a period, "
     "under --grant-ttl-s.",
 )
-@click.option(
-    "--signing-key",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The coordinator's private key (PEM; `powerd keys generate`): grants and heartbeats "
-    "are signed with it. Replaces trust.signing_key.",
+@signing_key_option(
+    "The coordinator's private key (PEM; `powerd keys generate`): grants and heartbeats "
+    "are signed with it. Replaces trust.signing_key."
 )
 @click.option(
     "--trust",

@@ -51,6 +51,22 @@ def broker_option() -> Decorator:
     )
 
 
+def budgets_option(help: str) -> Decorator:
+    """--budgets FILE (required), passed as ``budgets_path``."""
+    return click.option(
+        "--budgets",
+        "budgets_path",
+        required=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help=help,
+    )
+
+
+def signing_key_option(help: str) -> Decorator:
+    """--signing-key FILE: the role's private key (PEM)."""
+    return click.option("--signing-key", type=click.Path(dir_okay=False, path_type=Path), help=help)
+
+
 def cluster_option() -> Decorator:
     """--cluster NAME, overriding the config file's."""
     return click.option("--cluster", help="Cluster name, the topic prefix is powerd/v1/CLUSTER.")

@@ -88,6 +88,7 @@ class CoordinatorCore:
             pool_w=leaf_pool_w(topology),
             cap_threshold=float(topology.cap_threshold[0]),
             cap_target=float(topology.cap_target[0]),
+            uncap_threshold=float(topology.uncap_threshold[0]),
             ramp_w_per_s=float(topology.ramp_w_per_s[0]),
         )
         self.site_overhead_w = float(topology.overhead_w[0])

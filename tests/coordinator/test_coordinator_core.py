@@ -64,12 +64,13 @@ def test_high_priority_rows_take_watts_from_low_priority_rows():
     clocks = ManualClock()
     core = make_core(clocks)
     # every row wants 9 kW above its 2.6 kW of floors: r1 for a high-priority job, r2 for
-    # a normal one, r3 for a low one; 3 x 11.6 kW at target 0.95 is more than the 36 kW pool
+    # a normal one, r3 for a low one; 3 x 11.6 kW at target 0.95 is more than the 36 kW
+    # pool
     assert core.on_summary(summary(clocks, "r1", 9000.0, 0.0))
     assert core.on_summary(summary(clocks, "r2", 0.0, 0.0, demand_w=[0.0, 9000.0, 0.0]))
     assert core.on_summary(summary(clocks, "r3", 0.0, 9000.0))
     wanted = core.period().allocation.wanted_w
-    full = 11_600 / 0.95
+    full = 11_600 / 0.95  # nothing held: what each draws, at its target
     assert wanted[:2] == pytest.approx([full, full])  # high and normal in full
     assert wanted[2] == pytest.approx(36_000 - 2 * full)  # low: what is left
 

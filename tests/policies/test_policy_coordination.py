@@ -1,7 +1,9 @@
 """policies.coordination: the coordinator's allocation, by hand-computed cases and properties.
 
-Hand-computed cases use a site whose bands are easy to divide by: cap target
-0.5 and threshold 1.0 (a leaf that wants W is granted 2 W of budget).
+Hand-computed cases use a site whose bands are easy to divide by: target 0.5
+(a leaf that draws W and wants no more is granted 2 W of budget), uncapping
+threshold 0.4 (a leaf with held GPUs is granted 2.5 W per watt it wants),
+threshold 1.0.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import ClusterState, decide
+from policies import ClusterState, PolicySettings, decide
 from policies.coordination import (
     RAMP_BASE_FRACTION,
     Leaves,
@@ -26,7 +28,9 @@ from powerd.topology.scope import parse_scope, scoped
 from tests.support.tree_sites import three_rows
 
 TOL_W = 1e-6
-SITE = SitePool(pool_w=300.0, cap_threshold=1.0, cap_target=0.5, ramp_w_per_s=float("inf"))
+SITE = SitePool(
+    pool_w=300.0, cap_threshold=1.0, cap_target=0.5, uncap_threshold=0.4, ramp_w_per_s=float("inf")
+)
 
 
 def leaves(
@@ -88,30 +92,57 @@ def test_a_class_that_does_not_fit_is_shared_in_proportion():
 def test_a_mixed_row_loses_its_low_watts_before_another_row_loses_normal_watts():
     got = allocate(
         leaves([0, 0], [[0, 50, 100], [0, 100, 0]], budget=[150, 150]),
-        SitePool(pool_w=300.0, cap_threshold=1.0, cap_target=1.0, ramp_w_per_s=np.inf),
+        SitePool(
+            pool_w=300.0,
+            cap_threshold=1.0,
+            cap_target=1.0,
+            uncap_threshold=1.0,
+            ramp_w_per_s=np.inf,
+        ),
     )
     # normal: 50 + 100 = 150 fit; 150 left for the low 100: all of it; then spare by file
     assert got.wanted_w[1] >= 100 - TOL_W
     got = allocate(
         leaves([0, 0], [[0, 50, 200], [0, 100, 0]], budget=[150, 150]),
-        SitePool(pool_w=250.0, cap_threshold=1.0, cap_target=1.0, ramp_w_per_s=np.inf),
+        SitePool(
+            pool_w=250.0,
+            cap_threshold=1.0,
+            cap_target=1.0,
+            uncap_threshold=1.0,
+            ramp_w_per_s=np.inf,
+        ),
     )
     assert got.wanted_w == pytest.approx([50 + 100, 100])  # low gets what normal left
 
 
-def test_held_watts_count_as_wanted():
+def test_held_watts_count_as_wanted_at_the_uncapping_threshold():
+    # leaf 0: fixed 10 W, draws 10 W more, and its held GPUs want 50 W more: everything it
+    # asks is at 0.4 (25 W fixed, 150 W for high) so that under the grant it hands back
+    # until it draws them; leaf 1 holds nothing: 20 W fixed, its low 20 W at 0.5
     got = allocate(
-        leaves([10, 10], [[10, 0, 0], [0, 0, 10]], held=[[50, 0, 0], [0, 0, 50]]),
-        SitePool(pool_w=160.0, cap_threshold=1.0, cap_target=0.5, ramp_w_per_s=np.inf),
+        leaves([10, 10], [[10, 0, 0], [0, 0, 10]], held=[[50, 0, 0], [0, 0, 0]]),
+        SitePool(
+            pool_w=160.0,
+            cap_threshold=1.0,
+            cap_target=0.5,
+            uncap_threshold=0.4,
+            ramp_w_per_s=np.inf,
+        ),
     )
-    # budget 20 fixed each, then high 120 (of 160 - 40 = 120 left): all; low nothing
-    assert got.wanted_w == pytest.approx([140, 20])
+    # 160 - 45 fixed = 115 left for high's 150: all of it; nothing for low
+    assert got.wanted_w == pytest.approx([25 + 115, 20])
 
 
 def test_no_leaf_is_granted_past_its_breakers():
     got = allocate(
         leaves([10, 10], [[500, 0, 0], [0, 0, 10]], limit=[90, 1000]),
-        SitePool(pool_w=1000.0, cap_threshold=0.9, cap_target=0.5, ramp_w_per_s=np.inf),
+        SitePool(
+            pool_w=1000.0,
+            cap_threshold=0.9,
+            cap_target=0.5,
+            uncap_threshold=0.4,
+            ramp_w_per_s=np.inf,
+        ),
     )
     assert got.wanted_w[0] == pytest.approx(100.0)  # 90 W limit / 0.9 threshold
 
@@ -147,11 +178,13 @@ def test_a_silent_leaf_is_reserved_the_larger_of_its_last_budget_and_its_file_bu
 
 
 def test_ramp_shares_sum_to_the_site_ramp_and_follow_room_to_rise():
-    site = SitePool(pool_w=300.0, cap_threshold=1.0, cap_target=0.5, ramp_w_per_s=1000.0)
+    site = SitePool(
+        pool_w=300.0, cap_threshold=1.0, cap_target=0.5, uncap_threshold=0.4, ramp_w_per_s=1000.0
+    )
     got = allocate(leaves([10, 10], [[50, 0, 0], [0, 0, 0]], budget=[150, 150]), site)
     assert got.ramp_w_per_s.sum() == pytest.approx(1000.0)
     assert np.all(got.ramp_w_per_s > 0)  # every leaf keeps some ramp
-    room = np.maximum(got.budget_w * 0.5 - np.array([60.0, 10.0]), 0)
+    room = np.maximum(got.budget_w * 0.5 - np.array([60.0, 10.0]), 0)  # at target
     weight = room + RAMP_BASE_FRACTION * 100 * 0.5
     assert got.ramp_w_per_s == pytest.approx(1000.0 * weight / weight.sum())
 
@@ -187,7 +220,9 @@ def test_budgets_in_force_never_exceed_the_pool_whatever_order_grants_land(data,
         file_budget_w=np.array(file_w),
         limit_w=np.full(len(fixed), 1e6),
     )
-    site = SitePool(pool_w=pool, cap_threshold=0.98, cap_target=0.95, ramp_w_per_s=5000.0)
+    site = SitePool(
+        pool_w=pool, cap_threshold=0.98, cap_target=0.95, uncap_threshold=0.90, ramp_w_per_s=5000.0
+    )
     got = allocate(state, site)
     heard_mask, silent = state.heard, ~state.heard
     # make before break: heard leaves at whichever of their old and new budgets is higher
@@ -197,7 +232,7 @@ def test_budgets_in_force_never_exceed_the_pool_whatever_order_grants_land(data,
     # once landed, with every silent leaf at the larger of its budget and its file budget
     # (it may fall back to either), whenever the heard leaves' fixed watts fit beside them
     reserve = np.where(silent, np.maximum(old, file_w), 0.0).sum()
-    if reserve + np.sum(np.where(heard_mask, fixed, 0.0)) / 0.95 <= pool:
+    if reserve + np.sum(np.where(heard_mask, fixed, 0.0)) / 0.90 <= pool:
         landed = np.where(heard_mask, got.budget_w, 0.0).sum() + reserve
         assert landed <= pool * (1 + 1e-9) + TOL_W
     assert np.all(got.budget_w >= 0)
@@ -223,24 +258,32 @@ def test_with_root_budget_moves_the_root_and_its_rows_never_past_a_breaker():
 def test_summarise_splits_the_scope_by_class_and_counts_held_gpus():
     topology = scoped(parse_budgets(three_rows()), parse_scope("r1"))
     tree = topology.tree
-    n = tree.n_gpus  # 8 H100 (200-700 W), 2 nodes
+    n = tree.n_gpus  # 8 H100 (200-700 W) on 2 nodes: high on the first, low on the second
     priority = np.array([HIGH] * 4 + [LOW] * 4, dtype=np.int8)
     state = ClusterState(
-        power_w=np.full(n, 650.0),
-        cap_w=np.array([700.0] * 4 + [660.0] * 4),
+        power_w=np.array([650.0] * 4 + [500.0] * 4),
+        cap_w=np.array([700.0] * 4 + [510.0] * 4),
         priority=priority,
         floor_w=tree.cap_min_w.copy(),
         phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
         controllable=np.ones(n, dtype=bool),
     )
-    decision = decide(tree, state, 1.0)
-    leaf = summarise(tree, state, decision)
+    slow = PolicySettings(uncap_step_fraction=0.01, uncap_min_step_w=0.0)  # caps barely rise
+    decision = decide(tree, state, 1.0, slow)
+    leaf = summarise(tree, state, decision, slow)
     assert leaf.fixed_w == pytest.approx(2 * 500 + 8 * 200)
     predicted = np.minimum(state.power_w, decision.cap_w)
     assert leaf.demand_w[0] == pytest.approx(float((predicted[:4] - 200).sum()))
     assert leaf.demand_w[1] == 0.0
     assert leaf.demand_w[2] == pytest.approx(float((predicted[4:] - 200).sum()))
     assert leaf.held_w[0] == 0.0  # high GPUs at their maximum: nothing held
-    assert leaf.held_w[2] > 0.0  # low GPUs at 650 W of a 660 W cap: held
+    # low GPUs at 500 W of a 510 W cap are held; they could have 4 x 190 W more, but their
+    # node hands back only up to its uncapping threshold
+    node = tree.server_nodes[1]
+    node_w = float(predicted[4:].sum()) + tree.overhead_w[node]
+    room = tree.uncap_threshold_w[node] - node_w
+    assert 0 < room < 4 * 190
+    cap = decision.cap_w[4:]
+    assert leaf.held_w[2] == pytest.approx(min(float((700 - cap).sum()), room))
     assert leaf.measured_w == pytest.approx(decision.node_power_w[0])
     assert NORMAL == 1 and LOW == 0
