@@ -41,6 +41,7 @@ _TIMING_KEYS = (
     "epoch_discovery_s",
     "infer_window_s",
     "agent_failsafe_after_s",
+    "summary_every_s",
 )
 
 
@@ -104,6 +105,9 @@ class ControllerConfig:
     # A leaf of a tree of controllers: "ROW" or "NAME:ROW,ROW,..." of the budgets file
     # (powerd.topology.scope); None: one controller for the whole site.
     scope: str | None = None
+    # a leaf's summary to the coordinator after a cycle, at most this often (an early cycle
+    # sends none sooner): the coordinator reads them every period (5 s by default)
+    summary_every_s: float = 1.0
     source: str = "<defaults>"
 
     def parsed_scope(self) -> Scope | None:
@@ -290,6 +294,11 @@ def validate(config: ControllerConfig, where: str) -> None:
         )
     if not 0 <= config.epoch_discovery_s <= 30:
         raise ConfigError(f"{where}: controller.epoch_discovery_s must be in [0, 30] s")
+    if not 0.05 <= config.summary_every_s <= 600:
+        raise ConfigError(
+            f"{where}: controller.summary_every_s must be in [0.05, 600] s (keep it under half "
+            "the coordinator's period_s)"
+        )
     if not 0 < config.agent_failsafe_after_s <= 86400:
         raise ConfigError(f"{where}: controller.agent_failsafe_after_s must be in (0, 86400] s")
     if not 2 * config.cycle_s <= config.infer_window_s <= 3600:

@@ -92,12 +92,14 @@ class ControllerService:
         nodes = core.tree.server_names
         subscriptions = [(t.heartbeat, 1), (t.all_phases, 1), (t.all_owned_phases, 1)]
         telemetry_filters: str | list[str] = t.all_telemetry
+        self.telemetry_what = t.all_telemetry  # for people: what the subscription is
         if leaf is None:
             subscriptions += [(t.all_acks, 1), (t.all_status, 1)]
         else:  # its own nodes only: the broker does not send it the rest of the site
             subscriptions += [(t.grant(leaf.scope), 1)]
             subscriptions += [(t.ack(n), 1) for n in nodes] + [(t.status(n), 1) for n in nodes]
             telemetry_filters = [t.telemetry(n) for n in nodes]
+            self.telemetry_what = f"the telemetry of its {len(nodes)} nodes (scope {leaf.scope})"
         self.control = MqttLink(
             config.broker, client_id, subscriptions, self._on_control_message, monotonic=monotonic
         )
@@ -110,6 +112,7 @@ class ControllerService:
             monotonic=monotonic,
         )
         self._summary_seq = 0
+        self._summary_at = -math.inf  # monotonic time of the last summary
         self.ingest_period_s = min(INGEST_PERIOD_S, config.cycle_s / 4)
         self._counted = (0, 0)  # the inbox's received and replaced, as last counted
         self._ingest_allowance_s = 0.0  # decode time left in the budget's bucket
@@ -212,7 +215,7 @@ class ControllerService:
     async def _telemetry_session(self, connected: Callable[[], None]) -> None:
         await self.telemetry.connect()
         connected()
-        log.info("telemetry connection up: %s", self.topics.all_telemetry)
+        log.info("telemetry connection up: %s", self.telemetry_what)
         why = await self.telemetry.run()
         log.warning("telemetry connection lost (%s): nodes look stale after %g s",
                     why, self.config.stale_after_s)  # fmt: skip
@@ -315,7 +318,7 @@ class ControllerService:
                     "no telemetry for %.0f s on a live telemetry connection: are the agents up, "
                     "and may this login read %s (broker ACL)?",
                     now - heard_at,
-                    self.topics.all_telemetry,
+                    self.telemetry_what,
                 )
 
     def _ingest(self) -> None:
@@ -373,7 +376,9 @@ class ControllerService:
         for node, command in result.commands:
             topic = command_topic(node)
             link.publish(topic, sign(topic, encode(command)), qos=1)
-        if self.leaf is not None and result.state is not None:
+        summary_due = now - self._summary_at >= 0.999 * self.config.summary_every_s
+        if self.leaf is not None and result.state is not None and summary_due:
+            self._summary_at = now
             self._summarise(link, result, now)
         if self.recorder is not None and self.records is not None:
             # its points after the loop has read the sockets again (~3,000 lines at site
