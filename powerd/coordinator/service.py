@@ -71,6 +71,7 @@ class CoordinatorService:
     async def run(self, stop: asyncio.Event) -> None:
         connection = asyncio.create_task(self._connection_loop(), name="connection")
         stopper = asyncio.create_task(stop.wait(), name="stop")
+        watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
         self.notifier.ready(f"coordinator of {len(self.core.specs)} leaves, connecting")
         try:
             done, _ = await asyncio.wait({connection, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -79,11 +80,18 @@ class CoordinatorService:
         finally:
             self.notifier.stopping()
             self._stopping = True
-            await cancel_until_done({stopper}, log)
+            await cancel_until_done({stopper, watchdog}, log)
             await self._step_down_on_exit()
             await cancel_until_done({connection}, log)
             self.link.close()
             log.info("coordinator stopped")
+
+    async def _watchdog(self) -> None:
+        """systemd watchdog pings from the event loop, broker or not (WatchdogSec=30s): a
+        coordinator waiting for its broker is alive; a hung loop is restarted."""
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(min(self.config.heartbeat_s, 5.0))
 
     async def _connection_loop(self) -> None:
         await keep_connected(
@@ -122,7 +130,6 @@ class CoordinatorService:
         # (a standby heartbeat, awaited) on this very link before it cancels us.
         while not link.lost.done():
             now = loop.time()
-            self.notifier.watchdog()
             if not self._stopping and self.leadership.should_lead(self._monotonic()):
                 self.core.new_epoch(self.leadership.take_over(floor=int(self._wall() * 1000)))
                 self.leading.set()

@@ -19,8 +19,9 @@ from powerd.coordinator.service import CoordinatorService
 from powerd.mqtt_url import parse_broker_url
 from powerd.protocol import Grant, Heartbeat, Summary, Topics, encode
 from powerd.signing import Signer, Verifier
+from powerd.systemd import SystemdNotifier
 from powerd.topology import parse_budgets
-from tests.support.brokers import Mosquitto, MqttProbe
+from tests.support.brokers import Mosquitto, MqttProbe, free_port
 from tests.support.controller_harness import until
 from tests.support.keys import SIGNER, STRANGER, key_files
 from tests.support.tree_sites import three_rows
@@ -145,3 +146,42 @@ async def test_a_standby_coordinator_takes_over_with_a_higher_epoch(mosquitto, t
         finally:
             if not stopped:
                 await leader_context.__aexit__(None, None, None)
+
+
+class CountingNotifier(SystemdNotifier):
+    """Counts watchdog pings; wakes the test at the second."""
+
+    def __init__(self) -> None:
+        super().__init__(socket_path="")
+        self.pings = 0
+        self.pinged_twice = asyncio.Event()
+
+    def watchdog(self) -> None:
+        self.pings += 1
+        if self.pings >= 2:
+            self.pinged_twice.set()
+
+
+@pytest.mark.asyncio
+async def test_the_watchdog_is_pinged_while_the_broker_is_down(tmp_path):
+    down = replace(
+        parse_broker_url(f"mqtt://127.0.0.1:{free_port()}"),
+        reconnect_min_s=0.05,
+        reconnect_max_s=0.2,
+    )
+    _, leaf_pub = key_files(tmp_path)
+    cfg = CoordinatorConfig(
+        name="co-a", cluster=CLUSTER, period_s=0.2, grant_ttl_s=2.0, heartbeat_s=0.05,
+        takeover_after_s=1.0, broker=down, controller_keys=(str(leaf_pub),),
+    )  # fmt: skip
+    notifier = CountingNotifier()
+    core = build_coordinator(cfg, parse_budgets(three_rows()), signer=COORDINATOR_KEY).core
+    service = CoordinatorService(cfg, core, signer=COORDINATOR_KEY, notifier=notifier)
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    try:
+        await asyncio.wait_for(notifier.pinged_twice.wait(), 10)
+        assert not service.stats.up.is_set()  # never connected: pings come all the same
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
