@@ -90,3 +90,22 @@ def test_the_leaves_budgets_in_force_never_exceed_the_pool(replays):
     assert np.all(tree.budget_w.sum(axis=1) <= 66_000.0 + 1e-6)
     low, high = tree.budget_w[-1, 2], tree.budget_w[-1, 0]
     assert low < high
+
+
+def test_the_sum_of_caps_under_the_site_rises_within_its_ramp_in_both():
+    # the site's ramp cut to 1 kW/s, so that it binds as the GPUs climb from their
+    # failsafe caps (450 W): the leaves' ramp shares sum to it, as one controller's
+    slow = "ramp_kw_per_s = 1\n"
+    tree_site = parse_budgets(TEXT.replace("ramp_kw_per_s = 30\n", slow))
+    one_site = parse_budgets(
+        TEXT.replace("budget_kw = 22", "budget_kw = 30").replace("ramp_kw_per_s = 30\n", slow)
+    )
+    assert tree_site.tree.ramp_w_per_s[SITE] == 1000.0
+    demand, priority = trace()
+    one = replay_single(one_site, demand, priority)
+    scopes = [parse_scope(r) for r in tree_site.rows]
+    tree = replay_tree(tree_site, scopes, demand, priority, period_steps=5)
+    for replay in (one, tree):
+        rise = np.diff(replay.cap_w.sum(axis=1))
+        assert rise.max() <= 1000.0 + 1e-6
+        assert rise.max() > 500.0  # it did rise, at the ramp's pace
