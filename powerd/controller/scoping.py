@@ -64,6 +64,14 @@ class LeafGrants:
         self._tree_key: tuple[float, float] | None = None
         self._tree = self.base_tree
 
+    def rebased(self, topology: Topology) -> LeafGrants:
+        """These grants over a reloaded scoped budgets file (its file budget, limits and
+        bands may have changed): the grant in force stays in force."""
+        moved = LeafGrants(self.scope, topology)
+        moved.grant, moved.received_mono = self.grant, self.received_mono
+        moved.grants_taken, moved.grants_refused = self.grants_taken, self.grants_refused
+        return moved
+
     def on_grant(self, grant: Grant, now_mono: float, wall: float) -> str | None:
         """Take a verified grant for this scope; why it was refused, or None if taken."""
         why = self._refusal(grant, wall)

@@ -35,6 +35,7 @@ from powerd.controller.core import ControllerCore, CycleResult
 from powerd.controller.inbox import TelemetryInbox
 from powerd.controller.leadership import Leadership
 from powerd.controller.records import Records
+from powerd.controller.reload import changes, refusal
 from powerd.controller.scoping import LeafGrants
 from powerd.heartbeat import signed_heartbeat, step_down_on_exit
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
@@ -45,6 +46,7 @@ from powerd.ratelimit import LogOncePer
 from powerd.recorder import Recorder
 from powerd.signing import Signer
 from powerd.systemd import SystemdNotifier
+from powerd.topology import Topology
 from powerd.vocabulary import ControllerState
 
 log = logging.getLogger("powerd.controller")
@@ -67,11 +69,14 @@ class ControllerService:
         notifier: SystemdNotifier | None = None,
         signer: Signer | None = None,
         leaf: LeafGrants | None = None,
+        topology: Topology | None = None,
     ) -> None:
         """``signer``: the role's key; by default loaded from ``config.signing_key``.
-        ``leaf``: a scoped controller's grants (a leaf of a tree of controllers)."""
+        ``leaf``: a scoped controller's grants (a leaf of a tree of controllers).
+        ``topology``: the budgets ``core.tree`` came from (what ``reload`` compares with)."""
         self.config = config
         self.leaf = leaf
+        self.topology = topology
         self.signer = signer if signer is not None else config.signer()
         self.verifier = config.verifier(self.signer)  # whose heartbeats count
         self.grant_verifier = config.grant_verifier()  # whose grants count (a leaf's)
@@ -112,6 +117,7 @@ class ControllerService:
             monotonic=monotonic,
         )
         self._summary_seq = 0
+        self.reloads = 0  # budgets files put in force at run time (SIGHUP)
         self._summary_at = -math.inf  # monotonic time of the last summary
         self.ingest_period_s = min(INGEST_PERIOD_S, config.cycle_s / 4)
         self._counted = (0, 0)  # the inbox's received and replaced, as last counted
@@ -385,6 +391,29 @@ class ControllerService:
             # scale, tens of ms): the broker's queue for us does not fill meanwhile
             asyncio.get_running_loop().call_soon(self._record_cycle, result, self._wall())
         self.cycles = [*self.cycles[-59:], result]
+
+    def reload(self, new: Topology) -> str | None:
+        """Put a reloaded budgets file (already loaded and checked, scoped for a leaf) in
+        force from the next cycle on; why not, if it cannot be (powerd.controller.reload):
+        then the running budgets stay, and the log says why."""
+        if self.topology is None:
+            return "this controller was built without its budgets (no reload)"
+        why = refusal(self.topology, new)
+        if why is not None:
+            log.error("budgets reload refused: %s; the running budgets stay in force", why)
+            return why
+        lines = changes(self.topology, new)
+        self.topology = new
+        if self.leaf is not None:  # its file budget may have changed; a live grant stays
+            self.leaf = self.leaf.rebased(new)
+            self.core.tree = self.leaf.tree_for(self._monotonic())
+        else:
+            self.core.tree = new.tree
+        self.reloads += 1
+        log.warning(
+            "budgets reloaded (%s): %s", new.source, "; ".join(lines) or "no number changed"
+        )
+        return None
 
     def _summarise(self, link: MqttLink, result: CycleResult, now: float) -> None:
         """The leaf's summary for the coordinator, signed and retained (a coordinator that

@@ -80,3 +80,14 @@ def test_the_tree_follows_what_is_in_force_and_is_rebuilt_only_on_change():
     assert granted.ramp_w_per_s[0] == 500.0
     assert grants.tree_for(3.0) is granted
     assert grants.tree_for(100.0).budget_w[0] == 12_000.0
+
+
+def test_a_reloaded_file_keeps_the_live_grant_and_takes_the_new_file_budget():
+    grants = leaf()
+    grants.on_grant(grant(13_000.0), 0.0, WALL)
+    lower = three_rows().replace("budget_kw = 12", "budget_kw = 11", 1)
+    moved = grants.rebased(scoped(parse_budgets(lower), parse_scope("r1")))
+    assert moved.file_budget_w == 11_000.0
+    assert moved.in_force(1.0).budget_w == 13_000.0  # the grant stays in force
+    assert moved.in_force(10.5).budget_w == 11_000.0  # expiring: min(grant, the new file)
+    assert moved.grants_taken == 1
