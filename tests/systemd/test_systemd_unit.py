@@ -58,6 +58,7 @@ def test_controller_unit_verifies(tmp_path: Path):
     )
     # the root-only key reaches the dynamic user as a credential of this service alone
     assert "LoadCredential=signing-key:/etc/x/k.key" in text
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in text  # `systemctl reload`: SIGHUP
     for line in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "DynamicUser=yes"):
         assert line in text
 
