@@ -323,6 +323,32 @@ class Grant(_Payload):
     ramp_w_per_s: Annotated[float, Meta(gt=0)] | None = None
 
 
+# --- site limit: an operator's (or the utility's) temporary cap on the site ---------------
+
+
+class SiteLimit(_Payload):
+    """A temporary limit on the site's power (demand response: "120 MW for 15 minutes,
+    starting now"), signed by an operator key, retained. The controller (or, in a tree,
+    the coordinator) brings the site under ``limit_w`` no faster than the site's ramp-down
+    limit, holds it there from ``starts_ts`` until ``expires_ts`` (wall clock), then hands
+    the file's budget back. ``limit_w`` null clears any limit. The newest by ``(ts, seq)``
+    wins."""
+
+    v: Version
+    operator: Name
+    seq: NonNegInt
+    ts: float
+    limit_w: PositiveW | None
+    starts_ts: float
+    expires_ts: float
+    reason: Annotated[str, Meta(max_length=200)] = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.expires_ts <= self.starts_ts:
+            raise ValueError("expires_ts must be after starts_ts")
+
+
 def _can_hold_float(info: msgspec.inspect.Type) -> bool:
     if isinstance(info, msgspec.inspect.FloatType):
         return True
@@ -356,6 +382,7 @@ _name_float_fields(
     Heartbeat,
     Summary,
     Grant,
+    SiteLimit,
 )
 
 
@@ -450,6 +477,11 @@ class Topics:
         return f"{self.prefix}/coordinator/heartbeat"
 
     @property
+    def site_limit(self) -> str:
+        """An operator's temporary site limit (retained, signed): ``SiteLimit``."""
+        return f"{self.prefix}/operator/site-limit"
+
+    @property
     def all_summaries(self) -> str:
         return f"{self.prefix}/scopes/+/summary"
 
@@ -489,8 +521,9 @@ class Topics:
         """Split a topic of this cluster into (kind, name).
 
         kind is one of telemetry, command, ack, status, phase, heartbeat, summary,
-        grant, coordinator; name is the node, job or scope (None for the site
-        controller's heartbeat and the coordinator's). Raises ProtocolError otherwise.
+        grant, coordinator, site_limit; name is the node, job or scope (None for the
+        site controller's heartbeat, the coordinator's and the site limit). Raises
+        ProtocolError otherwise.
         """
         head = self.prefix + "/"
         if not topic.startswith(head):
@@ -500,6 +533,8 @@ class Topics:
             return "heartbeat", None
         if parts == ["coordinator", "heartbeat"]:
             return "coordinator", None
+        if parts == ["operator", "site-limit"]:
+            return "site_limit", None
         if len(parts) == 3 and parts[0] == "scopes" and parts[2] in _SCOPE_KINDS:
             return parts[2], check_name(parts[1], "scope")
         if len(parts) == 3 and parts[0] == "nodes" and parts[2] in _NODE_KINDS:
@@ -525,13 +560,13 @@ def check_name(name: str, what: str) -> str:
 
 # --- encoding and decoding ----------------------------------------------------
 
-Message = Telemetry | Command | Ack | Status | PhaseEvent | Heartbeat | Summary | Grant
-M = TypeVar("M", Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat, Summary, Grant)
+Message = Telemetry | Command | Ack | Status | PhaseEvent | Heartbeat | Summary | Grant | SiteLimit
+M = TypeVar("M", Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat, Summary, Grant, SiteLimit)
 
 _ENCODER = msgspec.json.Encoder()
 _DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
     cls: msgspec.json.Decoder(cls)
-    for cls in (Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat, Summary, Grant)
+    for cls in (Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat, Summary, Grant, SiteLimit)
 }
 _NAME_FIELD: dict[type, str] = {
     Telemetry: "node",

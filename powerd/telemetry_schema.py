@@ -319,6 +319,12 @@ DECISION = Measurement(
         Field("epoch", INT, "count", "controller epoch (grows at every failover)"),
         Field("gpus_capped", INT, "count", "GPUs with cap < cap_max after the cycle"),
         Field("site_ramp_w_per_s", FLOAT, "W/s", "rate of change of the site's cap sum"),
+        Field(
+            "site_limit_w",
+            FLOAT,
+            "W",
+            "an operator's temporary site limit in force (demand response); absent: none",
+        ),
         Field("telemetry_received", INT, "count", "telemetry messages received this cycle"),
         Field(
             "telemetry_dropped",

@@ -20,6 +20,7 @@ from powerd.cli.demo import command as demo_command
 from powerd.cli.fleet import command as fleet_command
 from powerd.cli.gpus import command as gpus_command
 from powerd.cli.keys import group as keys_group
+from powerd.cli.limit import group as limit_group
 from powerd.cli.unit import group as unit_group
 
 
@@ -36,6 +37,7 @@ def main() -> None:
     powerd demo        the whole loop on this machine, simulated GPUs, no servers
     powerd fleet       thousands of simulated agents against a real broker (scale tests)
     powerd keys        make the controller role's signing key pair (agents trust its .pub)
+    powerd limit       an operator's temporary site limit (demand response), signed
     powerd dashboards  write or check the Grafana dashboards' JSON
     powerd unit agent  print the systemd unit for the agent (unit controller: the controller)
 
@@ -52,5 +54,6 @@ main.add_command(dashboards_command)
 main.add_command(gpus_command)
 main.add_command(unit_group)
 main.add_command(keys_group)
+main.add_command(limit_group)
 
 __all__ = ["main"]

@@ -97,6 +97,9 @@ class ControllerConfig:
     # a leaf of a tree of controllers: the site coordinator's public keys, the only ones
     # whose grants count (a controller's key, ours included, signs no grant)
     coordinator_keys: tuple[str, ...] = ()
+    # operators' public keys: a temporary site limit (demand response) counts only when
+    # signed by one of these (`powerd limit`); none: site limits are refused
+    operator_keys: tuple[str, ...] = ()
     # [jobs]: the highest priority each job owner (its broker login) may announce, the
     # allowance of owners not listed, and whether the unowned phase topic is taken at all
     job_priority_max: dict[str, str] = field(default_factory=dict)
@@ -134,6 +137,12 @@ class ControllerConfig:
         if not self.coordinator_keys:
             return None
         return verifier_from(self.coordinator_keys, self.source, "trust.coordinator_keys")
+
+    def operator_verifier(self) -> Verifier | None:
+        """Whose site limits count: ``operator_keys`` only; None when none is configured."""
+        if not self.operator_keys:
+            return None
+        return verifier_from(self.operator_keys, self.source, "trust.operator_keys")
 
     def settings(self) -> ControllerSettings:
         """What the core needs of this configuration."""
@@ -181,7 +190,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         },
         "broker": BROKER_KEYS,
         "policy": _policy_keys(),
-        "trust": {"signing_key", "controller_keys", "coordinator_keys"},
+        "trust": {"signing_key", "controller_keys", "coordinator_keys", "operator_keys"},
         "jobs": {"priority_max", "default_priority_max", "accept_unowned"},
         "recorder": {
             "enabled",
@@ -243,6 +252,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         signing_key=get.path(trust, "trust.signing_key"),
         controller_keys=get.paths(trust, "trust.controller_keys"),
         coordinator_keys=get.paths(trust, "trust.coordinator_keys"),
+        operator_keys=get.paths(trust, "trust.operator_keys"),
         source=where,
         infer_phases=get.flag(section, "controller.infer_phases", defaults.infer_phases),
         ingest_share=get.number(section, "controller.ingest_share", defaults.ingest_share),

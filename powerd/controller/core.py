@@ -201,6 +201,7 @@ class ControllerCore:
         self._acked_ts = np.full(n_servers, -math.inf)
         self._drift_retry_at = np.full(n_servers, -math.inf)  # monotonic
         self._last_node_power_w: np.ndarray | None = None  # tree node power, last decision
+        self.site_limit_w: float | None = None  # an operator's temporary site limit in force
         self.epoch = 0
         self.seq = 0
         self.counters = CycleCounters()
@@ -646,6 +647,12 @@ class ControllerCore:
         gpus = servers[self.tree.gpu_server_ordinal]
         self.commanded_cap_w[gpus] = self.cap_w[gpus]
         self.commanded_clock[gpus] = self.clock_mhz[gpus]
+
+    @property
+    def site_power_w(self) -> float | None:
+        """The site's measured power at the last decision (None before the first)."""
+        last = self._last_node_power_w
+        return None if last is None else float(last[0])
 
     def crossed_threshold(self) -> bool:
         """A reason to decide now, before the next period: in the telemetry taken in since

@@ -135,6 +135,7 @@ class Records:
             epoch=core.epoch,
             gpus_capped=int(np.sum(capped)),
             site_ramp_w_per_s=ramp,
+            site_limit_w=core.site_limit_w,
             telemetry_received=c.telemetry_received,
             telemetry_dropped=c.telemetry_dropped,
             telemetry_lost=c.telemetry_lost,

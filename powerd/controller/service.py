@@ -37,11 +37,12 @@ from powerd.controller.leadership import Leadership
 from powerd.controller.records import Records
 from powerd.controller.reload import changes, refusal
 from powerd.controller.scoping import LeafGrants
+from powerd.controller.site_limit import SiteLimits, with_site_threshold
 from powerd.heartbeat import signed_heartbeat, step_down_on_exit
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.mqtt_stream import MqttStream, StreamError
-from powerd.protocol import Grant, Heartbeat, ProtocolError, Topics, encode
+from powerd.protocol import Grant, Heartbeat, ProtocolError, SiteLimit, Topics, encode
 from powerd.ratelimit import LogOncePer
 from powerd.recorder import Recorder
 from powerd.signing import Signer
@@ -99,7 +100,7 @@ class ControllerService:
         telemetry_filters: str | list[str] = t.all_telemetry
         self.telemetry_what = t.all_telemetry  # for people: what the subscription is
         if leaf is None:
-            subscriptions += [(t.all_acks, 1), (t.all_status, 1)]
+            subscriptions += [(t.all_acks, 1), (t.all_status, 1), (t.site_limit, 1)]
         else:  # its own nodes only: the broker does not send it the rest of the site
             subscriptions += [(t.grant(leaf.scope), 1)]
             subscriptions += [(t.ack(n), 1) for n in nodes] + [(t.status(n), 1) for n in nodes]
@@ -118,6 +119,11 @@ class ControllerService:
         )
         self._summary_seq = 0
         self.reloads = 0  # budgets files put in force at run time (SIGHUP)
+        # demand response: an operator's temporary site limit (a site's controller only; in
+        # a tree, the coordinator applies it)
+        self.site_limits = SiteLimits()
+        self.operator_verifier = config.operator_verifier()
+        self._base_tree = core.tree  # the file's, under which a site limit lowers the site
         self._summary_at = -math.inf  # monotonic time of the last summary
         self.ingest_period_s = min(INGEST_PERIOD_S, config.cycle_s / 4)
         self._counted = (0, 0)  # the inbox's received and replaced, as last counted
@@ -370,6 +376,8 @@ class ControllerService:
         self._rates_since = now
         if self.leaf is not None:  # the root's budget: a live grant, or the file's
             self.core.tree = self.leaf.tree_for(now)
+        else:
+            self._apply_site_limit()
         result = self.core.cycle(self.inbox.waiting_arrivals() if len(self.inbox) else None)
         for listener in self.cycle_listeners:
             try:
@@ -392,6 +400,44 @@ class ControllerService:
             asyncio.get_running_loop().call_soon(self._record_cycle, result, self._wall())
         self.cycles = [*self.cycles[-59:], result]
 
+    def _apply_site_limit(self) -> None:
+        """The site's bands under an operator's limit in force, gliding down at the site's
+        ramp limit (powerd.controller.site_limit); the file's when none is."""
+        base = self._base_tree
+        measured = self.core.site_power_w
+        threshold = self.site_limits.threshold_w(
+            self._wall(),
+            float(base.cap_threshold_w[0]) if measured is None else measured,
+            self.core.last_dt_s,
+            float(base.ramp_w_per_s[0]),
+        )
+        self.core.site_limit_w = self.site_limits.active_w(self._wall())
+        self.core.tree = base if threshold is None else with_site_threshold(base, threshold)
+
+    def _on_site_limit(self, topic: str, payload: bytes) -> None:
+        now = self._monotonic()
+        try:
+            if self.operator_verifier is None:
+                raise ProtocolError("no operator key is trusted (trust.operator_keys)")
+            limit = self.operator_verifier.decode(SiteLimit, topic, payload)
+        except ProtocolError as exc:
+            self.core.count_rejected()
+            self._log.warning("site-limit", now, "site limit refused: %s", exc)
+            return
+        why = self.site_limits.take(limit)
+        if why is not None:
+            self._log.warning("site-limit-order", now, "site limit ignored: %s", why)
+            return
+        what = "cleared" if limit.limit_w is None else f"{limit.limit_w / 1e3:,.1f} kW"
+        log.warning(
+            "site limit from %s: %s from %s until %s%s",
+            limit.operator,
+            what,
+            time.strftime("%H:%M:%S", time.localtime(limit.starts_ts)),
+            time.strftime("%H:%M:%S", time.localtime(limit.expires_ts)),
+            f" ({limit.reason})" if limit.reason else "",
+        )
+
     def reload(self, new: Topology) -> str | None:
         """Put a reloaded budgets file (already loaded and checked, scoped for a leaf) in
         force from the next cycle on; why not, if it cannot be (powerd.controller.reload):
@@ -408,7 +454,7 @@ class ControllerService:
             self.leaf = self.leaf.rebased(new)
             self.core.tree = self.leaf.tree_for(self._monotonic())
         else:
-            self.core.tree = new.tree
+            self._base_tree = self.core.tree = new.tree
         self.reloads += 1
         log.warning(
             "budgets reloaded (%s): %s", new.source, "; ".join(lines) or "no number changed"
@@ -463,6 +509,8 @@ class ControllerService:
                 self.core.on_status(name, payload)
             elif kind == "grant" and name and self.leaf is not None:
                 self._on_grant(topic, payload)
+            elif kind == "site_limit" and self.leaf is None:
+                self._on_site_limit(topic, payload)
             elif kind == "phase" and name:
                 owner, _ = self.topics.job_of(topic)
                 event = self.core.on_phase(name, payload, owner)

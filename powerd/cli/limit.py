@@ -1,0 +1,165 @@
+"""``powerd limit``: an operator's temporary site limit (demand response), signed, retained."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from powerd.cli.options import (
+    Decorator,
+    broker_option,
+    cluster_option,
+    log_level_option,
+    setup_logging,
+)
+
+_UNITS_W = {"w": 1.0, "kw": 1e3, "mw": 1e6, "gw": 1e9}
+_UNITS_S = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_power_w(text: str) -> float:
+    """``120MW``, ``95000 kW``, ``800W`` -> watts (ValueError otherwise)."""
+    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([kKmMgG]?[wW])\s*", text)
+    if found is None:
+        raise ValueError(f"{text!r}: give a power with its unit, e.g. 120MW, 95000kW")
+    value = float(found[1]) * _UNITS_W[found[2].lower()]
+    if value <= 0:
+        raise ValueError(f"{text!r}: a site limit must be above 0 W")
+    return value
+
+
+def parse_duration_s(text: str) -> float:
+    """``15m``, ``900s``, ``1.5h``, ``90`` (seconds) -> seconds (ValueError otherwise)."""
+    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*(s|m|min|h)?\s*", text)
+    if found is None:
+        raise ValueError(f"{text!r}: give a duration, e.g. 15m, 900s, 1h")
+    return float(found[1]) * _UNITS_S[found[2] or "s"]
+
+
+@click.group("limit")
+def group() -> None:
+    """An operator's temporary site limit (demand response).
+
+    The site's controller (or, in a tree of controllers, the coordinator)
+    takes a limit only when signed by a key in its trust.operator_keys,
+    brings the site under it no faster than the site's ramp limit, holds it
+    until it expires, then gives the budgets file's back. docs/CONTROLLER.md,
+    "Demand response".
+    """
+
+
+def _options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options both subcommands take: the key, who, where."""
+    options: list[Decorator] = [
+        click.option(
+            "--key",
+            "key_path",
+            required=True,
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="The operator's private key (PEM; `powerd keys generate`).",
+        ),
+        click.option(
+            "--operator",
+            default="operator",
+            show_default=True,
+            help="Who sets it (a name, in the logs).",
+        ),
+        broker_option(),
+        cluster_option(),
+        log_level_option(),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@group.command("set")
+@click.option("--site", "site", required=True, metavar="POWER", help="The limit, e.g. 120MW.")
+@click.option("--for", "duration", required=True, metavar="DURATION", help="e.g. 15m, 1h.")
+@click.option("--start-in", default="0s", show_default=True, metavar="DURATION")
+@click.option("--reason", default="", help="Why, for the logs (e.g. the utility's event id).")
+@_options
+def set_limit(
+    site: str,
+    duration: str,
+    start_in: str,
+    reason: str,
+    key_path: Path,
+    operator: str,
+    broker: str | None,
+    cluster: str | None,
+    log_level: str,
+) -> None:
+    """Set a temporary site limit: `powerd limit set --site 120MW --for 15m --key op.key`."""
+    setup_logging(log_level)
+    try:
+        limit_w = parse_power_w(site)
+        starts = time.time() + parse_duration_s(start_in)
+        expires = starts + parse_duration_s(duration)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    _publish(key_path, operator, broker, cluster, limit_w, starts, expires, reason)
+    start, end = (time.strftime("%H:%M:%S", time.localtime(t)) for t in (starts, expires))
+    click.echo(f"site limited to {limit_w / 1e3:,.1f} kW from {start} until {end}")
+
+
+@group.command("clear")
+@click.option("--reason", default="", help="Why, for the logs.")
+@_options
+def clear_limit(
+    reason: str,
+    key_path: Path,
+    operator: str,
+    broker: str | None,
+    cluster: str | None,
+    log_level: str,
+) -> None:
+    """Clear the site limit now: the budgets file's bands return."""
+    setup_logging(log_level)
+    now = time.time()
+    _publish(key_path, operator, broker, cluster, None, now, now + 1.0, reason)
+    click.echo("site limit cleared")
+
+
+def _publish(
+    key_path: Path,
+    operator: str,
+    broker: str | None,
+    cluster: str | None,
+    limit_w: float | None,
+    starts: float,
+    expires: float,
+    reason: str,
+) -> None:
+    from powerd.mqtt_url import parse_broker_url
+    from powerd.protocol import ProtocolError, SiteLimit, Topics, encode
+    from powerd.signing import KeyFileError, load_signer
+
+    try:
+        signer = load_signer(key_path)
+        topics = Topics(cluster or "default")
+        settings = parse_broker_url(broker or "mqtt://localhost")
+        now = time.time()
+        message = SiteLimit(
+            v=1, operator=operator, seq=int(now * 1000), ts=now, limit_w=limit_w,
+            starts_ts=starts, expires_ts=expires, reason=reason,
+        )  # fmt: skip
+        payload = signer.sign(topics.site_limit, encode(message))
+    except (KeyFileError, ProtocolError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        asyncio.run(_send(settings.client_kwargs(), topics.site_limit, payload))
+    except Exception as exc:  # any failure to reach the broker: say which and why
+        raise click.ClickException(f"broker {settings.display}: {exc}") from None
+
+
+async def _send(kwargs: dict, topic: str, payload: bytes) -> None:
+    import aiomqtt
+
+    async with aiomqtt.Client(**kwargs, timeout=10) as client:
+        await client.publish(topic, payload, qos=1, retain=True)

@@ -1,0 +1,141 @@
+"""Demand response with real processes: `powerd limit set` (an operator's signed, retained
+site limit) to a `powerd controller` process over a real broker, agents in compute.
+
+The site draws ~7.6 kW (both racks capped at their budgets); a 6 kW limit for 5 s is
+reached no faster than the site's ramp (1 kW/s here) and no slower than that plus a few
+cycles, no node passes its limit, and at expiry the site rises again. A limit signed by
+a key the controller does not trust changes nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from powerd.controller.site_limit import SiteLimits, with_site_threshold
+from powerd.protocol import SiteLimit
+from powerd.signing import generate_key_files
+from powerd.topology import parse_budgets
+from tests.support.brokers import Mosquitto
+from tests.support.controller_harness import (
+    SERVERS,
+    TOPICS,
+    WAIT_S,
+    budgets_toml,
+    controller_toml,
+    probe,
+    running_agents,
+    spawn_controller,
+    telemetry_of,
+    until,
+)
+
+RAMP_W_PER_S = 1000.0
+LIMIT_W = 6000.0
+HOLD_S = 5.0
+TEXT = budgets_toml(site_ramp_w_per_s=RAMP_W_PER_S)
+
+
+def test_the_threshold_glides_down_at_the_ramp_then_holds_then_returns():
+    limits = SiteLimits()
+    now = 1000.0
+    message = SiteLimit(v=1, operator="op", seq=1, ts=now, limit_w=6000.0, starts_ts=now,
+                        expires_ts=now + 10.0)  # fmt: skip
+    assert limits.take(message) is None
+    assert limits.take(message) is not None  # not newer: refused
+    glide = [limits.threshold_w(now + t, 8000.0, 0.5, 1000.0) for t in np.arange(0, 3, 0.5)]
+    assert glide == [7500.0, 7000.0, 6500.0, 6000.0, 6000.0, 6000.0]
+    assert limits.threshold_w(now + 10.0, 6000.0, 0.5, 1000.0) is None  # expired
+    tree = parse_budgets(TEXT).tree
+    lowered = with_site_threshold(tree, 6000.0)
+    assert lowered.cap_threshold_w[0] == 6000.0
+    assert lowered.cap_target_w[0] == pytest.approx(6000.0 * 0.95 / 0.98)
+    assert with_site_threshold(tree, 1e9) is tree  # above the file's: the file's
+
+
+def run_limit(broker: Mosquitto, key: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "powerd", "limit", "set", "--key", str(key), "--broker",
+         broker.url, "--cluster", TOPICS.cluster, *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def site_power_w(latest: dict[str, float], overhead_w: float) -> float:
+    return sum(latest.values()) + overhead_w
+
+
+@pytest.mark.asyncio
+async def test_a_site_limit_is_reached_within_the_ramp_held_and_released(
+    mosquitto: Mosquitto, tmp_path: Path
+):
+    op_key, op_pub = generate_key_files(tmp_path / "operator")
+    stranger_key, _ = generate_key_files(tmp_path / "stranger")
+    budgets, config, log = tmp_path / "b.toml", tmp_path / "c.toml", tmp_path / "ctl.log"
+    budgets.write_text(TEXT)
+    config.write_text(
+        controller_toml(mosquitto, "ctl-a") + f'\n[trust]\noperator_keys = ["{op_pub}"]\n'
+    )
+    topology = parse_budgets(TEXT)
+    tree = topology.tree
+    overhead_w = float(tree.overhead_below_w[0])
+    latest: dict[str, float] = {}
+    async with probe(mosquitto) as p, running_agents(mosquitto, topology, "compute") as agents:
+        ctl = spawn_controller(["--config", str(config), "--budgets", str(budgets)], log)
+        try:
+            await p.expect(TOPICS.heartbeat, timeout_s=30)
+            await agents.wait_for(lambda: max(agents.caps()) < 700.0, what="capped")
+
+            def site_now() -> float:
+                for m in p.messages[seen[0] :]:
+                    if m.topic.endswith("/telemetry"):
+                        t = telemetry_of(m)
+                        latest[t.node] = sum(g.power_w for g in t.gpus) + 200.0  # node overhead
+                        rack = t.node.rsplit("-", 1)[0]
+                        rack_w = sum(w for n, w in latest.items() if n.startswith(rack + "-"))
+                        peak_rack_w[rack] = max(peak_rack_w.get(rack, 0.0), rack_w + 100.0)
+                seen[0] = len(p.messages)
+                return site_power_w(latest, overhead_w - 4 * 200.0) if len(latest) == 4 else 0.0
+
+            seen = [0]
+            peak_rack_w: dict[str, float] = {}
+            await until(lambda: site_now() > LIMIT_W + 1000.0, WAIT_S, "the site above 7 kW")
+            before_w = site_now()
+
+            # a stranger's limit: refused, nothing changes
+            refused = run_limit(mosquitto, stranger_key, "--site", "3kW", "--for", "60s")
+            assert refused.returncode == 0, refused.stderr  # published; the controller refuses
+            await until(lambda: "site limit refused" in log.read_text(), WAIT_S, "refused")
+
+            sent = run_limit(mosquitto, op_key, "--site", f"{LIMIT_W:g}W", "--for", f"{HOLD_S:g}s",
+                             "--reason", "test event")  # fmt: skip
+            assert sent.returncode == 0, sent.stderr
+            set_at = time.monotonic()
+            await until(lambda: site_now() <= LIMIT_W * 1.01, 3 * WAIT_S, "under the limit")
+            reached_s = time.monotonic() - set_at
+            glide_s = (before_w - LIMIT_W) / RAMP_W_PER_S
+            # not at once (it glides at the ramp), nor much slower than the ramp allows: a
+            # second for the CLI's start and the broker, a second for cycles and agents
+            assert glide_s - 0.5 <= reached_s <= glide_s + 4.0, (before_w, reached_s)
+            # held under it while the limit is in force
+            until_end = set_at + HOLD_S - 1.0
+            while time.monotonic() < until_end:
+                assert site_now() <= LIMIT_W * 1.02
+                await p.expect(f"{TOPICS.prefix}/nodes/+/telemetry", after=p.mark())
+            # released at expiry: the caps rise again
+            await until(lambda: site_now() > LIMIT_W * 1.05, 3 * WAIT_S, "back above the limit")
+            assert "site limit from operator: 6.0 kW" in log.read_text()
+            assert ctl.poll() is None
+            # no rack ever above its limit (its nodes' latest telemetry, plus its switch)
+            for rack, peak_w in peak_rack_w.items():
+                assert peak_w <= tree.limit_w[topology.node_index(rack)], (rack, peak_w)
+            assert set(peak_rack_w) == {"r1-k1", "r1-k2"}
+        finally:
+            ctl.terminate()
+            ctl.wait(WAIT_S)
+    assert set(latest) == set(SERVERS)
