@@ -10,6 +10,16 @@ capping bites), the watts it takes (``node_cut_w``: how deep) and the watts
 held below demand under it, seconds above the budget and above the limit,
 and, for comparison, seconds the uncapped demand would be above the limit.
 
+The grid: the site's power is kept per step (one float a step,
+``WhatifResult.site_power_w``) and measured as the grid would
+(``policies.grid``, docs/BUDGETS.md "The grid spec"): ramp up and down over
+the spec's window (max and p99, W/s), the share of its variance in the
+oscillation band (the part of it the step can see: 1 s steps see up to
+0.5 Hz), the worst peak-to-peak, and with a ``[site.grid]`` the seconds
+outside each limit and the energy holding its floor would burn
+(``info["grid"]``). Without one the same is measured with the defaults and
+``info["grid"]["spec"]`` says "no grid spec".
+
 Throughput: a synchronous job runs at the pace of its slowest GPU, so a
 job's speed in a step is the lowest relative speed of its GPUs. A GPU held
 at a fraction ``r = power / demand`` of its demand runs at ``r ** 0.28`` by
@@ -41,9 +51,11 @@ from policies import (
     Tree,
     decide,
 )
+from policies import grid as grid_measure
 from policies.tree import LEVEL_NAMES
 from powerd.gpu.models import GPU_MODELS
 from powerd.topology import Topology
+from powerd.topology.grid import GridSpec
 
 DEFAULT_SPEED_EXPONENT = 0.28  # ln(0.95) / ln(1000 / 1200): docs/DOMAIN.md, Meta's GB200
 
@@ -108,6 +120,10 @@ class WhatifResult:
     levels: pd.DataFrame  # one row per level, servers included
     jobs: pd.DataFrame
     info: dict[str, object]
+    site_power_w: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per step, measured
+
+
+NO_GRID_SPEC = "no grid spec"
 
 
 def replay(
@@ -176,6 +192,7 @@ def replay(
     }
     job_acc = {k: np.zeros(n_jobs) for k in ("speed", "capped", "demand_w", "power_w")}
     speed_gpu = np.ones(len(busy_idx))
+    site_w = np.empty(n_steps)  # the site's measured power, for the grid
 
     for t in range(n_steps):
         col = (t + offsets) % lengths
@@ -187,6 +204,7 @@ def replay(
         state = ClusterState(power_w, cap_w, priority, floor_w, phase, controllable)
         decision = decide(tree, state, step_s, settings.policy)
         node_w = decision.node_power_w
+        site_w[t] = node_w[0]
         node_demand_w = tree.node_sum(demand_w) + overhead_w
         withheld = np.maximum(node_demand_w - node_w, 0.0)  # float noise below 0
         acc["capping"] += decision.node_capping
@@ -218,7 +236,59 @@ def replay(
         "speed_model": getattr(speed, "description", "custom"),
         "start": "every GPU at its failsafe cap, as agents start",
     }
-    return _result(top, tree, placement, acc, job_acc, n_steps, info)
+    jobs_j = float(job_acc["power_w"] @ placement.job_gpus) * step_s
+    info["grid"] = grid_report(site_w, step_s, top.grid, jobs_j)
+    result = _result(top, tree, placement, acc, job_acc, n_steps, info)
+    result.site_power_w = site_w
+    return result
+
+
+def grid_report(
+    site_w: np.ndarray, step_s: float, spec: GridSpec | None, jobs_energy_j: float | None = None
+) -> dict[str, object]:
+    """The site's power series measured as the grid sees it (module docstring)."""
+    g = spec or GridSpec()
+    ramp = grid_measure.ramp_stats(
+        site_w, step_s, g.window_s, g.ramp_up_w_per_s, g.ramp_down_w_per_s
+    )
+    osc = grid_measure.oscillation_stats(
+        site_w, step_s, g.oscillation_band_hz, g.oscillation_window_s, g.oscillation_max_share
+    )
+    out: dict[str, object] = {
+        "spec": NO_GRID_SPEC if spec is None else spec.describe(),
+        "ramp_window_s": ramp.window_s,
+        "ramp_up_max_w_per_s": ramp.up_max_w_per_s,
+        "ramp_up_p99_w_per_s": ramp.up_p99_w_per_s,
+        "ramp_down_max_w_per_s": ramp.down_max_w_per_s,
+        "ramp_down_p99_w_per_s": ramp.down_p99_w_per_s,
+        "oscillation_band_hz": list(osc.band.band_hz),
+        "oscillation_band_seen_hz": None if osc.band.seen_hz is None else list(osc.band.seen_hz),
+        "oscillation_note": osc.band.note,
+        "oscillation_window_s": osc.window_s,
+        "oscillation_windows": osc.n_windows,
+        "oscillation_share": osc.share,
+        "oscillation_share_max": osc.share_max,
+        "peak_to_peak_max_w": osc.peak_to_peak_max_w,
+    }
+    if spec is None:
+        return out
+    out |= {
+        "ramp_up_limit_w_per_s": spec.ramp_up_w_per_s,
+        "ramp_down_limit_w_per_s": spec.ramp_down_w_per_s,
+        "oscillation_max_share": spec.oscillation_max_share,
+        "s_outside_ramp_up": ramp.s_up_over,
+        "s_outside_ramp_down": ramp.s_down_over,
+        "s_outside_oscillation": osc.s_over,
+    }
+    if spec.floor_fraction is not None:
+        floor = grid_measure.floor_series(site_w, step_s, spec.floor_fraction, spec.floor_window_s)
+        cost = grid_measure.floor_cost(site_w, floor, step_s, jobs_energy_j)
+        out |= {
+            "floor_fraction": spec.floor_fraction,
+            "floor_energy_kwh": cost.energy_kwh,
+            "floor_energy_share_of_jobs": cost.share_of_reference,
+        }
+    return out
 
 
 def _result(

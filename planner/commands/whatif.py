@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from planner.commands.options import placed_inputs, speed_options
 from planner.output import emit, format_option
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 HELP = """Replay profiles through the controller's own policy at the budgets of BUDGETS.
 
@@ -32,6 +36,15 @@ Per site, row and rack (and summed per level):
   s_above_budget         seconds the node's power was above its budget
   s_above_limit          seconds above its limit (the breaker), under control
   s_above_limit_uncapped the same for the uncapped demand, for comparison
+Per site, as the grid sees its measured power (docs/BUDGETS.md, "The grid
+spec"; the budgets file's [site.grid], else the defaults and "no grid spec"):
+  ramp up / down         max and p99 of the rise / fall over the spec's window, W/s
+  oscillation share      share of the power's variance in the band (the part of
+                         it the step sees: 1 s steps see up to 0.5 Hz), worst window
+                         and whole replay; peak-to-peak, worst window
+  s_outside              seconds outside each limit of the spec
+  floor energy           what holding the spec's floor would burn: kWh, and as a
+                         share of the jobs' energy
 Per job: throughput_lost. A synchronous job runs at its slowest GPU's pace; a
 GPU held to r = power/demand runs at r^--speed-exponent (default 0.28: Meta's
 GB200, 1200 -> 1000 W cost ~5 %, docs/DOMAIN.md), or, with --sweep, at the
@@ -98,6 +111,11 @@ def command(
     )
     extra = {"budgets": str(budgets), **result.info}
     if fmt == "table":
+        grid = extra.pop("grid")
+        assert isinstance(grid, dict)
+        extra["grid spec"] = grid["spec"]
+        if grid["oscillation_note"]:
+            extra["grid band"] = grid["oscillation_note"]
         nodes = result.nodes
         shown = nodes[nodes["level"] != "rack"]
         racks = nodes[nodes["level"] == "rack"]
@@ -108,6 +126,7 @@ def command(
                 "site and rows": shown,
                 "racks that capped most": worst,
                 "jobs": result.jobs,
+                "site power vs the grid spec": grid_table(grid),
             },
             fmt,
             extra=extra,
@@ -116,3 +135,54 @@ def command(
         emit(
             {"nodes": result.nodes, "levels": result.levels, "jobs": result.jobs}, fmt, extra=extra
         )
+
+
+def grid_table(grid: dict[str, object]) -> pd.DataFrame:
+    """``info["grid"]`` (planner.whatif.grid_report) as rows: what, unit, value, limit,
+    seconds outside it."""
+    import pandas as pd
+
+    edges = grid["oscillation_band_seen_hz"] or grid["oscillation_band_hz"]
+    assert isinstance(edges, list)
+    lo, hi = edges
+    window = f"{grid['oscillation_window_s']:g} s"
+    ramp = f"over {grid['ramp_window_s']:g} s"
+    rows: list[tuple[str, str, object, object, object]] = []
+    for way in ("up", "down"):
+        limit = grid.get(f"ramp_{way}_limit_w_per_s")
+        rows.append(
+            (
+                f"ramp {way}, max {ramp}",
+                "W/s",
+                grid[f"ramp_{way}_max_w_per_s"],
+                limit,
+                grid.get(f"s_outside_ramp_{way}"),
+            )
+        )
+        p99 = grid[f"ramp_{way}_p99_w_per_s"]
+        rows.append((f"ramp {way}, p99 {ramp}", "W/s", p99, limit, None))
+    band = f"{lo:g}-{hi:g} Hz"
+    rows += [
+        (
+            f"oscillation share {band}, worst {window}",
+            "share",
+            grid["oscillation_share_max"],
+            grid.get("oscillation_max_share"),
+            grid.get("s_outside_oscillation"),
+        ),
+        (f"oscillation share {band}, whole replay", "share", grid["oscillation_share"], None, None),
+        (f"peak-to-peak, worst {window}", "W", grid["peak_to_peak_max_w"], None, None),
+    ]
+    if "floor_energy_kwh" in grid:
+        floor = f"floor at {grid['floor_fraction']:g} of the recent peak"
+        rows.append((f"energy holding the {floor}", "kWh", grid["floor_energy_kwh"], None, None))
+        rows.append(
+            (
+                f"energy holding the {floor}",
+                "share of jobs' energy",
+                grid["floor_energy_share_of_jobs"],
+                None,
+                None,
+            )
+        )
+    return pd.DataFrame(rows, columns=["what", "unit", "value", "limit", "s_outside"])

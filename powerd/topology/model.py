@@ -17,6 +17,7 @@ import numpy as np
 
 from policies.tree import LEVEL_NAMES, RACK, ROW, SERVER, Tree
 from powerd.gpu.models import GPU_MODELS
+from powerd.topology.grid import GridSpec
 
 
 class BudgetError(ValueError):
@@ -67,6 +68,7 @@ class Topology:
     server_model: tuple[str, ...]  # GPU model key per server
     server_failsafe_cap_w: np.ndarray  # per server (all its GPUs)
     comm_clock_mhz: Mapping[str, float] = field(default_factory=dict)  # per model, NaN: none
+    grid: GridSpec | None = None  # the site's [site.grid]; None: no grid limits
 
     # --- names and structure ---
     @property

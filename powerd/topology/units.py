@@ -22,6 +22,12 @@ QUANTITIES: dict[str, dict[str, float]] = {
     "overhead": {f"overhead{s}": f for s, f in POWER_UNITS.items()},
     "ramp": {f"ramp{s}": f for s, f in RAMP_UNITS.items()},
 }
+# The site's [site.grid] table: limits on the measured ramp, in the same three units.
+GRID_QUANTITIES: dict[str, dict[str, float]] = {
+    "ramp_up": {f"ramp_up{s}": f for s, f in RAMP_UNITS.items()},
+    "ramp_down": {f"ramp_down{s}": f for s, f in RAMP_UNITS.items()},
+}
+SPELLINGS = {**QUANTITIES, **GRID_QUANTITIES}
 
 # Plausible watts per level (limit, budget; overhead up to the upper bound).
 # Wide on purpose: they only catch a number in the wrong unit. A 12.6 kW
@@ -58,13 +64,13 @@ def implausible(
 ) -> str:
     """'limit_kw = 120000 (1.2e+08 W) is implausible for a rack (expected ...); did you
     mean ...?': the value as written, the range, and a unit that would make it plausible."""
-    per = "/s" if quantity == "ramp" else ""
+    per = "/s" if written.key.endswith("_per_s") else ""
     as_written = f"{written.key} = {written.value:g}"
     if written.factor != 1.0:
         as_written += f" ({written.watts:g} W{per})"
     else:
         as_written += f" W{per}"
-    hint = unit_hint(written, QUANTITIES[quantity], lo, hi, expect)
+    hint = unit_hint(written, SPELLINGS[quantity], lo, hi, expect)
     expected = f"{fmt_w(lo)}{per} .. {fmt_w(hi)}{per}"
     return f"{as_written} is implausible for {what} (expected {expected}){hint}"
 

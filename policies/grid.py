@@ -1,0 +1,300 @@
+"""Site power as the grid sees it: measured ramps, oscillation, the cost of a floor.
+
+Pure functions over one power series ``power_w`` sampled at a fixed step
+``dt_s`` (sub-second steps allowed). Utilities write two kinds of limit into
+an interconnection agreement (docs/DOMAIN.md, Power Stabilization for AI
+Training Datacenters): a ramp limit in MW/s and a cap on oscillation energy
+in a band such as 0.1-20 Hz. A synchronous training job moves the whole site
+at once (Llama 3 §3.3.4), so these are measured on the site's power, not on
+the sum of caps the controller limits while uncapping.
+
+What is measured
+----------------
+- **Ramp** over a window of ``w = round(window_s / dt_s)`` steps (at least
+  one): ``rate[t] = (power[t] - power[t - w]) / (w dt_s)`` for every step that
+  has a step ``w`` before it. Rises are ``max(rate, 0)``, falls
+  ``max(-rate, 0)``; each is summarised by its maximum and its 99th
+  percentile over all steps (the rise exceeded 1 % of the time).
+- **Oscillation share**: the share of the series' variance (mean removed)
+  that lies in the band, from a rectangular periodogram (numpy's real FFT;
+  by Parseval the bins add up to the variance exactly). A series sampled every
+  ``dt_s`` sees frequencies up to Nyquist, ``1 / (2 dt_s)``: 1 s steps see
+  0.1-0.5 Hz of a 0.1-20 Hz band, and the rest of the band is simply not
+  seen (``Band.note`` says so). A window of ``T`` seconds resolves ``1 / T``
+  Hz, so it should be at least one period of the band's lower edge.
+  Measured per non-overlapping window of ``oscillation_window_s`` (a series
+  shorter than one window is one window; a last partial window is left out),
+  and over the whole series.
+- **Peak-to-peak** per oscillation window: ``max - min`` of the power in it.
+- **Seconds outside**: steps whose rise (fall) is above the ramp limit, times
+  ``dt_s``; windows whose share is above the limit, times the window length.
+  Counted separately: they are different limits.
+- **Floor**: holding power at ``fraction`` of the running maximum of the last
+  ``window_s`` seconds (busy work during communication, NVIDIA's power
+  smoothing floor) burns ``sum(max(floor - power, 0)) dt_s``: in kWh and as a
+  share of a given (the jobs') energy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+J_PER_KWH = 3.6e6
+
+
+def window_steps(dt_s: float, window_s: float, least: int = 1) -> int:
+    """Steps in a window: ``window_s / dt_s`` rounded, at least ``least``."""
+    _check_step(dt_s)
+    if not (math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"window_s must be a positive number, not {window_s}")
+    return max(least, round(window_s / dt_s))
+
+
+def _check_step(dt_s: float) -> None:
+    if not (math.isfinite(dt_s) and dt_s > 0):
+        raise ValueError(f"dt_s must be a positive number, not {dt_s}")
+
+
+def _series(power_w: np.ndarray) -> np.ndarray:
+    p = np.asarray(power_w, dtype=float)
+    if p.ndim != 1:
+        raise ValueError(f"power_w must be one series (1-d), not shape {p.shape}")
+    if not np.all(np.isfinite(p)):
+        raise ValueError("power_w must be finite")
+    return p
+
+
+# --- ramps -------------------------------------------------------------------------------
+
+
+def ramp_rates(power_w: np.ndarray, dt_s: float, window_s: float) -> np.ndarray:
+    """W/s over the window at every step that has a full window behind it (may be empty)."""
+    p = _series(power_w)
+    w = window_steps(dt_s, window_s)
+    if len(p) <= w:
+        return np.zeros(0)
+    rate: np.ndarray = (p[w:] - p[:-w]) / (w * dt_s)
+    return rate
+
+
+@dataclass(frozen=True)
+class RampStats:
+    """Measured ramps of one series (W/s, all ≥ 0) and the seconds above each limit."""
+
+    window_s: float  # the window measured over: whole steps, at least one
+    up_max_w_per_s: float
+    up_p99_w_per_s: float
+    down_max_w_per_s: float  # falls, as positive numbers
+    down_p99_w_per_s: float
+    s_up_over: float  # seconds whose rise was above the up limit (0 with no limit)
+    s_down_over: float
+
+
+def ramp_stats(
+    power_w: np.ndarray,
+    dt_s: float,
+    window_s: float,
+    up_limit_w_per_s: float = math.inf,
+    down_limit_w_per_s: float = math.inf,
+) -> RampStats:
+    """Maximum and 99th percentile of rises and falls; steps over each limit, in seconds."""
+    rate = ramp_rates(power_w, dt_s, window_s)
+    up, down = np.maximum(rate, 0.0), np.maximum(-rate, 0.0)
+
+    def top(x: np.ndarray) -> tuple[float, float]:
+        if not len(x):
+            return 0.0, 0.0
+        return float(x.max()), float(np.percentile(x, 99))
+
+    (up_max, up_p99), (down_max, down_p99) = top(up), top(down)
+    return RampStats(
+        window_s=float(window_steps(dt_s, window_s) * dt_s),
+        up_max_w_per_s=up_max,
+        up_p99_w_per_s=up_p99,
+        down_max_w_per_s=down_max,
+        down_p99_w_per_s=down_p99,
+        s_up_over=float(np.count_nonzero(up > up_limit_w_per_s)) * dt_s,
+        s_down_over=float(np.count_nonzero(down > down_limit_w_per_s)) * dt_s,
+    )
+
+
+# --- oscillation -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Band:
+    """The part of a frequency band a series sampled every ``dt_s`` can see."""
+
+    band_hz: tuple[float, float]  # as asked
+    seen_hz: tuple[float, float] | None  # clipped to Nyquist; None: nothing of it is seen
+    nyquist_hz: float
+
+    @property
+    def note(self) -> str:
+        """'' when the whole band is seen; else what is not (Nyquist)."""
+        lo, hi = self.band_hz
+        step = f"{1 / (2 * self.nyquist_hz):g} s steps see up to {self.nyquist_hz:g} Hz"
+        if self.seen_hz is None:
+            return f"{step}: none of the {lo:g}-{hi:g} Hz band is seen"
+        if self.seen_hz[1] < hi:
+            return f"{step}: only {lo:g}-{self.seen_hz[1]:g} Hz of the {lo:g}-{hi:g} Hz band"
+        return ""
+
+
+def visible_band(dt_s: float, band_hz: tuple[float, float]) -> Band:
+    _check_step(dt_s)
+    lo, hi = float(band_hz[0]), float(band_hz[1])
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo < hi):
+        raise ValueError(f"band must be 0 < lo < hi (Hz), not {band_hz}")
+    nyquist = 1.0 / (2.0 * dt_s)
+    seen = (lo, min(hi, nyquist)) if lo < nyquist else None
+    return Band((lo, hi), seen, nyquist)
+
+
+def oscillation_shares(rows_w: np.ndarray, dt_s: float, band_hz: tuple[float, float]) -> np.ndarray:
+    """Share of variance in the band for each row of ``rows_w`` (windows × steps): in
+    [0, 1]; 0 for a constant row; NaN for every row when none of the band is seen."""
+    rows = np.asarray(rows_w, dtype=float)
+    if rows.ndim != 2:
+        raise ValueError(f"rows_w must be 2-d (windows × steps), not shape {rows.shape}")
+    band = visible_band(dt_s, band_hz)
+    n = rows.shape[1]
+    if band.seen_hz is None:
+        return np.full(len(rows), np.nan)
+    if n < 2:
+        return np.zeros(len(rows))
+    x = rows - rows.mean(axis=1, keepdims=True)
+    spectrum = np.abs(np.fft.rfft(x, axis=1)) ** 2
+    # one-sided: every bin but DC (and Nyquist for even n) stands for two; with these
+    # weights the bins add up to n × the sum of squares (Parseval)
+    weight = np.full(spectrum.shape[1], 2.0)
+    weight[0] = 0.0
+    if n % 2 == 0:
+        weight[-1] = 1.0
+    freq = np.fft.rfftfreq(n, dt_s)
+    lo, hi = band.seen_hz
+    in_band = (freq >= lo) & (freq <= hi)
+    total = spectrum @ weight
+    inside = spectrum[:, in_band] @ weight[in_band]
+    # a constant row leaves only rounding noise of its mean: no variance, no share
+    scale = np.maximum(np.abs(rows).max(axis=1), 1.0)
+    tiny = total <= n * n * (1e-12 * scale) ** 2
+    share: np.ndarray = np.divide(inside, total, out=np.zeros(len(rows)), where=~tiny)
+    return np.clip(share, 0.0, 1.0, out=share)
+
+
+def oscillation_share(power_w: np.ndarray, dt_s: float, band_hz: tuple[float, float]) -> float:
+    """Share of one series' variance (mean removed) in the part of the band it can see."""
+    return float(oscillation_shares(_series(power_w)[None, :], dt_s, band_hz)[0])
+
+
+def windows(power_w: np.ndarray, dt_s: float, window_s: float) -> np.ndarray:
+    """Non-overlapping windows (rows) of ``window_s``; the whole series if it is shorter;
+    a last partial window is left out."""
+    p = _series(power_w)
+    w = min(window_steps(dt_s, window_s, least=2), len(p))
+    if w == 0:
+        return np.zeros((0, 0))
+    k = len(p) // w
+    return p[: k * w].reshape(k, w)
+
+
+@dataclass(frozen=True)
+class OscillationStats:
+    band: Band
+    window_s: float  # the windows measured (whole steps; the series if shorter)
+    n_windows: int
+    share: float  # the whole series
+    share_max: float  # the worst window
+    peak_to_peak_max_w: float  # the worst window
+    s_over: float  # seconds in windows whose share is above the limit
+
+
+def oscillation_stats(
+    power_w: np.ndarray,
+    dt_s: float,
+    band_hz: tuple[float, float],
+    window_s: float,
+    max_share: float | None = None,
+) -> OscillationStats:
+    p = _series(power_w)
+    band = visible_band(dt_s, band_hz)
+    rows = windows(p, dt_s, window_s)
+    if not rows.size:
+        return OscillationStats(band, 0.0, 0, 0.0, 0.0, 0.0, 0.0)
+    shares = oscillation_shares(rows, dt_s, band_hz)
+    over = 0 if max_share is None else int(np.count_nonzero(shares > max_share))
+    return OscillationStats(
+        band=band,
+        window_s=float(rows.shape[1] * dt_s),
+        n_windows=len(rows),
+        share=oscillation_share(p, dt_s, band_hz),
+        share_max=float(np.max(shares)),  # NaN when the band is unseen
+        peak_to_peak_max_w=float(np.max(np.ptp(rows, axis=1))),
+        s_over=float(over * rows.shape[1] * dt_s),
+    )
+
+
+# --- a power floor -----------------------------------------------------------------------
+
+
+def running_max(power_w: np.ndarray, dt_s: float, window_s: float) -> np.ndarray:
+    """Maximum of the last ``window_s`` seconds (this step included) at every step."""
+    return _trailing_max(_series(power_w), window_steps(dt_s, window_s))
+
+
+def _trailing_max(y: np.ndarray, w: int) -> np.ndarray:
+    """``max(y[t - w + 1 : t + 1])`` at every ``t`` (-inf entries count as absent).
+    Vectorised, O(n): van Herk / Gil-Werman, block prefix and suffix maxima."""
+    n = len(y)
+    if n == 0 or w == 1:
+        return y.copy()
+    padded = np.concatenate([np.full(w - 1, -np.inf), y, np.full((-(n + w - 1)) % w, -np.inf)])
+    blocks = padded.reshape(-1, w)
+    prefix = np.maximum.accumulate(blocks, axis=1).ravel()
+    suffix = np.maximum.accumulate(blocks[:, ::-1], axis=1)[:, ::-1].ravel()
+    return np.maximum(suffix[:n], prefix[w - 1 : w - 1 + n])
+
+
+def floor_series(
+    power_w: np.ndarray,
+    dt_s: float,
+    fraction: float,
+    window_s: float,
+    running: np.ndarray | None = None,
+) -> np.ndarray:
+    """The floor to hold: ``fraction`` of the maximum running power of the last
+    ``window_s`` seconds; 0 where ``running`` (bool per step, default all) is False."""
+    if not (math.isfinite(fraction) and 0 < fraction < 1):
+        raise ValueError(f"floor fraction must be in (0, 1), not {fraction}")
+    p = _series(power_w)
+    on = np.ones(len(p), dtype=bool) if running is None else np.asarray(running, dtype=bool)
+    if on.shape != p.shape:
+        raise ValueError(f"running has shape {on.shape}, power_w {p.shape}")
+    top = _trailing_max(np.where(on, p, -np.inf), window_steps(dt_s, window_s))
+    return np.where(on, fraction * top, 0.0)
+
+
+@dataclass(frozen=True)
+class FloorCost:
+    energy_kwh: float  # burnt holding the floor
+    share_of_reference: float  # of the reference energy (NaN without one)
+
+
+def floor_cost(
+    power_w: np.ndarray, floor_w: np.ndarray, dt_s: float, reference_j: float | None = None
+) -> FloorCost:
+    """Energy to lift ``power_w`` to ``floor_w`` wherever it is below: kWh and a share of
+    ``reference_j`` (the jobs' energy, say)."""
+    _check_step(dt_s)
+    p, f = _series(power_w), _series(floor_w)
+    if p.shape != f.shape:
+        raise ValueError(f"floor_w has shape {f.shape}, power_w {p.shape}")
+    joules = float(np.maximum(f - p, 0.0).sum()) * dt_s
+    share = math.nan
+    if reference_j is not None and reference_j > 0:
+        share = joules / reference_j
+    return FloorCost(joules / J_PER_KWH, share)

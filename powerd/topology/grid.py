@@ -1,0 +1,88 @@
+"""The site's grid spec (``[site.grid]`` in a budgets file): what the utility allows.
+
+Interconnection agreements bound the *measured* site power, not the sum of
+caps: how fast it may rise and fall (MW/s over a window), how much of its
+variance may sit in a band of frequencies (0.1-20 Hz, where synchronised
+training swings and the grid is sensitive), and, as a mitigation, a power
+floor held while jobs run (docs/DOMAIN.md, Power Stabilization for AI
+Training Datacenters). ``policies.grid`` measures a power series against it;
+docs/BUDGETS.md ("The grid spec") gives the keys and how each is measured.
+Every limit is optional: a key left out is no limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from powerd.topology.units import fmt_w
+
+DEFAULT_WINDOW_S = 1.0  # ramps are measured over a second, as MW/s limits are written
+DEFAULT_FLOOR_WINDOW_S = 60.0
+DEFAULT_OSCILLATION_BAND_HZ = (0.1, 20.0)  # arXiv 2508.14318's example band (DOMAIN.md)
+DEFAULT_OSCILLATION_WINDOW_S = 60.0  # six periods of the band's 0.1 Hz lower edge
+
+# Plausible windows: a millisecond (a sub-cycle swing) to an hour; longer is
+# almost always milliseconds written as seconds.
+WINDOW_PLAUSIBLE_S = (1e-3, 3600.0)
+# Plausible band edges: below a millihertz is drift, not oscillation; above a
+# kilohertz no power meter at a site's feed resolves it.
+BAND_PLAUSIBLE_HZ = (1e-3, 1e3)
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """What the grid allows the site's measured power; ``inf`` / ``None``: no limit."""
+
+    ramp_up_w_per_s: float = math.inf  # max rise of measured power, over window_s
+    ramp_down_w_per_s: float = math.inf  # max fall, as a positive number
+    window_s: float = DEFAULT_WINDOW_S
+    floor_fraction: float | None = None  # hold power ≥ this share of the recent peak
+    floor_window_s: float = DEFAULT_FLOOR_WINDOW_S  # "recent"
+    oscillation_band_hz: tuple[float, float] = DEFAULT_OSCILLATION_BAND_HZ
+    oscillation_max_share: float | None = None  # of the variance, in the band
+    oscillation_window_s: float = DEFAULT_OSCILLATION_WINDOW_S
+
+    def __post_init__(self) -> None:
+        for name in ("ramp_up_w_per_s", "ramp_down_w_per_s"):
+            value = getattr(self, name)
+            if math.isnan(value) or value <= 0:
+                raise ValueError(f"{name} must be positive (inf: no limit), not {value}")
+        for name in ("window_s", "floor_window_s", "oscillation_window_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, not {value}")
+        lo, hi = self.oscillation_band_hz
+        if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo < hi):
+            raise ValueError(f"oscillation_band_hz must be 0 < lo < hi, not {(lo, hi)}")
+        if self.floor_fraction is not None and not 0 < self.floor_fraction < 1:
+            raise ValueError(f"floor_fraction must be in (0, 1), not {self.floor_fraction}")
+        share = self.oscillation_max_share
+        if share is not None and not 0 < share <= 1:
+            raise ValueError(f"oscillation_max_share must be in (0, 1], not {share}")
+
+    @property
+    def limits_ramp(self) -> bool:
+        return math.isfinite(self.ramp_up_w_per_s) or math.isfinite(self.ramp_down_w_per_s)
+
+    def describe(self) -> str:
+        """One line: 'ramp +20 kW/s, -20 kW/s over 1 s; ≤ 20 % of variance in 0.1-20 Hz
+        per 60 s; floor 80 % of the last 60 s's peak'."""
+        parts = []
+        if self.limits_ramp:
+            up, down = self.ramp_up_w_per_s, self.ramp_down_w_per_s
+            shown = [
+                f"{sign}{fmt_w(v)}/s" if math.isfinite(v) else f"{sign}no limit"
+                for sign, v in (("+", up), ("-", down))
+            ]
+            parts.append(f"ramp {', '.join(shown)} over {self.window_s:g} s")
+        lo, hi = self.oscillation_band_hz
+        if self.oscillation_max_share is not None:
+            parts.append(
+                f"≤ {self.oscillation_max_share * 100:g} % of variance in {lo:g}-{hi:g} Hz "
+                f"per {self.oscillation_window_s:g} s"
+            )
+        if self.floor_fraction is not None:
+            share, last = self.floor_fraction * 100, self.floor_window_s
+            parts.append(f"floor {share:g} % of the last {last:g} s's peak")
+        return "; ".join(parts) or "no limits (measured only)"

@@ -1,0 +1,172 @@
+"""`powerplan whatif` measures the site's power as the grid sees it: the metrics in
+``info["grid"]`` agree with a recomputation, by other means, from the replay's own
+site series; without ``[site.grid]`` it says "no grid spec"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import main
+from planner.mix import parse_mix, place
+from planner.sizing import WorkloadTrace
+from planner.whatif import NO_GRID_SPEC, WhatifSettings, replay
+from policies.tree import PHASE_CODES
+from powerd.topology import load_budgets, parse_budgets
+from tests.support.paths import REPO
+
+DEMO = REPO / "powerd" / "data" / "budgets" / "demo.toml"
+MIX = '[[jobs]]\nworkload = "train"\nshare = 0.9\ncount = 3\n'
+
+
+def square_wave(seconds: int = 300) -> np.ndarray:
+    """The existing whatif tests' job: 12 s compute at 690 W, 8 s communication at 350 W."""
+    t = np.arange(seconds)
+    return np.where(t % 20 < 12, 690.0, 350.0)
+
+
+def traces() -> dict[str, WorkloadTrace]:
+    power = square_wave()
+    phase = np.where(power > 500, PHASE_CODES["compute"], PHASE_CODES["communication"])
+    return {"train": WorkloadTrace("train", power, phase.astype(np.int8), 1.0, 4)}
+
+
+def demo_without_grid() -> str:
+    text = DEMO.read_text("utf-8")
+    start = text.index("[site.grid]")
+    end = text.index("[models.H100]")
+    return text[:start] + text[end:]
+
+
+def replay_demo(text: str | None = None, duration_s: float = 600.0):
+    top = load_budgets(DEMO) if text is None else parse_budgets(text, source="demo.toml")
+    placement = place(top, parse_mix(MIX))
+    return top, replay(top, placement, traces(), WhatifSettings(duration_s=duration_s))
+
+
+# --- an independent recomputation: loops and the two-sided DFT -----------------------------
+
+
+def ramps_by_loop(p: np.ndarray, w: int, dt: float) -> tuple[list[float], list[float]]:
+    rises, falls = [], []
+    for t in range(w, len(p)):
+        rate = (p[t] - p[t - w]) / (w * dt)
+        rises.append(max(rate, 0.0))
+        falls.append(max(-rate, 0.0))
+    return rises, falls
+
+
+def share_two_sided(x: np.ndarray, dt: float, lo: float, hi: float) -> float:
+    x = x - x.mean()
+    power = np.abs(np.fft.fft(x)) ** 2
+    freq = np.abs(np.fft.fftfreq(len(x), dt))
+    total = power[freq > 0].sum()
+    return float(power[(freq >= lo) & (freq <= hi)].sum() / total) if total else 0.0
+
+
+def test_the_demo_replay_reports_grid_metrics_that_a_recomputation_confirms():
+    top, result = replay_demo()
+    grid = result.info["grid"]
+    spec = top.grid
+    assert spec is not None
+    site = result.site_power_w
+    assert site.shape == (600,) and np.all(site > 0)
+    assert grid["spec"] == spec.describe()
+
+    rises, falls = ramps_by_loop(site, 1, 1.0)
+    assert grid["ramp_window_s"] == 1.0
+    assert grid["ramp_up_max_w_per_s"] == pytest.approx(max(rises))
+    assert grid["ramp_down_max_w_per_s"] == pytest.approx(max(falls))
+    assert grid["ramp_up_p99_w_per_s"] == pytest.approx(np.percentile(rises, 99))
+    assert grid["ramp_down_p99_w_per_s"] == pytest.approx(np.percentile(falls, 99))
+    assert grid["s_outside_ramp_up"] == sum(r > 20e3 for r in rises)
+    assert grid["s_outside_ramp_down"] == sum(f > 20e3 for f in falls)
+
+    # 1 s steps see 0.1-0.5 Hz of the 0.1-20 Hz band, and the report says so
+    assert grid["oscillation_band_hz"] == [0.1, 20.0]
+    assert grid["oscillation_band_seen_hz"] == [0.1, 0.5]
+    assert "up to 0.5 Hz" in grid["oscillation_note"]
+    shares = [share_two_sided(site[k : k + 60], 1.0, 0.1, 0.5) for k in range(0, 600, 60)]
+    assert grid["oscillation_windows"] == 10
+    assert grid["oscillation_share_max"] == pytest.approx(max(shares))
+    assert grid["oscillation_share"] == pytest.approx(share_two_sided(site, 1.0, 0.1, 0.5))
+    assert grid["s_outside_oscillation"] == 60.0 * sum(s > 0.2 for s in shares)
+    p2p = max(site[k : k + 60].max() - site[k : k + 60].min() for k in range(0, 600, 60))
+    assert grid["peak_to_peak_max_w"] == pytest.approx(p2p)
+    # the three jobs swing the site: it moves, and its swings are in the band
+    assert grid["ramp_up_max_w_per_s"] > 0 and grid["oscillation_share"] > 0.01
+    assert "floor_energy_kwh" not in grid  # the demo's spec has no floor
+
+
+def test_a_floor_costs_what_lifting_the_series_to_it_costs():
+    text = DEMO.read_text("utf-8").replace(
+        "oscillation_window_s = 60\n",
+        "oscillation_window_s = 60\nfloor_fraction = 0.9\nfloor_window_s = 30\n",
+        1,
+    )
+    _, result = replay_demo(text, duration_s=300)
+    grid = result.info["grid"]
+    site = result.site_power_w
+    floor = [0.9 * site[max(0, t - 29) : t + 1].max() for t in range(len(site))]
+    joules = sum(max(f - p, 0.0) for f, p in zip(floor, site, strict=True))
+    assert grid["floor_energy_kwh"] == pytest.approx(joules / 3.6e6)
+    jobs_j = float((result.jobs["power_w_per_gpu"] * result.jobs["gpus"]).sum()) * 300
+    assert grid["floor_energy_share_of_jobs"] == pytest.approx(joules / jobs_j)
+    assert 0 < grid["floor_energy_share_of_jobs"] < 0.2
+
+
+def test_without_a_grid_spec_it_measures_and_says_so():
+    _, result = replay_demo(demo_without_grid(), duration_s=120)
+    grid = result.info["grid"]
+    assert grid["spec"] == NO_GRID_SPEC
+    assert not any(key.startswith("s_outside") for key in grid)
+    assert grid["ramp_up_max_w_per_s"] > 0  # measured all the same, with the defaults
+
+
+def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    t = np.arange(300.0)
+    frames = [
+        pd.DataFrame(
+            {
+                "time_s": 1.7e9 + t,
+                "node": "p-n0",
+                "gpu": g,
+                "workload": "train",
+                "power_w": square_wave(),
+                "phase": np.where(t % 20 < 12, "compute", "communication"),
+            }
+        )
+        for g in range(4)
+    ]
+    profiles = tmp_path / "p.csv"
+    pd.concat(frames).to_csv(profiles, index=False)
+    mix = tmp_path / "mix.toml"
+    mix.write_text(MIX)
+    return profiles, mix
+
+
+def test_the_command_prints_the_grid_metrics(tmp_path: Path):
+    profiles, mix = write_inputs(tmp_path)
+    runner = CliRunner()
+    args = ["whatif", str(DEMO), str(profiles), "--mix", str(mix), "--duration-s", "120"]
+    doc = json.loads(runner.invoke(main, [*args, "--format", "json"]).output)
+    grid = doc["grid"]
+    assert grid["spec"].startswith("ramp +20 kW/s, -20 kW/s over 1 s")
+    for key in ("ramp_up_max_w_per_s", "ramp_down_p99_w_per_s", "oscillation_share_max"):
+        assert isinstance(grid[key], float)
+    assert grid["oscillation_band_seen_hz"] == [0.1, 0.5]
+    assert 0 <= grid["s_outside_ramp_up"] <= 120 and 0 <= grid["s_outside_oscillation"] <= 120
+    table = runner.invoke(main, args)
+    assert table.exit_code == 0, table.output
+    assert "site power vs the grid spec" in table.output
+    assert "grid band: 1 s steps see up to 0.5 Hz" in table.output
+    bare = tmp_path / "bare.toml"
+    bare.write_text(demo_without_grid())
+    plain = runner.invoke(main, ["whatif", str(bare), *args[2:]])
+    assert plain.exit_code == 0, plain.output
+    assert f"grid spec: {NO_GRID_SPEC}" in plain.output

@@ -1,0 +1,173 @@
+"""policies.grid: site power measured as the grid sees it, on series whose answers are
+known by hand, then properties over random series."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import grid
+
+BAND = (0.1, 20.0)
+
+
+def test_a_ramp_of_known_slope():
+    """100 W for 10 s, +5 W a second for 20 s, 200 W for 10 s: rises of 5 W/s for 20 s."""
+    power = np.concatenate([np.full(10, 100.0), 100 + 5.0 * np.arange(1, 21), np.full(10, 200.0)])
+    r = grid.ramp_stats(power, 1.0, 1.0, up_limit_w_per_s=4.0, down_limit_w_per_s=4.0)
+    assert (r.up_max_w_per_s, r.down_max_w_per_s) == (5.0, 0.0)
+    assert r.up_p99_w_per_s == 5.0  # half the steps rise 5 W/s
+    assert (r.s_up_over, r.s_down_over) == (20.0, 0.0)
+    assert grid.ramp_stats(power, 1.0, 1.0, 5.0, 5.0).s_up_over == 0.0  # at the limit is inside
+    # the same series read at half-second steps over a 2 s window: 4 steps, still 5 W per step
+    r2 = grid.ramp_stats(power, 0.5, 2.0)
+    assert r2.window_s == 2.0 and r2.up_max_w_per_s == pytest.approx(10.0)
+
+
+def test_a_fall_over_a_longer_window_is_averaged():
+    """A 30 kW drop in one step reads 30 kW/s over 1 s and 10 kW/s over 3 s."""
+    power = np.concatenate([np.full(10, 50e3), np.full(10, 20e3)])
+    assert grid.ramp_stats(power, 1.0, 1.0).down_max_w_per_s == 30e3
+    three = grid.ramp_stats(power, 1.0, 3.0, down_limit_w_per_s=10e3)
+    assert three.down_max_w_per_s == pytest.approx(10e3)
+    assert three.s_down_over == 0.0 and three.up_max_w_per_s == 0.0
+    assert grid.ramp_stats(power, 1.0, 3.0, down_limit_w_per_s=9e3).s_down_over == 3.0
+
+
+def test_a_window_below_the_step_is_one_step():
+    assert grid.window_steps(1.0, 0.2) == 1
+    assert grid.ramp_stats(np.array([0.0, 10.0]), 1.0, 0.2).window_s == 1.0
+
+
+def test_a_1_hz_sine_at_10_hz_sampling_is_all_in_the_band():
+    t = np.arange(0, 60, 0.1)
+    power = 1e6 + 1e5 * np.cos(2 * np.pi * 1.0 * t)
+    assert grid.oscillation_share(power, 0.1, BAND) == pytest.approx(1.0)
+    stats = grid.oscillation_stats(power, 0.1, BAND, 60.0, max_share=0.2)
+    assert stats.band.seen_hz == (0.1, 5.0)
+    assert "0.1 s steps see up to 5 Hz" in stats.band.note
+    assert stats.share_max == pytest.approx(1.0) and stats.s_over == 60.0
+    assert stats.peak_to_peak_max_w == pytest.approx(2e5, rel=1e-3)
+
+
+def test_a_slow_sine_is_not_in_the_band():
+    t = np.arange(0.0, 1000.0)
+    power = 1e6 + 1e5 * np.sin(2 * np.pi * 0.01 * t)
+    assert grid.oscillation_share(power, 1.0, BAND) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_half_and_half_splits_the_share():
+    """Equal sines at 0.05 Hz (below) and 0.25 Hz (inside) share the variance equally."""
+    t = np.arange(0.0, 200.0)
+    power = np.sin(2 * np.pi * 0.05 * t) + np.sin(2 * np.pi * 0.25 * t)
+    assert grid.oscillation_share(power, 1.0, BAND) == pytest.approx(0.5)
+
+
+def test_what_one_second_steps_cannot_see():
+    band = grid.visible_band(1.0, BAND)
+    assert band.seen_hz == (0.1, 0.5) and band.nyquist_hz == 0.5
+    assert band.note == "1 s steps see up to 0.5 Hz: only 0.1-0.5 Hz of the 0.1-20 Hz band"
+    unseen = grid.visible_band(10.0, BAND)
+    assert unseen.seen_hz is None and "none of the 0.1-20 Hz band" in unseen.note
+    assert math.isnan(grid.oscillation_share(np.arange(100.0), 10.0, BAND))
+    assert grid.visible_band(0.01, BAND).note == ""  # 50 Hz Nyquist sees all of it
+
+
+def test_windows_and_seconds_outside():
+    """Two 60 s windows: the first flat, the second a 0.25 Hz swing; one is outside."""
+    t = np.arange(120.0)
+    power = np.where(t < 60, 5e5, 5e5 + 1e4 * np.sin(2 * np.pi * 0.25 * t))
+    stats = grid.oscillation_stats(power, 1.0, BAND, 60.0, max_share=0.5)
+    assert stats.n_windows == 2 and stats.window_s == 60.0
+    assert stats.share_max == pytest.approx(1.0) and stats.s_over == 60.0
+    # a series shorter than a window is one window; a last partial window is left out
+    assert grid.oscillation_stats(power[:30], 1.0, BAND, 60.0).n_windows == 1
+    assert grid.oscillation_stats(power[:100], 1.0, BAND, 60.0).n_windows == 1
+
+
+def test_a_floor_and_what_it_costs():
+    """Floor 0.5 of the last 2 s's peak; the running mask skips a step and forgets it."""
+    power = np.array([10.0, 5.0, 10.0, 2.0, 8.0])
+    running = np.array([True, True, False, True, True])
+    floor = grid.floor_series(power, 1.0, 0.5, 2.0, running)
+    np.testing.assert_allclose(floor, [5.0, 5.0, 0.0, 1.0, 4.0])
+    cost = grid.floor_cost(power, floor, 1.0, reference_j=10.0)
+    assert cost.energy_kwh == pytest.approx(0.0)  # power never below this floor
+    hold = grid.floor_series(np.array([100.0, 10.0, 100.0]), 3600.0, 0.8, 7200.0)
+    np.testing.assert_allclose(hold, [80.0, 80.0, 80.0])
+    cost = grid.floor_cost(np.array([100.0, 10.0, 100.0]), hold, 3600.0, reference_j=210 * 3600.0)
+    assert cost.energy_kwh == pytest.approx(0.07)  # 70 W for an hour
+    assert cost.share_of_reference == pytest.approx(70 / 210)
+
+
+def test_running_max_is_the_trailing_maximum():
+    x = np.random.default_rng(1).normal(size=101)
+    for w in (1, 2, 7, 50, 200):
+        expect = [x[max(0, i - w + 1) : i + 1].max() for i in range(len(x))]
+        np.testing.assert_array_equal(grid.running_max(x, 1.0, float(w)), expect)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="dt_s"):
+        grid.ramp_stats(np.zeros(3), 0.0, 1.0)
+    with pytest.raises(ValueError, match="band"):
+        grid.oscillation_share(np.zeros(3), 1.0, (20.0, 0.1))
+    with pytest.raises(ValueError, match="finite"):
+        grid.ramp_stats(np.array([1.0, np.nan]), 1.0, 1.0)
+    with pytest.raises(ValueError, match="fraction"):
+        grid.floor_series(np.zeros(3), 1.0, 1.0, 1.0)
+
+
+# --- properties ----------------------------------------------------------------------------
+
+powers = st.lists(st.floats(0.0, 2e8, allow_nan=False), min_size=0, max_size=300).map(
+    lambda v: np.array(v, dtype=float)
+)
+steps = st.sampled_from([0.01, 0.1, 0.25, 1.0, 2.0])
+windows = st.floats(0.01, 120.0)
+limits = st.floats(1.0, 1e8)
+many = settings(max_examples=200, deadline=None)
+
+
+@many
+@given(powers, steps, windows, windows, limits)
+def test_measures_stay_in_their_ranges(power, dt, window, osc_window, limit):
+    r = grid.ramp_stats(power, dt, window, limit, limit)
+    assert r.up_max_w_per_s >= r.up_p99_w_per_s >= 0
+    assert r.down_max_w_per_s >= r.down_p99_w_per_s >= 0
+    duration = len(power) * dt
+    assert 0 <= r.s_up_over + r.s_down_over <= duration + 1e-9
+    stats = grid.oscillation_stats(power, dt, BAND, osc_window, max_share=0.1)
+    for share in (stats.share, stats.share_max):
+        assert math.isnan(share) or 0.0 <= share <= 1.0
+    assert 0 <= stats.s_over <= duration + 1e-9
+    assert stats.peak_to_peak_max_w >= 0
+
+
+@many
+@given(st.floats(0.0, 2e8), st.integers(0, 300), steps, windows)
+def test_constant_power_has_no_ramp_and_no_share(level, n, dt, window):
+    power = np.full(n, level)
+    r = grid.ramp_stats(power, dt, window, 1.0, 1.0)
+    assert (r.up_max_w_per_s, r.down_max_w_per_s, r.s_up_over, r.s_down_over) == (0, 0, 0, 0)
+    stats = grid.oscillation_stats(power, dt, (0.01, 20.0), 60.0, max_share=0.01)
+    assert stats.share == 0.0
+    assert stats.s_over == 0.0 and stats.peak_to_peak_max_w == 0.0
+
+
+@many
+@given(powers, steps, windows, st.floats(0.01, 0.99))
+def test_a_floor_never_exceeds_the_recent_peak_and_costs_nothing_when_held(
+    power, dt, window, fraction
+):
+    floor = grid.floor_series(power, dt, fraction, window)
+    assert np.all(floor >= 0)
+    if len(power):
+        assert np.all(floor <= fraction * power.max() + 1e-6)
+    lifted = np.maximum(power, floor)
+    assert grid.floor_cost(lifted, floor, dt).energy_kwh == 0.0
+    assert grid.floor_cost(power, floor, dt).energy_kwh >= 0.0

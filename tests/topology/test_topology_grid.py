@@ -1,0 +1,171 @@
+"""``[site.grid]``: the grid's limits on measured site power, read into ``Topology.grid``;
+every fault names the file, ``[site.grid]`` and the number."""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from powerd.topology import BudgetError, load_budgets, parse_budgets
+from powerd.topology.grid import GridSpec
+
+BASE = """\
+[site]
+name = "lab"
+limit_kw = 40
+budget_kw = 36
+ramp_kw_per_s = 10
+{grid}
+[[rows]]
+name = "r1"
+limit_kw = 39
+budget_kw = 35
+
+[[rows.racks]]
+name = "r1-k1"
+limit_w = 20000
+budget_w = 18000
+nodes = {{ count = 4, name = "{{rack}}-n{{i}}", gpus = 4, model = "H100" }}
+"""
+
+FULL = """
+[site.grid]
+ramp_up_kw_per_s = 2
+ramp_down_w_per_s = 1500
+window_s = 0.5
+floor_fraction = 0.8
+floor_window_s = 30
+oscillation_band_hz = [0.2, 10]
+oscillation_max_share = 0.05
+oscillation_window_s = 20
+"""
+
+
+def parse(grid: str):
+    return parse_budgets(BASE.format(grid=grid), source="lab.toml")
+
+
+def example(name: str) -> Path:
+    return Path(str(resources.files("powerd") / "data" / "budgets" / f"{name}.toml"))
+
+
+def test_no_grid_table_is_no_grid_limits():
+    assert parse("").grid is None
+    assert load_budgets(example("tiny")).grid is None
+
+
+def test_every_key_read_in_watts_and_seconds():
+    assert parse(FULL).grid == GridSpec(
+        ramp_up_w_per_s=2000.0,
+        ramp_down_w_per_s=1500.0,
+        window_s=0.5,
+        floor_fraction=0.8,
+        floor_window_s=30.0,
+        oscillation_band_hz=(0.2, 10.0),
+        oscillation_max_share=0.05,
+        oscillation_window_s=20.0,
+    )
+
+
+def test_each_key_is_optional_and_an_empty_table_measures_only():
+    empty = parse("[site.grid]\n").grid
+    assert empty == GridSpec()
+    assert math.isinf(empty.ramp_up_w_per_s) and empty.oscillation_max_share is None
+    assert empty.describe() == "no limits (measured only)"
+    up = parse("[site.grid]\nramp_up_kw_per_s = 3\n").grid
+    assert up.ramp_up_w_per_s == 3000.0 and math.isinf(up.ramp_down_w_per_s)
+    assert up.describe() == "ramp +3 kW/s, -no limit over 1 s"
+
+
+def test_units_mean_the_same():
+    watts = [
+        parse(f"[site.grid]\nramp_down{unit} = {value}\n").grid.ramp_down_w_per_s
+        for unit, value in (("_w_per_s", 2000), ("_kw_per_s", 2), ("_mw_per_s", 0.002))
+    ]
+    assert watts == pytest.approx([2000.0] * 3)
+
+
+def test_the_shipped_files():
+    site = load_budgets(example("site-150mw")).grid
+    assert site is not None
+    assert (site.ramp_up_w_per_s, site.ramp_down_w_per_s, site.window_s) == (1e6, 1e6, 1.0)
+    assert site.oscillation_band_hz == (0.1, 20.0) and site.oscillation_max_share == 0.2
+    assert site.floor_fraction == 0.8
+    demo_top = load_budgets(example("demo"))
+    demo = demo_top.grid
+    assert demo is not None
+    # the demo's grid asks of measured power what its site asks of the sum of caps
+    assert demo.ramp_up_w_per_s == demo.ramp_down_w_per_s == demo_top.ramp_w_per_s[0] == 20e3
+    assert demo.describe().startswith("ramp +20 kW/s, -20 kW/s over 1 s")
+
+
+def test_a_row_has_no_grid():
+    text = BASE.format(grid="").replace('name = "r1"\n', 'name = "r1"\ngrid = {}\n')
+    with pytest.raises(BudgetError, match=r"row 'r1': unknown key\(s\) \['grid'\]"):
+        parse_budgets(text, source="lab.toml")
+
+
+CASES = [
+    # (the [site.grid] lines, what the message must contain)
+    ("ramp_up_w_per_s = 2", ("ramp_up_w_per_s = 2 W/s", "implausible", "ramp_up_kw_per_s = 2")),
+    (
+        "ramp_up_mw_per_s = 20",
+        ("ramp_up_mw_per_s = 20 (2e+07 W/s)", "did you mean ramp_up_kw_per_s"),
+    ),
+    ("ramp_down_kw_per_s = -1", ("ramp_down_kw_per_s = -1", "negative")),
+    ("ramp_down_kw_per_s = 0", ("ramp_down_kw_per_s = 0", "zero")),
+    ("ramp_up_kw_per_s = inf", ("ramp_up_kw_per_s = inf", "finite")),
+    ("ramp_up_kw_per_s = nan", ("ramp_up_kw_per_s = nan", "finite")),
+    ('ramp_up_kw_per_s = "2"', ("ramp_up_kw_per_s must be a number", "'2'")),
+    ("ramp_up_kw_per_s = 2\nramp_up_w_per_s = 2000", ("give ramp_up once",)),
+    ("ramp_kw_per_s = 2", ("unknown key(s) ['ramp_kw_per_s']", "ramp_up_kw_per_s")),
+    ("window_s = 0", ("window_s = 0", "zero")),
+    ("window_s = 5000", ("window_s = 5000 s is implausible", "in milliseconds? 5000 ms is 5 s")),
+    ("floor_fraction = 80", ("floor_fraction = 80", "(0, 1)", "a percentage? write 0.8")),
+    ("floor_fraction = 1", ("floor_fraction = 1", "(0, 1)")),
+    ("floor_window_s = 60", ("floor_window_s = 60 s is given but floor_fraction is not",)),
+    ("oscillation_max_share = 5", ("oscillation_max_share = 5", "(0, 1]", "write 0.05")),
+    ("oscillation_band_hz = [20, 0.1]", ("oscillation_band_hz = [20, 0.1]", "low edge")),
+    ("oscillation_band_hz = [0, 20]", ("oscillation_band_hz[0] = 0", "zero")),
+    ("oscillation_band_hz = 20", ("oscillation_band_hz must be [low, high]", "got 20")),
+    ("oscillation_band_hz = [0.1, 2, 20]", ("oscillation_band_hz must be [low, high]",)),
+    ("oscillation_band_hz = [0.1, true]", ("oscillation_band_hz[1] must be a number",)),
+    (
+        "oscillation_band_hz = [100, 20000]",
+        ("[100, 20000] Hz is implausible", "in mHz? [100, 20000] mHz is [0.1, 20] Hz"),
+    ),
+    (
+        "oscillation_window_s = 5",
+        ("oscillation_window_s = 5 s", "0.1 Hz: 10 s", "oscillation_window_s ≥ 10"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("lines", "expect"), CASES, ids=[c[0].split("\n")[0] for c in CASES])
+def test_a_bad_grid_is_named(lines: str, expect: tuple[str, ...]):
+    with pytest.raises(BudgetError) as caught:
+        parse(f"[site.grid]\n{lines}\n")
+    message = str(caught.value)
+    assert message.startswith("lab.toml: [site.grid]: "), message
+    for fragment in expect:
+        assert fragment in message, message
+
+
+def test_grid_must_be_a_table():
+    text = BASE.format(grid="").replace("ramp_kw_per_s = 10\n", "ramp_kw_per_s = 10\ngrid = 3\n")
+    with pytest.raises(BudgetError, match=r"lab.toml: \[site.grid\]: must be a table"):
+        parse_budgets(text, source="lab.toml")
+
+
+def test_a_grid_spec_built_in_code_is_checked_too():
+    with pytest.raises(ValueError, match="ramp_up_w_per_s"):
+        GridSpec(ramp_up_w_per_s=0.0)
+    with pytest.raises(ValueError, match="oscillation_band_hz"):
+        GridSpec(oscillation_band_hz=(1.0, 1.0))
+    with pytest.raises(ValueError, match="floor_fraction"):
+        GridSpec(floor_fraction=1.0)
+    with pytest.raises(ValueError, match="window_s"):
+        GridSpec(window_s=math.nan)
