@@ -45,6 +45,9 @@ class CoordinatorConfig:
     controller_keys: tuple[str, ...] = ()
     # public keys of the other coordinators whose heartbeats count (ours always does)
     coordinator_keys: tuple[str, ...] = ()
+    # operators' public keys: a temporary site limit (demand response) counts only when
+    # signed by one of these
+    operator_keys: tuple[str, ...] = ()
     source: str = "<defaults>"
 
     def parsed_scopes(self, topology: Topology) -> list[Scope]:
@@ -76,6 +79,12 @@ class CoordinatorConfig:
             self.coordinator_keys, self.source, "trust.coordinator_keys", signer.trusted()
         )
 
+    def operator_verifier(self) -> Verifier | None:
+        """Whose site limits count: ``operator_keys`` only; None when none is configured."""
+        if not self.operator_keys:
+            return None
+        return verifier_from(self.operator_keys, self.source, "trust.operator_keys")
+
     def with_overrides(self, **overrides: Any) -> CoordinatorConfig:
         return with_overrides(self, overrides, validate)
 
@@ -92,7 +101,7 @@ def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:
     known = {
         "coordinator": {"name", "cluster", "scopes", *_TIMING},
         "broker": BROKER_KEYS,
-        "trust": {"signing_key", "controller_keys", "coordinator_keys"},
+        "trust": {"signing_key", "controller_keys", "coordinator_keys", "operator_keys"},
     }
     raw = read_toml(path, known)
     get = Getter(where)
@@ -112,6 +121,7 @@ def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:
         signing_key=get.path(trust, "trust.signing_key"),
         controller_keys=get.paths(trust, "trust.controller_keys"),
         coordinator_keys=get.paths(trust, "trust.coordinator_keys"),
+        operator_keys=get.paths(trust, "trust.operator_keys"),
         source=where,
         **{k: get.number(section, f"coordinator.{k}", getattr(defaults, k)) for k in _TIMING},
     )

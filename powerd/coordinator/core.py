@@ -13,6 +13,7 @@ deposed leader's summary changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -156,11 +157,31 @@ class CoordinatorCore:
             limit_w=self.limit_w,
         )
 
-    def period(self) -> Period:
-        """Allocate and build every leaf's grant."""
+    def site_measured_w(self) -> float:
+        """The heard leaves' measured power plus the site's own overhead (the newest)."""
+        now = self._monotonic()
+        heard = (now - self.received_mono) <= self.grant_ttl_s
+        measured = sum(
+            s.measured_w
+            for s, h in zip(self.summaries, heard.tolist(), strict=True)
+            if s is not None and h
+        )
+        return measured + self.site_overhead_w
+
+    def pool_under(self, site_threshold_w: float | None) -> SitePool:
+        """The site as divided this period: the leaf pool, or less under an operator's site
+        limit (the leaves' thresholds plus the site's own overhead within ``site_threshold_w``)."""
+        if site_threshold_w is None:
+            return self.site
+        limited = (site_threshold_w - self.site_overhead_w) / self.site.cap_threshold
+        return dataclasses.replace(self.site, pool_w=max(0.0, min(self.site.pool_w, limited)))
+
+    def period(self, site_threshold_w: float | None = None) -> Period:
+        """Allocate and build every leaf's grant; ``site_threshold_w``: an operator's site
+        limit in force, as the site's capping threshold this period (None: the file's)."""
         started = time.perf_counter()
         leaves = self.leaves()
-        allocation = allocate(leaves, self.site)
+        allocation = allocate(leaves, self.pool_under(site_threshold_w))
         ts = self._wall()
         self.seq += 1
         grants = [
@@ -182,11 +203,6 @@ class CoordinatorCore:
                 strict=True,
             )
         ]
-        measured = sum(
-            s.measured_w
-            for s, h in zip(self.summaries, leaves.heard.tolist(), strict=True)
-            if s is not None and h
-        )
         counters, self.counters = self.counters, CoordinatorCounters()
         counters.grants_sent = len(grants)
         counters.leaves_heard = int(leaves.heard.sum())
@@ -194,7 +210,7 @@ class CoordinatorCore:
         return Period(
             grants=grants,
             allocation=allocation,
-            site_measured_w=measured + self.site_overhead_w,
+            site_measured_w=self.site_measured_w(),
             cycle_s=time.perf_counter() - started,
             counters=counters,
         )

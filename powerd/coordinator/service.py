@@ -19,12 +19,13 @@ from collections.abc import Callable
 
 from powerd.backoff import Backoff
 from powerd.controller.leadership import Leadership
+from powerd.controller.site_limit import SiteLimits
 from powerd.coordinator.config import CoordinatorConfig
 from powerd.coordinator.core import CoordinatorCore, Period
 from powerd.heartbeat import signed_heartbeat, step_down_on_exit
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
-from powerd.protocol import Heartbeat, ProtocolError, Summary, Topics, encode
+from powerd.protocol import Heartbeat, ProtocolError, SiteLimit, Summary, Topics, encode
 from powerd.ratelimit import LogOncePer
 from powerd.signing import Signer
 from powerd.systemd import SystemdNotifier
@@ -53,11 +54,13 @@ class CoordinatorService:
         self.link = MqttLink(
             config.broker,
             f"powerd-coordinator-{config.cluster}-{config.name}",
-            [(t.coordinator_heartbeat, 1), (t.all_summaries, 1)],
+            [(t.coordinator_heartbeat, 1), (t.all_summaries, 1), (t.site_limit, 1)],
             self._on_message,
             monotonic=monotonic,
         )
         self.leadership = Leadership(config.name, config.takeover_after_s)
+        self.site_limits = SiteLimits()  # an operator's temporary site limit (demand response)
+        self.operators = config.operator_verifier()
         self.stats = SessionStats()
         self.leading = asyncio.Event()
         self.periods: list[Period] = []  # the last few
@@ -152,7 +155,11 @@ class CoordinatorService:
             raise LinkError(f"connection lost: {link.lost.result()}")
 
     def _grant(self, link: MqttLink) -> None:
-        period = self.core.period()
+        site = self.core.site
+        threshold = self.site_limits.threshold_w(
+            self._wall(), self.core.site_measured_w(), self.config.period_s, site.ramp_w_per_s
+        )
+        period = self.core.period(threshold)
         grant_topic, sign = self.topics.grant, self.signer.sign
         for grant in period.grants:
             topic = grant_topic(grant.scope)
@@ -198,6 +205,14 @@ class CoordinatorService:
                 if self.leadership.observe(beat, now, age_s):
                     self.leading.clear()
                 self._heartbeat_seen.set()
+            elif kind == "site_limit":
+                if self.operators is None:
+                    raise ProtocolError("no operator key is trusted (trust.operator_keys)")
+                why = self.site_limits.take(self.operators.decode(SiteLimit, topic, payload))
+                if why is not None:
+                    self._log.warning("site-limit-order", now, "site limit ignored: %s", why)
+                else:
+                    log.warning("site limit taken: %s", self.site_limits.limit)
             elif kind == "summary":
                 summary = self.summaries_from.decode(Summary, topic, payload)
                 if summary.scope != name:

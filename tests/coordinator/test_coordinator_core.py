@@ -104,3 +104,15 @@ def test_a_leaf_silent_for_the_ttl_is_reserved_its_last_budget():
     assert period.allocation.reserved_w == 14_000.0  # more than r1's 12 kW file budget
     assert period.grants[0].budget_w == 12_000.0  # granted its file budget
     assert sum(g.budget_w for g in period.grants[1:]) <= core.site.pool_w - 14_000.0 + 1e-6
+
+
+def test_an_operator_site_limit_shrinks_the_pool_by_the_site_threshold():
+    clocks = ManualClock()
+    core = make_core(clocks)
+    assert core.pool_under(None) is core.site
+    # the three_rows site has no overhead of its own: at threshold 0.98 the leaves' budgets
+    # may sum to the limit / 0.98
+    assert core.pool_under(29_400.0).pool_w == pytest.approx(30_000.0)
+    assert core.pool_under(1e9).pool_w == core.site.pool_w  # never above the file's
+    period = core.period(29_400.0)
+    assert sum(g.budget_w for g in period.grants) <= 30_000.0 + 1e-6
