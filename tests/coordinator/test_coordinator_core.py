@@ -114,5 +114,8 @@ def test_an_operator_site_limit_shrinks_the_pool_by_the_site_threshold():
     # may sum to the limit / 0.98
     assert core.pool_under(29_400.0).pool_w == pytest.approx(30_000.0)
     assert core.pool_under(1e9).pool_w == core.site.pool_w  # never above the file's
-    period = core.period(29_400.0)
+    for scope in ("r1", "r2", "r3"):  # every leaf heard, each wanting 6 kW above its floors
+        assert core.on_summary(summary(clocks, scope, 6000.0, 0.0))
+    period = core.period(29_400.0)  # every leaf is lowered: at once, within the smaller pool
     assert sum(g.budget_w for g in period.grants) <= 30_000.0 + 1e-6
+    assert all(g.budget_w < 12_000.0 for g in period.grants)
