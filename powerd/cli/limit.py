@@ -139,6 +139,7 @@ def _publish(
     from powerd.mqtt_url import parse_broker_url
     from powerd.protocol import ProtocolError, SiteLimit, Topics, encode
     from powerd.signing import KeyFileError, load_signer
+    from powerd.vocabulary import PROTOCOL_VERSION
 
     try:
         signer = load_signer(key_path)
@@ -146,7 +147,7 @@ def _publish(
         settings = parse_broker_url(broker or "mqtt://localhost")
         now = time.time()
         message = SiteLimit(
-            v=1, operator=operator, seq=int(now * 1000), ts=now, limit_w=limit_w,
+            v=PROTOCOL_VERSION, operator=operator, seq=int(now * 1000), ts=now, limit_w=limit_w,
             starts_ts=starts, expires_ts=expires, reason=reason,
         )  # fmt: skip
         payload = signer.sign(topics.site_limit, encode(message))

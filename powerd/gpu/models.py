@@ -23,6 +23,9 @@ class GpuModel:
     idle_power_w: float
     has_instant_power: bool  # NVML_FI_DEV_POWER_INSTANT answers (Hopper and newer)
     has_energy_counter: bool  # nvmlDeviceGetTotalEnergyConsumption (Volta and newer)
+    # Hardware power smoothing through NVML (nvmlDevicePowerSmoothing*): Blackwell and
+    # newer with a driver of branch R570 or newer (docs/POWER_SMOOTHING.md).
+    has_power_smoothing: bool = False
 
 
 GPU_MODELS: dict[str, GpuModel] = {
@@ -33,7 +36,9 @@ GPU_MODELS: dict[str, GpuModel] = {
             "A100", "NVIDIA A100-SXM4-80GB", 100.0, 400.0, 400.0, 210, 1410, 55.0, False, True
         ),
         # GB200: 1200 W TDP per GPU (Meta, docs/DOMAIN.md); the 200 W floor is assumed.
-        GpuModel("GB200", "NVIDIA GB200", 200.0, 1200.0, 1200.0, 300, 2062, 120.0, True, True),
+        GpuModel(
+            "GB200", "NVIDIA GB200", 200.0, 1200.0, 1200.0, 300, 2062, 120.0, True, True, True
+        ),
         # The three GPUs of the Zeus sweeps in tests/data/zeus-power-limit/.
         GpuModel("A40", "NVIDIA A40", 100.0, 300.0, 300.0, 210, 1740, 30.0, False, True),
         GpuModel("V100", "Tesla V100-PCIE-32GB", 100.0, 250.0, 250.0, 135, 1380, 25.0, False, True),

@@ -12,11 +12,17 @@ without a driver (the shared library is loaded by ``nvmlInit``).
 
 NVML speaks milliwatts, millijoules and MHz; this backend speaks watts, joules
 and MHz, with the unit in each name.
+
+Hardware power smoothing (Blackwell, driver R570+) is written with the three
+``nvmlDevicePowerSmoothing*`` calls and read back through field values
+(``NVML_FI_PWR_SMOOTHING_*``); see ``docs/POWER_SMOOTHING.md`` for what is
+documented by NVIDIA and what this backend assumes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import math
 import numbers
@@ -26,7 +32,15 @@ from typing import Any, NoReturn
 
 import pynvml
 
-from powerd.gpu.base import ClockRange, Gpu, PowerLimitRange, PowerReading
+from powerd.gpu.base import (
+    SMOOTHING_MAX_PRESETS,
+    ClockRange,
+    Gpu,
+    PowerLimitRange,
+    PowerReading,
+    SmoothingProfile,
+    SmoothingRange,
+)
 from powerd.gpu.errors import (
     GpuError,
     GpuLibraryError,
@@ -61,6 +75,18 @@ _NOT_SUPPORTED_ERRORS = frozenset(
     {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
 )
 
+_SMOOTHING_HINT = (
+    "hardware power smoothing needs a Blackwell-class GPU (GB200, B200 or newer) and an "
+    "NVIDIA driver of branch R570 or newer"
+)
+_SMOOTHING_FIELD_SKEW_HINT = (
+    "are nvidia-ml-py and the driver from the same branch? The NVML_FI_PWR_SMOOTHING_* "
+    "field ids differ between NVML headers (251-268 in most, 256-273 in the CUDA 12.9 / "
+    "R575 ones such as nvidia-ml-py 12.575.51); see docs/POWER_SMOOTHING.md"
+)
+# ARGUMENT_VERSION_MISMATCH is newer than some nvidia-ml-py releases the project allows.
+_VERSION_MISMATCH = getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", None)
+
 # Which member of the c_nvmlValue_t union holds a field value, by its valueType.
 _VALUE_MEMBERS: dict[int, str] = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
@@ -88,12 +114,17 @@ def _translate(err: pynvml.NVMLError, call: str, where: str) -> GpuError:
     """
     code = getattr(err, "value", None)
     text = _nvml_error_text(err)
+    smoothing = "PowerSmoothing" in call or "PWR_SMOOTHING" in call
     if code == pynvml.NVML_ERROR_NO_PERMISSION:
         return GpuPermissionError(
             f"{call} on {where} was refused: insufficient permissions "
             f"(NVML_ERROR_NO_PERMISSION); {_ROOT_HINT}"
         )
     if code in _NOT_SUPPORTED_ERRORS:
+        if smoothing:
+            return GpuNotSupportedError(
+                f"{call} is not supported on {where} ({text}): {_SMOOTHING_HINT}"
+            )
         return GpuNotSupportedError(
             f"{call} is not supported on {where} by this GPU or driver ({text})"
         )
@@ -105,6 +136,12 @@ def _translate(err: pynvml.NVMLError, call: str, where: str) -> GpuError:
         )
     if code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
         return GpuValueError(f"{call} on {where} rejected its arguments (NVML: {text})")
+    if _VERSION_MISMATCH is not None and code == _VERSION_MISMATCH:
+        return GpuError(
+            f"{call} on {where} failed: the driver does not accept the structure version "
+            f"nvidia-ml-py passed (NVML_ERROR_ARGUMENT_VERSION_MISMATCH); install the "
+            "nvidia-ml-py release that matches the driver branch"
+        )
     if code in _LIBRARY_ERRORS:
         hint = _DRIVER_HINT
         if code == pynvml.NVML_ERROR_UNINITIALIZED:
@@ -127,6 +164,38 @@ def _as_text(value: str | bytes) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return str(value)
+
+
+# The power smoothing fields and structures, absent from nvidia-ml-py before 12.570.
+_FI_SMOOTHING: dict[str, int | None] = {
+    name: getattr(pynvml, f"NVML_FI_PWR_SMOOTHING_{name}", None)
+    for name in (
+        "ENABLED",
+        "ACTIVE_PRESET_PROFILE",
+        "MAX_NUM_PRESET_PROFILES",
+        "MIN_PERCENT_TMP_FLOOR_SETTING",
+        "MAX_PERCENT_TMP_FLOOR_SETTING",
+        "PROFILE_PERCENT_TMP_FLOOR",
+        "PROFILE_RAMP_UP_RATE",
+        "PROFILE_RAMP_DOWN_RATE",
+        "PROFILE_RAMP_DOWN_HYST_VAL",
+    )
+}
+_HAS_SMOOTHING_BINDINGS = all(v is not None for v in _FI_SMOOTHING.values()) and all(
+    hasattr(pynvml, name)
+    for name in (
+        "c_nvmlPowerSmoothingProfile_v1_t",
+        "c_nvmlPowerSmoothingState_v1_t",
+        "NVML_POWER_SMOOTHING_PROFILE_PARAM_PERCENT_TMP_FLOOR",
+    )
+)
+# The four preset parameters powerd sets, in the order written: (param id name, field name).
+_SMOOTHING_PARAMS = (
+    ("NVML_POWER_SMOOTHING_PROFILE_PARAM_PERCENT_TMP_FLOOR", "PROFILE_PERCENT_TMP_FLOOR"),
+    ("NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_UP_RATE", "PROFILE_RAMP_UP_RATE"),
+    ("NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_DOWN_RATE", "PROFILE_RAMP_DOWN_RATE"),
+    ("NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_DOWN_HYSTERESIS", "PROFILE_RAMP_DOWN_HYST_VAL"),
+)
 
 
 def _field_value(field: Any) -> float:
@@ -157,6 +226,7 @@ class NvmlGpu(Gpu):
         self.name = _as_text(self._call("nvmlDeviceGetName"))
         self.uuid = _as_text(self._call("nvmlDeviceGetUUID"))
         self._locked_max_mhz: int | None = None
+        self._smoothing_supported: bool | None = None  # asked on first use, then remembered
         self._power_reading = self._probe_power()
         self._has_energy = self._probe_energy()
         self._clock_range, self._clock_range_error = self._probe_clock_range()
@@ -308,6 +378,146 @@ class NvmlGpu(Gpu):
     def temp_c(self) -> float:
         """GPU core temperature in degrees Celsius."""
         return float(self._call("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU))
+
+    # -- hardware power smoothing ------------------------------------------------------------
+
+    def _smoothing_fields(self, *wanted: tuple[str, int | None]) -> list[float]:
+        """Read ``NVML_FI_PWR_SMOOTHING_<name>`` fields, each with its scope (a preset) or None.
+
+        A field that fails on its own raises its translated error, named after the field.
+        """
+        ids: list[int | tuple[int, int]] = []
+        for name, scope in wanted:
+            field_id = _FI_SMOOTHING[name]
+            assert field_id is not None  # callers check _HAS_SMOOTHING_BINDINGS
+            ids.append(field_id if scope is None else (field_id, scope))
+        names = ", ".join(f"NVML_FI_PWR_SMOOTHING_{name}" for name, _ in wanted)
+        with _nvml_errors(f"nvmlDeviceGetFieldValues({names})", self._where):
+            fields = self._nvml.nvmlDeviceGetFieldValues(self._handle, ids)
+        values = []
+        for (name, scope), field in zip(wanted, fields, strict=True):
+            call = f"nvmlDeviceGetFieldValues(NVML_FI_PWR_SMOOTHING_{name}"
+            call += ")" if scope is None else f", preset {scope})"
+            with _nvml_errors(call, self._where):
+                if field.nvmlReturn != pynvml.NVML_SUCCESS:  # per-field status
+                    raise pynvml.NVMLError(field.nvmlReturn)
+                values.append(_field_value(field))
+        return values
+
+    def _smoothing_nonsense(self, what: str) -> GpuError:
+        return GpuError(
+            f"{self._where}: power smoothing fields read back nonsense ({what}); "
+            f"{_SMOOTHING_FIELD_SKEW_HINT}"
+        )
+
+    def supports_smoothing(self) -> bool:
+        """Whether NVML answers NVML_FI_PWR_SMOOTHING_ENABLED on this GPU (asked once)."""
+        if self._smoothing_supported is None:
+            if not _HAS_SMOOTHING_BINDINGS:
+                logger.info(
+                    "%s: this nvidia-ml-py has no power smoothing calls (12.570 or newer has)",
+                    self._where,
+                )
+                self._smoothing_supported = False
+            else:
+                try:
+                    self._smoothing_fields(("ENABLED", None))
+                except (GpuNotSupportedError, GpuValueError) as err:
+                    # Drivers that do not know the field answer NOT_SUPPORTED or INVALID_ARGUMENT.
+                    logger.info("%s: no hardware power smoothing: %s", self._where, err)
+                    self._smoothing_supported = False
+                else:
+                    self._smoothing_supported = True
+        return self._smoothing_supported
+
+    def _smoothing_unsupported(self) -> GpuNotSupportedError:
+        if not _HAS_SMOOTHING_BINDINGS:
+            return GpuNotSupportedError(
+                f"{self._where}: the installed nvidia-ml-py has no power smoothing calls; "
+                f"install nvidia-ml-py 12.570 or newer ({_SMOOTHING_HINT})"
+            )
+        return super()._smoothing_unsupported()
+
+    def smoothing_range(self) -> SmoothingRange:
+        """Floor range (NVML_FI_PWR_SMOOTHING_MIN/MAX_PERCENT_TMP_FLOOR_SETTING) and presets."""
+        if not self.supports_smoothing():
+            raise self._smoothing_unsupported()
+        low, high, presets = self._smoothing_fields(
+            ("MIN_PERCENT_TMP_FLOOR_SETTING", None),
+            ("MAX_PERCENT_TMP_FLOOR_SETTING", None),
+            ("MAX_NUM_PRESET_PROFILES", None),
+        )
+        if not (0 <= low <= high <= 100 and 1 <= presets <= SMOOTHING_MAX_PRESETS):
+            raise self._smoothing_nonsense(
+                f"floor setting {low:g}-{high:g}%, {presets:g} preset profiles"
+            )
+        return SmoothingRange(floor_min_percent=low, floor_max_percent=high, presets=int(presets))
+
+    def smoothing(self, preset: int | None = None) -> SmoothingProfile | None:
+        """The values of ``preset`` (None: the active preset) and the switch, read from NVML.
+
+        None where the GPU has no power smoothing. Ramp rates are read in mW/s and
+        returned in W/s; the floor is a percentage, the hysteresis in ms.
+        """
+        if not self.supports_smoothing():
+            return None
+        if preset is not None and (
+            isinstance(preset, bool)
+            or not isinstance(preset, numbers.Integral)
+            or not 0 <= preset < SMOOTHING_MAX_PRESETS
+        ):
+            self._reject(f"smoothing preset must be 0-{SMOOTHING_MAX_PRESETS - 1}, got {preset!r}")
+        enabled, active = self._smoothing_fields(("ENABLED", None), ("ACTIVE_PRESET_PROFILE", None))
+        if (
+            enabled not in (0, 1)
+            or active != int(active)
+            or not 0 <= active < SMOOTHING_MAX_PRESETS
+        ):
+            raise self._smoothing_nonsense(f"enabled={enabled:g}, active preset {active:g}")
+        which = int(active) if preset is None else int(preset)
+        floor, up_mw_s, down_mw_s, hyst_ms = self._smoothing_fields(
+            *((field, which) for _, field in _SMOOTHING_PARAMS)
+        )
+        try:
+            return SmoothingProfile(
+                preset=which,
+                enabled=bool(enabled),
+                floor_percent=floor,
+                ramp_up_w_per_s=up_mw_s / 1000,
+                ramp_down_w_per_s=down_mw_s / 1000,
+                ramp_down_hysteresis_ms=hyst_ms,
+            )
+        except GpuValueError as err:
+            raise self._smoothing_nonsense(str(err)) from err
+
+    def _write_smoothing(self, profile: SmoothingProfile, *, activate: bool = True) -> None:
+        """Four UpdatePresetProfileParam calls, then ActivatePresetProfile and SetState.
+
+        NVML takes ramp rates in W/s here (and reads them back in mW/s). pynvml hands the
+        structure to the C function as it is, so it goes by reference (``ctypes.byref``).
+        """
+        values = (
+            profile.floor_percent,
+            profile.ramp_up_w_per_s,
+            profile.ramp_down_w_per_s,
+            profile.ramp_down_hysteresis_ms,
+        )
+        for (param_name, _), value in zip(_SMOOTHING_PARAMS, values, strict=True):
+            param = pynvml.c_nvmlPowerSmoothingProfile_v1_t()
+            param.profileId = profile.preset
+            param.paramId = getattr(pynvml, param_name)
+            param.value = float(value)
+            self._call("nvmlDevicePowerSmoothingUpdatePresetProfileParam", ctypes.byref(param))
+        if not activate:
+            return
+        chosen = pynvml.c_nvmlPowerSmoothingProfile_v1_t()
+        chosen.profileId = profile.preset  # the only member NVML reads here
+        self._call("nvmlDevicePowerSmoothingActivatePresetProfile", ctypes.byref(chosen))
+        state = pynvml.c_nvmlPowerSmoothingState_v1_t()
+        state.state = (
+            pynvml.NVML_FEATURE_ENABLED if profile.enabled else pynvml.NVML_FEATURE_DISABLED
+        )
+        self._call("nvmlDevicePowerSmoothingSetState", ctypes.byref(state))
 
     # -- setters -----------------------------------------------------------------------------
 

@@ -14,10 +14,19 @@ driver does.
 Time comes from the injected ``clock``: the state is advanced on every call,
 energy integrates the piecewise-constant power exactly, and the temperature
 follows the power with a first-order lag, so tests need no sleeps.
+
+Models with ``has_power_smoothing`` (GB200) offer hardware power smoothing with
+``SMOOTHING_PRESETS`` presets. While it is on, the draw changes only as time
+passes (at the calls that advance it), by at most the active preset's ramp
+rates times the time elapsed; it starts falling only once it has wanted to fall
+for the ramp-down hysteresis; and while a job runs (a phase with load) it is
+held at or above the floor, ``floor_percent`` of the enforced cap. A lower cap
+still bites at once: the cap is a hard limit, smoothing never draws above it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -32,7 +41,15 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, ParamSpec, TypeVar
 
-from powerd.gpu.base import ClockRange, Gpu, PowerLimitRange, PowerReading
+from powerd.gpu.base import (
+    SMOOTHING_MAX_PRESETS,
+    ClockRange,
+    Gpu,
+    PowerLimitRange,
+    PowerReading,
+    SmoothingProfile,
+    SmoothingRange,
+)
 from powerd.gpu.errors import GpuError, GpuLostError, GpuValueError
 from powerd.gpu.models import GPU_MODELS, GpuModel, gpu_model
 from powerd.gpu.workload_model import Device, OperatingPoint, WorkloadCurve, operating_point
@@ -80,6 +97,27 @@ AMBIENT_C = 30.0
 TEMP_RISE_AT_MAX_C = 55.0  # steady-state rise over ambient at the max power limit
 TEMP_TAU_S = 20.0  # thermal time constant
 
+# Hardware power smoothing on models that have it. Assumed figures (NVML reports the
+# real ones per device; docs/POWER_SMOOTHING.md): floors of 0-90 % of the power
+# ceiling, NVML's maximum of 5 presets, each starting with no floor and 1000 W/s ramps.
+SMOOTHING_FLOOR_MIN_PERCENT = 0.0
+SMOOTHING_FLOOR_MAX_PERCENT = 90.0
+SMOOTHING_PRESETS = SMOOTHING_MAX_PRESETS
+SMOOTHING_DEFAULT_RAMP_W_PER_S = 1000.0
+
+
+def default_smoothing_preset(preset: int) -> SmoothingProfile:
+    """What a simulated (and fake NVML) preset holds before anyone writes it."""
+    return SmoothingProfile(
+        preset=preset,
+        enabled=False,
+        floor_percent=0.0,
+        ramp_up_w_per_s=SMOOTHING_DEFAULT_RAMP_W_PER_S,
+        ramp_down_w_per_s=SMOOTHING_DEFAULT_RAMP_W_PER_S,
+        ramp_down_hysteresis_ms=0.0,
+    )
+
+
 # The calls of the ``Gpu`` interface: what ``inject_error`` and ``lose`` affect.
 NVML_METHODS: frozenset[str] = frozenset(
     {
@@ -97,6 +135,11 @@ NVML_METHODS: frozenset[str] = frozenset(
         "set_power_limit_w",
         "lock_max_sm_clock_mhz",
         "unlock_sm_clock",
+        "supports_smoothing",
+        "smoothing_range",
+        "smoothing",
+        "set_smoothing",
+        "restore_smoothing",
     }
 )
 
@@ -193,6 +236,14 @@ class SimulatedGpu(Gpu):
         self._noise = 0.0
         self._energy_j = 0.0
         self._t_last = clock()
+        self._smoothing_on = False
+        self._smoothing_active = 0
+        self._smoothing_presets: list[SmoothingProfile] = (
+            [default_smoothing_preset(i) for i in range(SMOOTHING_PRESETS)]
+            if self.model.has_power_smoothing
+            else []
+        )
+        self._ramp_down_from: float | None = None  # when the draw first wanted to fall
         self._point = self._operating_point()
         self._power = self._noisy_power()
         self._temp_c = self._temp_target(self._power)
@@ -280,6 +331,58 @@ class SimulatedGpu(Gpu):
     @_nvml_call
     def unlock_sm_clock(self) -> None:
         self._lock_mhz = None
+        self._update()
+
+    @_nvml_call
+    def supports_smoothing(self) -> bool:
+        return self.model.has_power_smoothing
+
+    @_nvml_call
+    def smoothing_range(self) -> SmoothingRange:
+        if not self.model.has_power_smoothing:
+            raise self._smoothing_unsupported()
+        return SmoothingRange(
+            SMOOTHING_FLOOR_MIN_PERCENT, SMOOTHING_FLOOR_MAX_PERCENT, SMOOTHING_PRESETS
+        )
+
+    @_nvml_call
+    def smoothing(self, preset: int | None = None) -> SmoothingProfile | None:
+        if not self.model.has_power_smoothing:
+            return None
+        which = self._smoothing_active if preset is None else preset
+        if (
+            isinstance(which, bool)
+            or not isinstance(which, int)
+            or not 0 <= which < SMOOTHING_PRESETS
+        ):
+            raise GpuValueError(
+                f"GPU {self.index} ({self.model.key}): smoothing preset must be "
+                f"0-{SMOOTHING_PRESETS - 1}, got {preset!r}"
+            )
+        return dataclasses.replace(self._smoothing_presets[which], enabled=self._smoothing_on)
+
+    @_nvml_call
+    def set_smoothing(self, profile: SmoothingProfile) -> SmoothingProfile:
+        return super().set_smoothing(profile)  # under the lock, failing like a call
+
+    @_nvml_call
+    def restore_smoothing(self) -> None:
+        super().restore_smoothing()
+
+    def _write_smoothing(self, profile: SmoothingProfile, *, activate: bool = True) -> None:
+        # Called by set_smoothing and restore_smoothing, with the lock held.
+        if not self.model.has_power_smoothing:
+            raise self._smoothing_unsupported()
+        problems = SmoothingRange(
+            SMOOTHING_FLOOR_MIN_PERCENT, SMOOTHING_FLOOR_MAX_PERCENT, SMOOTHING_PRESETS
+        ).problems(profile)
+        if problems:  # what NVML answers with INVALID_ARGUMENT
+            raise GpuValueError(f"GPU {self.index} ({self.model.key}): {'; '.join(problems)}")
+        self._smoothing_presets[profile.preset] = dataclasses.replace(profile, enabled=False)
+        if activate:
+            self._smoothing_active = profile.preset
+            self._smoothing_on = profile.enabled
+        self._ramp_down_from = None
         self._update()
 
     # --- what the job does (not NVML: work even on a lost GPU) --------------
@@ -427,10 +530,41 @@ class SimulatedGpu(Gpu):
     def _temp_target(self, power_w: float) -> float:
         return AMBIENT_C + TEMP_RISE_AT_MAX_C * power_w / self.model.cap_max_w
 
+    def _active_smoothing(self) -> SmoothingProfile | None:
+        """The active preset while smoothing is on, else None."""
+        return self._smoothing_presets[self._smoothing_active] if self._smoothing_on else None
+
+    def _smoothing_target(self, smoothing: SmoothingProfile) -> float:
+        """What the draw heads for: the noisy operating point, raised to the floor while a
+        job runs. Never above the enforced cap: the floor is a share of it."""
+        power = self._noisy_power()
+        if self._profile.load > 0.0:
+            power = max(power, smoothing.floor_w(self._enforced_w()))
+        return min(power, self._enforced_w())
+
+    def _ramped(self, smoothing: SmoothingProfile, target: float, t0: float, t1: float) -> float:
+        """The draw at ``t1``, moved from the draw at ``t0`` towards ``target`` no faster than
+        the ramp rates; it falls only once it has wanted to for the hysteresis."""
+        now_w = self._power
+        if target >= now_w:
+            self._ramp_down_from = None
+            return min(target, now_w + smoothing.ramp_up_w_per_s * (t1 - t0))
+        if self._ramp_down_from is None:
+            self._ramp_down_from = t0
+        start = max(t0, self._ramp_down_from + smoothing.ramp_down_hysteresis_ms / 1000.0)
+        return max(target, now_w - smoothing.ramp_down_w_per_s * max(0.0, t1 - start))
+
     def _update(self) -> None:
-        """Recompute the operating point after a change of state (time already advanced)."""
+        """Recompute the operating point after a change of state (time already advanced).
+
+        With smoothing on the draw does not jump: it ramps as time passes (``_advance``),
+        except that a lower enforced cap bites at once.
+        """
         self._point = self._operating_point()
-        self._power = self._noisy_power()
+        if self._active_smoothing() is None:
+            self._power = self._noisy_power()
+        else:
+            self._power = min(self._power, self._enforced_w())
 
     def _advance(self) -> None:
         """Bring energy and temperature up to now; the power was constant since the last call."""
@@ -438,12 +572,16 @@ class SimulatedGpu(Gpu):
         dt = now - self._t_last
         if dt <= 0:
             return
-        self._t_last = now
+        t0, self._t_last = self._t_last, now
         self._energy_j += self._power * dt
         target = self._temp_target(self._power)
         self._temp_c = target + (self._temp_c - target) * math.exp(-dt / TEMP_TAU_S)
         self._noise = max(-NOISE_LIMIT, min(NOISE_LIMIT, self._rng.gauss(0.0, NOISE_SIGMA)))
-        self._power = self._noisy_power()
+        smoothing = self._active_smoothing()
+        if smoothing is None:
+            self._power = self._noisy_power()
+        else:
+            self._power = self._ramped(smoothing, self._smoothing_target(smoothing), t0, now)
 
     def __repr__(self) -> str:
         return (

@@ -33,22 +33,47 @@ It behaves like NVML where the backend depends on it:
   loses it: from then on every call on its handle fails with GPU_IS_LOST
   (``lose_gpu(i)`` does the same at once); ``set_field_return(i, field_id, code)``
   makes one field of ``nvmlDeviceGetFieldValues`` fail per field;
-* ``calls`` logs every API call as ``(name, device index or None)``.
+* ``calls`` logs every API call as ``(name, device index or None)``;
+* hardware power smoothing on models with ``has_power_smoothing`` (GB200): the three
+  ``nvmlDevicePowerSmoothing*`` setters take a reference to the structure
+  (``ctypes.byref`` or a pointer; a structure passed by value raises ``TypeError``, as
+  pynvml would hand it to C as is), check its ``version`` (else
+  NVML_ERROR_ARGUMENT_VERSION_MISMATCH), refuse out-of-range presets, parameters and
+  values with NVML_ERROR_INVALID_ARGUMENT and change nothing, obey ``require_root``;
+  models without it raise NVML_ERROR_NOT_SUPPORTED and answer every
+  ``NVML_FI_PWR_SMOOTHING_*`` field with a per-field NOT_SUPPORTED. The state reads back
+  through the fields (per-preset ones take the preset as ``scopeId``; ramp rates in mW/s,
+  the hysteresis in ms, the floor in percent, applied ceiling and floor in W). While
+  smoothing is on and the workload demands more than idle, the draw is held at or above
+  the floor, ``floor %`` of the enforced limit (ramp rates are not modelled here; the
+  simulator models them).
 
 Simplifications: ``nvmlDeviceGetPowerUsage`` returns the current draw (no 1 s
 averaging); temperature and utilisation follow the draw unless set explicitly.
+Power smoothing figures the real NVML reports per device (floor range, preset count,
+defaults) are the simulator's assumptions (``powerd.gpu.simulated``); only preset
+parameters 0-3 (floor, ramp up, ramp down, hysteresis) are modelled, and the fields
+powerd does not read (privilege level, admin overrides, ...) answer NOT_SUPPORTED.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 
+from powerd.gpu.base import SMOOTHING_MAX_HYSTERESIS_MS, SMOOTHING_MAX_RAMP_W_PER_S
 from powerd.gpu.models import GpuModel
+from powerd.gpu.simulated import (
+    SMOOTHING_FLOOR_MAX_PERCENT,
+    SMOOTHING_FLOOR_MIN_PERCENT,
+    SMOOTHING_PRESETS,
+    default_smoothing_preset,
+)
 
 # Memory clocks every fake device lists, highest first (as NVML lists them).
 MEMORY_CLOCKS_MHZ: tuple[int, ...] = (2619, 1593, 405)
@@ -59,8 +84,23 @@ SETTERS = frozenset(
         "nvmlDeviceSetPowerManagementLimit",
         "nvmlDeviceSetGpuLockedClocks",
         "nvmlDeviceResetGpuLockedClocks",
+        "nvmlDevicePowerSmoothingActivatePresetProfile",
+        "nvmlDevicePowerSmoothingUpdatePresetProfileParam",
+        "nvmlDevicePowerSmoothingSetState",
     }
 )
+
+# Preset parameters modelled: paramId -> (lowest, highest) value; the floor's comes
+# from the device (its min/max % TMP floor setting fields).
+SMOOTHING_PARAM_LIMITS: dict[int, tuple[float, float]] = {
+    pynvml.NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_UP_RATE: (0.0, SMOOTHING_MAX_RAMP_W_PER_S),
+    pynvml.NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_DOWN_RATE: (0.0, SMOOTHING_MAX_RAMP_W_PER_S),
+    pynvml.NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_DOWN_HYSTERESIS: (
+        0.0,
+        SMOOTHING_MAX_HYSTERESIS_MS,
+    ),
+}
+_FLOOR = pynvml.NVML_POWER_SMOOTHING_PROFILE_PARAM_PERCENT_TMP_FLOOR
 
 _VALUE_MEMBERS = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: ("dVal", float),
@@ -106,6 +146,15 @@ class FakeDevice:
     lost: bool = False
     util_pct: int | None = None  # None: follows the demand
     temp_c: int | None = None  # None: follows the draw
+    # Power smoothing (models with has_power_smoothing): one [floor %, ramp up W/s,
+    # ramp down W/s, hysteresis ms] per preset, indexed by paramId 0-3.
+    smoothing_presets: list[list[float]] = field(default_factory=list)
+    smoothing_active: int = 0
+    smoothing_enabled: bool = False
+    smoothing_floor_range: tuple[float, float] = (
+        SMOOTHING_FLOOR_MIN_PERCENT,
+        SMOOTHING_FLOOR_MAX_PERCENT,
+    )
 
     @property
     def min_limit_mw(self) -> int:
@@ -126,8 +175,24 @@ class FakeDevice:
         return min(self.limit_mw, self.external_limit_mw)
 
     @property
+    def applied_ceiling_w(self) -> float:
+        """NVML_FI_PWR_SMOOTHING_APPLIED_TMP_CEIL: taken to be the enforced limit."""
+        return self.enforced_limit_mw / 1000
+
+    @property
+    def applied_floor_w(self) -> float:
+        """NVML_FI_PWR_SMOOTHING_APPLIED_TMP_FLOOR: ceiling x floor % while smoothing is on."""
+        if not self.smoothing_enabled:
+            return 0.0
+        floor_percent = self.smoothing_presets[self.smoothing_active][_FLOOR]
+        return self.applied_ceiling_w * floor_percent / 100
+
+    @property
     def draw_w(self) -> float:
-        return max(0.0, min(self.demand_w, self.enforced_limit_mw / 1000))
+        draw = max(0.0, min(self.demand_w, self.enforced_limit_mw / 1000))
+        if self.smoothing_enabled and self.demand_w > self.model.idle_power_w:
+            draw = max(draw, self.applied_floor_w)  # never above the limit: a share of it
+        return draw
 
     @property
     def sm_clock_mhz(self) -> int:
@@ -186,6 +251,17 @@ class FakeNvml:
                 limit_mw=round(m.cap_default_w * 1000),
                 demand_w=m.idle_power_w,
                 energy_mj=start_energy_mj,
+                smoothing_presets=[
+                    [
+                        p.floor_percent,
+                        p.ramp_up_w_per_s,
+                        p.ramp_down_w_per_s,
+                        p.ramp_down_hysteresis_ms,
+                    ]
+                    for p in map(default_smoothing_preset, range(SMOOTHING_PRESETS))
+                ]
+                if m.has_power_smoothing
+                else [],
             )
             for i, m in enumerate(models)
         ]
@@ -393,17 +469,63 @@ class FakeNvml:
             forced = self.field_returns.get((dev.index, values[i].fieldId))
             if forced is not None:
                 values[i].nvmlReturn = forced
-            elif (
-                values[i].fieldId == pynvml.NVML_FI_DEV_POWER_INSTANT
-                and dev.model.has_instant_power
-            ):
-                member, kind = _VALUE_MEMBERS[self.power_value_type]
-                values[i].valueType = self.power_value_type
-                setattr(values[i].value, member, kind(round(dev.draw_w * 1000)))
-                values[i].nvmlReturn = pynvml.NVML_SUCCESS
-            else:
-                values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            answer = self._field_answer(dev, values[i].fieldId, values[i].scopeId)
+            if isinstance(answer, int):
+                values[i].nvmlReturn = answer
+                continue
+            value_type, number = answer
+            member, kind = _VALUE_MEMBERS[value_type]
+            values[i].valueType = value_type
+            setattr(values[i].value, member, kind(number))
+            values[i].nvmlReturn = pynvml.NVML_SUCCESS
         return values
+
+    def _field_answer(self, dev: FakeDevice, field_id: int, scope: int) -> int | tuple[int, Any]:
+        """(valueType, value) of one field, or the per-field nvmlReturn that fails it."""
+        uint, double = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_DOUBLE
+        if field_id == pynvml.NVML_FI_DEV_POWER_INSTANT and dev.model.has_instant_power:
+            return self.power_value_type, round(dev.draw_w * 1000)
+        if not dev.smoothing_presets:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        unscoped: dict[int, tuple[int, Any]] = {
+            pynvml.NVML_FI_PWR_SMOOTHING_ENABLED: (uint, int(dev.smoothing_enabled)),
+            pynvml.NVML_FI_PWR_SMOOTHING_ACTIVE_PRESET_PROFILE: (uint, dev.smoothing_active),
+            pynvml.NVML_FI_PWR_SMOOTHING_MAX_NUM_PRESET_PROFILES: (
+                uint,
+                len(dev.smoothing_presets),
+            ),
+            pynvml.NVML_FI_PWR_SMOOTHING_MIN_PERCENT_TMP_FLOOR_SETTING: (
+                double,
+                dev.smoothing_floor_range[0],
+            ),
+            pynvml.NVML_FI_PWR_SMOOTHING_MAX_PERCENT_TMP_FLOOR_SETTING: (
+                double,
+                dev.smoothing_floor_range[1],
+            ),
+            pynvml.NVML_FI_PWR_SMOOTHING_APPLIED_TMP_CEIL: (double, dev.applied_ceiling_w),
+            pynvml.NVML_FI_PWR_SMOOTHING_APPLIED_TMP_FLOOR: (double, dev.applied_floor_w),
+        }
+        if field_id in unscoped:
+            return unscoped[field_id]
+        per_preset: dict[int, tuple[int, Callable[[list[float]], Any]]] = {
+            pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_PERCENT_TMP_FLOOR: (double, lambda p: p[0]),
+            pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_RAMP_UP_RATE: (
+                uint,
+                lambda p: round(p[1] * 1000),  # set in W/s, read in mW/s
+            ),
+            pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_RAMP_DOWN_RATE: (
+                uint,
+                lambda p: round(p[2] * 1000),
+            ),
+            pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_RAMP_DOWN_HYST_VAL: (uint, lambda p: round(p[3])),
+        }
+        if field_id in per_preset:
+            if scope >= len(dev.smoothing_presets):
+                return pynvml.NVML_ERROR_INVALID_ARGUMENT
+            value_type, pick = per_preset[field_id]
+            return value_type, pick(dev.smoothing_presets[scope])
+        return pynvml.NVML_ERROR_NOT_SUPPORTED
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         return round(self._dev("nvmlDeviceGetPowerUsage", handle).draw_w * 1000)
@@ -476,6 +598,65 @@ class FakeNvml:
 
     def nvmlDeviceResetGpuLockedClocks(self, handle: Any) -> None:
         self._dev("nvmlDeviceResetGpuLockedClocks", handle).locked_clocks_mhz = None
+
+    # -- power smoothing -------------------------------------------------------------------
+
+    def _smoothing_dev(self, call: str, handle: Any, ref: Any, kind: Any) -> tuple[FakeDevice, Any]:
+        """The device and the structure ``ref`` points to, checked the way NVML checks them."""
+        dev = self._dev(call, handle)
+        struct = getattr(ref, "_obj", None)  # ctypes.byref(struct)
+        if struct is None and isinstance(ref, ctypes._Pointer):
+            struct = ref.contents  # ctypes.pointer(struct)
+        if not isinstance(struct, kind):
+            raise TypeError(
+                f"{call} takes a reference to a {kind.__name__} (ctypes.byref(struct)), "
+                f"got {ref!r}: pynvml hands its argument to the C function as it is"
+            )
+        if not dev.smoothing_presets:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        expected = {
+            pynvml.c_nvmlPowerSmoothingProfile_v1_t: pynvml.nvmlPowerSmoothingProfile_v1,
+            pynvml.c_nvmlPowerSmoothingState_v1_t: pynvml.nvmlPowerSmoothingState_v1,
+        }[kind]
+        if struct.version != expected:
+            raise nvml_error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return dev, struct
+
+    def nvmlDevicePowerSmoothingActivatePresetProfile(self, device: Any, profile: Any) -> None:
+        dev, struct = self._smoothing_dev(
+            "nvmlDevicePowerSmoothingActivatePresetProfile",
+            device,
+            profile,
+            pynvml.c_nvmlPowerSmoothingProfile_v1_t,
+        )
+        if struct.profileId >= len(dev.smoothing_presets):  # only profileId is read
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        dev.smoothing_active = struct.profileId
+
+    def nvmlDevicePowerSmoothingUpdatePresetProfileParam(self, device: Any, profile: Any) -> None:
+        dev, struct = self._smoothing_dev(
+            "nvmlDevicePowerSmoothingUpdatePresetProfileParam",
+            device,
+            profile,
+            pynvml.c_nvmlPowerSmoothingProfile_v1_t,
+        )
+        if struct.profileId >= len(dev.smoothing_presets):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        limits = SMOOTHING_PARAM_LIMITS.get(struct.paramId)
+        if struct.paramId == _FLOOR:
+            limits = dev.smoothing_floor_range
+        value = struct.value
+        if limits is None or not math.isfinite(value) or not limits[0] <= value <= limits[1]:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        dev.smoothing_presets[struct.profileId][struct.paramId] = value
+
+    def nvmlDevicePowerSmoothingSetState(self, device: Any, state: Any) -> None:
+        dev, struct = self._smoothing_dev(
+            "nvmlDevicePowerSmoothingSetState", device, state, pynvml.c_nvmlPowerSmoothingState_v1_t
+        )
+        if struct.state not in (pynvml.NVML_FEATURE_DISABLED, pynvml.NVML_FEATURE_ENABLED):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        dev.smoothing_enabled = struct.state == pynvml.NVML_FEATURE_ENABLED
 
     # -- utilisation and temperature -------------------------------------------------------
 
