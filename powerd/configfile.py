@@ -69,6 +69,13 @@ def signer_from(path: str | None, source: str, missing: str) -> Signer:
         raise ConfigError(f"{source}: trust.signing_key: {exc}") from None
 
 
+def verifier_or_none(paths: Iterable[str], source: str, key: str) -> Verifier | None:
+    """A verifier of the public keys at ``paths`` (config key ``key``); None when there are
+    none (the messages only those keys may sign are then all refused)."""
+    paths = tuple(paths)
+    return verifier_from(paths, source, key) if paths else None
+
+
 def verifier_from(paths: Iterable[str], source: str, key: str, *also: TrustedKey) -> Verifier:
     """A verifier of the public keys at ``paths`` (config key ``key``) and ``also``."""
     try:

@@ -17,6 +17,7 @@ from powerd.configfile import (
     read_toml,
     signer_from,
     verifier_from,
+    verifier_or_none,
     with_overrides,
 )
 from powerd.controller.core import ControllerSettings
@@ -134,15 +135,11 @@ class ControllerConfig:
 
     def grant_verifier(self) -> Verifier | None:
         """Whose grants count: ``coordinator_keys`` only; None when none is configured."""
-        if not self.coordinator_keys:
-            return None
-        return verifier_from(self.coordinator_keys, self.source, "trust.coordinator_keys")
+        return verifier_or_none(self.coordinator_keys, self.source, "trust.coordinator_keys")
 
     def operator_verifier(self) -> Verifier | None:
         """Whose site limits count: ``operator_keys`` only; None when none is configured."""
-        if not self.operator_keys:
-            return None
-        return verifier_from(self.operator_keys, self.source, "trust.operator_keys")
+        return verifier_or_none(self.operator_keys, self.source, "trust.operator_keys")
 
     def settings(self) -> ControllerSettings:
         """What the core needs of this configuration."""

@@ -15,6 +15,7 @@ from powerd.configfile import (
     read_toml,
     signer_from,
     verifier_from,
+    verifier_or_none,
     with_overrides,
 )
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
@@ -81,9 +82,7 @@ class CoordinatorConfig:
 
     def operator_verifier(self) -> Verifier | None:
         """Whose site limits count: ``operator_keys`` only; None when none is configured."""
-        if not self.operator_keys:
-            return None
-        return verifier_from(self.operator_keys, self.source, "trust.operator_keys")
+        return verifier_or_none(self.operator_keys, self.source, "trust.operator_keys")
 
     def with_overrides(self, **overrides: Any) -> CoordinatorConfig:
         return with_overrides(self, overrides, validate)
