@@ -62,6 +62,13 @@ NonNegFloat = Annotated[float, Meta(ge=0)]
 Percent = Annotated[float, Meta(ge=0, le=100)]
 ClockMhz = Annotated[int, Meta(ge=0, le=100_000)]
 MAX_TTL_S = 86_400.0  # a command's ttl_s: the protocol's bound (agents set a tighter one)
+# Hardware power smoothing (docs/POWER_SMOOTHING.md): what any device can hold, the bounds
+# of powerd.gpu.base.SmoothingProfile (NVML's 5 presets; 32-bit mW/s and ms fields). Copied,
+# not imported, so that the protocol stays free of the GPU layer; a test pins them equal.
+SMOOTHING_PRESET_MAX = 4
+SMOOTHING_MAX_RAMP_W_PER_S = (2**32 - 1) / 1000
+SMOOTHING_MAX_HYSTERESIS_MS = float(2**32 - 1)
+SmoothingPreset = Annotated[int, Meta(ge=0, le=SMOOTHING_PRESET_MAX)]
 
 
 class ProtocolError(ValueError):
@@ -137,6 +144,32 @@ def _check_finite(obj: Any, where: str) -> None:
             _check_finite(item, f"{where}[{i}]")
 
 
+# --- hardware power smoothing: optional parts of telemetry, command and ack ----------
+
+
+class GpuSmoothingState(_Payload):
+    """Telemetry's compact view of the smoothing in force: the switch, the active preset
+    and its power floor (percent of the enforced cap). The ramps are in the ack."""
+
+    enabled: bool
+    preset: SmoothingPreset
+    floor_percent: Percent
+
+
+class GpuSmoothing(_Payload):
+    """A hardware power smoothing profile: written into ``preset``, which is activated, and
+    the device-wide switch set to ``enabled``. Units: percent of the enforced cap, W/s, ms.
+    The bounds are what any device can hold; the agent clamps the floor into the device's
+    own range (and says so in the ack's ``clamped``)."""
+
+    preset: SmoothingPreset
+    enabled: bool
+    floor_percent: Percent
+    ramp_up_w_per_s: Annotated[float, Meta(ge=0, le=SMOOTHING_MAX_RAMP_W_PER_S)]
+    ramp_down_w_per_s: Annotated[float, Meta(ge=0, le=SMOOTHING_MAX_RAMP_W_PER_S)]
+    ramp_down_hysteresis_ms: Annotated[float, Meta(ge=0, le=SMOOTHING_MAX_HYSTERESIS_MS)]
+
+
 # --- telemetry: agent -> anyone, every sample period -------------------------
 
 
@@ -154,6 +187,9 @@ class GpuTelemetry(_Payload):
     temp_c: float
     # optional additions to v1
     power_reading: Literal["instant", "average_1s", "simulated"] | None = None
+    # hardware power smoothing in force; absent where the GPU has none (or it could not
+    # be read this sample)
+    smoothing: GpuSmoothingState | None = None
 
 
 class Telemetry(_Payload):
@@ -175,6 +211,8 @@ class GpuCommand(_Payload):
     cap_w: PositiveW | UnsetType = UNSET
     # null removes a clock lock; absent leaves it as it is
     max_sm_clock_mhz: Annotated[float, Meta(gt=0)] | UnsetType | None = UNSET
+    # optional addition to v1: hardware power smoothing to apply; absent leaves it as it is
+    smoothing: GpuSmoothing | UnsetType = UNSET
 
 
 class Command(_Payload):
@@ -203,6 +241,9 @@ class GpuAck(_Payload):
     cap_w: NonNegFloat | None
     max_sm_clock_mhz: ClockMhz | None
     clamped: bool
+    # optional addition to v1: the smoothing read back after a command that set it; absent
+    # (null) when the command did not, or the GPU has no smoothing (then an error says so)
+    smoothing: GpuSmoothing | None = None
 
 
 class AckError(_Payload):
@@ -370,6 +411,8 @@ def _name_float_fields(*classes: type[_Payload]) -> None:
 
 
 _name_float_fields(
+    GpuSmoothingState,
+    GpuSmoothing,
     GpuTelemetry,
     Telemetry,
     GpuCommand,

@@ -1,4 +1,5 @@
-"""Writing caps and clock locks to GPUs: clamped, written only when they change, read back.
+"""Writing caps, clock locks and power smoothing to GPUs: clamped, written only when they
+change, read back.
 
 After GEOPM's service: a control is written only when its value differs from
 what the device holds, and every result reported is what the device says
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 
 from msgspec import UNSET
 
-from powerd.gpu import Gpu, GpuError
-from powerd.protocol import AckError, GpuAck, GpuCommand
+from powerd.gpu import Gpu, GpuError, GpuNotSupportedError
+from powerd.gpu.base import SmoothingProfile
+from powerd.protocol import AckError, GpuAck, GpuCommand, GpuSmoothing, GpuSmoothingState
 
 log = logging.getLogger("powerd.agent")
 
@@ -54,8 +56,59 @@ def set_clock_lock(gpu: Gpu, max_mhz: float | None) -> bool:
     return target != round(max_mhz)
 
 
+def profile_of(wire: GpuSmoothing) -> SmoothingProfile:
+    """The GPU layer's profile for a command's ``smoothing`` (GpuValueError if invalid)."""
+    return SmoothingProfile(
+        preset=wire.preset,
+        enabled=wire.enabled,
+        floor_percent=wire.floor_percent,
+        ramp_up_w_per_s=wire.ramp_up_w_per_s,
+        ramp_down_w_per_s=wire.ramp_down_w_per_s,
+        ramp_down_hysteresis_ms=wire.ramp_down_hysteresis_ms,
+    )
+
+
+def smoothing_wire(profile: SmoothingProfile) -> GpuSmoothing:
+    """A profile read from a device, as the ack carries it."""
+    return GpuSmoothing(
+        preset=profile.preset,
+        enabled=profile.enabled,
+        floor_percent=profile.floor_percent,
+        ramp_up_w_per_s=profile.ramp_up_w_per_s,
+        ramp_down_w_per_s=profile.ramp_down_w_per_s,
+        ramp_down_hysteresis_ms=profile.ramp_down_hysteresis_ms,
+    )
+
+
+def smoothing_state(profile: SmoothingProfile) -> GpuSmoothingState:
+    """A profile read from a device, as telemetry carries it (switch, preset, floor)."""
+    return GpuSmoothingState(
+        enabled=profile.enabled, preset=profile.preset, floor_percent=profile.floor_percent
+    )
+
+
+def set_smoothing(gpu: Gpu, wanted: SmoothingProfile) -> bool:
+    """Clamp ``wanted``'s floor into the device's range and apply it if the device's active
+    profile differs (``close_to``). Returns whether the floor was clamped.
+
+    ``GpuNotSupportedError`` on a GPU without smoothing; ``GpuValueError`` for a preset
+    beyond the device's count (a preset is not a quantity: it is never clamped).
+    """
+    target = gpu.smoothing_range().clamp(wanted)  # raises GpuNotSupportedError without it
+    active = gpu.smoothing()
+    if active is None:
+        raise GpuNotSupportedError(f"GPU {gpu.index} reads back no smoothing profile")
+    if not active.close_to(target):
+        gpu.set_smoothing(target)
+    return target.floor_percent != wanted.floor_percent
+
+
 def apply_gpu_command(gpu: Gpu, command: GpuCommand) -> GpuCommandResult:
-    """Apply one GPU's part of a command; failures become ack errors, never exceptions."""
+    """Apply one GPU's part of a command; failures become ack errors, never exceptions.
+
+    Caps, then the clock lock, then power smoothing: each that fails is an error of its
+    own, and the others still apply.
+    """
     errors: list[AckError] = []
     clamped = False
     if command.cap_w is not UNSET:
@@ -69,11 +122,31 @@ def apply_gpu_command(gpu: Gpu, command: GpuCommand) -> GpuCommandResult:
             clamped |= set_clock_lock(gpu, command.max_sm_clock_mhz)
         except GpuError as exc:
             errors.append(AckError(index=gpu.index, message=f"clock lock: {exc}"))
-    return GpuCommandResult(ack=read_back(gpu, clamped, errors), errors=errors)
+    supported = True
+    if command.smoothing is not UNSET:
+        try:
+            clamped |= set_smoothing(gpu, profile_of(command.smoothing))
+        except GpuNotSupportedError as exc:
+            supported = False
+            errors.append(
+                AckError(
+                    index=gpu.index,
+                    message=f"power smoothing not supported on this GPU: {exc}",
+                )
+            )
+        except GpuError as exc:
+            errors.append(AckError(index=gpu.index, message=f"power smoothing: {exc}"))
+    smoothing = command.smoothing is not UNSET and supported
+    return GpuCommandResult(ack=read_back(gpu, clamped, errors, smoothing=smoothing), errors=errors)
 
 
-def read_back(gpu: Gpu, clamped: bool, errors: list[AckError]) -> GpuAck:
-    """What the device holds now; a failed read is reported as null plus an error."""
+def read_back(
+    gpu: Gpu, clamped: bool, errors: list[AckError], *, smoothing: bool = False
+) -> GpuAck:
+    """What the device holds now; a failed read is reported as null plus an error.
+
+    With ``smoothing``, the active smoothing profile too (null where the device has none).
+    """
     cap_w: float | None = None
     lock_mhz: int | None = None
     try:
@@ -81,7 +154,20 @@ def read_back(gpu: Gpu, clamped: bool, errors: list[AckError]) -> GpuAck:
         lock_mhz = gpu.locked_max_sm_clock_mhz()
     except GpuError as exc:
         errors.append(AckError(index=gpu.index, message=f"reading back: {exc}"))
-    return GpuAck(index=gpu.index, cap_w=cap_w, max_sm_clock_mhz=lock_mhz, clamped=clamped)
+    profile: GpuSmoothing | None = None
+    if smoothing:
+        try:
+            active = gpu.smoothing()
+            profile = None if active is None else smoothing_wire(active)
+        except GpuError as exc:
+            errors.append(AckError(index=gpu.index, message=f"reading back smoothing: {exc}"))
+    return GpuAck(
+        index=gpu.index,
+        cap_w=cap_w,
+        max_sm_clock_mhz=lock_mhz,
+        clamped=clamped,
+        smoothing=profile,
+    )
 
 
 def apply_failsafe(gpu: Gpu, cap_w: float) -> None:

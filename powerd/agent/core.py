@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from powerd import __version__
 from powerd.agent.config import DEFAULT_MAX_COMMAND_TTL_S, AgentMode, FailsafeConfig
-from powerd.agent.controls import apply_failsafe, apply_gpu_command
+from powerd.agent.controls import apply_failsafe, apply_gpu_command, smoothing_state
 from powerd.gpu import Gpu, GpuError, PowerLimitRange
 from powerd.protocol import (
     Ack,
@@ -33,6 +33,7 @@ from powerd.protocol import (
     AckResult,
     Command,
     GpuAck,
+    GpuSmoothingState,
     GpuTelemetry,
     Heartbeat,
     M,
@@ -117,6 +118,14 @@ class AgentCore:
         self._command_ttl_s: float | None = None
         self._bad_input_log = LogOncePer(log)
         self._read_error_log = LogOncePer(log)
+        # GPUs found to have hardware power smoothing (asked once: it does not change)
+        self._smoothing_gpus: set[int] = set()
+        for index, gpu in self.gpus.items():
+            try:
+                if gpu.supports_smoothing():
+                    self._smoothing_gpus.add(index)
+            except GpuError as exc:
+                log.warning("gpu %d: cannot tell whether it has power smoothing: %s", index, exc)
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -130,16 +139,21 @@ class AgentCore:
         )
 
     def stop(self, on_exit: str) -> None:
-        """Leave the GPUs as configured: ``keep`` the current caps or ``restore`` defaults."""
+        """Leave the GPUs as configured: ``keep`` the current caps, clock locks and power
+        smoothing, or ``restore`` default caps, unlocked clocks and the smoothing as the
+        agent found it (``Gpu.restore_defaults``)."""
         if on_exit != "restore":
-            log.info("exit: keeping current caps (on_exit = keep)")
+            log.info("exit: keeping current caps, clock locks and smoothing (on_exit = keep)")
             return
         for gpu in self.gpus.values():
             try:
                 gpu.restore_defaults()
             except GpuError as exc:
                 log.error("gpu %d: could not restore defaults on exit: %s", gpu.index, exc)
-        log.info("exit: default power limits restored and clock locks removed")
+        log.info(
+            "exit: default power limits restored, clock locks removed, power smoothing "
+            "put back as found"
+        )
 
     # --- inputs ------------------------------------------------------------
 
@@ -286,6 +300,7 @@ class AgentCore:
                 )
                 continue
             limits = self._limits[index]
+            smoothing = self._smoothing_state(index, gpu) if index in self._smoothing_gpus else None
             gpus.append(
                 GpuTelemetry(
                     index=s.index,
@@ -300,6 +315,7 @@ class AgentCore:
                     util_pct=min(100.0, max(0.0, s.util_pct)),
                     temp_c=s.temp_c,
                     power_reading=s.power_reading.value,
+                    smoothing=smoothing,
                 )
             )
         self.telemetry_seq += 1
@@ -312,6 +328,22 @@ class AgentCore:
             gpus=gpus,
             epoch=self._newest_epoch if self._newest_epoch >= 0 else None,
         )
+
+    def _smoothing_state(self, index: int, gpu: Gpu) -> GpuSmoothingState | None:
+        """The smoothing in force on a GPU that has it; None (left out) if it cannot be read."""
+        try:
+            profile = gpu.smoothing()
+        except GpuError as exc:
+            self.counters.gpu_read_errors += 1
+            self._read_error_log.warning(
+                f"gpu{index}-smoothing",
+                self._monotonic(),
+                "gpu %d: power smoothing read failed, left out of telemetry: %s",
+                index,
+                exc,
+            )
+            return None
+        return None if profile is None else smoothing_state(profile)
 
     @property
     def node_state(self) -> NodeState:

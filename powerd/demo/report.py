@@ -11,7 +11,7 @@ from rich.console import Console
 
 from powerd.demo.runner import DemoOptions, DemoRun
 from powerd.demo.summary import RunRecord
-from powerd.demo.view import print_summary
+from powerd.demo.view import grid_breach_line, print_summary
 
 
 def save_plot(trace: RunRecord, path: Path) -> Path:
@@ -55,7 +55,8 @@ def write_summary_json(path: Path, run: DemoRun, options: DemoOptions, plot: Pat
 
 
 def print_outcome(console: Console, run: DemoRun, plot: Path, record: str | None) -> None:
-    """The summary table, what was recorded, and every limit violated (or ``ok``)."""
+    """The summary table, what was recorded, every grid limit the site's power broke, and
+    every limit violated (or ``ok``)."""
     summary = run.summary
     console.print()
     print_summary(console, summary, str(plot.resolve()))
@@ -70,6 +71,9 @@ def print_outcome(console: Console, run: DemoRun, plot: Path, record: str | None
             ),
             highlight=False,
         )
+    breach = grid_breach_line(summary)
+    if breach:
+        console.print(f"[bold red]GRID[/]: {breach} ({summary.grid['spec']})", highlight=False)
     if summary.limit_violated:
         for v in summary.limit_violations:
             console.print(

@@ -492,4 +492,5 @@ def _trace(
         ],
         duration_s=options.duration_s,
         gpu_row=np.asarray(tree.gpu_ancestor[ROW], dtype=int),
+        grid=topology.grid,
     )

@@ -15,10 +15,33 @@ Definitions
   its budget (limit) during a sample when any tree node of that level draws
   more than its ``budget_w`` (``limit_w``). ``any`` counts a sample once when
   any tree node at any level is over.
-- *Site ramp*: the largest rise (and fall) of site power over any window of
-  ``RAMP_WINDOW_S`` (1 s), in W/s; and the largest rise of the sum of the GPUs'
-  caps, which is what the site's ``ramp_w_per_s`` limits (power itself jumps
-  when a job leaves a wait under caps set while it waited).
+- *Site ramp* and *the grid*: measured by ``policies.grid`` (the functions
+  ``powerplan whatif`` uses; one definition of each metric, docs/BUDGETS.md
+  "The grid spec"), which wants one series at a fixed step. The samples are
+  put on a regular grid first (:func:`regular_series`: the median sample step
+  to the millisecond, each point holding the last sample taken before it, half
+  a step of slack for the sampler's jitter; regular samples come back
+  unchanged). The ramp is then ``(p[t] - p[t - w]) / (w dt)`` over ``w`` whole
+  steps: the largest rise (and fall) of site power over ``RAMP_WINDOW_S`` (1
+  s), in W/s. This replaced the demo's own ``peak_ramps`` (each sample against
+  the latest one at least 1 s older, over the time actually between them). The
+  two agree on exactly regular samples but not on the sampler's: ten steps are
+  a hair short of 1 s about half the time, so ``peak_ramps`` went back eleven
+  and divided by 1.1 s, understating ramps by up to 10 % (one 40 s run: -65.1
+  kW/s by it, -69.2 kW/s by ``policies.grid`` on the same samples). The shared
+  one is kept: the grid's definition, one definition. Its own error: where the
+  sampler slips (a sample more than half a step late), the points held around
+  the slip are up to a step apart from when they were measured. Beside it, the
+  largest 1 s rise of the sum of the GPUs' caps, which is what the site's
+  ``ramp_w_per_s`` limits (power itself jumps when a job leaves a wait under
+  caps set while it waited). With a ``[site.grid]`` (``RunRecord.grid``) the
+  site's power is measured against it (``Summary.grid``): ramp up and down
+  over the spec's window (max and p99), the share of its variance in the
+  oscillation band (the part the step can see: 0.1 s steps see up to 5 Hz),
+  the worst peak-to-peak, the seconds outside each limit, and ``breaches``
+  lists every limit broken. Without one the same is measured with the
+  defaults, ``spec`` says "no grid spec" and nothing is a breach. Breaches do
+  not change the exit code, which is about breakers (limits), not the grid.
 - *Energy*: the GPUs' energy counters (exact) plus every overhead times the
   run's length.
 - *Throughput relative to uncapped*: over the GPU-seconds a job spends in a
@@ -31,16 +54,20 @@ Definitions
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from policies import grid as grid_measure
 from policies.tree import LEVEL_NAMES, PHASE_CODES
+from powerd.topology.grid import GridSpec
 from powerd.vocabulary import PHASES
 
 PROGRESS_PHASES = ("compute", "eval")
 RAMP_WINDOW_S = 1.0
+NO_GRID_SPEC = "no grid spec"  # as planner.whatif says it
 EXIT_OK, EXIT_LIMIT_VIOLATED = 0, 1
 
 
@@ -93,6 +120,7 @@ class RunRecord:
     jobs: list[JobRecord] = field(default_factory=list)
     duration_s: float = 0.0
     gpu_row: np.ndarray | None = None  # (n_gpus,) tree index of each GPU's row, for the plot
+    grid: GridSpec | None = None  # the budgets file's [site.grid]; None: none
 
     @property
     def n_nodes(self) -> int:
@@ -114,6 +142,7 @@ class Summary:
     peak_site_ramp_down_w_per_s: float
     peak_site_cap_ramp_up_w_per_s: float  # the same for the sum of the GPUs' caps
     site_ramp_limit_w_per_s: float | None  # on the sum of caps, what the controller enforces
+    grid: dict[str, Any]  # site power measured as the grid sees it (module docstring)
     energy_gpu_wh: float
     energy_site_wh: float
     throughput_rel: float | None  # every job together; None if no job did any work
@@ -126,6 +155,12 @@ class Summary:
     @property
     def limit_violated(self) -> bool:
         return bool(self.limit_violations)
+
+    @property
+    def grid_breaches(self) -> list[str]:
+        """'ramp up 12.3 s', ... : every grid limit the site's power broke (none without
+        a grid spec)."""
+        return list(self.grid.get("breaches", []))
 
     @property
     def exit_code(self) -> int:
@@ -147,20 +182,101 @@ def sample_durations(t: np.ndarray) -> np.ndarray:
     return np.append(steps, np.median(steps))
 
 
-def peak_ramps(t: np.ndarray, power_w: np.ndarray, window_s: float = RAMP_WINDOW_S):
-    """(largest rise, largest fall) of ``power_w`` over ``window_s``, in W/s (both >= 0).
-
-    Each sample is compared with the latest sample at least ``window_s`` older.
-    """
+def regular_series(t: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, float]:
+    """``values`` sampled at ``t`` on a regular grid: (series, step), the step the median
+    sample step to the millisecond; the point at ``t[0] + k step`` holds the last sample
+    taken before ``t[0] + (k + 1/2) step`` (the sampler wakes a little late, never early).
+    Regular samples come back as they are; fewer than two give (``values``, 0)."""
     t = np.asarray(t, dtype=float)
-    p = np.asarray(power_w, dtype=float)
-    if len(t) < 2 or t[-1] - t[0] < window_s:
-        return 0.0, 0.0
-    earlier = np.searchsorted(t, t - window_s, side="right") - 1
-    ok = earlier >= 0
-    i, j = np.flatnonzero(ok), earlier[ok]
-    rate = (p[i] - p[j]) / (t[i] - t[j])
-    return max(0.0, float(rate.max())), max(0.0, float(-rate.min()))
+    v = np.asarray(values, dtype=float)
+    if len(t) < 2:
+        return v.copy(), 0.0
+    median = float(np.median(np.diff(t)))
+    step = round(median, 3) or median  # to the millisecond: the sampler's lateness is noise
+    if not step > 0:
+        return v.copy(), 0.0
+    n = math.floor((t[-1] - t[0]) / step + 0.5) + 1
+    at = t[0] + (np.arange(n) + 0.5) * step
+    idx = np.clip(np.searchsorted(t, at, side="left") - 1, 0, len(t) - 1)
+    return v[idx], step
+
+
+def _ramp(series: np.ndarray, step: float, window_s: float, spec: GridSpec | None = None):
+    """``policies.grid.ramp_stats`` of a regular series (limits from ``spec``, if any)."""
+    if step <= 0 or len(series) < 2:
+        return grid_measure.RampStats(window_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    up = spec.ramp_up_w_per_s if spec is not None else math.inf
+    down = spec.ramp_down_w_per_s if spec is not None else math.inf
+    return grid_measure.ramp_stats(series, step, window_s, up, down)
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no NaN or inf: None (no limit, or nothing seen)."""
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def grid_report(
+    site_w: np.ndarray, step_s: float, spec: GridSpec | None, energy_j: float | None = None
+) -> dict[str, Any]:
+    """The site's regular power series measured against ``spec`` (module docstring): the
+    keys of ``planner.whatif.grid_report`` (None for NaN and inf, for JSON), the
+    ``step_s`` measured at, and ``breaches``: 'ramp up 12.3 s', ... for every limit
+    broken (empty without a spec)."""
+    g = spec or GridSpec()
+    out: dict[str, Any] = {"spec": NO_GRID_SPEC if spec is None else spec.describe()}
+    out["step_s"] = step_s
+    if step_s <= 0 or len(site_w) < 2:
+        out |= {"measured": False, "breaches": []}
+        return out
+    ramp = _ramp(site_w, step_s, g.window_s, spec)
+    osc = grid_measure.oscillation_stats(
+        site_w, step_s, g.oscillation_band_hz, g.oscillation_window_s, g.oscillation_max_share
+    )
+    out |= {
+        "measured": True,
+        "ramp_window_s": ramp.window_s,
+        "ramp_up_max_w_per_s": ramp.up_max_w_per_s,
+        "ramp_up_p99_w_per_s": ramp.up_p99_w_per_s,
+        "ramp_down_max_w_per_s": ramp.down_max_w_per_s,
+        "ramp_down_p99_w_per_s": ramp.down_p99_w_per_s,
+        "oscillation_band_hz": list(osc.band.band_hz),
+        "oscillation_band_seen_hz": None if osc.band.seen_hz is None else list(osc.band.seen_hz),
+        "oscillation_note": osc.band.note,
+        "oscillation_window_s": osc.window_s,
+        "oscillation_windows": osc.n_windows,
+        "oscillation_share": _finite(osc.share),
+        "oscillation_share_max": _finite(osc.share_max),
+        "peak_to_peak_max_w": osc.peak_to_peak_max_w,
+        "breaches": [],
+    }
+    if spec is None:
+        return out
+    out |= {
+        "ramp_up_limit_w_per_s": _finite(spec.ramp_up_w_per_s),
+        "ramp_down_limit_w_per_s": _finite(spec.ramp_down_w_per_s),
+        "oscillation_max_share": spec.oscillation_max_share,
+        "s_outside_ramp_up": ramp.s_up_over,
+        "s_outside_ramp_down": ramp.s_down_over,
+        "s_outside_oscillation": osc.s_over,
+    }
+    out["breaches"] = [
+        f"{what} {seconds:.1f} s"
+        for what, seconds in (
+            ("ramp up", ramp.s_up_over),
+            ("ramp down", ramp.s_down_over),
+            ("oscillation", osc.s_over),
+        )
+        if seconds > 0
+    ]
+    if spec.floor_fraction is not None:
+        floor = grid_measure.floor_series(site_w, step_s, spec.floor_fraction, spec.floor_window_s)
+        cost = grid_measure.floor_cost(site_w, floor, step_s, energy_j)
+        out |= {
+            "floor_fraction": spec.floor_fraction,
+            "floor_energy_kwh": cost.energy_kwh,
+            "floor_energy_share_of_jobs": _finite(cost.share_of_reference),
+        }
+    return out
 
 
 def summarize(trace: RunRecord) -> Summary:
@@ -202,9 +318,10 @@ def summarize(trace: RunRecord) -> Summary:
     violations.sort(key=lambda v: v["peak_w"] / v["limit_w"], reverse=True)
 
     site = power[:, 0] if n_samples else np.zeros(0)
-    up, down = peak_ramps(trace.t, site)
+    site_reg, step = regular_series(trace.t, site)
+    ramp = _ramp(site_reg, step, RAMP_WINDOW_S)
     cap_sum = np.asarray(trace.gpu_cap_w, dtype=float).sum(axis=1) if n_samples else site
-    cap_up, _ = peak_ramps(trace.t, cap_sum)
+    cap_ramp = _ramp(regular_series(trace.t, cap_sum)[0], step, RAMP_WINDOW_S)
     elapsed = float(trace.t[-1] - trace.t[0]) if n_samples > 1 else 0.0
     gpu_j = float(trace.gpu_energy_j[-1] - trace.gpu_energy_j[0]) if n_samples > 1 else 0.0
     site_j = gpu_j + trace.overhead_total_w * elapsed
@@ -221,10 +338,11 @@ def summarize(trace: RunRecord) -> Summary:
         peak_fraction_of_limit=peak_fraction(trace.limit_w),
         limit_violations=violations,
         peak_site_w=float(site.max()) if n_samples else 0.0,
-        peak_site_ramp_up_w_per_s=up,
-        peak_site_ramp_down_w_per_s=down,
-        peak_site_cap_ramp_up_w_per_s=cap_up,
+        peak_site_ramp_up_w_per_s=ramp.up_max_w_per_s,
+        peak_site_ramp_down_w_per_s=ramp.down_max_w_per_s,
+        peak_site_cap_ramp_up_w_per_s=cap_ramp.up_max_w_per_s,
         site_ramp_limit_w_per_s=ramp_limit if np.isfinite(ramp_limit) else None,
+        grid=grid_report(site_reg, step, trace.grid, gpu_j),
         energy_gpu_wh=gpu_j / 3600.0,
         energy_site_wh=site_j / 3600.0,
         throughput_rel=throughput,

@@ -9,7 +9,7 @@ from rich.text import Text
 
 from policies.tree import RACK, ROW, SITE, Tree
 from powerd.demo.runner import LiveState
-from powerd.demo.summary import Summary
+from powerd.demo.summary import NO_GRID_SPEC, Summary
 
 BAR_WIDTH = 24
 CAPPING_SHOWN_S = 3.0  # how long the view keeps showing that a node capped
@@ -227,15 +227,8 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
         "closest to a limit",
         ", ".join(f"{k} {v:.0%}" for k, v in s.peak_fraction_of_limit.items()),
     )
-    ramp_limit = (
-        f" (limit {s.site_ramp_limit_w_per_s / 1e3:g} kW/s)" if s.site_ramp_limit_w_per_s else ""
-    )
-    table.add_row(
-        "peak site ramp (1 s)",
-        f"power +{s.peak_site_ramp_up_w_per_s / 1e3:.1f} kW/s, "
-        f"-{s.peak_site_ramp_down_w_per_s / 1e3:.1f} kW/s; sum of caps "
-        f"+{s.peak_site_cap_ramp_up_w_per_s / 1e3:.1f} kW/s{ramp_limit}",
-    )
+    for label, value, style in grid_rows(s):
+        table.add_row(label, Text(value, style=style) if style else value)
     table.add_row(
         "energy", f"{s.energy_site_wh / 1e3:.3f} kWh at the site, {s.energy_gpu_wh:.0f} Wh in GPUs"
     )
@@ -274,3 +267,84 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
     if plot_path:
         table.add_row("plot", plot_path)
     console.print(table)
+
+
+def _kw(w_per_s: float) -> str:
+    return f"{w_per_s / 1e3:.1f} kW/s"
+
+
+def grid_breach_line(summary: Summary) -> str | None:
+    """'outside the grid spec: ramp up 12.0 s, ramp down 3.1 s', or None (no breach, or
+    no grid spec)."""
+    breaches = summary.grid_breaches
+    return f"outside the grid spec: {', '.join(breaches)}" if breaches else None
+
+
+def grid_rows(summary: Summary) -> list[tuple[str, str, str]]:
+    """The summary table's rows on the site's power as the grid sees it: (label, value,
+    style). The measured ramp and oscillation (policies.grid), the sum of caps' ramp the
+    controller limits beside them, and what is outside the spec."""
+    s, g = summary, summary.grid
+    cap_limit = (
+        f" (the controller's limit {_kw(s.site_ramp_limit_w_per_s)})"
+        if s.site_ramp_limit_w_per_s
+        else ""
+    )
+    cap = f"sum of caps +{_kw(s.peak_site_cap_ramp_up_w_per_s)}{cap_limit}"
+    has_spec = g["spec"] != NO_GRID_SPEC
+    spec = (
+        g["spec"]
+        if has_spec
+        else f"{NO_GRID_SPEC} in the budgets file ([site.grid]): measured with the defaults"
+    )
+    rows = [("grid spec", spec, "")]
+    if not g.get("measured"):
+        rows.append(("site ramp", f"not measured (too few samples); {cap}", ""))
+        return rows
+
+    def limit(key: str) -> str:
+        value = g.get(key)
+        return f" (limit {_kw(value)})" if value else ""
+
+    rows.append(
+        (
+            f"site ramp ({g['ramp_window_s']:g} s)",
+            f"up max +{_kw(g['ramp_up_max_w_per_s'])}, p99 +{_kw(g['ramp_up_p99_w_per_s'])}"
+            f"{limit('ramp_up_limit_w_per_s')}; down max -{_kw(g['ramp_down_max_w_per_s'])}, "
+            f"p99 -{_kw(g['ramp_down_p99_w_per_s'])}{limit('ramp_down_limit_w_per_s')}; {cap}",
+            "",
+        )
+    )
+    seen = g["oscillation_band_seen_hz"]
+    band = f"{seen[0]:g}-{seen[1]:g} Hz" if seen else "no part of the band"
+    share = g["oscillation_share"]
+    worst = g["oscillation_share_max"]
+    max_share = g.get("oscillation_max_share")
+    osc = (
+        f"{'n/a' if share is None else f'{share:.1%}'} of the variance in {band}"
+        f" ({g['oscillation_note'] or 'the whole band'}); worst "
+        f"{g['oscillation_window_s']:g} s window {'n/a' if worst is None else f'{worst:.1%}'}"
+        + (f" (limit {max_share:.0%})" if max_share is not None else "")
+        + f"; peak-to-peak {g['peak_to_peak_max_w'] / 1e3:.1f} kW"
+    )
+    rows.append(("site oscillation", osc, ""))
+    if "floor_energy_kwh" in g:
+        share_floor = g["floor_energy_share_of_jobs"]
+        rows.append(
+            (
+                "grid floor",
+                f"holding {g['floor_fraction']:.0%} of the recent peak would burn "
+                f"{g['floor_energy_kwh']:.3f} kWh"
+                + ("" if share_floor is None else f" ({share_floor:.1%} of the GPUs' energy)"),
+                "",
+            )
+        )
+    if not has_spec:  # nothing to be outside of
+        return rows
+    outside = (
+        f"ramp up {g['s_outside_ramp_up']:.1f} s, ramp down {g['s_outside_ramp_down']:.1f} s, "
+        f"oscillation {g['s_outside_oscillation']:.1f} s"
+    )
+    breach = grid_breach_line(s)
+    rows.append(("outside the grid spec", outside, "bold red" if breach else "green"))
+    return rows

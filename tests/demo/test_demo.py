@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -182,3 +183,29 @@ def _canned_run():
         gpu_row=np.asarray(tree.gpu_ancestor[1], dtype=int),
     )
     return DemoRun(top, trace, summarize(trace), setup_s=0.5, wall_s=4.0)
+
+
+def test_the_short_demo_run_reports_the_grid(demo_run):
+    """The real run (demo.toml has a [site.grid]): every grid field is in its JSON."""
+    result, where = demo_run
+    assert result.returncode == 0, result.stdout + result.stderr
+    g = json.loads((where / "summary.json").read_text())["grid"]
+    assert g["spec"].startswith("ramp +20 kW/s, -20 kW/s over 1 s")
+    for key in (
+        "ramp_up_max_w_per_s",
+        "ramp_up_p99_w_per_s",
+        "ramp_down_max_w_per_s",
+        "ramp_down_p99_w_per_s",
+        "oscillation_share",
+        "oscillation_band_seen_hz",
+        "peak_to_peak_max_w",
+        "s_outside_ramp_up",
+        "s_outside_ramp_down",
+        "s_outside_oscillation",
+        "breaches",
+    ):
+        assert key in g, key
+    assert g["ramp_up_max_w_per_s"] > 0 and math.isclose(g["step_s"], 0.1, rel_tol=0.2)
+    assert "grid spec" in result.stdout
+    if g["breaches"]:
+        assert "outside the grid spec:" in result.stdout

@@ -16,7 +16,6 @@ from powerd.demo.summary import (
     EXIT_OK,
     JobRecord,
     RunRecord,
-    peak_ramps,
     sample_durations,
     summarize,
 )
@@ -106,9 +105,12 @@ def test_site_ramp_is_the_largest_rise_and_fall_over_one_second():
     t = np.arange(0.0, 3.01, 0.25)
     site = np.where(t < 1.0, 50.0, 80.0)  # +30 W between 0.75 s and 1.0 s
     site[t >= 2.5] = 40.0  # -40 W
-    up, down = peak_ramps(t, site)
-    assert up == pytest.approx(30.0) and down == pytest.approx(40.0)
-    assert peak_ramps(t[:2], site[:2]) == (0.0, 0.0)  # shorter than the window
+    power = np.column_stack([site, np.full(len(t), 50.0), np.full(len(t), 40.0)])
+    s = summarize(make_trace(power, t=t))
+    assert s.peak_site_ramp_up_w_per_s == pytest.approx(30.0)
+    assert s.peak_site_ramp_down_w_per_s == pytest.approx(40.0)
+    short = summarize(make_trace(power[:2], t=t[:2]))  # shorter than the window
+    assert short.peak_site_ramp_up_w_per_s == short.peak_site_ramp_down_w_per_s == 0.0
 
 
 def test_cap_ramp_is_the_largest_rise_of_the_sum_of_caps():

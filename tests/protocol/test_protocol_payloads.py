@@ -24,6 +24,8 @@ from powerd.protocol import (
     Command,
     GpuAck,
     GpuCommand,
+    GpuSmoothing,
+    GpuSmoothingState,
     GpuTelemetry,
     Grant,
     Heartbeat,
@@ -417,6 +419,93 @@ GOOD: list[Any] = [
     pytest.param(Heartbeat, f"  {EXAMPLES[Heartbeat]}\n", None, id="Heartbeat-str-whitespace"),
 ]
 
+# hardware power smoothing (optional fields; docs/PROTOCOL.md, "Power smoothing")
+SMOOTHING: dict[str, Any] = {
+    "preset": 1,
+    "enabled": True,
+    "floor_percent": 40.0,
+    "ramp_up_w_per_s": 200.0,
+    "ramp_down_w_per_s": 100.0,
+    "ramp_down_hysteresis_ms": 3000.0,
+}
+SMOOTHING_STATE: dict[str, Any] = {"enabled": True, "preset": 1, "floor_percent": 40.0}
+GOOD += [
+    pytest.param(
+        Command,
+        build(Command, (("gpus", 0, "smoothing"), SMOOTHING)),
+        lambda m: m.gpus[0].smoothing == GpuSmoothing(**SMOOTHING),
+        id="Command-smoothing",
+    ),
+    pytest.param(
+        Command,
+        build(Command, (("gpus", 0), {"index": 0, "smoothing": SMOOTHING})),
+        lambda m: m.gpus[0].cap_w is msgspec.UNSET and m.gpus[0].smoothing.preset == 1,
+        id="Command-smoothing-only",
+    ),
+    pytest.param(
+        Command,
+        build(Command),
+        lambda m: m.gpus[0].smoothing is msgspec.UNSET,
+        id="Command-smoothing-absent-leaves-it",
+    ),
+    pytest.param(
+        Command,
+        build(
+            Command,
+            (
+                ("gpus", 0, "smoothing"),
+                {
+                    **SMOOTHING,
+                    "preset": 4,
+                    "enabled": False,
+                    "floor_percent": 100,
+                    "ramp_up_w_per_s": 0,
+                    "ramp_down_w_per_s": (2**32 - 1) / 1000,
+                    "ramp_down_hysteresis_ms": 2**32 - 1,
+                },
+            ),
+        ),
+        lambda m: (m.gpus[0].smoothing.preset, m.gpus[0].smoothing.floor_percent) == (4, 100.0),
+        id="Command-smoothing-bounds-inclusive",
+    ),
+    pytest.param(
+        Command,
+        build(Command, (("gpus", 0, "smoothing"), {**SMOOTHING, "x_future": 1})),
+        lambda m: m.gpus[0].smoothing == GpuSmoothing(**SMOOTHING),
+        id="Command-smoothing-unknown-field",
+    ),
+    pytest.param(
+        Ack,
+        build(Ack, (("gpus", 0, "smoothing"), SMOOTHING)),
+        lambda m: m.gpus[0].smoothing == GpuSmoothing(**SMOOTHING),
+        id="Ack-smoothing-read-back",
+    ),
+    pytest.param(
+        Ack,
+        build(Ack, (("gpus", 0, "smoothing"), None)),
+        lambda m: m.gpus[0].smoothing is None,
+        id="Ack-smoothing-null",
+    ),
+    pytest.param(
+        Telemetry,
+        build(Telemetry, (("gpus", 0, "smoothing"), SMOOTHING_STATE)),
+        lambda m: m.gpus[0].smoothing == GpuSmoothingState(**SMOOTHING_STATE),
+        id="Telemetry-smoothing",
+    ),
+    pytest.param(
+        Telemetry,
+        build(Telemetry, (("gpus", 0, "smoothing"), SMOOTHING)),  # more than it needs: ignored
+        lambda m: m.gpus[0].smoothing == GpuSmoothingState(**SMOOTHING_STATE),
+        id="Telemetry-smoothing-extra-fields",
+    ),
+    pytest.param(
+        Telemetry,
+        build(Telemetry, (("gpus", 0, "smoothing"), None)),
+        lambda m: m.gpus[0].smoothing is None,
+        id="Telemetry-smoothing-null",
+    ),
+]
+
 
 @pytest.mark.parametrize(("cls", "payload", "check"), GOOD)
 def test_good_variant(cls: type, payload: Any, check: Check | None) -> None:
@@ -455,6 +544,39 @@ def test_clock_null_and_absent_stay_distinct_on_the_wire() -> None:
         encode(Command(v=1, epoch=1, seq=1, ts=1.0, ttl_s=5.0, gpus=[GpuCommand(index=2)]))
     )
     assert bare["gpus"] == [{"index": 2}]
+
+
+def test_smoothing_absent_stays_absent_on_the_wire() -> None:
+    """Old controllers and agents never see the smoothing fields unless they are used."""
+    keep = decode(Command, EXAMPLES[Command])
+    assert "smoothing" not in json.loads(encode(keep))["gpus"][0]
+    assert "smoothing" not in json.loads(encode(decode(Ack, EXAMPLES[Ack])))["gpus"][0]
+    assert "smoothing" not in json.loads(encode(decode(Telemetry, EXAMPLES[Telemetry])))["gpus"][0]
+    smooth = GpuCommand(index=0, smoothing=GpuSmoothing(**SMOOTHING))
+    assert json.loads(encode(Command(v=1, epoch=1, seq=1, ts=1.0, ttl_s=5.0, gpus=[smooth])))[
+        "gpus"
+    ] == [{"index": 0, "smoothing": SMOOTHING}]
+
+
+def test_smoothing_bounds_are_the_gpu_layers() -> None:
+    """The protocol's copy of the bounds is what a SmoothingProfile accepts."""
+    from powerd.gpu import base
+    from powerd.protocol import (
+        SMOOTHING_MAX_HYSTERESIS_MS,
+        SMOOTHING_MAX_RAMP_W_PER_S,
+        SMOOTHING_PRESET_MAX,
+    )
+
+    assert SMOOTHING_PRESET_MAX == base.SMOOTHING_MAX_PRESETS - 1
+    assert SMOOTHING_MAX_RAMP_W_PER_S == base.SMOOTHING_MAX_RAMP_W_PER_S
+    assert SMOOTHING_MAX_HYSTERESIS_MS == base.SMOOTHING_MAX_HYSTERESIS_MS
+
+
+def test_smoothing_built_in_code_refuses_non_finite() -> None:
+    with pytest.raises(ValueError, match="non-finite"):
+        GpuSmoothing(**{**SMOOTHING, "ramp_up_w_per_s": math.inf})
+    with pytest.raises(ValueError, match="non-finite"):
+        GpuSmoothingState(enabled=True, preset=0, floor_percent=math.nan)
 
 
 def test_name_ignored_for_messages_without_one() -> None:
@@ -849,6 +971,81 @@ BAD += [
     ),
 ]
 
+# hardware power smoothing: the protocol refuses what no device can hold (the device's own
+# narrower range is the agent's to clamp: tests/agent/test_agent_smoothing.py)
+SMOOTHING_PATHS: list[tuple[type, Path_, dict[str, Any]]] = [
+    (Command, ("gpus", 0, "smoothing"), SMOOTHING),
+    (Ack, ("gpus", 0, "smoothing"), SMOOTHING),
+    (Telemetry, ("gpus", 0, "smoothing"), SMOOTHING_STATE),
+]
+SMOOTHING_BAD: list[tuple[str, Any, str]] = [
+    ("preset", 5, "<= 4"),
+    ("preset", -1, ">= 0"),
+    ("preset", 1.0, expected("int", "float")),
+    ("preset", True, expected("int", "bool")),
+    ("enabled", 1, expected("bool", "int")),
+    ("enabled", None, expected("bool", "null")),
+    ("floor_percent", 100.5, "<= 100"),
+    ("floor_percent", -0.1, ">= 0"),
+    ("floor_percent", "40", expected("float", "str")),
+    ("ramp_up_w_per_s", -1.0, ">= 0"),
+    ("ramp_down_w_per_s", (2**32 - 1) / 1000 + 0.01, "<= "),
+    ("ramp_down_hysteresis_ms", -1, ">= 0"),
+    ("ramp_down_hysteresis_ms", 2**32, "<= "),
+]
+BAD += [
+    pytest.param(
+        cls,
+        build(cls, (path, {**base, field: value})),
+        None,
+        f"{re.escape(match) if match.startswith(('<', '>')) else match}.* {at((*path, field))}",
+        id=pid(cls, (*path, field), repr(value)),
+    )
+    for cls, path, base in SMOOTHING_PATHS
+    for field, value, match in SMOOTHING_BAD
+    if field in base
+]
+BAD += [
+    pytest.param(
+        cls,
+        build(cls, (path, {k: v for k, v in base.items() if k != field})),
+        None,
+        f"missing required field `{field}` {at(path)}",
+        id=pid(cls, (*path, field), "missing"),
+    )
+    for cls, path, base in SMOOTHING_PATHS
+    for field in base
+]
+BAD += [
+    pytest.param(
+        cls,
+        build(cls, (path, dict(base)), ((*path, field), Raw(raw))),
+        None,
+        f"Number out of range {at((*path, field))}",
+        id=pid(cls, (*path, field), raw),
+    )
+    for cls, path, base in SMOOTHING_PATHS
+    for field in ("floor_percent", "ramp_up_w_per_s", "ramp_down_hysteresis_ms")
+    if field in base
+    for raw in ("1e999", "-1e999")
+]
+BAD += [
+    pytest.param(
+        Command,
+        build(Command, (("gpus", 0, "smoothing"), None)),
+        None,
+        rf"{expected('object', 'null')} {at(('gpus', 0, 'smoothing'))}",
+        id="Command-gpus.0.smoothing-null",
+    ),
+    pytest.param(
+        Telemetry,
+        build(Telemetry, (("gpus", 0, "smoothing"), [True, 1, 40.0])),
+        None,
+        expected("object", "array"),
+        id="Telemetry-gpus.0.smoothing-array",
+    ),
+]
+
 
 @pytest.mark.parametrize(("cls", "payload", "name", "match"), BAD)
 def test_bad_payload_rejected(cls: type, payload: Any, name: str | None, match: str) -> None:
@@ -865,6 +1062,13 @@ def test_name_with_trailing_newline_rejected(cls: type, path: Path_) -> None:
 # --- encode --------------------------------------------------------------------
 
 Setter = Callable[[Any, float], None]
+
+
+def _set_smoothing_floor(msg: Any, value: float) -> None:
+    msg.gpus[0].smoothing = GpuSmoothing(**SMOOTHING)
+    msg.gpus[0].smoothing.floor_percent = value
+
+
 NON_FINITE_SETTERS: list[Any] = [
     pytest.param(Heartbeat, lambda m, x: setattr(m, "ts", x), r"Heartbeat\.ts", id="Heartbeat.ts"),
     pytest.param(Status, lambda m, x: setattr(m, "ts", x), r"Status\.ts", id="Status.ts"),
@@ -888,6 +1092,12 @@ NON_FINITE_SETTERS: list[Any] = [
         lambda m, x: setattr(m.gpus[0], "cap_w", x),
         r"Ack\.gpus\[0\]\.cap_w",
         id="Ack.gpus.cap_w",
+    ),
+    pytest.param(
+        Command,
+        _set_smoothing_floor,
+        r"Command\.gpus\[0\]\.smoothing\.floor_percent",
+        id="Command.gpus.smoothing.floor_percent",
     ),
     pytest.param(
         PhaseEvent,

@@ -1,0 +1,207 @@
+"""The demo's summary against the grid spec: the site's power measured by policies.grid on a
+handmade trace with a known ramp and a known oscillation, recomputed here independently
+(plain loops and an explicit DFT), the breach lines, and no breach without a spec."""
+
+from __future__ import annotations
+
+import io
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from powerd.demo.report import print_outcome
+from powerd.demo.summary import NO_GRID_SPEC, regular_series, summarize
+from powerd.demo.view import grid_breach_line, grid_rows, print_summary
+from powerd.topology.grid import GridSpec
+from tests.demo.test_demo_summary import make_trace
+
+DT = 0.1
+N = 600  # 60 s
+SPEC = GridSpec(
+    ramp_up_w_per_s=15.0,
+    ramp_down_w_per_s=15.0,
+    window_s=1.0,
+    oscillation_band_hz=(0.1, 20.0),
+    oscillation_max_share=0.2,
+    oscillation_window_s=20.0,
+)
+
+
+def site_series() -> np.ndarray:
+    """60 s at 0.1 s: a 0.5 Hz ±5 W swing for the first 20 s (its 1 s change is at most
+    10 W/s, under the 15 W/s limit), flat for 20 s, then +30 W in a straight line over
+    1.5 s from 45 s (20 W/s) and -30 W at once at 52 s."""
+    t = np.arange(N) * DT
+    p = np.full(N, 60.0)
+    p[t < 20] += 5.0 * np.sin(2 * np.pi * 0.5 * t[t < 20])
+    rise = (t >= 45) & (t < 46.5)
+    p[rise] += 20.0 * (t[rise] - 45)
+    p[(t >= 46.5) & (t < 52)] += 30.0
+    return p
+
+
+def grid_trace(site: np.ndarray, grid: GridSpec | None, t: np.ndarray | None = None):
+    power = np.column_stack([site, np.full(len(site), 50.0), np.full(len(site), 40.0)])
+    t = np.arange(len(site)) * DT if t is None else t
+    return make_trace(power, t=t, grid=grid)
+
+
+# --- independent recomputation ----------------------------------------------------------
+
+
+def ramps_by_hand(p: np.ndarray, dt: float, window_s: float, up_lim: float, down_lim: float):
+    w = round(window_s / dt)
+    rates = [(p[i] - p[i - w]) / (w * dt) for i in range(w, len(p))]
+    ups = [max(r, 0.0) for r in rates]
+    downs = [max(-r, 0.0) for r in rates]
+    return {
+        "up_max": max(ups),
+        "up_p99": float(np.percentile(ups, 99)),
+        "down_max": max(downs),
+        "down_p99": float(np.percentile(downs, 99)),
+        "s_up": sum(u > up_lim for u in ups) * dt,
+        "s_down": sum(d > down_lim for d in downs) * dt,
+    }
+
+
+def share_by_hand(x: np.ndarray, dt: float, lo: float, hi: float) -> float:
+    """Share of the variance in [lo, min(hi, Nyquist)] from an explicit one-sided DFT."""
+    x = np.asarray(x, float) - np.mean(x)
+    n = len(x)
+    total = float(np.sum(x**2))
+    if total <= 1e-18:
+        return 0.0
+    inside = 0.0
+    for k in range(1, n // 2 + 1):
+        f = k / (n * dt)
+        if not lo <= f <= min(hi, 1 / (2 * dt)):
+            continue
+        m = np.arange(n)
+        xk = np.sum(x * np.exp(-2j * np.pi * k * m / n))
+        both_sides = 1.0 if (n % 2 == 0 and k == n // 2) else 2.0
+        inside += both_sides * abs(xk) ** 2 / n
+    return inside / total
+
+
+# --- tests ------------------------------------------------------------------------------
+
+
+def test_the_site_is_measured_against_the_grid_spec_as_recomputed_by_hand():
+    p = site_series()
+    g = summarize(grid_trace(p, SPEC)).grid
+    assert g["spec"] == SPEC.describe() and g["measured"] and g["step_s"] == pytest.approx(DT)
+
+    want = ramps_by_hand(p, DT, 1.0, 15.0, 15.0)
+    assert want["up_max"] == pytest.approx(20.0) and want["down_max"] == pytest.approx(30.0)
+    assert g["ramp_window_s"] == pytest.approx(1.0)
+    assert g["ramp_up_max_w_per_s"] == pytest.approx(want["up_max"])
+    assert g["ramp_up_p99_w_per_s"] == pytest.approx(want["up_p99"])
+    assert g["ramp_down_max_w_per_s"] == pytest.approx(want["down_max"])
+    assert g["ramp_down_p99_w_per_s"] == pytest.approx(want["down_p99"])
+    assert g["s_outside_ramp_up"] == pytest.approx(want["s_up"]) and want["s_up"] > 0
+    assert g["s_outside_ramp_down"] == pytest.approx(want["s_down"]) and want["s_down"] > 0
+    assert g["ramp_up_limit_w_per_s"] == 15.0 and g["ramp_down_limit_w_per_s"] == 15.0
+
+    # 0.1 s steps see 0.1-5 Hz of the 0.1-20 Hz band; three 20 s windows
+    assert g["oscillation_band_hz"] == [0.1, 20.0]
+    assert g["oscillation_band_seen_hz"] == pytest.approx([0.1, 5.0])
+    assert "only 0.1-5 Hz" in g["oscillation_note"]
+    assert g["oscillation_windows"] == 3 and g["oscillation_window_s"] == pytest.approx(20.0)
+    shares = [share_by_hand(p[k * 200 : (k + 1) * 200], DT, 0.1, 20.0) for k in range(3)]
+    assert shares[0] == pytest.approx(1.0)  # the swing: all of it at 0.5 Hz
+    assert shares[1] == 0.0  # flat
+    assert g["oscillation_share"] == pytest.approx(share_by_hand(p, DT, 0.1, 20.0))
+    assert g["oscillation_share_max"] == pytest.approx(max(shares))
+    assert g["s_outside_oscillation"] == pytest.approx(20.0 * sum(s > 0.2 for s in shares))
+    assert g["peak_to_peak_max_w"] == pytest.approx(30.0)
+
+    summary = summarize(grid_trace(p, SPEC))
+    expected = [
+        f"ramp up {want['s_up']:.1f} s",
+        f"ramp down {want['s_down']:.1f} s",
+        f"oscillation {g['s_outside_oscillation']:.1f} s",
+    ]
+    assert summary.grid_breaches == g["breaches"] == expected
+    assert grid_breach_line(summary) == "outside the grid spec: " + ", ".join(expected)
+    assert summary.exit_code == 0  # breaches are not limit violations
+    json.dumps(summary.to_dict(), allow_nan=False)  # valid JSON: no NaN, no inf
+
+
+def test_the_demo_ramp_is_the_shared_one_and_the_sum_of_caps_stays_beside_it():
+    p = site_series()
+    s = summarize(grid_trace(p, SPEC))
+    assert s.peak_site_ramp_up_w_per_s == pytest.approx(s.grid["ramp_up_max_w_per_s"])
+    assert s.peak_site_ramp_down_w_per_s == pytest.approx(s.grid["ramp_down_max_w_per_s"])
+    rows = dict((label, value) for label, value, _ in grid_rows(s))
+    assert "sum of caps +0.0 kW/s" in rows["site ramp (1 s)"]
+
+
+def test_a_spec_met_leaves_no_breach_but_still_shows_the_seconds():
+    flat = np.full(N, 60.0)
+    s = summarize(grid_trace(flat, SPEC))
+    assert s.grid["breaches"] == [] and grid_breach_line(s) is None
+    assert s.grid["s_outside_ramp_up"] == s.grid["s_outside_oscillation"] == 0.0
+    rows = {label: (value, style) for label, value, style in grid_rows(s)}
+    assert rows["outside the grid spec"] == (
+        "ramp up 0.0 s, ramp down 0.0 s, oscillation 0.0 s",
+        "green",
+    )
+
+
+def test_without_a_grid_spec_the_summary_says_so_and_shows_no_breach():
+    p = site_series()
+    s = summarize(grid_trace(p, None))
+    g = s.grid
+    assert g["spec"] == NO_GRID_SPEC and g["breaches"] == [] and s.grid_breaches == []
+    assert not any(k.startswith("s_outside") or k.endswith("_limit_w_per_s") for k in g)
+    # still measured, with the defaults (1 s ramps, 0.1-20 Hz per 60 s)
+    assert g["ramp_up_max_w_per_s"] == pytest.approx(20.0)
+    assert g["oscillation_windows"] == 1
+    out = _printed(s)
+    assert "no grid spec" in out
+    assert "outside the grid spec" not in out
+
+
+def test_the_terminal_summary_and_the_outcome_flag_every_breach():
+    s = summarize(grid_trace(site_series(), SPEC))
+    out = _printed(s)
+    assert "grid spec" in out and SPEC.describe() in out
+    assert "outside the grid spec" in out and "site ramp (1 s)" in out and "p99" in out
+    run = SimpleNamespace(summary=s, recorded=None)
+    buf = io.StringIO()
+    print_outcome(Console(file=buf, width=300), run, _Path(), None)
+    assert f"GRID: {grid_breach_line(s)}" in buf.getvalue()
+
+
+def test_jittered_samples_are_put_back_on_their_grid():
+    t = np.arange(50) * DT + np.random.default_rng(0).uniform(0.0, 0.02, 50)
+    t[0] = 0.0
+    v = np.arange(50.0)
+    series, step = regular_series(t, v)
+    assert step == pytest.approx(DT, abs=0.01)
+    np.testing.assert_array_equal(series, v)
+    # a sample 0.3 s late: the points before it hold the one before
+    t2 = np.array([0.0, 0.1, 0.2, 0.5, 0.6])
+    series, step = regular_series(t2, np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert step == pytest.approx(0.1)
+    np.testing.assert_array_equal(series, [1, 2, 3, 3, 3, 4, 5])
+
+
+def test_a_trace_too_short_to_measure_says_so():
+    s = summarize(grid_trace(np.array([60.0]), SPEC))
+    assert s.grid["measured"] is False and s.grid["breaches"] == []
+    json.dumps(s.to_dict(), allow_nan=False)
+
+
+class _Path:
+    def resolve(self) -> str:
+        return "demo-power.png"
+
+
+def _printed(summary) -> str:
+    buf = io.StringIO()
+    print_summary(Console(file=buf, width=300), summary, None)
+    return buf.getvalue()
