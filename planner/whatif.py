@@ -51,11 +51,10 @@ from policies import (
     Tree,
     decide,
 )
-from policies import grid as grid_measure
 from policies.tree import LEVEL_NAMES
 from powerd.gpu.models import GPU_MODELS
 from powerd.topology import Topology
-from powerd.topology.grid import GridSpec
+from powerd.topology.grid import grid_report
 
 DEFAULT_SPEED_EXPONENT = 0.28  # ln(0.95) / ln(1000 / 1200): docs/DOMAIN.md, Meta's GB200
 
@@ -121,9 +120,6 @@ class WhatifResult:
     jobs: pd.DataFrame
     info: dict[str, object]
     site_power_w: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per step, measured
-
-
-NO_GRID_SPEC = "no grid spec"
 
 
 def replay(
@@ -241,54 +237,6 @@ def replay(
     result = _result(top, tree, placement, acc, job_acc, n_steps, info)
     result.site_power_w = site_w
     return result
-
-
-def grid_report(
-    site_w: np.ndarray, step_s: float, spec: GridSpec | None, jobs_energy_j: float | None = None
-) -> dict[str, object]:
-    """The site's power series measured as the grid sees it (module docstring)."""
-    g = spec or GridSpec()
-    ramp = grid_measure.ramp_stats(
-        site_w, step_s, g.window_s, g.ramp_up_w_per_s, g.ramp_down_w_per_s
-    )
-    osc = grid_measure.oscillation_stats(
-        site_w, step_s, g.oscillation_band_hz, g.oscillation_window_s, g.oscillation_max_share
-    )
-    out: dict[str, object] = {
-        "spec": NO_GRID_SPEC if spec is None else spec.describe(),
-        "ramp_window_s": ramp.window_s,
-        "ramp_up_max_w_per_s": ramp.up_max_w_per_s,
-        "ramp_up_p99_w_per_s": ramp.up_p99_w_per_s,
-        "ramp_down_max_w_per_s": ramp.down_max_w_per_s,
-        "ramp_down_p99_w_per_s": ramp.down_p99_w_per_s,
-        "oscillation_band_hz": list(osc.band.band_hz),
-        "oscillation_band_seen_hz": None if osc.band.seen_hz is None else list(osc.band.seen_hz),
-        "oscillation_note": osc.band.note,
-        "oscillation_window_s": osc.window_s,
-        "oscillation_windows": osc.n_windows,
-        "oscillation_share": osc.share,
-        "oscillation_share_max": osc.share_max,
-        "peak_to_peak_max_w": osc.peak_to_peak_max_w,
-    }
-    if spec is None:
-        return out
-    out |= {
-        "ramp_up_limit_w_per_s": spec.ramp_up_w_per_s,
-        "ramp_down_limit_w_per_s": spec.ramp_down_w_per_s,
-        "oscillation_max_share": spec.oscillation_max_share,
-        "s_outside_ramp_up": ramp.s_up_over,
-        "s_outside_ramp_down": ramp.s_down_over,
-        "s_outside_oscillation": osc.s_over,
-    }
-    if spec.floor_fraction is not None:
-        floor = grid_measure.floor_series(site_w, step_s, spec.floor_fraction, spec.floor_window_s)
-        cost = grid_measure.floor_cost(site_w, floor, step_s, jobs_energy_j)
-        out |= {
-            "floor_fraction": spec.floor_fraction,
-            "floor_energy_kwh": cost.energy_kwh,
-            "floor_energy_share_of_jobs": cost.share_of_reference,
-        }
-    return out
 
 
 def _result(

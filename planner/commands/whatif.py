@@ -138,7 +138,7 @@ def command(
 
 
 def grid_table(grid: dict[str, object]) -> pd.DataFrame:
-    """``info["grid"]`` (planner.whatif.grid_report) as rows: what, unit, value, limit,
+    """``info["grid"]`` (powerd.topology.grid.grid_report) as rows: what, unit, value, limit,
     seconds outside it."""
     import pandas as pd
 

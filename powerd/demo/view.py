@@ -9,7 +9,8 @@ from rich.text import Text
 
 from policies.tree import RACK, ROW, SITE, Tree
 from powerd.demo.runner import LiveState
-from powerd.demo.summary import NO_GRID_SPEC, Summary
+from powerd.demo.summary import Summary
+from powerd.topology.grid import NO_GRID_SPEC
 
 BAR_WIDTH = 24
 CAPPING_SHOWN_S = 3.0  # how long the view keeps showing that a node capped

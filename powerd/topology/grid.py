@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+
+from policies import grid as grid_measure
 from powerd.topology.units import fmt_w
 
 DEFAULT_WINDOW_S = 1.0  # ramps are measured over a second, as MW/s limits are written
@@ -86,3 +90,78 @@ class GridSpec:
             share, last = self.floor_fraction * 100, self.floor_window_s
             parts.append(f"floor {share:g} % of the last {last:g} s's peak")
         return "; ".join(parts) or "no limits (measured only)"
+
+
+NO_GRID_SPEC = "no grid spec"
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no NaN or inf: None (no limit, or nothing seen)."""
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def grid_report(
+    site_w: np.ndarray, step_s: float, spec: GridSpec | None, energy_j: float | None = None
+) -> dict[str, Any]:
+    """A site's regular power series (one value every ``step_s``) measured as the grid sees
+    it (``policies.grid``), against ``spec`` when there is one: what ``powerplan whatif``
+    and ``powerd demo`` report. NaN and inf become None (JSON); ``breaches`` names every
+    limit broken ('ramp up 12.3 s', ...), empty without a spec; ``energy_j``: the jobs'
+    energy, what a floor's cost is a share of."""
+    g = spec or GridSpec()
+    out: dict[str, Any] = {"spec": NO_GRID_SPEC if spec is None else spec.describe()}
+    out["step_s"] = step_s
+    if step_s <= 0 or len(site_w) < 2:
+        out |= {"measured": False, "breaches": []}
+        return out
+    up = spec.ramp_up_w_per_s if spec is not None else math.inf
+    down = spec.ramp_down_w_per_s if spec is not None else math.inf
+    ramp = grid_measure.ramp_stats(site_w, step_s, g.window_s, up, down)
+    osc = grid_measure.oscillation_stats(
+        site_w, step_s, g.oscillation_band_hz, g.oscillation_window_s, g.oscillation_max_share
+    )
+    out |= {
+        "measured": True,
+        "ramp_window_s": ramp.window_s,
+        "ramp_up_max_w_per_s": ramp.up_max_w_per_s,
+        "ramp_up_p99_w_per_s": ramp.up_p99_w_per_s,
+        "ramp_down_max_w_per_s": ramp.down_max_w_per_s,
+        "ramp_down_p99_w_per_s": ramp.down_p99_w_per_s,
+        "oscillation_band_hz": list(osc.band.band_hz),
+        "oscillation_band_seen_hz": None if osc.band.seen_hz is None else list(osc.band.seen_hz),
+        "oscillation_note": osc.band.note,
+        "oscillation_window_s": osc.window_s,
+        "oscillation_windows": osc.n_windows,
+        "oscillation_share": _finite(osc.share),
+        "oscillation_share_max": _finite(osc.share_max),
+        "peak_to_peak_max_w": osc.peak_to_peak_max_w,
+        "breaches": [],
+    }
+    if spec is None:
+        return out
+    out |= {
+        "ramp_up_limit_w_per_s": _finite(spec.ramp_up_w_per_s),
+        "ramp_down_limit_w_per_s": _finite(spec.ramp_down_w_per_s),
+        "oscillation_max_share": spec.oscillation_max_share,
+        "s_outside_ramp_up": ramp.s_up_over,
+        "s_outside_ramp_down": ramp.s_down_over,
+        "s_outside_oscillation": osc.s_over,
+    }
+    out["breaches"] = [
+        f"{what} {seconds:.1f} s"
+        for what, seconds in (
+            ("ramp up", ramp.s_up_over),
+            ("ramp down", ramp.s_down_over),
+            ("oscillation", osc.s_over),
+        )
+        if seconds > 0
+    ]
+    if spec.floor_fraction is not None:
+        floor = grid_measure.floor_series(site_w, step_s, spec.floor_fraction, spec.floor_window_s)
+        cost = grid_measure.floor_cost(site_w, floor, step_s, energy_j)
+        out |= {
+            "floor_fraction": spec.floor_fraction,
+            "floor_energy_kwh": cost.energy_kwh,
+            "floor_energy_share_of_jobs": _finite(cost.share_of_reference),
+        }
+    return out

@@ -13,9 +13,9 @@ import pytest
 from rich.console import Console
 
 from powerd.demo.report import print_outcome
-from powerd.demo.summary import NO_GRID_SPEC, regular_series, summarize
+from powerd.demo.summary import regular_series, summarize
 from powerd.demo.view import grid_breach_line, grid_rows, print_summary
-from powerd.topology.grid import GridSpec
+from powerd.topology.grid import NO_GRID_SPEC, GridSpec
 from tests.demo.test_demo_summary import make_trace
 
 DT = 0.1

@@ -15,9 +15,10 @@ from click.testing import CliRunner
 from planner.cli import main
 from planner.mix import parse_mix, place
 from planner.sizing import WorkloadTrace
-from planner.whatif import NO_GRID_SPEC, WhatifSettings, replay
+from planner.whatif import WhatifSettings, replay
 from policies.tree import PHASE_CODES
 from powerd.topology import load_budgets, parse_budgets
+from powerd.topology.grid import NO_GRID_SPEC
 from tests.support.paths import REPO
 
 DEMO = REPO / "powerd" / "data" / "budgets" / "demo.toml"
