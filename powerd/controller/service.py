@@ -409,10 +409,18 @@ class ControllerService:
             self._wall(),
             float(base.cap_threshold_w[0]) if measured is None else measured,
             self.core.last_dt_s,
-            float(base.ramp_w_per_s[0]),
+            self._ramp_down_w_per_s(),
         )
         self.core.site_limit_w = self.site_limits.active_w(self._wall())
         self.core.tree = base if threshold is None else with_site_threshold(base, threshold)
+
+    def _ramp_down_w_per_s(self) -> float:
+        """How fast a site limit may bring the site down: the grid spec's ramp-down limit
+        ([site.grid]), else the site's ramp limit on the sum of caps."""
+        grid = None if self.topology is None else self.topology.grid
+        if grid is not None and math.isfinite(grid.ramp_down_w_per_s):
+            return float(grid.ramp_down_w_per_s)
+        return float(self._base_tree.ramp_w_per_s[0])
 
     def _on_site_limit(self, topic: str, payload: bytes) -> None:
         now = self._monotonic()
