@@ -118,7 +118,9 @@ def site_overview() -> dict:
             "timeseries",
             "Site power against budget and limit",
             "Measured power, the power predicted under the new caps, the capping threshold,"
-            " the budget and the limit of the site.",
+            " the budget and the limit of the site; and an operator's temporary site limit"
+            " (demand response, `powerd limit`) while one is in force: the capping threshold"
+            " glides down to it at the ramp-down limit.",
             [
                 target(
                     Query(
@@ -134,7 +136,12 @@ def site_overview() -> dict:
                     ),
                     "A",
                     alias="$col",
-                )
+                ),
+                target(
+                    Query(DECISION, (("mean({site_limit_w})", "site limit (demand response)"),)),
+                    "B",
+                    alias="$col",
+                ),
             ],
             w=16,
             unit=W,

@@ -64,13 +64,19 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         demo = json.loads((work / "demo.json").read_text())
         # a failover: another controller leads with a later epoch (epochs are at least the
-        # wall clock in ms at takeover: this one took over now, after the demo's)
+        # wall clock in ms at takeover: this one took over now, after the demo's), under an
+        # operator's temporary site limit (demand response; the demo sets none)
         now = time.time()
         epoch = int(now * 1000)
         with open_recorder(url) as recorder:
             recorder.write(
                 decision_line(
-                    now + i, cluster="demo", controller="ctl-b", epoch=epoch, cycle_s=0.01
+                    now + i,
+                    cluster="demo",
+                    controller="ctl-b",
+                    epoch=epoch,
+                    cycle_s=0.01,
+                    site_limit_w=150_000.0,
                 )
                 for i in range(3)
             )
