@@ -225,8 +225,7 @@ def decide(
     # held at its cap (rule 3b): judged on the caps before this cycle's cuts
     waiting = _in_codes(phase, _WAITING_CODES)
     span = cap_max - cap_min
-    pressed = ctl & ~staged & ~waiting & (cap < cap_max - NEGLIGIBLE_W)
-    pressed &= power >= cap - settings.stage_headroom_fraction * span
+    pressed = ~staged & ~waiting & held_at_cap(ctl, power, cap, cap_max, span, settings)
 
     # 3. capping, bottom-up
     pred = np.minimum(power, cap)
@@ -332,6 +331,22 @@ def decide(
         node_shift_w=node_shift,
         shifted=shifted,
     )
+
+
+def held_at_cap(
+    ctl: np.ndarray,
+    power: np.ndarray,
+    cap: np.ndarray,
+    cap_max: np.ndarray,
+    span: np.ndarray,
+    settings: PolicySettings,
+) -> np.ndarray:
+    """GPUs held at their caps: controllable, capped below their maximum, and drawing within
+    ``stage_headroom_fraction`` of their range below the cap (they want more). Rule 3b's
+    test, and what a leaf reports as held to the coordinator (``policies.coordination``)."""
+    held = ctl & (cap < cap_max - NEGLIGIBLE_W)
+    held &= power >= cap - settings.stage_headroom_fraction * span
+    return held
 
 
 def _shift(

@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.capping import NEGLIGIBLE_W, Decision, PolicySettings
+from policies.capping import Decision, PolicySettings, held_at_cap
 from policies.tree import HIGH, LOW, RACK, ROW, SERVER, ClusterState, Tree
 
 # Classes in the order the coordinator serves them (and the wire lists them: PRIORITIES).
@@ -108,9 +108,7 @@ def summarise(
     overhead = float(tree.overhead_below_w[0])
     fixed = overhead + float(predicted[~ctl].sum()) + float(cap_min[ctl].sum())
     above = np.where(ctl, np.maximum(predicted - cap_min, 0.0), 0.0)
-    span = cap_max - cap_min
-    held = ctl & (cap < cap_max - NEGLIGIBLE_W)
-    held &= power >= cap - settings.stage_headroom_fraction * span
+    held = held_at_cap(ctl, power, cap, cap_max, cap_max - cap_min, settings)
     gap = np.where(held, cap_max - cap, 0.0)
     # only what the racks' and nodes' own bands let them be handed back (up to their
     # uncapping thresholds): a grant cannot lift those bands

@@ -8,9 +8,11 @@ afterwards, not what was asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
+import msgspec
 from msgspec import UNSET
 
 from powerd.gpu import Gpu, GpuError, GpuNotSupportedError
@@ -57,27 +59,14 @@ def set_clock_lock(gpu: Gpu, max_mhz: float | None) -> bool:
 
 
 def profile_of(wire: GpuSmoothing) -> SmoothingProfile:
-    """The GPU layer's profile for a command's ``smoothing`` (GpuValueError if invalid)."""
-    return SmoothingProfile(
-        preset=wire.preset,
-        enabled=wire.enabled,
-        floor_percent=wire.floor_percent,
-        ramp_up_w_per_s=wire.ramp_up_w_per_s,
-        ramp_down_w_per_s=wire.ramp_down_w_per_s,
-        ramp_down_hysteresis_ms=wire.ramp_down_hysteresis_ms,
-    )
+    """The GPU layer's profile for a command's ``smoothing`` (GpuValueError if invalid): the
+    two have the same fields, by name."""
+    return SmoothingProfile(**msgspec.structs.asdict(wire))
 
 
 def smoothing_wire(profile: SmoothingProfile) -> GpuSmoothing:
     """A profile read from a device, as the ack carries it."""
-    return GpuSmoothing(
-        preset=profile.preset,
-        enabled=profile.enabled,
-        floor_percent=profile.floor_percent,
-        ramp_up_w_per_s=profile.ramp_up_w_per_s,
-        ramp_down_w_per_s=profile.ramp_down_w_per_s,
-        ramp_down_hysteresis_ms=profile.ramp_down_hysteresis_ms,
-    )
+    return GpuSmoothing(**dataclasses.asdict(profile))
 
 
 def smoothing_state(profile: SmoothingProfile) -> GpuSmoothingState:

@@ -131,11 +131,14 @@ class CoordinatorCore:
     def new_epoch(self, epoch: int) -> None:
         self.epoch, self.seq = epoch, 0
 
+    def heard(self) -> np.ndarray:
+        """(n_leaves,) bool: a summary taken within the grant TTL."""
+        return (self._monotonic() - self.received_mono) <= self.grant_ttl_s
+
     def leaves(self) -> Leaves:
         """The allocation's view of the leaves now."""
         n = len(self.specs)
-        now = self._monotonic()
-        heard = (now - self.received_mono) <= self.grant_ttl_s
+        heard = self.heard()
         fixed, predicted = np.zeros(n), np.zeros(n)
         demand, held = np.zeros((n, 3)), np.zeros((n, 3))
         budget = self.file_budget_w.copy()
@@ -159,11 +162,9 @@ class CoordinatorCore:
 
     def site_measured_w(self) -> float:
         """The heard leaves' measured power plus the site's own overhead (the newest)."""
-        now = self._monotonic()
-        heard = (now - self.received_mono) <= self.grant_ttl_s
         measured = sum(
             s.measured_w
-            for s, h in zip(self.summaries, heard.tolist(), strict=True)
+            for s, h in zip(self.summaries, self.heard().tolist(), strict=True)
             if s is not None and h
         )
         return measured + self.site_overhead_w
