@@ -5,8 +5,9 @@ nodes of a rack become one generator where they share every setting and
 their names follow ``<prefix><number>``, and are listed otherwise. Limits,
 ramps, capping bands, node budgets and GPU models are the input topology's;
 budgets of racks, rows and the site, overheads and the failsafe cap per
-model are the sizing's. :func:`check_round_trip` loads the text back with
-``powerd.topology.parse_budgets`` and compares every number.
+model are the sizing's. The site's ``[site.grid]`` (its grid spec) is the input
+topology's, written in W/s and seconds. :func:`check_round_trip` loads the text
+back with ``powerd.topology.parse_budgets`` and compares every number.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pandas as pd
 from planner.sizing import Sizing, SizingError
 from policies.tree import SERVER
 from powerd.topology import Topology, parse_budgets
+from powerd.topology.grid import GridSpec
 
 _THRESHOLDS = ("cap_threshold", "cap_target", "uncap_threshold")
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
@@ -30,6 +32,29 @@ def _num(value: float) -> str:
     if value.is_integer() and abs(value) < 1e15:
         return str(int(value))
     return repr(value)
+
+
+def _grid_keys(grid: GridSpec) -> list[str]:
+    """The ``[site.grid]`` keys that load back as ``grid``: ramps in W/s (left out when
+    unlimited), every window and the band written out, the floor and the share only
+    when set (``floor_window_s`` only with a floor: the loader refuses it alone)."""
+    out = []
+    for key, value in (
+        ("ramp_up_w_per_s", grid.ramp_up_w_per_s),
+        ("ramp_down_w_per_s", grid.ramp_down_w_per_s),
+    ):
+        if math.isfinite(value):
+            out.append(f"{key} = {_num(value)}")
+    out.append(f"window_s = {_num(grid.window_s)}")
+    if grid.floor_fraction is not None:
+        out.append(f"floor_fraction = {_num(grid.floor_fraction)}")
+        out.append(f"floor_window_s = {_num(grid.floor_window_s)}")
+    lo, hi = grid.oscillation_band_hz
+    out.append(f"oscillation_band_hz = [{_num(lo)}, {_num(hi)}]")
+    if grid.oscillation_max_share is not None:
+        out.append(f"oscillation_max_share = {_num(grid.oscillation_max_share)}")
+    out.append(f"oscillation_window_s = {_num(grid.oscillation_window_s)}")
+    return out
 
 
 def _str(value: str) -> str:
@@ -83,6 +108,8 @@ class _Writer:
         lines += ["version = 1", "", "[defaults]"]
         lines += [f"{k} = {_num(self.thresholds[i, 0])}" for i, k in enumerate(_THRESHOLDS)]
         lines += ["", self.comment(0), "[site]", f"name = {_str(top.site)}", *self.power_keys(0)]
+        if top.grid is not None:
+            lines += ["", "[site.grid]", *_grid_keys(top.grid)]
         for model, cap in self.s.failsafe_cap_w.items():
             lines += ["", f"[models.{model}]", f"failsafe_cap_w = {_num(cap)}"]
             clock = float(top.comm_clock_mhz.get(model, math.nan))
@@ -171,3 +198,5 @@ def check_round_trip(text: str, top: Topology, sizing: Sizing) -> None:
             raise SizingError(f"the budgets file written does not load back the same {name}")
     if back.server_model != top.server_model:
         raise SizingError("the budgets file written does not load back the same GPU models")
+    if back.grid != top.grid:
+        raise SizingError("the budgets file written does not load back the same [site.grid]")

@@ -4,7 +4,8 @@
 installs this package with every core dependency pinned to the floor
 pyproject.toml gives it (``>=X`` becomes ``==X``) and no extra, then checks
 that the extras are really absent, that the agent's and the controller's
-modules import (``powerd.gpu.nvml`` against the oldest nvidia-ml-py allowed),
+modules import (``powerd.gpu.nvml`` against the oldest nvidia-ml-py allowed,
+which must have the power smoothing bindings: docs/POWER_SMOOTHING.md),
 that ``powerd gpus`` runs, and that msgspec at its floor still refuses
 non-finite numbers while decoding (the protocol relies on it:
 ``powerd/protocol.py``, ``_decoding``).
@@ -35,6 +36,9 @@ for module in {EXTRA_MODULES!r}:
 for module in ("powerd.agent.daemon", "powerd.gpu.nvml", "powerd.controller.service",
                "powerd.fleet.runner", "powerd.mqtt_stream", "powerd.jobhook", "powerd.signing"):
     importlib.import_module(module)
+from powerd.gpu import nvml
+if not nvml._HAS_SMOOTHING_BINDINGS:
+    sys.exit("nvidia-ml-py at its floor has no power smoothing bindings: raise the floor")
 import msgspec
 from powerd.protocol import ProtocolError, Telemetry, decode
 for number in (b"1e999", b"-1e999", b"1" + b"0" * 400):
