@@ -54,6 +54,8 @@ def _grid_keys(grid: GridSpec) -> list[str]:
     if grid.oscillation_max_share is not None:
         out.append(f"oscillation_max_share = {_num(grid.oscillation_max_share)}")
     out.append(f"oscillation_window_s = {_num(grid.oscillation_window_s)}")
+    if grid.oscillation_min_rms_w > 0:
+        out.append(f"oscillation_min_rms_w = {_num(grid.oscillation_min_rms_w)}")
     return out
 
 

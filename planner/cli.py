@@ -11,6 +11,7 @@ import click
 from planner.commands.caps import command as caps_command
 from planner.commands.profiles import command as profiles_command
 from planner.commands.report import command as report_command
+from planner.commands.rhythm import command as rhythm_command
 from planner.commands.size import command as size_command
 from planner.commands.whatif import command as whatif_command
 from powerd import __version__
@@ -27,6 +28,7 @@ def main() -> None:
     powerplan size      topology + workload mix + profiles -> a budgets file for the controller
     powerplan whatif    replay profiles through the controller's policies at given budgets
     powerplan report    a Markdown or HTML report with plots on a budgets file
+    powerplan rhythm    the profile of a synchronous training job, phase by phase
 
     The method, with its reasoning, is in docs/PLANNER.md.
     """
@@ -37,6 +39,7 @@ main.add_command(caps_command, "caps")
 main.add_command(size_command, "size")
 main.add_command(whatif_command, "whatif")
 main.add_command(report_command, "report")
+main.add_command(rhythm_command, "rhythm")
 
 if __name__ == "__main__":
     main()

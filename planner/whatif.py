@@ -33,6 +33,7 @@ power drawn at the sweep's highest cap.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,14 @@ from policies import (
     PolicySettings,
     Tree,
     decide,
+)
+from policies.smoothing import (
+    DEFAULT_MARGIN,
+    NO_SMOOTHING,
+    GpuRamps,
+    gpu_ramps,
+    ramp_toward,
+    wanted_w,
 )
 from policies.tree import LEVEL_NAMES
 from powerd.gpu.models import GPU_MODELS
@@ -107,6 +116,9 @@ class WhatifSettings:
     duration_s: float = 3600.0
     seed: int = 0
     policy: PolicySettings = field(default_factory=PolicySettings)
+    synchronised: bool = False  # every job from the start of its profile, together
+    smoothing: bool = False  # GPUs move within their share of the grid spec's ramps
+    smoothing_margin: float = DEFAULT_MARGIN
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):
@@ -120,6 +132,27 @@ class WhatifResult:
     jobs: pd.DataFrame
     info: dict[str, object]
     site_power_w: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per step, measured
+
+
+RAMP_HELD_TOLERANCE_W = 0.5  # a GPU this far below its natural draw is held by the ramp
+
+
+def site_ramps(top: Topology, settings: WhatifSettings) -> GpuRamps:
+    """Each GPU's share of the site's grid spec (``policies.smoothing``); the spec must
+    limit something."""
+    spec = top.grid
+    if spec is None or not (spec.limits_ramp or spec.floor_fraction):
+        raise ValueError(
+            "smoothing needs a grid spec with a ramp limit or a floor: add [site.grid] "
+            "to the budgets file (docs/BUDGETS.md, 'The grid spec')"
+        )
+    return gpu_ramps(
+        spec.ramp_up_w_per_s,
+        spec.ramp_down_w_per_s,
+        spec.floor_fraction,
+        top.tree.n_gpus,
+        settings.smoothing_margin,
+    )
 
 
 def replay(
@@ -147,7 +180,17 @@ def replay(
     for j, job in enumerate(jobs):
         power_table[j, : lengths[j]] = job_traces[j]
         phase_table[j, : lengths[j]] = traces[job.workload].phase
-    offsets = rng.integers(0, lengths)  # jobs are not synchronised with each other
+    offsets = rng.integers(0, lengths)  # jobs are not synchronised with each other ...
+    if settings.synchronised:  # ... unless asked: every job from its profile's start
+        offsets = np.zeros(n_jobs, dtype=np.int64)
+    ramps = site_ramps(top, settings) if settings.smoothing else NO_SMOOTHING
+    policy = settings.policy
+    if settings.smoothing:  # the draw follows caps slowly: uncap within the caps
+        policy = dataclasses.replace(policy, uncap_within_caps=True)
+    not_running = np.array([PHASE_CODES["idle"], PHASE_CODES["shutdown"]], dtype=np.int8)
+    drawn_w: np.ndarray | None = None  # the draw under smoothing, carried step to step
+    n_phases = len(PHASE_CODES)
+    held_j_by_phase = np.zeros(n_phases)  # energy burnt holding floors and ramps, by phase
 
     gpu_job = placement.gpu_job(top)
     busy = gpu_job >= 0
@@ -186,7 +229,7 @@ def replay(
             "peak_demand_w",
         )
     }
-    job_acc = {k: np.zeros(n_jobs) for k in ("speed", "capped", "demand_w", "power_w")}
+    job_acc = {k: np.zeros(n_jobs) for k in ("speed", "capped", "ramp_held", "demand_w", "power_w")}
     speed_gpu = np.ones(len(busy_idx))
     site_w = np.empty(n_steps)  # the site's measured power, for the grid
 
@@ -197,8 +240,16 @@ def replay(
         demand_w = np.where(busy, now_w[job_of], idle_w)
         phase = np.where(busy, now_phase[job_of], idle_phase).astype(np.int8)
         power_w = np.minimum(demand_w, cap_w)
+        natural_w = power_w
+        if settings.smoothing:
+            running = busy & ~np.isin(phase, not_running)
+            want = wanted_w(natural_w, cap_w, running, ramps)
+            drawn_w = want if drawn_w is None else ramp_toward(drawn_w, want, cap_w, ramps, step_s)
+            above = np.maximum(drawn_w - natural_w, 0.0)
+            held_j_by_phase += np.bincount(phase, weights=above, minlength=n_phases) * step_s
+            power_w = drawn_w
         state = ClusterState(power_w, cap_w, priority, floor_w, phase, controllable)
-        decision = decide(tree, state, step_s, settings.policy)
+        decision = decide(tree, state, step_s, policy)
         node_w = decision.node_power_w
         site_w[t] = node_w[0]
         node_demand_w = tree.node_sum(demand_w) + overhead_w
@@ -220,6 +271,9 @@ def replay(
         job_speed = np.minimum.reduceat(speed_gpu, job_start)  # the slowest GPU sets the pace
         job_acc["speed"] += job_speed
         job_acc["capped"] += np.minimum.reduceat(ratio, job_start) < 1.0
+        if settings.smoothing:  # held below its natural draw by the ramp-up rate
+            short = power_w[busy_idx] < natural_w[busy_idx] - RAMP_HELD_TOLERANCE_W
+            job_acc["ramp_held"] += np.maximum.reduceat(short, job_start)
         job_acc["demand_w"] += now_w
         job_acc["power_w"] += np.add.reduceat(power_w[busy_idx], job_start) / placement.job_gpus
         cap_w = decision.cap_w
@@ -233,7 +287,23 @@ def replay(
         "start": "every GPU at its failsafe cap, as agents start",
     }
     jobs_j = float(job_acc["power_w"] @ placement.job_gpus) * step_s
-    info["grid"] = grid_report(site_w, step_s, top.grid, jobs_j)
+    burnt = float(held_j_by_phase.sum()) if settings.smoothing else None
+    info["grid"] = grid_report(site_w, step_s, top.grid, jobs_j, smoothing_j=burnt)
+    if settings.smoothing:
+        info["smoothing"] = {
+            "gpu_ramp_up_w_per_s": ramps.up_w_per_s,
+            "gpu_ramp_down_w_per_s": ramps.down_w_per_s,
+            "gpu_floor_fraction_of_cap": ramps.floor_fraction,
+            "margin": settings.smoothing_margin,
+            "site_gpus": tree.n_gpus,
+            # of the jobs' energy, by the phase the GPU was in when it burnt it
+            "floor_energy_share_by_phase": {
+                name: float(held_j_by_phase[code]) / jobs_j
+                for name, code in PHASE_CODES.items()
+                if held_j_by_phase[code] > 0 and jobs_j > 0
+            },
+        }
+    info["synchronised"] = settings.synchronised
     result = _result(top, tree, placement, acc, job_acc, n_steps, info)
     result.site_power_w = site_w
     return result
@@ -295,6 +365,7 @@ def _result(
             "demand_w_per_gpu": job_acc["demand_w"] / n,
             "power_w_per_gpu": job_acc["power_w"] / n,
             "capped_share": job_acc["capped"] / n,
+            "ramp_held_share": job_acc["ramp_held"] / n,
             "throughput_lost": 1.0 - job_acc["speed"] / n,
         }
     )

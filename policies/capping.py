@@ -74,6 +74,14 @@ A node's measured power is the measured power of every GPU under it plus its
    HIGH, NORMAL, LOW: each gets what the budgets left after the classes
    before it, and under a node where a higher class is still held after its
    grant the lower classes get nothing (it would be shifted back next cycle).
+   With ``uncap_within_caps`` the headroom is ``cap_target_w - cap_sum``
+   instead (GPUs in ``idle`` at what they draw: a job starting on them
+   announces ``startup``, whose caps are staged): under grid power smoothing
+   a GPU's draw climbs to its cap over seconds, so a node uncapped on what it
+   draws now would climb across its threshold and be cut at once, a step the
+   grid's ramp-down limit forbids
+   (found by ``powerplan whatif --smoothing`` on the 150 MW site: every rack
+   cut 3 kW in one cycle, 3.6 MW for the site).
    Within a class requests are reconciled exactly: bottom-up every node can pass on
    ``A = min(budget, sum of its children's A)``; top-down each child gets its
    share of the parent's grant in proportion to its ``A``; each GPU gets its
@@ -105,6 +113,7 @@ WAITING_PHASES = ("communication", "checkpoint")
 _STAGED_CODES = np.array([PHASE_CODES[p] for p in STAGED_PHASES])
 _WAITING_CODES = np.array([PHASE_CODES[p] for p in WAITING_PHASES])
 _COMM_CODE = PHASE_CODES["communication"]
+_IDLE_CODE = PHASE_CODES["idle"]
 # Needs below this are rounding, not overload (a site sums ~1e8 W: ~1e-8 W of float noise).
 NEGLIGIBLE_W = 1e-7
 
@@ -139,6 +148,10 @@ class PolicySettings:
     # Between the bands, take watts from lower-priority GPUs for higher-priority ones held
     # at their caps (rule 3b). Off: caps between the bands stay, whatever the priorities.
     priority_shift: bool = True
+    # Rule 4's headroom to the capping target counts every GPU at its cap, not at what it
+    # draws: for GPUs whose draw follows their caps slowly (grid power smoothing,
+    # policies.smoothing), which would otherwise climb into capping, and be cut at once.
+    uncap_within_caps: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.uncap_step_fraction <= 1.0:
@@ -282,7 +295,11 @@ def decide(
         # what every GPU under a node could draw at its cap (the others at what they draw)
         held = np.where(ctl, cap, power) if not ctl.all() else cap
         node_cap_sum = tree.node_sum(held) + overhead
-        budget = np.minimum(tree.ramp_w_per_s * dt_s, tree.cap_target_w - node_pred)
+        drawn = node_pred
+        if settings.uncap_within_caps:  # GPUs at their caps; idle ones at what they draw
+            at_caps = np.where(phase == _IDLE_CODE, power, held)
+            drawn = tree.node_sum(at_caps) + overhead
+        budget = np.minimum(tree.ramp_w_per_s * dt_s, tree.cap_target_w - drawn)
         np.minimum(budget, tree.limit_w - node_cap_sum, out=budget)
         budget = np.where(below & (budget > 0), budget, 0.0)  # NaN (a bad tree): nothing
         server = tree.gpu_ancestor[SERVER][i]

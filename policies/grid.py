@@ -25,6 +25,10 @@ What is measured
   Measured per non-overlapping window of ``oscillation_window_s`` (a series
   shorter than one window is one window; a last partial window is left out),
   and over the whole series.
+- **Band RMS**: the square root of the variance in the band (W): how big the
+  oscillation is. A window whose band RMS is below the spec's least
+  (``min_rms_w``) is within the limit whatever its share: the share of a
+  steady site's few-watt ripple is near 1 and means nothing.
 - **Peak-to-peak** per oscillation window: ``max - min`` of the power in it.
 - **Seconds outside**: steps whose rise (fall) is above the ramp limit, times
   ``dt_s``; windows whose share is above the limit, times the window length.
@@ -157,15 +161,24 @@ def visible_band(dt_s: float, band_hz: tuple[float, float]) -> Band:
 def oscillation_shares(rows_w: np.ndarray, dt_s: float, band_hz: tuple[float, float]) -> np.ndarray:
     """Share of variance in the band for each row of ``rows_w`` (windows × steps): in
     [0, 1]; 0 for a constant row; NaN for every row when none of the band is seen."""
+    return oscillation_bands(rows_w, dt_s, band_hz)[0]
+
+
+def oscillation_bands(
+    rows_w: np.ndarray, dt_s: float, band_hz: tuple[float, float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each row: the share of its variance in the band (``oscillation_shares``) and the
+    RMS of the part of it in the band, W (the square root of the band's variance: how big
+    the oscillation is; NaN when none of the band is seen)."""
     rows = np.asarray(rows_w, dtype=float)
     if rows.ndim != 2:
         raise ValueError(f"rows_w must be 2-d (windows × steps), not shape {rows.shape}")
     band = visible_band(dt_s, band_hz)
     n = rows.shape[1]
     if band.seen_hz is None:
-        return np.full(len(rows), np.nan)
+        return np.full(len(rows), np.nan), np.full(len(rows), np.nan)
     if n < 2:
-        return np.zeros(len(rows))
+        return np.zeros(len(rows)), np.zeros(len(rows))
     x = rows - rows.mean(axis=1, keepdims=True)
     spectrum = np.abs(np.fft.rfft(x, axis=1)) ** 2
     # one-sided: every bin but DC (and Nyquist for even n) stands for two; with these
@@ -183,7 +196,8 @@ def oscillation_shares(rows_w: np.ndarray, dt_s: float, band_hz: tuple[float, fl
     scale = np.maximum(np.abs(rows).max(axis=1), 1.0)
     tiny = total <= n * n * (1e-12 * scale) ** 2
     share: np.ndarray = np.divide(inside, total, out=np.zeros(len(rows)), where=~tiny)
-    return np.clip(share, 0.0, 1.0, out=share)
+    rms_w = np.where(tiny, 0.0, np.sqrt(np.maximum(inside, 0.0)) / n)  # Parseval: var = Σ/n²
+    return np.clip(share, 0.0, 1.0, out=share), rms_w
 
 
 def oscillation_share(power_w: np.ndarray, dt_s: float, band_hz: tuple[float, float]) -> float:
@@ -210,7 +224,8 @@ class OscillationStats:
     share: float  # the whole series
     share_max: float  # the worst window
     peak_to_peak_max_w: float  # the worst window
-    s_over: float  # seconds in windows whose share is above the limit
+    band_rms_max_w: float  # the largest RMS of the power in the band, of any window
+    s_over: float  # seconds in windows whose share is above the limit (and RMS ≥ its least)
 
 
 def oscillation_stats(
@@ -219,14 +234,19 @@ def oscillation_stats(
     band_hz: tuple[float, float],
     window_s: float,
     max_share: float | None = None,
+    min_rms_w: float = 0.0,
 ) -> OscillationStats:
+    """``min_rms_w``: a window whose oscillation in the band is smaller than this (RMS, W)
+    is within the limit whatever its share: a ripple of a few watts on a steady site is
+    all in the band and harmless."""
     p = _series(power_w)
     band = visible_band(dt_s, band_hz)
     rows = windows(p, dt_s, window_s)
     if not rows.size:
-        return OscillationStats(band, 0.0, 0, 0.0, 0.0, 0.0, 0.0)
-    shares = oscillation_shares(rows, dt_s, band_hz)
-    over = 0 if max_share is None else int(np.count_nonzero(shares > max_share))
+        return OscillationStats(band, 0.0, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    shares, rms_w = oscillation_bands(rows, dt_s, band_hz)
+    big = ~(rms_w < min_rms_w)  # NaN (band unseen) counts: it is never "small"
+    over = 0 if max_share is None else int(np.count_nonzero((shares > max_share) & big))
     return OscillationStats(
         band=band,
         window_s=float(rows.shape[1] * dt_s),
@@ -234,6 +254,7 @@ def oscillation_stats(
         share=oscillation_share(p, dt_s, band_hz),
         share_max=float(np.max(shares)),  # NaN when the band is unseen
         peak_to_peak_max_w=float(np.max(np.ptp(rows, axis=1))),
+        band_rms_max_w=float(np.max(rms_w)),
         s_over=float(over * rows.shape[1] * dt_s),
     )
 

@@ -15,7 +15,7 @@ from powerd.recorder import read_token
 OUT_SUFFIXES = (".parquet", ".pq", ".csv")
 
 
-def _write(table: pd.DataFrame, path: Path) -> None:
+def write_table(table: pd.DataFrame, path: Path) -> None:
     """Write the normalised table whole or not at all."""
     if path.suffix.lower() == ".csv":
         write_whole(path, lambda tmp: table.to_csv(tmp, index=False))
@@ -132,6 +132,6 @@ def command(
     table = table.sort_values(["workload", "node", "gpu", "time_s"], ignore_index=True)
     summary = summarise(table)
     if normalised_out is not None:
-        _write(table, normalised_out)
+        write_table(table, normalised_out)
     sources = [str(f) for f in files] + ([influx_url] if influx_url else [])
     emit({"profiles": summary}, fmt, extra={"sources": sources, "samples": len(table)})

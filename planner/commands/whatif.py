@@ -44,7 +44,14 @@ spec"; the budgets file's [site.grid], else the defaults and "no grid spec"):
                          and whole replay; peak-to-peak, worst window
   s_outside              seconds outside each limit of the spec
   floor energy           what holding the spec's floor would burn: kWh, and as a
-                         share of the jobs' energy
+                         share of the jobs' energy; with --smoothing, what the
+                         floors and ramp-downs did burn
+With --smoothing every GPU of the site gets 0.9 x the spec's ramp limits / the
+site's GPUs, W/s each way, and a floor of floor_fraction x its cap while its job
+runs (policies/smoothing.py): the site then moves within the spec. Power it
+holds above demand is burnt; power the ramp-up holds below demand slows the job
+(ramp_held_share per job). --synchronised starts every job at its profile's
+start, together: with `powerplan rhythm` profiles, the grid's worst case.
 Per job: throughput_lost. A synchronous job runs at its slowest GPU's pace; a
 GPU held to r = power/demand runs at r^--speed-exponent (default 0.28: Meta's
 GB200, 1200 -> 1000 W cost ~5 %, docs/DOMAIN.md), or, with --sweep, at the
@@ -61,6 +68,18 @@ relative throughput a measured cap sweep gives (Zeus CSV columns by default).
     show_default=True,
     help="Seconds to replay (profiles wrap around).",
 )
+@click.option(
+    "--synchronised",
+    is_flag=True,
+    help="Start every job at the start of its profile, together (the grid's worst case), "
+    "instead of at a random offset.",
+)
+@click.option(
+    "--smoothing",
+    is_flag=True,
+    help="Every GPU moves within its share of [site.grid]'s ramp limits and holds its floor "
+    "(hardware power smoothing, or the software floor): reports the energy it burns.",
+)
 @speed_options("A cap sweep CSV (as `powerplan caps` reads) for the speed under a cap.")
 @click.option(
     "--sweep-workload-cols",
@@ -74,6 +93,8 @@ def command(
     profiles: tuple[Path, ...],
     mix_path: Path,
     duration_s: float,
+    synchronised: bool,
+    smoothing: bool,
     step_s: float,
     seed: int,
     speed_exponent: float,
@@ -102,13 +123,13 @@ def command(
         except ProfileError as exc:
             raise click.ClickException(str(exc)) from None
         speed = sweep_speed(sweep)
-    result = replay(
-        inputs.top,
-        inputs.placement,
-        inputs.traces,
-        WhatifSettings(duration_s=duration_s, seed=seed),
-        speed,
+    settings = WhatifSettings(
+        duration_s=duration_s, seed=seed, synchronised=synchronised, smoothing=smoothing
     )
+    try:
+        result = replay(inputs.top, inputs.placement, inputs.traces, settings, speed)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     extra = {"budgets": str(budgets), **result.info}
     if fmt == "table":
         grid = extra.pop("grid")
@@ -171,10 +192,20 @@ def grid_table(grid: dict[str, object]) -> pd.DataFrame:
             grid.get("s_outside_oscillation"),
         ),
         (f"oscillation share {band}, whole replay", "share", grid["oscillation_share"], None, None),
+        (
+            f"oscillation in {band}, RMS, worst {window}",
+            "W",
+            grid["oscillation_band_rms_max_w"],
+            grid.get("oscillation_min_rms_w") or None,
+            None,
+        ),
         (f"peak-to-peak, worst {window}", "W", grid["peak_to_peak_max_w"], None, None),
     ]
     if "floor_energy_kwh" in grid:
-        floor = f"floor at {grid['floor_fraction']:g} of the recent peak"
+        if grid["floor_source"] == "burnt by smoothing":
+            floor = "floors and ramp-downs (smoothing, burnt)"
+        else:
+            floor = f"floor at {grid['floor_fraction']:g} of the recent peak (if held)"
         rows.append((f"energy holding the {floor}", "kWh", grid["floor_energy_kwh"], None, None))
         rows.append(
             (

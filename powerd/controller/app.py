@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 from pathlib import Path
@@ -12,6 +13,8 @@ from powerd.controller.core import ControllerCore
 from powerd.controller.records import Records
 from powerd.controller.scoping import LeafGrants
 from powerd.controller.service import ControllerService
+from powerd.controller.smoothing import grid_smoothing
+from powerd.protocol import GpuSmoothing
 from powerd.recorder import Recorder, open_recorder
 from powerd.signing import Signer
 from powerd.topology import BudgetError, Topology, load_budgets
@@ -49,11 +52,14 @@ def build_service(
     ``config``, ``topology`` is the whole budgets file and the controller manages its scope
     (``scoped``: BudgetError if the scope or the rows' budgets do not fit the file)."""
     scope = config.parsed_scope()
+    settings = config.settings()
+    if config.grid_smoothing:  # the share of the whole site's GPUs, before any scope
+        settings = dataclasses.replace(settings, smoothing=grid_smoothing(topology))
     leaf = None
     if scope is not None:
         topology = scoped(topology, scope)
         leaf = LeafGrants(scope.name, topology)
-    core = ControllerCore(topology.tree, config.settings())
+    core = ControllerCore(topology.tree, settings)
     records = None
     if recorder is not None:
         records = Records(
@@ -70,11 +76,13 @@ def build_service(
     )
 
 
-def load_for(config: ControllerConfig, budgets_path: Path) -> Topology:
-    """The budgets file as this controller manages it: whole, or its scope (BudgetError)."""
+def load_for(config: ControllerConfig, budgets_path: Path) -> tuple[Topology, GpuSmoothing | None]:
+    """The budgets file as this controller manages it: whole, or its scope; and the grid
+    smoothing profile it asks for, if any (BudgetError)."""
     topology = load_budgets(budgets_path)
+    smoothing = grid_smoothing(topology) if config.grid_smoothing else None
     scope = config.parsed_scope()
-    return topology if scope is None else scoped(topology, scope)
+    return (topology if scope is None else scoped(topology, scope)), smoothing
 
 
 async def reload_budgets(service: ControllerService, budgets_path: Path) -> str | None:
@@ -82,12 +90,12 @@ async def reload_budgets(service: ControllerService, budgets_path: Path) -> str 
     (a file that does not load, or changes what only a restart may). Loaded in a thread:
     the 150 MW file takes ~0.3 s, and the control loop must not wait for it."""
     try:
-        new = await asyncio.to_thread(load_for, service.config, budgets_path)
+        new, smoothing = await asyncio.to_thread(load_for, service.config, budgets_path)
     except (BudgetError, OSError) as exc:
         why = str(exc) if isinstance(exc, BudgetError) else f"{budgets_path}: {exc}"
         log.error("budgets reload refused: %s; the running budgets stay in force", why)
         return why
-    return service.reload(new)
+    return service.reload(new, smoothing)
 
 
 async def run_controller(config: ControllerConfig, budgets_path: Path) -> None:

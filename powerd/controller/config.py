@@ -77,6 +77,9 @@ class ControllerConfig:
     epoch_discovery_s: float = 1.0  # wait this long at start for the retained heartbeat
     agent_failsafe_after_s: float = 10.0  # the agents' failsafe_after_s (a silent node's grace)
     infer_phases: bool = True  # infer waits from power for jobs that do not announce them
+    # ask every GPU with hardware power smoothing for its share of [site.grid]'s ramps and
+    # floor (powerd.controller.smoothing), and uncap within the caps (policies.capping)
+    grid_smoothing: bool = False
     infer_window_s: float = 30.0  # power history the inference looks at
     # At most this share of the time goes to decoding telemetry; past it, samples wait in
     # the inbox and newer ones replace them (counted as dropped): docs/CONTROLLER.md, "Scale".
@@ -152,7 +155,9 @@ class ControllerConfig:
             infer_phases=self.infer_phases,
             infer_window_s=self.infer_window_s,
             max_raises_per_cycle=max(1, round(self.max_raises_per_s * self.cycle_s)),
-            policy=self.policy,
+            policy=dataclasses.replace(self.policy, uncap_within_caps=True)
+            if self.grid_smoothing
+            else self.policy,
             job_priority_max=dict(self.job_priority_max),
             default_job_priority_max=self.default_job_priority_max,
             accept_unowned_jobs=self.accept_unowned_jobs,
@@ -180,6 +185,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
             "cluster",
             "scope",
             "infer_phases",
+            "grid_smoothing",
             "ingest_share",
             "max_raises_per_s",
             "telemetry_max_hz",
@@ -252,6 +258,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         operator_keys=get.paths(trust, "trust.operator_keys"),
         source=where,
         infer_phases=get.flag(section, "controller.infer_phases", defaults.infer_phases),
+        grid_smoothing=get.flag(section, "controller.grid_smoothing", defaults.grid_smoothing),
         ingest_share=get.number(section, "controller.ingest_share", defaults.ingest_share),
         telemetry_max_hz=get.number(
             section, "controller.telemetry_max_hz", defaults.telemetry_max_hz

@@ -26,6 +26,8 @@ from powerd.protocol import (
     Ack,
     Command,
     GpuCommand,
+    GpuSmoothing,
+    GpuSmoothingState,
     PhaseEvent,
     ProtocolError,
     Status,
@@ -90,6 +92,9 @@ class ControllerSettings:
     # A leaf of a tree of controllers (a scope of the budgets file): jobs may name nodes of
     # other scopes, which are not ours to warn about.
     scoped: bool = False
+    # Grid power smoothing (issue 14): the profile every GPU that reports hardware smoothing
+    # is asked to hold (powerd.controller.smoothing); None: smoothing is left as it is.
+    smoothing: GpuSmoothing | None = None
 
     def job_priority_allowed(self, owner: str | None, priority: str) -> bool:
         allowed = self.job_priority_max.get(owner or "", self.default_job_priority_max)
@@ -192,6 +197,12 @@ class ControllerCore:
         self.commanded_cap_w = np.full(n_gpus, np.nan)
         self.commanded_clock = np.full(n_gpus, np.nan)
         self.pending: dict[int, tuple[int, float]] = {}  # server -> (seq, sent at)
+        # Grid smoothing, per GPU: it reports hardware smoothing; the seq of the command
+        # that carried our profile (-1: not sent since we last knew what it holds); it
+        # refused the profile (not asked again under this epoch).
+        self.smoothing_capable = np.zeros(n_gpus, dtype=bool)
+        self.smoothing_sent_seq = np.full(n_gpus, -1, dtype=np.int64)
+        self.smoothing_refused = np.zeros(n_gpus, dtype=bool)
         # servers we could not command since they were last commanded: what they hold is
         # read back from their telemetry when they are back (_track_holdings)
         self._returning = np.zeros(n_servers, dtype=bool)
@@ -285,6 +296,8 @@ class ControllerCore:
                     held_ids.append(start + g.index)
                     cap.append(g.cap_w)
                     clock.append(g.max_sm_clock_mhz)
+                    if g.smoothing is not None:
+                        self._smoothing_seen(server, start + g.index, g.smoothing)
             previous = last_seq[server]
             gap = sample.seq - previous - 1
             if 0 < gap <= MAX_SEQ_GAP and previous >= 0:  # lower: the agent restarted
@@ -308,6 +321,16 @@ class ControllerCore:
             self.offline[servers] = False
         self.counters.telemetry_lost += lost
         return samples
+
+    def _smoothing_seen(self, server: int, gpu: int, held: GpuSmoothingState) -> None:
+        """A GPU reports hardware smoothing: it can be asked for ours; and if it no longer
+        holds ours (its agent restarted and restored it, say), it is asked again."""
+        self.smoothing_capable[gpu] = True
+        wanted = self.settings.smoothing
+        if wanted is None or self.smoothing_sent_seq[gpu] < 0 or server in self.pending:
+            return
+        if held.enabled != wanted.enabled or held.preset != wanted.preset:
+            self.smoothing_sent_seq[gpu] = -1
 
     def _refuse_phase(self, job: Job | None, owner: str | None, event: PhaseEvent) -> str | None:
         """Why this announcement may not change the job, or None."""
@@ -445,6 +468,10 @@ class ControllerCore:
                 self.cap_w[gpus.start + g.index] = g.cap_w
                 lock = g.max_sm_clock_mhz
                 self.clock_mhz[gpus.start + g.index] = np.nan if lock is None else lock
+            gpu = gpus.start + g.index
+            carried = g.index < len(gpus) and self.smoothing_sent_seq[gpu] == ack.seq
+            if carried and g.smoothing is None:  # carried our profile; not applied
+                self.smoothing_refused[gpu] = True
         if ack.result in ("partial", "rejected"):
             self._log.warning(
                 f"ack-{node}",
@@ -758,6 +785,11 @@ class ControllerCore:
         holds = np.where(unknown, self.cap_w, self.commanded_cap_w)
         cut = cap_changed & (decision.cap_w < holds - CAP_TOLERANCE_W)
         urgent_gpu = cut | (clock_moved & ~(unknown & np.isnan(want_clock)))
+        smoothing = self.settings.smoothing
+        smooth = np.zeros(self.tree.n_gpus, dtype=bool)
+        if smoothing is not None:  # not urgent: served with the raises, round robin
+            smooth = self.smoothing_capable & ~self.smoothing_refused
+            smooth &= self.smoothing_sent_seq < 0
 
         def any_per_server(mask: np.ndarray) -> np.ndarray:
             return np.bincount(ordinal, weights=mask, minlength=n_servers) > 0
@@ -765,7 +797,7 @@ class ControllerCore:
         overdue = np.zeros(n_servers, dtype=bool)
         for server, (_, sent_at) in self.pending.items():
             overdue[server] = now - sent_at > self.settings.ack_timeout_s
-        wanted = live & (any_per_server(cap_changed | clock_changed) | overdue)
+        wanted = live & (any_per_server(cap_changed | clock_changed | smooth) | overdue)
         must = wanted & (any_per_server(urgent_gpu) | overdue)
         raises = np.flatnonzero(wanted & ~must)
         budget = self.settings.max_raises_per_cycle
@@ -775,6 +807,8 @@ class ControllerCore:
             self._raise_cursor = int(raises[-1]) + 1
             counters.raises_deferred = int(np.sum(wanted & ~must)) - budget
         send = np.sort(np.concatenate([np.flatnonzero(must), raises]))
+        # a resend (no ack) says our profile again where it was carried and not refused
+        resmooth = self.smoothing_capable & ~self.smoothing_refused
         out: list[tuple[str, Command]] = []
         for server in send:
             pending = self.pending.get(server)
@@ -792,6 +826,9 @@ class ControllerCore:
                 entry = GpuCommand(index=local, cap_w=float(decision.cap_w[i]))
                 if overdue[server] or clock_changed[i]:
                     entry.max_sm_clock_mhz = None if np.isnan(clock) else float(clock)
+                if smoothing is not None and (smooth[i] or (overdue[server] and resmooth[i])):
+                    entry.smoothing = smoothing
+                    self.smoothing_sent_seq[i] = self.seq
                 entries.append(entry)
             command = Command(
                 v=PROTOCOL_VERSION,
@@ -871,6 +908,8 @@ class ControllerCore:
         self._acked_ts[:] = -math.inf
         self.commanded_cap_w[:] = np.nan
         self.commanded_clock[:] = np.nan
+        self.smoothing_sent_seq[:] = -1
+        self.smoothing_refused[:] = False
 
     def _in_mode(self, mode: str) -> np.ndarray:
         return self.mode == mode
@@ -879,6 +918,7 @@ class ControllerCore:
         gpus = self.tree.server_gpus[server]
         self.commanded_cap_w[gpus.start : gpus.stop] = np.nan
         self.commanded_clock[gpus.start : gpus.stop] = np.nan
+        self.smoothing_sent_seq[gpus.start : gpus.stop] = -1
         self.pending.pop(server, None)
 
     def server_of(self, node: str, what: str) -> int | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -42,7 +43,15 @@ from powerd.heartbeat import signed_heartbeat, step_down_on_exit
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.mqtt_stream import MqttStream, StreamError
-from powerd.protocol import Grant, Heartbeat, ProtocolError, SiteLimit, Topics, encode
+from powerd.protocol import (
+    GpuSmoothing,
+    Grant,
+    Heartbeat,
+    ProtocolError,
+    SiteLimit,
+    Topics,
+    encode,
+)
 from powerd.ratelimit import LogOncePer
 from powerd.recorder import Recorder
 from powerd.signing import Signer
@@ -446,10 +455,12 @@ class ControllerService:
             f" ({limit.reason})" if limit.reason else "",
         )
 
-    def reload(self, new: Topology) -> str | None:
+    def reload(self, new: Topology, smoothing: GpuSmoothing | None = None) -> str | None:
         """Put a reloaded budgets file (already loaded and checked, scoped for a leaf) in
         force from the next cycle on; why not, if it cannot be (powerd.controller.reload):
-        then the running budgets stay, and the log says why."""
+        then the running budgets stay, and the log says why. ``smoothing``: the grid
+        smoothing profile of the new file (with ``grid_smoothing``); a new one is sent to
+        every GPU that has smoothing, with the raises (round robin)."""
         if self.topology is None:
             return "this controller was built without its budgets (no reload)"
         why = refusal(self.topology, new)
@@ -463,6 +474,10 @@ class ControllerService:
             self.core.tree = self.leaf.tree_for(self._monotonic())
         else:
             self._base_tree = self.core.tree = new.tree
+        if smoothing != self.core.settings.smoothing:
+            self.core.settings = dataclasses.replace(self.core.settings, smoothing=smoothing)
+            self.core.smoothing_sent_seq[:] = -1
+            lines.append("grid smoothing profile changed")
         self.reloads += 1
         log.warning(
             "budgets reloaded (%s): %s", new.source, "; ".join(lines) or "no number changed"

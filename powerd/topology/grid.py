@@ -46,6 +46,8 @@ class GridSpec:
     oscillation_band_hz: tuple[float, float] = DEFAULT_OSCILLATION_BAND_HZ
     oscillation_max_share: float | None = None  # of the variance, in the band
     oscillation_window_s: float = DEFAULT_OSCILLATION_WINDOW_S
+    # a window whose oscillation in the band is smaller (RMS, W) is within the share limit
+    oscillation_min_rms_w: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("ramp_up_w_per_s", "ramp_down_w_per_s"):
@@ -61,6 +63,10 @@ class GridSpec:
             raise ValueError(f"oscillation_band_hz must be 0 < lo < hi, not {(lo, hi)}")
         if self.floor_fraction is not None and not 0 < self.floor_fraction < 1:
             raise ValueError(f"floor_fraction must be in (0, 1), not {self.floor_fraction}")
+        if not (math.isfinite(self.oscillation_min_rms_w) and self.oscillation_min_rms_w >= 0):
+            raise ValueError(
+                f"oscillation_min_rms_w must be ≥ 0 W, not {self.oscillation_min_rms_w}"
+            )
         share = self.oscillation_max_share
         if share is not None and not 0 < share <= 1:
             raise ValueError(f"oscillation_max_share must be in (0, 1], not {share}")
@@ -82,9 +88,11 @@ class GridSpec:
             parts.append(f"ramp {', '.join(shown)} over {self.window_s:g} s")
         lo, hi = self.oscillation_band_hz
         if self.oscillation_max_share is not None:
+            least = self.oscillation_min_rms_w
+            above = f" (oscillations above {fmt_w(least)} RMS)" if least > 0 else ""
             parts.append(
                 f"≤ {self.oscillation_max_share * 100:g} % of variance in {lo:g}-{hi:g} Hz "
-                f"per {self.oscillation_window_s:g} s"
+                f"per {self.oscillation_window_s:g} s{above}"
             )
         if self.floor_fraction is not None:
             share, last = self.floor_fraction * 100, self.floor_window_s
@@ -101,13 +109,19 @@ def _finite(x: float | None) -> float | None:
 
 
 def grid_report(
-    site_w: np.ndarray, step_s: float, spec: GridSpec | None, energy_j: float | None = None
+    site_w: np.ndarray,
+    step_s: float,
+    spec: GridSpec | None,
+    energy_j: float | None = None,
+    smoothing_j: float | None = None,
 ) -> dict[str, Any]:
     """A site's regular power series (one value every ``step_s``) measured as the grid sees
     it (``policies.grid``), against ``spec`` when there is one: what ``powerplan whatif``
     and ``powerd demo`` report. NaN and inf become None (JSON); ``breaches`` names every
     limit broken ('ramp up 12.3 s', ...), empty without a spec; ``energy_j``: the jobs'
-    energy, what a floor's cost is a share of."""
+    energy, what a floor's cost is a share of. ``smoothing_j``: the energy smoothing *burnt*
+    holding floors and ramp-downs (``policies.smoothing``); given, it is reported instead of
+    what holding the spec's floor on this series would burn (``floor_source`` says which)."""
     g = spec or GridSpec()
     out: dict[str, Any] = {"spec": NO_GRID_SPEC if spec is None else spec.describe()}
     out["step_s"] = step_s
@@ -118,7 +132,12 @@ def grid_report(
     down = spec.ramp_down_w_per_s if spec is not None else math.inf
     ramp = grid_measure.ramp_stats(site_w, step_s, g.window_s, up, down)
     osc = grid_measure.oscillation_stats(
-        site_w, step_s, g.oscillation_band_hz, g.oscillation_window_s, g.oscillation_max_share
+        site_w,
+        step_s,
+        g.oscillation_band_hz,
+        g.oscillation_window_s,
+        g.oscillation_max_share,
+        g.oscillation_min_rms_w,
     )
     out |= {
         "measured": True,
@@ -135,6 +154,7 @@ def grid_report(
         "oscillation_share": _finite(osc.share),
         "oscillation_share_max": _finite(osc.share_max),
         "peak_to_peak_max_w": osc.peak_to_peak_max_w,
+        "oscillation_band_rms_max_w": _finite(osc.band_rms_max_w),
         "breaches": [],
     }
     if spec is None:
@@ -143,6 +163,7 @@ def grid_report(
         "ramp_up_limit_w_per_s": _finite(spec.ramp_up_w_per_s),
         "ramp_down_limit_w_per_s": _finite(spec.ramp_down_w_per_s),
         "oscillation_max_share": spec.oscillation_max_share,
+        "oscillation_min_rms_w": spec.oscillation_min_rms_w,
         "s_outside_ramp_up": ramp.s_up_over,
         "s_outside_ramp_down": ramp.s_down_over,
         "s_outside_oscillation": osc.s_over,
@@ -156,11 +177,20 @@ def grid_report(
         )
         if seconds > 0
     ]
-    if spec.floor_fraction is not None:
+    if smoothing_j is not None:
+        share = smoothing_j / energy_j if energy_j else math.nan
+        out |= {
+            "floor_fraction": spec.floor_fraction,
+            "floor_source": "burnt by smoothing",
+            "floor_energy_kwh": smoothing_j / grid_measure.J_PER_KWH,
+            "floor_energy_share_of_jobs": _finite(share),
+        }
+    elif spec.floor_fraction is not None:
         floor = grid_measure.floor_series(site_w, step_s, spec.floor_fraction, spec.floor_window_s)
         cost = grid_measure.floor_cost(site_w, floor, step_s, energy_j)
         out |= {
             "floor_fraction": spec.floor_fraction,
+            "floor_source": "if the floor were held",
             "floor_energy_kwh": cost.energy_kwh,
             "floor_energy_share_of_jobs": _finite(cost.share_of_reference),
         }

@@ -251,7 +251,7 @@ def _read_grid(reader: _Reader, raw: Any, budget_w: float) -> GridSpec | None:
     reader.check_keys(raw, _GRID_KEYS, where)
     ramps: dict[str, float] = {}
     lo, hi = budget_w * RAMP_PLAUSIBLE_PER_S[0], budget_w * RAMP_PLAUSIBLE_PER_S[1]
-    for quantity in GRID_QUANTITIES:
+    for quantity in ("ramp_up", "ramp_down"):
         written = reader.watts(raw, quantity, where)
         if written is None:
             continue
@@ -259,6 +259,12 @@ def _read_grid(reader: _Reader, raw: Any, budget_w: float) -> GridSpec | None:
             what = f"the site's budget_w = {budget_w:g} W"
             raise reader.fail(where, implausible(written, quantity, what, lo, hi, budget_w / 30))
         ramps[quantity] = written.watts
+    least = reader.watts(raw, "oscillation_min_rms", where)
+    if least is not None and not least.watts <= budget_w:
+        what = f"the site's budget_w = {budget_w:g} W"
+        raise reader.fail(
+            where, implausible(least, "oscillation_min_rms", what, 0.0, budget_w, budget_w / 100)
+        )
     seconds = {k: _grid_seconds(reader, raw, k, where) for k in _GRID_WINDOWS if k in raw}
     floor = _grid_share(reader, raw, "floor_fraction", where, "of the recent running power", 1)
     share = _grid_share(reader, raw, "oscillation_max_share", where, "of the variance", 0)
@@ -286,6 +292,7 @@ def _read_grid(reader: _Reader, raw: Any, budget_w: float) -> GridSpec | None:
         oscillation_band_hz=band,
         oscillation_max_share=share,
         oscillation_window_s=window,
+        oscillation_min_rms_w=0.0 if least is None else least.watts,
     )
 
 

@@ -26,6 +26,7 @@ QUANTITIES: dict[str, dict[str, float]] = {
 GRID_QUANTITIES: dict[str, dict[str, float]] = {
     "ramp_up": {f"ramp_up{s}": f for s, f in RAMP_UNITS.items()},
     "ramp_down": {f"ramp_down{s}": f for s, f in RAMP_UNITS.items()},
+    "oscillation_min_rms": {f"oscillation_min_rms{s}": f for s, f in POWER_UNITS.items()},
 }
 SPELLINGS = {**QUANTITIES, **GRID_QUANTITIES}
 

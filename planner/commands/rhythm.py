@@ -1,0 +1,126 @@
+"""``powerplan rhythm``: the profile of a synchronous training job, phase by phase."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from planner.commands.profiles import OUT_SUFFIXES, write_table
+
+HELP = """Write the power profile of a synchronous training job: every GPU idle, starting,
+computing with a communication wait every --period-s, pausing for checkpoints, then
+stopped, all together (planner/rhythm.py).
+
+\b
+Each phase draws the GPU's idle power plus its share of the rise to --compute-w
+(the simulated GPU's loads: compute 1.0, communication 0.2, startup and
+checkpoint 0.05, stopped 0); a phase shorter than a step is averaged into it.
+The file is a profile like any measured one: replay it with
+`powerplan whatif --synchronised` to see the grid's worst case.
+
+\b
+Example: two jobs of the 150 MW site moving together, under grid smoothing
+  powerplan rhythm rhythm.csv --gpu GB200 --run-s 600 --comm-s 0.5
+  powerplan whatif site-150mw.toml rhythm.csv --mix mix.toml --step-s 0.5 \\
+      --duration-s 750 --synchronised --smoothing
+"""
+
+
+@click.command(help=HELP)
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--workload", default="rhythm", show_default=True, help="The workload's name.")
+@click.option("--gpu", default="GB200", show_default=True, help="GPU model (idle power, TDP).")
+@click.option(
+    "--compute-w",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Per-GPU power while computing [default: 90 % of the model's max limit].",
+)
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="GPUs in the profile (one node).",
+)
+@click.option(
+    "--idle-s",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Idle before the job starts.",
+)
+@click.option(
+    "--startup-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=20.0,
+    show_default=True,
+    help="Starting (loading data, compiling).",
+)
+@click.option(
+    "--run-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Training, checkpoint pauses included.",
+)
+@click.option(
+    "--period-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="One communication wait every this many seconds.",
+)
+@click.option(
+    "--comm-s",
+    type=click.FloatRange(min=0),
+    default=0.5,
+    show_default=True,
+    help="How long each communication wait lasts (exposed communication).",
+)
+@click.option(
+    "--checkpoints",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Checkpoint pauses, evenly spread in the run.",
+)
+@click.option(
+    "--checkpoint-s",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="How long each checkpoint pauses the job.",
+)
+@click.option(
+    "--tail-s",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    help="Stopped, after the run (to see the ramp down).",
+)
+@click.option(
+    "--step-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.5,
+    show_default=True,
+    help="One sample per GPU every this many seconds.",
+)
+def command(out: Path, workload: str, gpus: int, **schedule: float) -> None:
+    from planner.rhythm import Rhythm, rhythm_profile
+
+    if out.suffix.lower() not in OUT_SUFFIXES:
+        raise click.BadParameter(
+            f"write {', '.join(OUT_SUFFIXES)}, not {out.name}", param_hint="OUT"
+        )
+    try:
+        rhythm = Rhythm(**schedule)  # type: ignore[arg-type]
+    except (ValueError, KeyError) as exc:
+        raise click.ClickException(str(exc).strip("'\"")) from None
+    table = rhythm_profile(rhythm, workload, gpus)
+    write_table(table, out)
+    click.echo(
+        f"{out}: {gpus} GPUs × {len(table) // gpus} steps of {rhythm.step_s:g} s "
+        f"({rhythm.duration_s:g} s), workload {workload!r}"
+    )

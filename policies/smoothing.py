@@ -1,0 +1,156 @@
+"""Grid smoothing: share the site's ramp limits among its GPUs, and move a GPU's draw within them.
+
+A specification. Utilities bound how fast a site's *measured* power may rise
+and fall (W/s over a window; ``powerd.topology.grid.GridSpec``). A site's
+power is its GPUs' draw plus what changes slowly (idle GPUs, hosts, network,
+cooling). So if every GPU's draw moves at most ``r_up`` W/s up and ``r_down``
+W/s down, the site moves at most ``n × r`` W/s: the limit holds when every one
+of the site's ``n`` GPUs is given
+
+    r_up   = margin × ramp_up_w_per_s   / n
+    r_down = margin × ramp_down_w_per_s / n
+
+(``gpu_ramps``). ``margin`` (default 0.9) keeps a tenth of the limit for what
+the model leaves out: the noise of the draw, the hosts' own swings, and a
+cap cut, which bites at once (a breaker comes before the grid). ``n`` is
+every GPU of the *site*, running or not, the same in every controller of a
+tree: the share changes only when the budgets file does, so a change in the
+jobs sends no new profile to anyone. It is conservative: an idle GPU's share
+goes unused.
+
+How a GPU's draw moves (``ramp_toward``, one step of ``dt_s``): towards what
+it wants, no faster than its rates. What it wants is its natural draw
+(demand under the cap), raised to the floor while a job runs
+(``floor_w = floor_fraction × cap``: NVML's floor is a share of the applied
+power ceiling, so a floor is never above the cap); a lower cap bites at once.
+Draw above the natural draw is energy burnt to hold the floor or the ramp
+(the whatif reports it); draw below it slows the job.
+
+Two mechanisms give this behaviour, by what the GPU has:
+
+- **hardware** (Blackwell-class NVML power smoothing): the GPU enforces the
+  rates and the floor itself, from a preset profile (``gpu_profile_values``);
+- **software** (the job fills its waits with busy work at the power the
+  agent tells it; caps staged up at the ramp-up rate at a job's start): the
+  same rates and floor, carried out by the training process.
+
+Limits of the model: the hardware's own minimum rate is not documented (a
+share of a 1 MW/s limit over 83k GPUs is 11 W/s a GPU); the draw is modelled
+at the step of the series, so a phase shorter than one step is averaged in it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_MARGIN = 0.9  # of the site's ramp limit given to the GPUs; the rest for noise and hosts
+
+
+@dataclass(frozen=True)
+class GpuRamps:
+    """What each GPU of a site is given: W/s up and down (``inf``: no limit), floor share."""
+
+    up_w_per_s: float
+    down_w_per_s: float
+    floor_fraction: float  # of the cap, while a job runs; 0: none
+
+    def floor_w(self, cap_w: np.ndarray | float) -> np.ndarray | float:
+        """The floor under a cap: never above it."""
+        return cap_w * self.floor_fraction
+
+    @property
+    def limits_anything(self) -> bool:
+        return (
+            math.isfinite(self.up_w_per_s)
+            or math.isfinite(self.down_w_per_s)
+            or self.floor_fraction > 0
+        )
+
+
+NO_SMOOTHING = GpuRamps(math.inf, math.inf, 0.0)
+
+
+def gpu_ramps(
+    ramp_up_w_per_s: float,
+    ramp_down_w_per_s: float,
+    floor_fraction: float | None,
+    site_gpus: int,
+    margin: float = DEFAULT_MARGIN,
+) -> GpuRamps:
+    """Each GPU's share of the site's ramp limits (module docstring); ``inf`` stays ``inf``."""
+    if site_gpus < 1:
+        raise ValueError(f"a site has at least one GPU, not {site_gpus}")
+    if not 0 < margin <= 1:
+        raise ValueError(f"margin must be in (0, 1], not {margin}")
+    for name, value in (("ramp_up", ramp_up_w_per_s), ("ramp_down", ramp_down_w_per_s)):
+        if math.isnan(value) or value <= 0:
+            raise ValueError(f"{name} must be positive (inf: no limit), not {value}")
+    if floor_fraction is not None and not 0 <= floor_fraction < 1:
+        raise ValueError(f"floor_fraction must be in [0, 1), not {floor_fraction}")
+    return GpuRamps(
+        up_w_per_s=margin * ramp_up_w_per_s / site_gpus,
+        down_w_per_s=margin * ramp_down_w_per_s / site_gpus,
+        floor_fraction=floor_fraction or 0.0,
+    )
+
+
+def ramp_toward(
+    now_w: np.ndarray,
+    want_w: np.ndarray,
+    cap_w: np.ndarray,
+    ramps: GpuRamps,
+    dt_s: float,
+) -> np.ndarray:
+    """The draw after ``dt_s``: from ``now_w`` towards ``want_w`` (floor already applied)
+    no faster than the rates, and never above the cap (a lower cap bites at once)."""
+    if not (math.isfinite(dt_s) and dt_s > 0):
+        raise ValueError(f"dt_s must be a positive number, not {dt_s}")
+    rise = ramps.up_w_per_s * dt_s
+    fall = ramps.down_w_per_s * dt_s
+    moved = np.clip(want_w, now_w - fall, now_w + rise)
+    drawn: np.ndarray = np.minimum(moved, cap_w)
+    return drawn
+
+
+def wanted_w(
+    natural_w: np.ndarray, cap_w: np.ndarray, running: np.ndarray, ramps: GpuRamps
+) -> np.ndarray:
+    """What a GPU heads for: its natural draw, raised to the floor while its job runs."""
+    floor = np.where(running, cap_w * ramps.floor_fraction, 0.0)
+    want: np.ndarray = np.minimum(np.maximum(natural_w, floor), cap_w)
+    return want
+
+
+@dataclass(frozen=True)
+class ProfileValues:
+    """A hardware preset's values for one GPU model's range (NVML units: %, W/s, ms)."""
+
+    floor_percent: float
+    ramp_up_w_per_s: float
+    ramp_down_w_per_s: float
+    ramp_down_hysteresis_ms: float
+    clamped: bool  # the device's range could not hold what the share asked
+
+
+def gpu_profile_values(
+    ramps: GpuRamps,
+    floor_min_percent: float,
+    floor_max_percent: float,
+    max_ramp_w_per_s: float,
+) -> ProfileValues:
+    """The preset that carries ``ramps`` out on a device with this range: the floor within
+    the device's floor range and never above 100 % of the cap; ``inf`` rates become the
+    device's most (no limit); no hysteresis (the ramp-down rate already holds short waits)."""
+    want_floor = ramps.floor_fraction * 100.0
+    floor = min(max(want_floor, floor_min_percent), floor_max_percent, 100.0)
+    up = min(ramps.up_w_per_s, max_ramp_w_per_s)
+    down = min(ramps.down_w_per_s, max_ramp_w_per_s)
+    clamped = (
+        floor != want_floor
+        or (math.isfinite(ramps.up_w_per_s) and up < ramps.up_w_per_s)
+        or (math.isfinite(ramps.down_w_per_s) and down < ramps.down_w_per_s)
+    )
+    return ProfileValues(floor, up, down, 0.0, clamped)

@@ -1,0 +1,47 @@
+"""The power smoothing profile a controller asks of every GPU that has hardware smoothing.
+
+Each GPU's share of the site's grid spec (``policies.smoothing.gpu_ramps``: the
+site's ramp limits × margin / the site's GPUs, and the spec's floor as a share
+of the cap), written as the protocol's ``GpuSmoothing`` for preset
+``GRID_PRESET``. The share is of the *whole site's* GPUs, so every leaf of a
+tree of controllers asks the same of its GPUs and their sum stays within the
+site's limits. The agent clamps the floor into its device's range and says so
+in its ack (docs/POWER_SMOOTHING.md).
+"""
+
+from __future__ import annotations
+
+from policies.smoothing import DEFAULT_MARGIN, gpu_profile_values, gpu_ramps
+from powerd.protocol import SMOOTHING_MAX_RAMP_W_PER_S, GpuSmoothing
+from powerd.topology import BudgetError, Topology
+
+GRID_PRESET = 0  # the preset written and activated; the agent restores it on exit
+
+
+def grid_smoothing(site: Topology, margin: float = DEFAULT_MARGIN) -> GpuSmoothing:
+    """The profile for every GPU of ``site`` (the whole budgets file, not a scope of it);
+    BudgetError when its grid spec limits nothing."""
+    spec = site.grid
+    if spec is None or not (spec.limits_ramp or spec.floor_fraction):
+        raise BudgetError(
+            site.source,
+            "[site.grid]",
+            "grid smoothing (controller.grid_smoothing) needs a ramp limit or a floor here "
+            "(docs/BUDGETS.md, 'The grid spec')",
+        )
+    ramps = gpu_ramps(
+        spec.ramp_up_w_per_s,
+        spec.ramp_down_w_per_s,
+        spec.floor_fraction,
+        site.tree.n_gpus,
+        margin,
+    )
+    values = gpu_profile_values(ramps, 0.0, 100.0, SMOOTHING_MAX_RAMP_W_PER_S)
+    return GpuSmoothing(
+        preset=GRID_PRESET,
+        enabled=True,
+        floor_percent=values.floor_percent,
+        ramp_up_w_per_s=values.ramp_up_w_per_s,
+        ramp_down_w_per_s=values.ramp_down_w_per_s,
+        ramp_down_hysteresis_ms=values.ramp_down_hysteresis_ms,
+    )

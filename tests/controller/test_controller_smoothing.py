@@ -1,0 +1,206 @@
+"""Grid power smoothing from the controller: each GPU that has hardware smoothing is asked,
+once, for its share of the site's grid spec (powerd.controller.smoothing); refusals,
+restarts, new epochs and reloads are handled; the number of commands stays bounded."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from powerd.controller.core import ControllerCore, ControllerSettings
+from powerd.controller.smoothing import GRID_PRESET, grid_smoothing
+from powerd.protocol import (
+    Ack,
+    Command,
+    GpuAck,
+    GpuSmoothing,
+    GpuSmoothingState,
+    Telemetry,
+    decode,
+    encode,
+)
+from powerd.topology import BudgetError, parse_budgets
+from tests.controller.test_controller_core import (
+    BUDGETS,
+    NODES,
+    WALL0,
+    Bench,
+    ack_payload,
+    telemetry_payload,
+)
+from tests.support.clock import ManualClock
+
+GRID = """
+[site.grid]
+ramp_up_kw_per_s = 1
+ramp_down_kw_per_s = 0.5
+floor_fraction = 0.6
+"""
+# BUDGETS has 5 nodes x 2 GPUs; the grid table goes right after its [site] table
+GRID_BUDGETS = BUDGETS.replace("[models.H100]", GRID + "\n[models.H100]")
+SITE_GPUS = 10
+
+
+def smoothing_bench(**settings) -> Bench:
+    topology = parse_budgets(GRID_BUDGETS, source="grid-budgets.toml")
+    clock = ManualClock(100.0)
+    settings.setdefault("smoothing", grid_smoothing(topology))
+    core = ControllerCore(
+        topology.tree,
+        ControllerSettings(**settings),
+        monotonic=clock,
+        wall=lambda: WALL0 + clock.t,
+    )
+    return Bench(core, clock, topology)
+
+
+def report(
+    bench: Bench, node: str, state: GpuSmoothingState | None, power_w: float = 300.0
+) -> None:
+    """Telemetry from ``node`` whose GPUs report smoothing ``state`` (None: they have none)."""
+    sample = decode(Telemetry, telemetry_payload(node, power_w), node)
+    gpus = [msgspec.structs.replace(g, smoothing=state) for g in sample.gpus]
+    bench.core.on_telemetry(node, encode(msgspec.structs.replace(sample, gpus=gpus)))
+
+
+def held(profile: GpuSmoothing) -> GpuSmoothingState:
+    return GpuSmoothingState(
+        enabled=profile.enabled, preset=profile.preset, floor_percent=profile.floor_percent
+    )
+
+
+OFF = GpuSmoothingState(enabled=False, preset=0, floor_percent=0.0)
+
+
+def smoothing_of(commands: list[tuple[str, Command]]) -> dict[str, list[GpuSmoothing | None]]:
+    return {
+        node: [None if g.smoothing is msgspec.UNSET else g.smoothing for g in c.gpus]
+        for node, c in commands
+    }
+
+
+def applied_ack(node: str, command: Command, smoothing: bool = True) -> bytes:
+    """The agent's ack: caps as commanded, the profile read back (or None: not applied)."""
+    ack = decode(Ack, ack_payload(node, command), node)
+    gpus = [
+        msgspec.structs.replace(g, smoothing=c.smoothing if smoothing else None)
+        for g, c in zip(ack.gpus, command.gpus, strict=True)
+        if isinstance(g, GpuAck)
+    ]
+    return encode(msgspec.structs.replace(ack, gpus=gpus))
+
+
+def test_the_profile_is_each_gpus_share_of_the_site_grid_spec() -> None:
+    profile = grid_smoothing(parse_budgets(GRID_BUDGETS, source="g.toml"))
+    assert profile.preset == GRID_PRESET and profile.enabled
+    assert profile.ramp_up_w_per_s == pytest.approx(0.9 * 1000 / SITE_GPUS)
+    assert profile.ramp_down_w_per_s == pytest.approx(0.9 * 500 / SITE_GPUS)
+    assert profile.floor_percent == pytest.approx(60.0)
+    assert profile.ramp_down_hysteresis_ms == 0.0
+
+
+def test_no_grid_spec_no_smoothing_and_the_error_says_where() -> None:
+    with pytest.raises(BudgetError, match=r"\[site.grid\].*ramp limit or a floor"):
+        grid_smoothing(parse_budgets(BUDGETS, source="plain.toml"))
+    empty = BUDGETS.replace("[models.H100]", "[site.grid]\n\n[models.H100]")
+    with pytest.raises(BudgetError, match=r"plain\.toml"):
+        grid_smoothing(parse_budgets(empty, source="plain.toml"))
+
+
+def test_gpus_with_smoothing_get_the_profile_once_the_others_never() -> None:
+    bench = smoothing_bench()
+    profile = bench.core.settings.smoothing
+    assert profile is not None
+    for node in NODES:
+        report(bench, node, OFF if node.startswith("k1") else None)
+    first = bench.cycle()
+    sent = smoothing_of(first.commands)
+    for node in NODES:
+        want = [profile, profile] if node.startswith("k1") else [None, None]
+        assert sent.get(node, [None, None]) == want, node
+    for node, command in first.commands:
+        bench.core.on_ack(node, applied_ack(node, command))
+    for _ in range(3):  # the GPUs now report our profile: nothing more to say
+        for node in NODES:
+            report(bench, node, held(profile) if node.startswith("k1") else None)
+        later = bench.cycle(1.0)
+        assert all(s is None for ss in smoothing_of(later.commands).values() for s in ss)
+
+
+def test_a_gpu_that_refuses_is_not_asked_again_until_a_new_epoch() -> None:
+    bench = smoothing_bench()
+    report(bench, "k1-n1", OFF)
+    command = dict(bench.cycle().commands)["k1-n1"]
+    bench.core.on_ack("k1-n1", applied_ack("k1-n1", command, smoothing=False))
+    assert bench.core.smoothing_refused[list(bench.gpus("k1-n1"))].all()
+    for _ in range(3):
+        report(bench, "k1-n1", OFF)
+        assert not any(smoothing_of(bench.cycle(1.0).commands).get("k1-n1", []))
+    bench.core.new_epoch(bench.core.epoch + 1)
+    report(bench, "k1-n1", OFF)
+    again = smoothing_of(bench.cycle(1.0).commands)
+    assert again["k1-n1"] == [bench.core.settings.smoothing] * 2
+
+
+def test_a_gpu_found_without_our_profile_is_asked_again() -> None:
+    """Its agent restarted and restored the smoothing it found: the profile goes again."""
+    bench = smoothing_bench()
+    profile = bench.core.settings.smoothing
+    assert profile is not None
+    report(bench, "k1-n1", OFF)
+    command = dict(bench.cycle().commands)["k1-n1"]
+    bench.core.on_ack("k1-n1", applied_ack("k1-n1", command))
+    report(bench, "k1-n1", held(profile))
+    assert "k1-n1" not in dict(bench.cycle(1.0).commands)
+    report(bench, "k1-n1", OFF)  # restarted
+    again = smoothing_of(bench.cycle(1.0).commands)
+    assert again["k1-n1"] == [profile, profile]
+
+
+def test_an_unacknowledged_command_is_resent_with_the_profile() -> None:
+    bench = smoothing_bench(ack_timeout_s=2.0)
+    report(bench, "k1-n1", OFF)
+    assert dict(bench.cycle().commands)["k1-n1"].gpus[0].smoothing is not msgspec.UNSET
+    report(bench, "k1-n1", OFF)
+    bench.clock.advance(3.0)
+    report(bench, "k1-n1", OFF)
+    resent = smoothing_of(bench.core.cycle().commands)
+    assert resent["k1-n1"] == [bench.core.settings.smoothing] * 2
+
+
+def test_profiles_alone_go_out_with_the_raises_round_robin() -> None:
+    """A profile is not urgent: with one raise a cycle, one node a cycle gets it (no flood
+    when a whole site's GPUs first report smoothing)."""
+    bench = smoothing_bench(max_raises_per_cycle=1)
+    for node in NODES:  # every node at its cap already: nothing else to command ...
+        report(bench, node, OFF)
+    first = bench.cycle()
+    for node, command in first.commands:
+        bench.core.on_ack(node, applied_ack(node, command))
+        bench.caps[node] = [g.cap_w for g in command.gpus]  # type: ignore[misc]
+    got: set[str] = {n for n, s in smoothing_of(first.commands).items() if any(s)}
+    for _ in range(10):
+        for node in NODES:
+            state = held(bench.core.settings.smoothing) if node in got else OFF  # type: ignore[arg-type]
+            sample = decode(
+                Telemetry, telemetry_payload(node, 300.0, bench.caps.get(node, 700.0)), node
+            )
+            gpus = [msgspec.structs.replace(g, smoothing=state) for g in sample.gpus]
+            bench.core.on_telemetry(node, encode(msgspec.structs.replace(sample, gpus=gpus)))
+        result = bench.cycle(1.0)
+        with_profile = {n for n, s in smoothing_of(result.commands).items() if any(s)}
+        assert len(with_profile) <= 1
+        got |= with_profile
+        for node, command in result.commands:
+            bench.core.on_ack(node, applied_ack(node, command))
+            bench.caps[node] = [g.cap_w for g in command.gpus]  # type: ignore[misc]
+    assert got == set(NODES)
+
+
+def test_without_grid_smoothing_no_command_carries_a_profile() -> None:
+    bench = smoothing_bench(smoothing=None)
+    for node in NODES:
+        report(bench, node, OFF)
+    for _ in range(3):
+        result = bench.cycle(1.0)
+        assert all(s is None for ss in smoothing_of(result.commands).values() for s in ss)
