@@ -152,6 +152,7 @@ def site_ramps(top: Topology, settings: WhatifSettings) -> GpuRamps:
         spec.floor_fraction,
         top.tree.n_gpus,
         settings.smoothing_margin,
+        hysteresis_s=spec.window_s,
     )
 
 
@@ -189,6 +190,7 @@ def replay(
         policy = dataclasses.replace(policy, uncap_within_caps=True)
     not_running = np.array([PHASE_CODES["idle"], PHASE_CODES["shutdown"]], dtype=np.int8)
     drawn_w: np.ndarray | None = None  # the draw under smoothing, carried step to step
+    falling_s = np.zeros(0)  # how long each GPU has wanted to fall (the hysteresis)
     n_phases = len(PHASE_CODES)
     held_j_by_phase = np.zeros(n_phases)  # energy burnt holding floors and ramps, by phase
 
@@ -244,7 +246,10 @@ def replay(
         if settings.smoothing:
             running = busy & ~np.isin(phase, not_running)
             want = wanted_w(natural_w, cap_w, running, ramps)
-            drawn_w = want if drawn_w is None else ramp_toward(drawn_w, want, cap_w, ramps, step_s)
+            if drawn_w is None:
+                drawn_w, falling_s = want, np.zeros(tree.n_gpus)
+            else:
+                drawn_w, falling_s = ramp_toward(drawn_w, want, cap_w, ramps, step_s, falling_s)
             above = np.maximum(drawn_w - natural_w, 0.0)
             held_j_by_phase += np.bincount(phase, weights=above, minlength=n_phases) * step_s
             power_w = drawn_w
@@ -294,6 +299,7 @@ def replay(
             "gpu_ramp_up_w_per_s": ramps.up_w_per_s,
             "gpu_ramp_down_w_per_s": ramps.down_w_per_s,
             "gpu_floor_fraction_of_cap": ramps.floor_fraction,
+            "gpu_ramp_down_hysteresis_s": ramps.hysteresis_s,
             "margin": settings.smoothing_margin,
             "site_gpus": tree.n_gpus,
             # of the jobs' energy, by the phase the GPU was in when it burnt it

@@ -10,13 +10,19 @@ of the site's ``n`` GPUs is given
     r_up   = margin × ramp_up_w_per_s   / n
     r_down = margin × ramp_down_w_per_s / n
 
-(``gpu_ramps``). ``margin`` (default 0.9) keeps a tenth of the limit for what
-the model leaves out: the noise of the draw, the hosts' own swings, and a
-cap cut, which bites at once (a breaker comes before the grid). ``n`` is
-every GPU of the *site*, running or not, the same in every controller of a
-tree: the share changes only when the budgets file does, so a change in the
-jobs sends no new profile to anyone. It is conservative: an idle GPU's share
-goes unused.
+(``gpu_ramps``), with a ramp-down hysteresis of the spec's window: a GPU
+starts to fall only once it has wanted to for that long. So a wait shorter
+than the window is held whole, and after a longer one the draw has fallen by
+at most ``r_down × (wait - window)``, which compute, resuming at once, climbs
+back within the window when the wait lasts under two windows and the rates
+are equal (the rise a resumption makes is not the GPU's to slow).
+
+``margin`` (default 0.9) keeps a tenth of the limit for what the model leaves
+out: the noise of the draw, the hosts' own swings, and a cap cut, which bites
+at once (a breaker comes before the grid). ``n`` is every GPU of the *site*,
+running or not, the same in every controller of a tree: the share changes
+only when the budgets file does, so a change in the jobs sends no new profile
+to anyone. It is conservative: an idle GPU's share goes unused.
 
 How a GPU's draw moves (``ramp_toward``, one step of ``dt_s``): towards what
 it wants, no faster than its rates. What it wants is its natural draw
@@ -56,6 +62,7 @@ class GpuRamps:
     up_w_per_s: float
     down_w_per_s: float
     floor_fraction: float  # of the cap, while a job runs; 0: none
+    hysteresis_s: float = 0.0  # wanting to fall this long before falling
 
     def floor_w(self, cap_w: np.ndarray | float) -> np.ndarray | float:
         """The floor under a cap: never above it."""
@@ -79,6 +86,7 @@ def gpu_ramps(
     floor_fraction: float | None,
     site_gpus: int,
     margin: float = DEFAULT_MARGIN,
+    hysteresis_s: float = 0.0,
 ) -> GpuRamps:
     """Each GPU's share of the site's ramp limits (module docstring); ``inf`` stays ``inf``."""
     if site_gpus < 1:
@@ -90,10 +98,13 @@ def gpu_ramps(
             raise ValueError(f"{name} must be positive (inf: no limit), not {value}")
     if floor_fraction is not None and not 0 <= floor_fraction < 1:
         raise ValueError(f"floor_fraction must be in [0, 1), not {floor_fraction}")
+    if not (math.isfinite(hysteresis_s) and hysteresis_s >= 0):
+        raise ValueError(f"hysteresis_s must be ≥ 0 s, not {hysteresis_s}")
     return GpuRamps(
         up_w_per_s=margin * ramp_up_w_per_s / site_gpus,
         down_w_per_s=margin * ramp_down_w_per_s / site_gpus,
         floor_fraction=floor_fraction or 0.0,
+        hysteresis_s=hysteresis_s,
     )
 
 
@@ -103,16 +114,28 @@ def ramp_toward(
     cap_w: np.ndarray,
     ramps: GpuRamps,
     dt_s: float,
-) -> np.ndarray:
+    falling_s: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """The draw after ``dt_s``: from ``now_w`` towards ``want_w`` (floor already applied)
-    no faster than the rates, and never above the cap (a lower cap bites at once)."""
+    no faster than the rates, falling only after the hysteresis, and never above the cap
+    (a lower cap bites at once). ``falling_s``: how long each GPU has wanted to fall
+    (zeros when None); returned updated, with the draw."""
     if not (math.isfinite(dt_s) and dt_s > 0):
         raise ValueError(f"dt_s must be a positive number, not {dt_s}")
+    wanted_for = np.zeros_like(now_w) if falling_s is None else falling_s
+    wants_down = want_w < now_w
+    wanted_for = np.where(wants_down, wanted_for + dt_s, 0.0)
+    # of this step, the part past the hysteresis may fall
+    may_fall_s = np.clip(wanted_for - ramps.hysteresis_s, 0.0, dt_s)
     rise = ramps.up_w_per_s * dt_s
-    fall = ramps.down_w_per_s * dt_s
+    fall = (
+        ramps.down_w_per_s * may_fall_s
+        if math.isfinite(ramps.down_w_per_s)
+        else np.where(may_fall_s > 0, math.inf, 0.0)
+    )
     moved = np.clip(want_w, now_w - fall, now_w + rise)
     drawn: np.ndarray = np.minimum(moved, cap_w)
-    return drawn
+    return drawn, wanted_for
 
 
 def wanted_w(
@@ -143,7 +166,7 @@ def gpu_profile_values(
 ) -> ProfileValues:
     """The preset that carries ``ramps`` out on a device with this range: the floor within
     the device's floor range and never above 100 % of the cap; ``inf`` rates become the
-    device's most (no limit); no hysteresis (the ramp-down rate already holds short waits)."""
+    device's most (no limit); the hysteresis in ms."""
     want_floor = ramps.floor_fraction * 100.0
     floor = min(max(want_floor, floor_min_percent), floor_max_percent, 100.0)
     up = min(ramps.up_w_per_s, max_ramp_w_per_s)
@@ -153,4 +176,4 @@ def gpu_profile_values(
         or (math.isfinite(ramps.up_w_per_s) and up < ramps.up_w_per_s)
         or (math.isfinite(ramps.down_w_per_s) and down < ramps.down_w_per_s)
     )
-    return ProfileValues(floor, up, down, 0.0, clamped)
+    return ProfileValues(floor, up, down, ramps.hysteresis_s * 1000.0, clamped)

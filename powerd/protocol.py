@@ -154,6 +154,8 @@ class GpuSmoothingState(_Payload):
     enabled: bool
     preset: SmoothingPreset
     floor_percent: Percent
+    # optional addition to v1: who carries it out; absent: the GPU ("hardware")
+    mechanism: Literal["hardware", "software"] | None = None
 
 
 class GpuSmoothing(_Payload):
@@ -201,6 +203,33 @@ class Telemetry(_Payload):
     gpus: list[GpuTelemetry]
     # optional addition to v1: the newest controller epoch the agent has seen (absent: none)
     epoch: NonNegInt | None = None
+
+
+# --- fill: agent -> the jobs on its node (software power smoothing) ------------
+
+
+class GpuFill(_Payload):
+    """What one GPU's job needs to hold it up (``powerd.gpu.software_smoothing``): its
+    draw as sampled, the floor to hold while it runs (never above the enforced cap), and
+    how fast and after how long its draw may fall once it waits or stops."""
+
+    index: GpuIndex
+    power_w: NonNegFloat
+    floor_w: NonNegFloat
+    ramp_down_w_per_s: Annotated[float, Meta(ge=0, le=SMOOTHING_MAX_RAMP_W_PER_S)]
+    hysteresis_s: Annotated[float, Meta(ge=0, le=SMOOTHING_MAX_HYSTERESIS_MS / 1000)]
+
+
+class FillRequest(_Payload):
+    """Every agent sample while a GPU smooths in software (optional addition to v1). Not
+    signed, and it moves no GPU: a job fills only up to its GPU's cap, which the agent
+    alone sets. Only the node's agent may publish it (docs/BROKERS.md ACL)."""
+
+    v: Version
+    node: Name
+    ts: float
+    seq: NonNegInt
+    gpus: list[GpuFill]
 
 
 # --- command: controller -> one node ----------------------------------------
@@ -415,6 +444,8 @@ _name_float_fields(
     GpuSmoothing,
     GpuTelemetry,
     Telemetry,
+    GpuFill,
+    FillRequest,
     GpuCommand,
     Command,
     GpuAck,
@@ -494,6 +525,10 @@ class Topics:
     def status(self, node: str) -> str:
         return f"{self.prefix}/nodes/{check_name(node, 'node')}/status"
 
+    def fill(self, node: str) -> str:
+        """The agent's software-smoothing fill targets for the jobs on ``node``."""
+        return f"{self.prefix}/nodes/{check_name(node, 'node')}/fill"
+
     def phase(self, job: str, owner: str | None = None) -> str:
         """A job's phase topic; with ``owner``, the owned form ``jobs/{owner}/{job}/phase``
         that a broker ACL binds to the owner's login (``pattern write .../jobs/%u/+/phase``)."""
@@ -563,7 +598,7 @@ class Topics:
     def parse(self, topic: str) -> tuple[str, str | None]:
         """Split a topic of this cluster into (kind, name).
 
-        kind is one of telemetry, command, ack, status, phase, heartbeat, summary,
+        kind is one of telemetry, command, ack, status, fill, phase, heartbeat, summary,
         grant, coordinator, site_limit; name is the node, job or scope (None for the
         site controller's heartbeat, the coordinator's and the site limit). Raises
         ProtocolError otherwise.
@@ -590,7 +625,7 @@ class Topics:
         raise ProtocolError(f"topic {topic!r} is not a powerd v1 topic")
 
 
-_NODE_KINDS = frozenset({"telemetry", "command", "ack", "status"})
+_NODE_KINDS = frozenset({"telemetry", "command", "ack", "status", "fill"})
 _SCOPE_KINDS = frozenset({"heartbeat", "summary", "grant"})
 
 
@@ -603,16 +638,51 @@ def check_name(name: str, what: str) -> str:
 
 # --- encoding and decoding ----------------------------------------------------
 
-Message = Telemetry | Command | Ack | Status | PhaseEvent | Heartbeat | Summary | Grant | SiteLimit
-M = TypeVar("M", Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat, Summary, Grant, SiteLimit)
+Message = (
+    Telemetry
+    | Command
+    | Ack
+    | Status
+    | PhaseEvent
+    | Heartbeat
+    | Summary
+    | Grant
+    | SiteLimit
+    | FillRequest
+)
+M = TypeVar(
+    "M",
+    Telemetry,
+    Command,
+    Ack,
+    Status,
+    PhaseEvent,
+    Heartbeat,
+    Summary,
+    Grant,
+    SiteLimit,
+    FillRequest,
+)
 
 _ENCODER = msgspec.json.Encoder()
 _DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
     cls: msgspec.json.Decoder(cls)
-    for cls in (Telemetry, Command, Ack, Status, PhaseEvent, Heartbeat, Summary, Grant, SiteLimit)
+    for cls in (
+        Telemetry,
+        Command,
+        Ack,
+        Status,
+        PhaseEvent,
+        Heartbeat,
+        Summary,
+        Grant,
+        SiteLimit,
+        FillRequest,
+    )
 }
 _NAME_FIELD: dict[type, str] = {
     Telemetry: "node",
+    FillRequest: "node",
     Ack: "node",
     Status: "node",
     PhaseEvent: "job",

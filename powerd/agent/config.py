@@ -60,6 +60,10 @@ class AgentConfig:
     period_s: float = 1.0
     failsafe_after_s: float = 10.0
     on_exit: OnExit = "keep"
+    # GPUs without hardware power smoothing take a smoothing profile all the same, and the
+    # jobs on the node carry it out: they fill their waits as the agent's FillRequest says
+    # (powerd.gpu.software_smoothing, powerd.jobhook.FillFollower)
+    software_smoothing: bool = False
     simulate: str | None = None  # "4xH100": simulated GPUs instead of NVML
     gpu_indices: tuple[int, ...] | None = None  # None: every GPU NVML finds
     broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
@@ -103,6 +107,7 @@ _KNOWN = {
         "period_s",
         "failsafe_after_s",
         "on_exit",
+        "software_smoothing",
         "simulate",
         "gpu_indices",
         "max_command_ttl_s",
@@ -161,6 +166,7 @@ def load_config(path: str | Path | None) -> AgentConfig:
         period_s=get.number(agent, "agent.period_s", 1.0),
         failsafe_after_s=get.number(agent, "agent.failsafe_after_s", 10.0),
         on_exit=get.text(agent, "agent.on_exit", "keep"),
+        software_smoothing=get.flag(agent, "agent.software_smoothing", False),
         simulate=get.opt_str(agent, "agent.simulate", None),
         gpu_indices=tuple(indices) if indices is not None else None,
         broker=broker,

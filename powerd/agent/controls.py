@@ -69,10 +69,14 @@ def smoothing_wire(profile: SmoothingProfile) -> GpuSmoothing:
     return GpuSmoothing(**dataclasses.asdict(profile))
 
 
-def smoothing_state(profile: SmoothingProfile) -> GpuSmoothingState:
-    """A profile read from a device, as telemetry carries it (switch, preset, floor)."""
+def smoothing_state(profile: SmoothingProfile, software: bool = False) -> GpuSmoothingState:
+    """A profile read from a device, as telemetry carries it (switch, preset, floor; and
+    ``software`` where the job carries it out: powerd.gpu.software_smoothing)."""
     return GpuSmoothingState(
-        enabled=profile.enabled, preset=profile.preset, floor_percent=profile.floor_percent
+        enabled=profile.enabled,
+        preset=profile.preset,
+        floor_percent=profile.floor_percent,
+        mechanism="software" if software else None,
     )
 
 

@@ -18,6 +18,7 @@ Safety rules (docs/PROTOCOL.md):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -27,12 +28,15 @@ from powerd import __version__
 from powerd.agent.config import DEFAULT_MAX_COMMAND_TTL_S, AgentMode, FailsafeConfig
 from powerd.agent.controls import apply_failsafe, apply_gpu_command, smoothing_state
 from powerd.gpu import Gpu, GpuError, PowerLimitRange
+from powerd.gpu.software_smoothing import SoftwareSmoothing
 from powerd.protocol import (
     Ack,
     AckError,
     AckResult,
     Command,
+    FillRequest,
     GpuAck,
+    GpuFill,
     GpuSmoothingState,
     GpuTelemetry,
     Heartbeat,
@@ -118,7 +122,9 @@ class AgentCore:
         self._command_ttl_s: float | None = None
         self._bad_input_log = LogOncePer(log)
         self._read_error_log = LogOncePer(log)
-        # GPUs found to have hardware power smoothing (asked once: it does not change)
+        # software smoothing: what the node's jobs should fill, after the last sample
+        self.fill: FillRequest | None = None
+        # GPUs found to have power smoothing (asked once: it does not change)
         self._smoothing_gpus: set[int] = set()
         for index, gpu in self.gpus.items():
             try:
@@ -286,6 +292,7 @@ class AgentCore:
     def telemetry(self) -> Telemetry:
         """One sample of every GPU that answers. A GPU that fails is left out and logged."""
         gpus: list[GpuTelemetry] = []
+        fills: list[GpuFill] = []
         for index, gpu in self.gpus.items():
             try:
                 s = gpu.sample()
@@ -301,6 +308,10 @@ class AgentCore:
                 continue
             limits = self._limits[index]
             smoothing = self._smoothing_state(index, gpu) if index in self._smoothing_gpus else None
+            if isinstance(gpu, SoftwareSmoothing):
+                target = gpu.fill_target(s.power_w, s.cap_w)
+                if target is not None:
+                    fills.append(GpuFill(index=index, **dataclasses.asdict(target)))
             gpus.append(
                 GpuTelemetry(
                     index=s.index,
@@ -319,6 +330,15 @@ class AgentCore:
                 )
             )
         self.telemetry_seq += 1
+        self.fill = None
+        if fills:
+            self.fill = FillRequest(
+                v=PROTOCOL_VERSION,
+                node=self.node,
+                ts=self._wall(),
+                seq=self.telemetry_seq,
+                gpus=fills,
+            )
         return Telemetry(
             v=PROTOCOL_VERSION,
             node=self.node,
@@ -343,7 +363,9 @@ class AgentCore:
                 exc,
             )
             return None
-        return None if profile is None else smoothing_state(profile)
+        if profile is None:
+            return None
+        return smoothing_state(profile, software=isinstance(gpu, SoftwareSmoothing))
 
     @property
     def node_state(self) -> NodeState:

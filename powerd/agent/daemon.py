@@ -25,6 +25,7 @@ from powerd.agent.config import AgentConfig
 from powerd.agent.core import AgentCore
 from powerd.backoff import Backoff
 from powerd.gpu import Gpu
+from powerd.gpu.software_smoothing import with_software_smoothing
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.protocol import NodeState, Topics, encode
 from powerd.ratelimit import TokenBucket
@@ -54,6 +55,8 @@ class AgentDaemon:
         ``controller_keys`` (ConfigError if they cannot be, before any GPU is touched)."""
         self.config = config
         self.topics = Topics(config.cluster, scope=config.controller_scope)
+        if config.software_smoothing:
+            gpus = with_software_smoothing(gpus)
         self.core = AgentCore(
             node=config.node,
             gpus=gpus,
@@ -124,15 +127,19 @@ class AgentDaemon:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         topic = self.topics.telemetry(self.config.node)
+        fill_topic = self.topics.fill(self.config.node)
         while not self._stopping:  # the flag too: see powerd.mqtt_session
             self.core.tick()
             telemetry = encode(self.core.telemetry())
+            fill = self.core.fill
             client = self._client
             if client is not None:
                 # QoS 0 and never awaited for long: a slow broker costs samples
                 # (seq shows the gap), never the deadline checks.
                 with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
                     await client.publish(topic, telemetry, qos=0, timeout=period_s)
+                    if fill is not None:  # software smoothing: the jobs fill their waits
+                        await client.publish(fill_topic, encode(fill), qos=0, timeout=period_s)
             await self._publish_status_if_changed()
             self.notifier.watchdog()
             async with self._sampled:

@@ -52,6 +52,13 @@ from powerd.gpu import GpuError
     "are rejected.",
 )
 @click.option(
+    "--software-smoothing/--no-software-smoothing",
+    default=None,
+    help="GPUs without hardware power smoothing take the controller's grid smoothing profile "
+    "in software: the jobs on this node fill their waits as told (powerd.jobhook.FillFollower)."
+    " Replaces agent.software_smoothing [default: off].",
+)
+@click.option(
     "--local",
     "local_mode",
     is_flag=True,
@@ -70,6 +77,7 @@ def command(
     failsafe_after_s: float | None,
     on_exit: str | None,
     trust: tuple[Path, ...],
+    software_smoothing: bool | None,
     local_mode: bool | None,
     log_level: str,
 ) -> None:
@@ -109,6 +117,7 @@ def command(
             failsafe_after_s=failsafe_after_s,
             on_exit=on_exit,
             mode="local" if local_mode else None,
+            software_smoothing=software_smoothing,
             controller_keys=tuple(str(p) for p in trust) or None,
         )
     except ConfigError as exc:

@@ -53,6 +53,13 @@ from powerd.configfile import ConfigError
     "count; repeatable. Replaces trust.coordinator_keys.",
 )
 @click.option(
+    "--grid-smoothing/--no-grid-smoothing",
+    default=None,
+    help="Ask every GPU with power smoothing (hardware, or software on agents with "
+    "agent.software_smoothing) for its share of the budgets file's [site.grid] ramps and "
+    "floor. Replaces controller.grid_smoothing [default: off].",
+)
+@click.option(
     "--no-record",
     is_flag=True,
     help="Record nothing (default: the configured recorder, else telemetry.lp in the state dir).",
@@ -69,6 +76,7 @@ def command(
     record: str | None,
     signing_key: Path | None,
     coordinator_keys: tuple[Path, ...],
+    grid_smoothing: bool | None,
     no_record: bool,
     log_level: str,
 ) -> None:
@@ -121,6 +129,7 @@ def command(
             cycle_s=cycle_s,
             signing_key=None if signing_key is None else str(signing_key),
             coordinator_keys=tuple(str(p) for p in coordinator_keys) or None,
+            grid_smoothing=grid_smoothing,
         )
         config.signer()  # an unusable key stops us here, with the file named
         config.grant_verifier()  # and an unreadable coordinator key

@@ -50,6 +50,13 @@ from powerd.cli.options import setup_logging
     " influx+http://HOST:8086?org=ORG&bucket=BUCKET (v2 API) or"
     " influx1+http://HOST:8086?db=DB (InfluxDB 1.x); see grafana/README.md.",
 )
+@click.option(
+    "--smoothing",
+    is_flag=True,
+    help="Grid smoothing: the controller asks every GPU for its share of the budgets file's "
+    "[site.grid] ramps and floor; the demo's H100s have no hardware smoothing, so their jobs "
+    "fill their waits in software, and the run goes on while they ramp down at the end.",
+)
 def command(
     duration_s: float,
     summary_json: Path | None,
@@ -57,6 +64,7 @@ def command(
     budgets_path: Path | None,
     live: bool | None,
     record: str | None,
+    smoothing: bool,
 ) -> None:
     """The whole loop on this machine, no servers: broker, controller, agents, jobs.
 
@@ -91,7 +99,9 @@ def command(
         )
     setup_logging("error")  # the demo shows what happens itself
     console = demo_console()
-    options = DemoOptions(duration_s=duration_s, budgets=budgets_path, record=record)
+    options = DemoOptions(
+        duration_s=duration_s, budgets=budgets_path, record=record, smoothing=smoothing
+    )
     try:
         run = run_in_console(options, console, live)
     except (BudgetError, ValueError, RuntimeError, OSError) as exc:

@@ -155,9 +155,7 @@ class ControllerConfig:
             infer_phases=self.infer_phases,
             infer_window_s=self.infer_window_s,
             max_raises_per_cycle=max(1, round(self.max_raises_per_s * self.cycle_s)),
-            policy=dataclasses.replace(self.policy, uncap_within_caps=True)
-            if self.grid_smoothing
-            else self.policy,
+            policy=grid_policy(self.policy) if self.grid_smoothing else self.policy,
             job_priority_max=dict(self.job_priority_max),
             default_job_priority_max=self.default_job_priority_max,
             accept_unowned_jobs=self.accept_unowned_jobs,
@@ -167,6 +165,14 @@ class ControllerConfig:
 
     def with_overrides(self, **overrides: Any) -> ControllerConfig:
         return with_overrides(self, overrides, validate)
+
+
+def grid_policy(policy: PolicySettings) -> PolicySettings:
+    """The policy under grid smoothing: hand watts back within the caps (a draw that follows
+    its caps slowly would climb into capping and be cut at once) and stage a starting job's
+    caps just above its draw (a start then rises within the site ramp, not in one jump to the
+    staged start cap)."""
+    return dataclasses.replace(policy, uncap_within_caps=True, startup_cap_fraction=0.0)
 
 
 def _policy_keys() -> set[str]:

@@ -35,6 +35,7 @@ def grid_smoothing(site: Topology, margin: float = DEFAULT_MARGIN) -> GpuSmoothi
         spec.floor_fraction,
         site.tree.n_gpus,
         margin,
+        hysteresis_s=spec.window_s,
     )
     values = gpu_profile_values(ramps, 0.0, 100.0, SMOOTHING_MAX_RAMP_W_PER_S)
     return GpuSmoothing(

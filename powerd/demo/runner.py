@@ -45,7 +45,7 @@ from powerd.demo.scenario import JobPlan, TrainingJob, default_jobs
 from powerd.demo.summary import JobRecord, RunRecord, Summary, summarize
 from powerd.embedded_broker import EmbeddedBroker
 from powerd.gpu.simulated import SimulatedGpu, open_simulated
-from powerd.jobhook import PhaseReporter
+from powerd.jobhook import FillFollower, PhaseReporter
 from powerd.mqtt_url import parse_broker_url
 from powerd.recorder import open_recorder
 from powerd.signing import Signer, Verifier
@@ -75,6 +75,9 @@ class DemoOptions:
     seed: int = 0
     # also record the controller's points: a .lp path or a recorder URL (powerd.recorder)
     record: str | None = None
+    # grid smoothing: the controller asks every GPU for its share of [site.grid]; GPUs
+    # without hardware smoothing get it in software (the jobs fill their waits)
+    smoothing: bool = False
 
 
 @dataclass
@@ -127,6 +130,7 @@ class _Sampler:
         self.phase: list[np.ndarray] = []
         self.throughput: list[np.ndarray] = []
         self.energy: list[float] = []
+        self.fill_energy: list[float] = []
         # throughput_rel is deterministic in (phase, cap, lock) and costs an operating point
         self._speed: list[tuple[tuple, float]] = [((), 0.0)] * len(gpus)
 
@@ -136,7 +140,7 @@ class _Sampler:
         locked = np.zeros(n, dtype=bool)
         phase = np.empty(n, dtype=np.int8)
         speed = np.empty(n)
-        energy = 0.0
+        energy = fill = 0.0
         for i, gpu in enumerate(self.gpus):
             power[i] = gpu.power_w()
             cap[i] = gpu.enforced_cap_w()
@@ -150,6 +154,7 @@ class _Sampler:
                 self._speed[i] = cached
             speed[i] = cached[1]
             energy += gpu.energy_j() or 0.0
+            fill += gpu.fill_energy_j()
         node_power = self.tree.node_sum(power) + self.overhead
         self.t.append(t)
         self.power.append(node_power)
@@ -158,6 +163,7 @@ class _Sampler:
         self.phase.append(phase)
         self.throughput.append(speed)
         self.energy.append(energy)
+        self.fill_energy.append(fill)
         return node_power, cap, locked
 
 
@@ -221,7 +227,7 @@ async def run_demo(
     """
     wall0 = time.monotonic()
     topology = load_budgets(options.budgets or default_budgets_path())
-    plans = default_jobs(topology, options.duration_s)
+    plans = default_jobs(topology, options.duration_s, staged_starts=options.smoothing)
     gpus_by_node = _all_gpus(topology, options.seed)
     gpus = [g for name in topology.servers for g in gpus_by_node[name]]
     state = LiveState(topology, options.duration_s, cycle_s=options.cycle_s)
@@ -231,6 +237,7 @@ async def run_demo(
     tasks: list[asyncio.Task] = []
     jobs: list[TrainingJob] = []
     job_tasks: list[asyncio.Task] = []
+    fills: dict[str, FillFollower | None] = {}
     broker = EmbeddedBroker()
     await broker.__aenter__()
     try:
@@ -261,25 +268,36 @@ async def run_demo(
         def on_phase(plan: JobPlan, at: float, phase: str) -> None:
             state.events.append(f"{at:5.1f} s  {plan.name} ({plan.priority}): {phase}")
 
+        # the jobs' fill followers subscribe before their reporters connect: amqtt 0.12
+        # iterates its subscriptions while a client connects, and a SUBSCRIBE that adds a
+        # topic at that moment ends that connection ("dictionary changed size")
+        fills = {p.name: _fill_follower(p, broker.url, options, gpus_by_node) for p in plans}
+        await _subscribed([f for f in fills.values() if f is not None])
         for plan in plans:
             job_gpus = _job_gpus(plan, gpus_by_node)
             reporter = _reporter(plan, broker.url, options)
-            jobs.append(TrainingJob(plan, job_gpus, reporter, t0, on_phase))
+            fill = fills[plan.name]
+            jobs.append(TrainingJob(plan, job_gpus, reporter, t0, on_phase, fill=fill))
         state.jobs = jobs
         for result in service.cycles:  # the setup's cycles, before the jobs' clock started
             on_cycle(result)
         service.cycle_listeners.append(on_cycle)
         job_tasks = [asyncio.create_task(job.run(), name=job.plan.name) for job in jobs]
-        await _record(options, state, sampler, on_tick, tick_s, tasks + job_tasks)
+        record_s = options.duration_s + (_ramp_down_tail_s(service) if options.smoothing else 0.0)
+        state.duration_s = record_s
+        await _record(record_s, options, state, sampler, on_tick, tick_s, tasks + job_tasks)
         # every job's script ends before the duration: they are done or about to be
         await asyncio.wait_for(asyncio.gather(*job_tasks), 10.0)
     finally:
         await _teardown(stop, job_tasks, tasks)
+        for follower in fills.values():
+            if follower is not None:
+                follower.close()
         await _bounded(broker.__aexit__(None, None, None), "the embedded broker's shutdown")
     # the controller has stopped: the acks that came after its last cycle
     cycles.acked += service.core.counters.acks_received
     cycles.pending_at_end = len(service.core.pending)
-    trace = _trace(topology, sampler, cycles, jobs, options)
+    trace = _trace(topology, sampler, cycles, jobs, options, state.duration_s)
     recorded = None if service.recorder is None else service.recorder.stats()
     return DemoRun(topology, trace, summarize(trace), setup_s, time.monotonic() - wall0, recorded)
 
@@ -302,6 +320,7 @@ def _agents(
                 failsafe_after_s=options.failsafe_after_s,
                 broker=broker,
                 failsafe=FailsafeConfig(cap_w=topology.failsafe_cap_w(name)),
+                software_smoothing=options.smoothing,
             ),
             gpus_by_node[name],
             verifier=verifier,
@@ -324,6 +343,7 @@ def _controller_config(url: str, options: DemoOptions) -> ControllerConfig:
         takeover_after_s=4 * cycle_s,
         epoch_discovery_s=0.2,
         policy=_policy_for(cycle_s),
+        grid_smoothing=options.smoothing,
     )
 
 
@@ -360,6 +380,7 @@ async def _bounded(awaitable, what: str) -> None:
 
 
 async def _record(
+    record_s: float,
     options: DemoOptions,
     state: LiveState,
     sampler: _Sampler,
@@ -367,9 +388,9 @@ async def _record(
     tick_s: float,
     tasks: list[asyncio.Task],
 ) -> None:
-    """Sample the GPUs every ``sample_s`` and tick the view until the duration is up."""
+    """Sample the GPUs every ``sample_s`` and tick the view for ``record_s``."""
     t0 = state.t0
-    end = t0 + options.duration_s
+    end = t0 + record_s
     next_sample = t0
     next_tick = t0 if on_tick is not None else end
     while (now := time.monotonic()) < end:
@@ -396,6 +417,40 @@ def _policy_for(cycle_s: float) -> PolicySettings:
         uncap_step_fraction=default.uncap_step_fraction * scale,
         uncap_min_step_w=default.uncap_min_step_w * scale,
     )
+
+
+def _fill_follower(
+    plan: JobPlan, url: str, options: DemoOptions, gpus_by_node: dict[str, list[SimulatedGpu]]
+) -> FillFollower | None:
+    """With smoothing: the job's side of software smoothing, busy work on its own GPUs."""
+    if not options.smoothing:
+        return None
+
+    def fill(node: str, targets: dict[int, float]) -> None:
+        gpus = gpus_by_node[node]
+        for index, watts in targets.items():
+            if 0 <= index < len(gpus):
+                gpus[index].set_fill_w(watts)
+
+    return FillFollower(url, plan.nodes, fill, cluster=options.cluster)
+
+
+async def _subscribed(followers: list[FillFollower]) -> None:
+    """Start the followers one at a time: each subscribed before the next connects."""
+    for follower in followers:
+        follower.start()
+        if not await asyncio.to_thread(follower.wait_subscribed, SETUP_TIMEOUT_S):
+            raise RuntimeError(f"a fill follower did not subscribe in {SETUP_TIMEOUT_S:g} s")
+
+
+def _ramp_down_tail_s(service: ControllerService) -> float:
+    """How long the GPUs need to ramp down from their highest cap after the jobs stop: the
+    demo records that much longer with smoothing, so the summary sees the end."""
+    profile = service.core.settings.smoothing
+    if profile is None or profile.ramp_down_w_per_s <= 0:
+        return 0.0
+    top_w = float(np.max(service.core.tree.cap_max_w))
+    return top_w / profile.ramp_down_w_per_s + profile.ramp_down_hysteresis_ms / 1000.0 + 1.0
 
 
 def _job_gpus(plan: JobPlan, gpus_by_node: dict[str, list[SimulatedGpu]]) -> list[SimulatedGpu]:
@@ -443,6 +498,7 @@ def _trace(
     cycles: _Cycles,
     jobs: list[TrainingJob],
     options: DemoOptions,
+    duration_s: float,
 ) -> RunRecord:
     tree = sampler.tree
     gpu_job = np.full(topology.n_gpus, -1)
@@ -490,7 +546,8 @@ def _trace(
             )
             for job in jobs
         ],
-        duration_s=options.duration_s,
+        duration_s=duration_s,
+        gpu_fill_energy_j=np.array(sampler.fill_energy) if options.smoothing else None,
         gpu_row=np.asarray(tree.gpu_ancestor[ROW], dtype=int),
         grid=topology.grid,
     )

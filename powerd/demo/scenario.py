@@ -22,15 +22,21 @@ waiting is still two controller cycles, so the controller sees every phase.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from policies.capping import WAITING_PHASES
 from powerd.gpu.simulated import SimulatedGpu
-from powerd.jobhook import PhaseReporter
+from powerd.jobhook import FillFollower, PhaseReporter
 from powerd.topology import Topology
 
 MIN_DURATION_S = 20.0  # what the shortest script needs to show every phase
+FILL_DONE_MARGIN_W = 10.0  # a GPU filled to within this of its idle power is done
+RAMP_DOWN_TIMEOUT_S = 30.0  # a job gives up filling down the ramp after this
+
+log = logging.getLogger("powerd.demo")
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,9 @@ def _superseded(events: list[tuple[float, str]], k: int) -> bool:
     return k + 1 < len(events) and events[k + 1][0] == events[k][0]
 
 
-def default_jobs(topology: Topology, duration_s: float) -> list[JobPlan]:
+def default_jobs(
+    topology: Topology, duration_s: float, staged_starts: bool = False
+) -> list[JobPlan]:
     """Two jobs: a high-priority one on the first row, a low-priority one on the others.
 
     The high-priority job starts staged (its caps rise gradually from the
@@ -89,6 +97,10 @@ def default_jobs(topology: Topology, duration_s: float) -> list[JobPlan]:
     gives first. Their steps differ in length, so their communication phases
     drift in and out of step with each other, as two independent jobs' do.
     With a single row, its racks are split in half between the two jobs.
+
+    ``staged_starts`` (the demo with grid smoothing): the low-priority job starts
+    staged too, as a grid-friendly site asks of every job: a jump from idle to full
+    compute is a rise no smoothing of the falls can bound.
     """
     if duration_s < MIN_DURATION_S:
         raise ValueError(f"the demo needs at least {MIN_DURATION_S:g} s, not {duration_s:g}")
@@ -129,7 +141,7 @@ def default_jobs(topology: Topology, duration_s: float) -> list[JobPlan]:
             priority="low",
             nodes=tuple(rest),
             start_s=max(3.0, 0.15 * d),
-            startup_s=0.1,
+            startup_s=2.5 if staged_starts else 0.1,
             compute_s=3.5,
             comm_s=1.5,
             checkpoint_after_s=0.45 * d,
@@ -151,8 +163,12 @@ class TrainingJob:
         t0: float,
         on_phase: Callable[[JobPlan, float, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        fill: FillFollower | None = None,
     ) -> None:
+        """``fill``: software power smoothing, the job's side: its GPUs are kept busy up to
+        the agents' fill targets, and at its end down the ramp before it exits."""
         self.plan = plan
+        self.fill = fill
         self.gpus = list(gpus)
         self.reporter = reporter
         self.t0 = t0
@@ -177,15 +193,49 @@ class TrainingJob:
                     reporter.set_phase(phase, expected_s=plan.checkpoint_s)
                 elif phase != "shutdown":
                     reporter.set_phase(phase)
+                self._tell_fill(phase)
                 self._switch(phase)
                 if phase == "shutdown":  # announces it, then flushes: blocking, so in a thread
                     await asyncio.to_thread(reporter.shutdown, 2.0)
+                    await self._ramp_down()
         finally:
+            self._stop_filling()
             if self.phase is None:  # cut short before it started
                 await asyncio.to_thread(reporter.close, 1.0)
             elif self.phase != "shutdown":  # cut short: the job is gone all the same
                 self._switch("shutdown")
                 await asyncio.to_thread(reporter.shutdown, 1.0)
+
+    def _tell_fill(self, phase: str) -> None:
+        """The job's side of software smoothing: only the job knows when it waits."""
+        if self.fill is None:
+            return
+        if phase == "shutdown":
+            self.fill.stopping()  # fall down the ramp, no floor
+        elif phase in WAITING_PHASES:
+            self.fill.waiting()
+        else:
+            self.fill.working()
+
+    async def _ramp_down(self) -> None:
+        """Keep filling down the agents' ramp until every GPU is back near its idle power."""
+        if self.fill is None or not self.gpus:
+            return
+        idle_w = max(g.model.idle_power_w for g in self.gpus)
+        done_w = idle_w + FILL_DONE_MARGIN_W
+        if not await asyncio.to_thread(self.fill.wait_ramped, done_w, RAMP_DOWN_TIMEOUT_S):
+            log.warning(
+                "%s: the fill targets did not ramp down in %g s",
+                self.plan.name,
+                RAMP_DOWN_TIMEOUT_S,
+            )
+
+    def _stop_filling(self) -> None:
+        if self.fill is None:
+            return
+        self.fill.close()
+        for gpu in self.gpus:
+            gpu.set_fill_w(None)
 
     def _switch(self, phase: str) -> None:
         gpu_phase = "idle" if phase == "shutdown" else phase

@@ -120,6 +120,9 @@ class RunRecord:
     duration_s: float = 0.0
     gpu_row: np.ndarray | None = None  # (n_gpus,) tree index of each GPU's row, for the plot
     grid: GridSpec | None = None  # the budgets file's [site.grid]; None: none
+    # grid smoothing on: the GPUs' energy above their phases' own draw (floors, ramp-downs,
+    # the jobs' busy work), (n_samples,) cumulative; None: smoothing off
+    gpu_fill_energy_j: np.ndarray | None = None
 
     @property
     def n_nodes(self) -> int:
@@ -272,7 +275,7 @@ def summarize(trace: RunRecord) -> Summary:
         peak_site_ramp_down_w_per_s=ramp.down_max_w_per_s,
         peak_site_cap_ramp_up_w_per_s=cap_ramp.up_max_w_per_s,
         site_ramp_limit_w_per_s=ramp_limit if np.isfinite(ramp_limit) else None,
-        grid=grid_report(site_reg, step, trace.grid, gpu_j),
+        grid=grid_report(site_reg, step, trace.grid, gpu_j, smoothing_j=_fill_j(trace)),
         energy_gpu_wh=gpu_j / 3600.0,
         energy_site_wh=site_j / 3600.0,
         throughput_rel=throughput,
@@ -289,6 +292,14 @@ def summarize(trace: RunRecord) -> Summary:
         clock_locks=_clock_locks(trace, dt),
         phases_seen=[p for p in PHASES if any(p == ph for j in trace.jobs for _, ph in j.phases)],
     )
+
+
+def _fill_j(trace: RunRecord) -> float | None:
+    """Energy smoothing burnt between the first and last sample; None when it was off."""
+    fill = trace.gpu_fill_energy_j
+    if fill is None or len(fill) < 2:
+        return None if fill is None else 0.0
+    return float(fill[-1] - fill[0])
 
 
 def _progress_mask(phase: np.ndarray) -> np.ndarray:

@@ -212,7 +212,7 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
     def per_level(values: dict[str, float]) -> str:
         return ", ".join(f"{k} {v:.1f}" for k, v in values.items() if k != "any")
 
-    table.add_row("run", f"{s.duration_s:g} s, {s.samples} samples, {s.cycles} controller cycles")
+    table.add_row("run", f"{s.duration_s:.1f} s, {s.samples} samples, {s.cycles} controller cycles")
     table.add_row(
         "seconds over a budget", f"{s.over_budget_s['any']:.1f} s ({per_level(s.over_budget_s)})"
     )
@@ -281,6 +281,12 @@ def grid_breach_line(summary: Summary) -> str | None:
     return f"outside the grid spec: {', '.join(breaches)}" if breaches else None
 
 
+def _rms(g: dict) -> str:
+    rms, least = g.get("oscillation_band_rms_max_w"), g.get("oscillation_min_rms_w")
+    shown = "n/a" if rms is None else f"{rms / 1e3:.1f} kW"
+    return shown + (f" (counts from {least / 1e3:g} kW)" if least else "")
+
+
 def grid_rows(summary: Summary) -> list[tuple[str, str, str]]:
     """The summary table's rows on the site's power as the grid sees it: (label, value,
     style). The measured ramp and oscillation (policies.grid), the sum of caps' ramp the
@@ -326,20 +332,21 @@ def grid_rows(summary: Summary) -> list[tuple[str, str, str]]:
         f" ({g['oscillation_note'] or 'the whole band'}); worst "
         f"{g['oscillation_window_s']:g} s window {'n/a' if worst is None else f'{worst:.1%}'}"
         + (f" (limit {max_share:.0%})" if max_share is not None else "")
+        + f"; band RMS {_rms(g)}"
         + f"; peak-to-peak {g['peak_to_peak_max_w'] / 1e3:.1f} kW"
     )
     rows.append(("site oscillation", osc, ""))
     if "floor_energy_kwh" in g:
         share_floor = g["floor_energy_share_of_jobs"]
-        rows.append(
-            (
-                "grid floor",
+        of_gpus = "" if share_floor is None else f" ({share_floor:.1%} of the GPUs' energy)"
+        if g["floor_source"] == "burnt by smoothing":
+            what = f"smoothing burnt {g['floor_energy_kwh']:.3f} kWh holding floors and ramps"
+        else:
+            what = (
                 f"holding {g['floor_fraction']:.0%} of the recent peak would burn "
                 f"{g['floor_energy_kwh']:.3f} kWh"
-                + ("" if share_floor is None else f" ({share_floor:.1%} of the GPUs' energy)"),
-                "",
             )
-        )
+        rows.append(("grid floor", what + of_gpus, ""))
     if not has_spec:  # nothing to be outside of
         return rows
     outside = (

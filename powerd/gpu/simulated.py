@@ -244,8 +244,11 @@ class SimulatedGpu(Gpu):
             else []
         )
         self._ramp_down_from: float | None = None  # when the draw first wanted to fall
+        self._fill_w: float | None = None  # the job's busy work (software smoothing)
+        self._fill_energy_j = 0.0  # drawn above what the phase alone draws
         self._point = self._operating_point()
         self._power = self._noisy_power()
+        self._natural_w = self._power  # the draw without the job's busy work
         self._temp_c = self._temp_target(self._power)
 
     # --- the Gpu interface ------------------------------------------------
@@ -443,6 +446,33 @@ class SimulatedGpu(Gpu):
                 self._profile.load,
             ).power_w
 
+    def set_fill_w(self, fill_w: float | None) -> None:
+        """The job keeps the GPU busy so that it draws at least ``fill_w`` (never above the
+        enforced cap): software power smoothing (powerd.gpu.software_smoothing). None stops.
+        Not NVML: the job's own kernels, so it works even on a lost GPU's job."""
+        if fill_w is not None and not (math.isfinite(fill_w) and fill_w >= 0):
+            raise ValueError(f"fill_w must be a finite number of watts ≥ 0 or None, not {fill_w!r}")
+        with self._lock:
+            self._advance()
+            self._fill_w = None if fill_w is None else float(fill_w)
+            self._update()
+
+    @property
+    def fill_w(self) -> float | None:
+        return self._fill_w
+
+    def fill_energy_j(self) -> float:
+        """Energy drawn above what the phase alone would have drawn: what holding a floor
+        or a ramp-down costs, by the job's busy work or the hardware's smoothing."""
+        with self._lock:
+            self._advance()
+            return self._fill_energy_j
+
+    def _filled(self, natural_w: float) -> float:
+        if self._fill_w is None:
+            return natural_w
+        return max(natural_w, min(self._fill_w, self._enforced_w()))
+
     # --- out-of-band limits and faults ------------------------------------
 
     @property
@@ -562,9 +592,11 @@ class SimulatedGpu(Gpu):
         """
         self._point = self._operating_point()
         if self._active_smoothing() is None:
-            self._power = self._noisy_power()
+            self._natural_w = self._noisy_power()
+            self._power = self._filled(self._natural_w)
         else:
             self._power = min(self._power, self._enforced_w())
+            self._natural_w = self._noisy_power()
 
     def _advance(self) -> None:
         """Bring energy and temperature up to now; the power was constant since the last call."""
@@ -574,14 +606,17 @@ class SimulatedGpu(Gpu):
             return
         t0, self._t_last = self._t_last, now
         self._energy_j += self._power * dt
+        self._fill_energy_j += max(0.0, self._power - self._natural_w) * dt
         target = self._temp_target(self._power)
         self._temp_c = target + (self._temp_c - target) * math.exp(-dt / TEMP_TAU_S)
         self._noise = max(-NOISE_LIMIT, min(NOISE_LIMIT, self._rng.gauss(0.0, NOISE_SIGMA)))
         smoothing = self._active_smoothing()
         if smoothing is None:
-            self._power = self._noisy_power()
+            self._natural_w = self._noisy_power()
+            self._power = self._filled(self._natural_w)
         else:
             self._power = self._ramped(smoothing, self._smoothing_target(smoothing), t0, now)
+            self._natural_w = self._noisy_power()
 
     def __repr__(self) -> str:
         return (

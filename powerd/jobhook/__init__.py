@@ -45,6 +45,7 @@ import threading
 from collections.abc import Iterable
 
 from powerd.jobhook.env import ENV_BROKER, ENV_CLUSTER, ENV_JOB, ENV_NODES, ENV_PRIORITY
+from powerd.jobhook.fill import FillFollower
 from powerd.jobhook.hostlist import expand_hostlist
 from powerd.jobhook.reporter import PhaseBlock, PhaseReporter, ReporterStats, _open_reporters
 from powerd.vocabulary import PRIORITIES
@@ -54,6 +55,7 @@ from powerd.vocabulary import PRIORITIES
 #   publisher.py  the ordered, bounded queue, the sender thread and paho's client
 #   env.py        configuration from the environment (POWERD_*, Slurm, torchrun)
 #   hostlist.py   Slurm-style host lists (r01-n[03-05])
+#   fill.py       FillFollower: the agent's software-smoothing fill targets, to the job
 
 __all__ = [
     "ENV_BROKER",
@@ -62,6 +64,7 @@ __all__ = [
     "ENV_NODES",
     "ENV_PRIORITY",
     "PRIORITIES",
+    "FillFollower",
     "PhaseBlock",
     "PhaseReporter",
     "ReporterStats",

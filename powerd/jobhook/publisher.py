@@ -221,22 +221,8 @@ class Publisher:
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
-        client.on_socket_open = _set_no_delay
-        # typed int in paho, used as seconds in float arithmetic: sub-second delays work
-        client.reconnect_delay_set(
-            settings.reconnect_min_s,  # type: ignore[arg-type]
-            settings.reconnect_max_s,  # type: ignore[arg-type]
-        )
         client.max_inflight_messages_set(_IN_FLIGHT_WINDOW)
-        if settings.username:
-            client.username_pw_set(settings.username, settings.password())
-        if settings.tls:
-            context = ssl.create_default_context(cafile=settings.ca_file)
-            if settings.cert_file:
-                context.load_cert_chain(settings.cert_file, settings.key_file)
-            client.tls_set_context(context)
-        # no network I/O here: the connection is made by the network thread
-        client.connect_async(settings.host, settings.port, keepalive=int(settings.keepalive_s))
+        connect_async(client, settings)
         return client
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
@@ -449,6 +435,25 @@ class _MqttClient(mqtt.Client):
             if callback is not None:
                 with contextlib.suppress(Exception):
                     callback(exc)
+
+
+def connect_async(client: mqtt.Client, settings: BrokerSettings) -> None:
+    """Set up a paho client as ``settings`` say (login, TLS, reconnect delays, no Nagle)
+    and start connecting; no network I/O here: the network thread connects."""
+    client.on_socket_open = _set_no_delay
+    # typed int in paho, used as seconds in float arithmetic: sub-second delays work
+    client.reconnect_delay_set(
+        settings.reconnect_min_s,  # type: ignore[arg-type]
+        settings.reconnect_max_s,  # type: ignore[arg-type]
+    )
+    if settings.username:
+        client.username_pw_set(settings.username, settings.password())
+    if settings.tls:
+        context = ssl.create_default_context(cafile=settings.ca_file)
+        if settings.cert_file:
+            context.load_cert_chain(settings.cert_file, settings.key_file)
+        client.tls_set_context(context)
+    client.connect_async(settings.host, settings.port, keepalive=int(settings.keepalive_s))
 
 
 def _set_no_delay(client: Any, userdata: Any, sock: Any) -> None:

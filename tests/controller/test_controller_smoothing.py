@@ -96,7 +96,7 @@ def test_the_profile_is_each_gpus_share_of_the_site_grid_spec() -> None:
     assert profile.ramp_up_w_per_s == pytest.approx(0.9 * 1000 / SITE_GPUS)
     assert profile.ramp_down_w_per_s == pytest.approx(0.9 * 500 / SITE_GPUS)
     assert profile.floor_percent == pytest.approx(60.0)
-    assert profile.ramp_down_hysteresis_ms == 0.0
+    assert profile.ramp_down_hysteresis_ms == 1000.0  # the spec's window: 1 s by default
 
 
 def test_no_grid_spec_no_smoothing_and_the_error_says_where() -> None:

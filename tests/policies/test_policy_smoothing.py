@@ -58,7 +58,8 @@ def test_the_draw_moves_within_its_rates_and_never_above_its_cap(now, seed, up, 
     running = rng.random(len(now)) < 0.5
     ramps = GpuRamps(up, down, floor)
     want = wanted_w(natural, cap, running, ramps)
-    drawn = ramp_toward(now_w, want, cap, ramps, dt)
+    drawn, falling = ramp_toward(now_w, want, cap, ramps, dt)
+    assert np.array_equal(falling > 0, want < now_w)
     assert np.all(drawn <= cap + 1e-9)  # a floor is never above the cap
     assert np.all(want <= cap + 1e-9)
     assert np.all(want[running] >= np.minimum(floor * cap[running], cap[running]) - 1e-9)
@@ -88,6 +89,24 @@ def test_a_preset_is_always_inside_the_devices_range(floor, up, down, lo, span, 
     floor_in = lo <= floor * 100 <= lo + span
     rates_in = all(not math.isfinite(r) or r <= most for r in (up, down))
     assert values.clamped == (not (floor_in and rates_in))
+
+
+def test_a_gpu_falls_only_after_the_hysteresis_then_at_its_rate():
+    ramps = GpuRamps(up_w_per_s=100.0, down_w_per_s=50.0, floor_fraction=0.0, hysteresis_s=1.0)
+    cap = np.array([700.0])
+    drawn, falling = np.array([600.0]), None
+    seen = []
+    for _ in range(8):  # 0.5 s steps; it wants 100 W
+        drawn, falling = ramp_toward(drawn, np.array([100.0]), cap, ramps, 0.5, falling)
+        seen.append(float(drawn[0]))
+    # held for the first second, then 25 W a step
+    assert seen == [600.0, 600.0, 575.0, 550.0, 525.0, 500.0, 475.0, 450.0]
+    # wanting to rise resets it: the next fall waits a whole hysteresis again
+    drawn, falling = ramp_toward(drawn, np.array([700.0]), cap, ramps, 0.5, falling)
+    assert drawn[0] == 500.0 and falling[0] == 0.0
+    drawn, falling = ramp_toward(drawn, np.array([100.0]), cap, ramps, 0.5, falling)
+    assert drawn[0] == 500.0
+    assert gpu_profile_values(ramps, 0.0, 90.0, 1e6).ramp_down_hysteresis_ms == 1000.0
 
 
 def test_an_unlimited_rate_is_the_devices_most_and_not_a_clamp():

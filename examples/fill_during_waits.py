@@ -1,0 +1,152 @@
+"""Software power smoothing in a training process: fill the waits with busy work.
+
+    POWERD_MQTT_PASSWORD=... python examples/fill_during_waits.py \\
+        --broker mqtt://job@broker:1883 --cluster prod --node "$(hostname -s)" --gpus 0,1,2,3
+
+On GPUs without hardware power smoothing (H100, A100), the node's agent
+(``agent.software_smoothing = true``) tells the jobs on its node how far to
+hold each GPU up (``powerd.jobhook.FillFollower``). This example is the job's
+side: a ``DutyCycleFiller`` per GPU runs a matmul for a share of every short
+period, and moves the share until NVML's power reading meets the target. The
+training loop tells the follower when it waits (a collective, a checkpoint),
+works and stops; at its end it keeps filling down the ramp before it exits.
+
+Here the "training" is a loop of sleeps, as in ``examples/train_loop.py``;
+in a real job the filler runs on its own CUDA stream beside NCCL's. It needs
+``torch`` with CUDA and ``nvidia-ml-py`` (neither is a powerd dependency of
+the job hook: install them in the job's environment). ``DutyCycleFiller``
+itself needs neither (tests/jobhook/test_fill_example.py drives it with a
+modelled GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+from powerd.jobhook import FillFollower
+
+log = logging.getLogger("fill_during_waits")
+
+
+class DutyCycleFiller:
+    """Holds one GPU near a target power with a kernel run for a share of each period.
+
+    Every ``period_s``: run the kernel for ``share × period_s``, rest for the rest,
+    then read the power and move the share by ``gain × (target − power)`` (a
+    proportional controller on the duty cycle; clipped to 0..1). A target of 0 (or
+    below the GPU's own draw) runs nothing. ``run_kernel(seconds)``,
+    ``read_power_w()`` and ``sleep(seconds)`` are injected: CUDA, NVML and the clock
+    in ``main``, a model of a GPU in the tests.
+    """
+
+    def __init__(
+        self,
+        run_kernel: Callable[[float], None],
+        read_power_w: Callable[[], float],
+        sleep: Callable[[float], None] = time.sleep,
+        period_s: float = 0.05,
+        gain_per_w: float = 0.002,
+    ) -> None:
+        self.run_kernel, self.read_power_w, self.sleep = run_kernel, read_power_w, sleep
+        self.period_s, self.gain_per_w = period_s, gain_per_w
+        self.target_w = 0.0
+        self.share = 0.0
+
+    def set_target(self, watts: float) -> None:
+        self.target_w = max(0.0, float(watts))
+
+    def step(self) -> None:
+        busy_s = self.share * self.period_s
+        if busy_s > 0:
+            self.run_kernel(busy_s)
+        if self.period_s > busy_s:
+            self.sleep(self.period_s - busy_s)
+        error_w = self.target_w - self.read_power_w()
+        if self.target_w <= 0:
+            self.share = 0.0
+        else:
+            self.share = min(1.0, max(0.0, self.share + self.gain_per_w * error_w))
+
+
+def cuda_kernel(index: int) -> Callable[[float], None]:  # pragma: no cover - needs a GPU
+    import torch
+
+    device = torch.device(f"cuda:{index}")
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    stream = torch.cuda.Stream(device=device)
+
+    def run(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        with torch.cuda.stream(stream):
+            while time.monotonic() < end:
+                a @ a  # the work is the point
+            stream.synchronize()
+
+    return run
+
+
+def nvml_power(index: int) -> Callable[[], float]:  # pragma: no cover - needs a GPU
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    return lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs a GPU
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--broker", default=os.environ.get("POWERD_BROKER", ""))
+    parser.add_argument("--cluster", default=os.environ.get("POWERD_CLUSTER", "default"))
+    parser.add_argument("--node", default=os.uname().nodename.split(".")[0])
+    parser.add_argument("--gpus", default="0", help="comma-separated local GPU indices")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--step-s", type=float, default=2.0)
+    parser.add_argument("--comm-s", type=float, default=0.5)
+    parser.add_argument("--idle-w", type=float, default=100.0, help="a GPU's draw at rest")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    indices = [int(i) for i in args.gpus.split(",") if i]
+    fillers = {i: DutyCycleFiller(cuda_kernel(i), nvml_power(i)) for i in indices}
+    stop = threading.Event()
+
+    def on_fill(node: str, targets: dict[int, float]) -> None:
+        for index, watts in targets.items():
+            if index in fillers:
+                fillers[index].set_target(watts)
+
+    def keep_busy(filler: DutyCycleFiller) -> None:
+        while not stop.is_set():
+            filler.step()
+
+    follower = FillFollower(args.broker, [args.node], on_fill, cluster=args.cluster)
+    follower.start()
+    threads = [threading.Thread(target=keep_busy, args=(f,), daemon=True) for f in fillers.values()]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(args.steps):
+            follower.working()
+            time.sleep(args.step_s)  # forward and backward
+            follower.waiting()
+            time.sleep(args.comm_s)  # the exposed all-reduce
+        follower.stopping()
+        if not follower.wait_ramped(done_w=args.idle_w, timeout_s=300.0):
+            log.warning("the fill targets did not reach %g W in 300 s", args.idle_w)
+    finally:
+        stop.set()
+        follower.close()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

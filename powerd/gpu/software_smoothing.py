@@ -1,0 +1,184 @@
+"""Power smoothing in software, for GPUs without the hardware (every GPU before Blackwell).
+
+The software approach of "Power Stabilization for AI Training Datacenters"
+(docs/DOMAIN.md): during waits and at its end the training process itself
+keeps the GPU busy (a matmul loop, say) so that its draw falls no faster than
+the grid allows and stays above a floor while the job runs.
+``SoftwareSmoothing`` wraps such a GPU and gives it the ``Gpu`` smoothing
+interface, so the agent applies, reads back, reports and restores a profile
+exactly as it does on hardware (``powerd.agent.controls``); what the GPU cannot
+do, the job does, told by ``fill_target`` through the agent (``FillRequest``).
+
+What the job is told, per GPU, every agent sample (``fill_target``): the
+GPU's draw ``power_w`` as sampled, the profile's ``ramp_down_w_per_s`` and
+hysteresis, and ``floor_w`` (``floor_percent`` of the enforced cap, never above
+it). The job does the rest, because only the job knows when it stops working
+(a draw held up by its own busy work looks the same to the agent as a draw of
+real work): when it enters a wait at time ``t_w`` it holds the draw it last
+worked at, ``P``, and lets it fall only after the hysteresis and no faster
+than the rate, ``max(floor, P - ramp_down × max(0, t - t_w - hysteresis))``;
+working again, it needs no filling above the floor. At its end it does the
+same without the floor, until the target reaches its idle draw
+(``powerd.jobhook.FillFollower``). The ramp-*up* rate is not the job's to
+keep: a job announces ``startup`` and the controller stages its caps and
+raises them within the site ramp (``policies.capping`` rules 2 and 4).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from powerd.gpu.base import (
+    SMOOTHING_MAX_PRESETS,
+    ClockRange,
+    Gpu,
+    PowerLimitRange,
+    PowerReading,
+    SmoothingProfile,
+    SmoothingRange,
+)
+from powerd.gpu.errors import GpuError
+
+log = logging.getLogger("powerd.gpu")
+
+SOFTWARE_FLOOR_RANGE = SmoothingRange(0.0, 100.0, SMOOTHING_MAX_PRESETS)
+
+
+def _default_preset(preset: int) -> SmoothingProfile:
+    """What a software preset holds before anyone writes it: off, no floor, no limit."""
+    return SmoothingProfile(preset, False, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class FillTarget:
+    """What the job needs to hold one GPU up (module docstring): W, W/s, s."""
+
+    power_w: float  # the draw as sampled
+    floor_w: float  # to hold while the job runs; never above the enforced cap
+    ramp_down_w_per_s: float
+    hysteresis_s: float
+
+
+class SoftwareSmoothing(Gpu):
+    """A GPU without hardware smoothing, with smoothing carried out by its job."""
+
+    mechanism = "software"
+
+    def __init__(self, gpu: Gpu) -> None:
+        if gpu.supports_smoothing():
+            raise ValueError(f"GPU {gpu.index} has hardware power smoothing: use it")
+        self.inner = gpu
+        self.index = gpu.index
+        self.uuid = gpu.uuid
+        self.name = gpu.name
+        self._presets = [_default_preset(p) for p in range(SMOOTHING_MAX_PRESETS)]
+        self._active = 0
+        self._on = False
+
+    # -- smoothing, in software ---------------------------------------------------------
+
+    def supports_smoothing(self) -> bool:
+        return True
+
+    def smoothing_range(self) -> SmoothingRange:
+        return SOFTWARE_FLOOR_RANGE
+
+    def smoothing(self, preset: int | None = None) -> SmoothingProfile | None:
+        which = self._active if preset is None else preset
+        values = self._presets[which]
+        return SmoothingProfile(
+            which,
+            self._on,
+            values.floor_percent,
+            values.ramp_up_w_per_s,
+            values.ramp_down_w_per_s,
+            values.ramp_down_hysteresis_ms,
+        )
+
+    def _write_smoothing(self, profile: SmoothingProfile, *, activate: bool = True) -> None:
+        self._presets[profile.preset] = profile
+        if activate:
+            self._active, self._on = profile.preset, profile.enabled
+
+    def fill_target(self, power_w: float, cap_w: float) -> FillTarget | None:
+        """What the job needs to hold this GPU up (module docstring); None while smoothing
+        is off or the profile limits nothing (no ramp-down rate and no floor)."""
+        profile = self.smoothing()
+        if profile is None or not profile.enabled:
+            return None
+        if profile.ramp_down_w_per_s <= 0 and profile.floor_percent <= 0:
+            return None
+        return FillTarget(
+            power_w=max(0.0, power_w),
+            floor_w=min(profile.floor_w(cap_w), cap_w),
+            ramp_down_w_per_s=profile.ramp_down_w_per_s,
+            hysteresis_s=profile.ramp_down_hysteresis_ms / 1000.0,
+        )
+
+    # -- everything else is the GPU's own -----------------------------------------------
+
+    def power_limit_range(self) -> PowerLimitRange:
+        return self.inner.power_limit_range()
+
+    def sm_clock_range(self) -> ClockRange:
+        return self.inner.sm_clock_range()
+
+    def power_reading(self) -> PowerReading:
+        return self.inner.power_reading()
+
+    def power_w(self) -> float:
+        return self.inner.power_w()
+
+    def energy_j(self) -> float | None:
+        return self.inner.energy_j()
+
+    def power_limit_w(self) -> float:
+        return self.inner.power_limit_w()
+
+    def enforced_cap_w(self) -> float:
+        return self.inner.enforced_cap_w()
+
+    def sm_clock_mhz(self) -> int:
+        return self.inner.sm_clock_mhz()
+
+    def locked_max_sm_clock_mhz(self) -> int | None:
+        return self.inner.locked_max_sm_clock_mhz()
+
+    def util_pct(self) -> float:
+        return self.inner.util_pct()
+
+    def temp_c(self) -> float:
+        return self.inner.temp_c()
+
+    def set_power_limit_w(self, cap_w: float) -> None:
+        self.inner.set_power_limit_w(cap_w)
+
+    def lock_max_sm_clock_mhz(self, max_mhz: int) -> None:
+        self.inner.lock_max_sm_clock_mhz(max_mhz)
+
+    def unlock_sm_clock(self) -> None:
+        self.inner.unlock_sm_clock()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __repr__(self) -> str:
+        return f"SoftwareSmoothing({self.inner!r})"
+
+
+def with_software_smoothing(gpus: Sequence[Gpu]) -> list[Gpu]:
+    """Each GPU that lacks hardware smoothing wrapped in ``SoftwareSmoothing``; the others
+    as they are (hardware first: it needs no help from the job)."""
+    out: list[Gpu] = []
+    for gpu in gpus:
+        try:
+            hardware = gpu.supports_smoothing()
+        except GpuError as exc:  # cannot tell: leave it alone rather than guess
+            log.warning(
+                "gpu %d: no software smoothing: cannot tell if it has hardware: %s", gpu.index, exc
+            )
+            hardware = True
+        out.append(gpu if hardware else SoftwareSmoothing(gpu))
+    return out

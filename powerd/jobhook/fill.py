@@ -1,0 +1,252 @@
+"""``FillFollower``: the training process's side of software power smoothing.
+
+Where a GPU has no hardware power smoothing, the agent of its node
+(``agent.software_smoothing``) publishes, every sample, each GPU's draw, the
+floor to hold while the job runs, and how fast and after how long its draw
+may fall (``FillRequest`` on ``nodes/{node}/fill``;
+``powerd.gpu.software_smoothing``). A ``FillFollower`` in the job's process on
+that node turns them into the power each GPU should be held at, and hands it
+to the training loop's callback, which keeps the GPU busy up to that power (a
+matmul loop on a side stream: ``examples/fill_during_waits.py``). The job
+tells it when it waits and works, because only the job knows:
+
+    follower = FillFollower(broker, ["node7"], on_fill=fill_gpus, cluster="prod")
+    follower.start()
+    follower.waiting()       # a collective, a checkpoint: hold the draw, let it fall slowly
+    follower.working()       # compute again: nothing to fill above the floor
+    follower.stopping()      # the last step is done: fall slowly, no floor
+    follower.wait_ramped(done_w=100.0, timeout_s=120.0)   # fill down the ramp, then exit
+    follower.close()
+
+The target of a GPU: working, its floor; waiting since ``t_w`` (or stopping),
+``max(floor, P - ramp_down × max(0, t - t_w - hysteresis))`` with ``P`` the
+draw last sampled while it worked (no floor once stopping). The callback,
+``on_fill(node, {gpu index: watts})``, is called at every sample, at every
+change of state, and every ``refresh_s`` while the job waits or stops (the
+target falls with time, between the agent's samples too).
+
+Guarantees: it never raises into the training loop after construction (a bad
+message is counted and dropped; a callback that raises is logged); it only
+reads. A fill target never exceeds the GPU's cap (the agent clamps it), so a
+forged target can waste energy but cannot move a GPU outside its limits; the
+broker's ACL gives only the node's agent write access to its fill topic
+(docs/BROKERS.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from powerd.jobhook.publisher import connect_async
+from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.protocol import FillRequest, ProtocolError, Topics, check_name, decode
+from powerd.ratelimit import LogOncePer
+
+__all__ = ["FillFollower"]
+
+log = logging.getLogger("powerd.jobhook")
+
+OnFill = Callable[[str, dict[int, float]], None]  # (node, {gpu index: watts to hold})
+
+
+class _Gpu:
+    """One GPU's newest sample and the profile it came with."""
+
+    __slots__ = ("floor_w", "hysteresis_s", "power_w", "rate_w_per_s", "worked_w")
+
+    def __init__(self) -> None:
+        self.power_w = self.worked_w = self.floor_w = 0.0
+        self.rate_w_per_s = self.hysteresis_s = 0.0
+
+
+class FillFollower:
+    """Follows the agent's fill requests for the GPUs of ``nodes`` (module docstring)."""
+
+    def __init__(
+        self,
+        broker: str,
+        nodes: Iterable[str],
+        on_fill: OnFill,
+        *,
+        cluster: str = "default",
+        settings: BrokerSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        refresh_s: float = 0.1,
+    ) -> None:
+        if not refresh_s > 0:
+            raise ValueError(f"refresh_s must be > 0, not {refresh_s}")
+        self.refresh_s = refresh_s
+        topics = Topics(check_name(cluster, "cluster"))
+        self.nodes = [check_name(n, "node") for n in nodes]
+        if not self.nodes:
+            raise ValueError("a fill follower needs at least one node")
+        self._topics = {topics.fill(n): n for n in self.nodes}
+        self._on_fill = on_fill
+        self._settings = parse_broker_url(broker, settings or BrokerSettings("localhost", 1883))
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._gpus: dict[str, dict[int, _Gpu]] = {n: {} for n in self.nodes}
+        self._state = "working"  # working, waiting, stopping
+        self._since = clock()  # when the job entered its state
+        self.received = 0
+        self.rejected = 0
+        self._logs = LogOncePer(log, 60.0)
+        self._client: mqtt.Client | None = None
+        self._subscribed = threading.Event()
+        self._closed = False
+        self._refresher: threading.Thread | None = None
+
+    def start(self) -> None:
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"powerd-fill-{secrets.token_hex(4)}",
+            clean_session=True,
+            protocol=mqtt.MQTTv311,
+        )
+        client.on_connect = self._on_connect
+        client.on_subscribe = self._on_subscribe
+        client.on_message = self._on_message
+        connect_async(client, self._settings)
+        client.loop_start()
+        self._client = client
+        self._refresher = threading.Thread(
+            target=self._refresh, name="powerd-fill-refresh", daemon=True
+        )
+        self._refresher.start()
+
+    def wait_subscribed(self, timeout_s: float) -> bool:
+        """Block until the broker has acknowledged the subscription (False on timeout)."""
+        return self._subscribed.wait(timeout_s)
+
+    def waiting(self) -> None:
+        """The job waits (a collective, a checkpoint): hold each GPU's draw, let it fall
+        only after the hysteresis and no faster than the rate."""
+        self._enter("waiting")
+
+    def working(self) -> None:
+        """The job works again: nothing to fill above the floor."""
+        self._enter("working")
+
+    def stopping(self) -> None:
+        """The job's work is done: fall as when waiting, without the floor."""
+        self._enter("stopping")
+
+    def targets(self, node: str) -> dict[int, float]:
+        """Each GPU's target on ``node`` now, W."""
+        with self._cond:
+            return self._targets(node, self._clock())
+
+    def wait_ramped(self, done_w: float, timeout_s: float) -> bool:
+        """Wait until every GPU's target is at most ``done_w`` (its draw without the busy
+        work: its idle power, say); False on timeout. True at once when no request came
+        at all (no software smoothing on these nodes)."""
+        deadline = self._clock() + timeout_s
+        with self._cond:
+            while True:
+                now = self._clock()
+                if all(w <= done_w for n in self.nodes for w in self._targets(n, now).values()):
+                    return True
+                if now >= deadline:
+                    return False
+                self._cond.wait(min(deadline - now, 0.1))  # targets fall with time, too
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        client, self._client = self._client, None
+        if client is not None:
+            client.disconnect()
+            client.loop_stop()
+        refresher, self._refresher = self._refresher, None
+        if refresher is not None and refresher is not threading.current_thread():
+            refresher.join(timeout=1.0)
+
+    def _refresh(self) -> None:
+        """While the job waits or stops, hand the falling targets over every refresh_s."""
+        while True:
+            with self._cond:
+                self._cond.wait(self.refresh_s)
+                if self._closed:
+                    return
+                if self._state == "working":
+                    continue
+                now = self._clock()
+                calls = [(n, self._targets(n, now)) for n in self.nodes if self._gpus[n]]
+            for node, targets in calls:
+                self._call(node, targets)
+
+    def _enter(self, state: str) -> None:
+        with self._cond:
+            if state == self._state:
+                return
+            now = self._clock()  # a wait holds worked_w: the last draw sampled while working
+            self._state, self._since = state, now
+            self._cond.notify_all()
+            calls = [(n, self._targets(n, now)) for n in self.nodes if self._gpus[n]]
+        for node, targets in calls:
+            self._call(node, targets)
+
+    def _targets(self, node: str, now: float) -> dict[int, float]:
+        out = {}
+        for index, g in self._gpus[node].items():
+            if self._state == "working":
+                out[index] = g.floor_w
+                continue
+            falling_s = max(0.0, now - self._since - g.hysteresis_s)
+            held = max(0.0, g.worked_w - g.rate_w_per_s * falling_s)
+            out[index] = held if self._state == "stopping" else max(held, g.floor_w)
+        return out
+
+    def _call(self, node: str, targets: dict[int, float]) -> None:
+        try:
+            self._on_fill(node, targets)
+        except Exception as exc:  # the training loop's callback: never into paho's thread
+            self._logs.warning("callback", time.monotonic(), "fill callback raised: %r", exc)
+
+    # --- paho's network thread --------------------------------------------------------
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        if reason.is_failure:
+            self._logs.warning(
+                "connect", time.monotonic(), "fill follower: broker refused: %s", reason
+            )
+            return
+        client.subscribe([(topic, 0) for topic in self._topics])
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: Any, reasons: Any, props: Any) -> None:
+        self._subscribed.set()
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        node = self._topics.get(message.topic)
+        try:
+            if node is None:
+                raise ProtocolError(f"not a topic this follower asked for: {message.topic}")
+            request = decode(FillRequest, message.payload, node)
+        except ProtocolError as exc:
+            self.rejected += 1
+            self._logs.warning("payload", time.monotonic(), "fill follower: dropped: %s", exc)
+            return
+        with self._cond:
+            self.received += 1
+            gpus = self._gpus[node]
+            for f in request.gpus:
+                g = gpus.get(f.index)
+                if g is None:
+                    g = gpus[f.index] = _Gpu()
+                    g.worked_w = f.power_w
+                g.power_w, g.floor_w = f.power_w, f.floor_w
+                g.rate_w_per_s, g.hysteresis_s = f.ramp_down_w_per_s, f.hysteresis_s
+                if self._state == "working":
+                    g.worked_w = f.power_w
+            targets = self._targets(node, self._clock())
+            self._cond.notify_all()
+        self._call(node, targets)

@@ -1,0 +1,68 @@
+"""examples/fill_during_waits.py: its DutyCycleFiller holds a modelled GPU at its target."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.support.paths import REPO
+
+
+def example():
+    spec = importlib.util.spec_from_file_location(
+        "fill_during_waits", REPO / "examples" / "fill_during_waits.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class ModelGpu:
+    """Power follows the busy share of the last period: idle + share × (full - idle)."""
+
+    def __init__(self, idle_w: float = 100.0, full_w: float = 650.0, period_s: float = 0.05):
+        self.idle_w, self.full_w, self.period_s = idle_w, full_w, period_s
+        self.busy_s = 0.0
+
+    def run(self, seconds: float) -> None:
+        self.busy_s = seconds
+
+    def rest(self, seconds: float) -> None:
+        if seconds >= self.period_s:
+            self.busy_s = 0.0
+
+    def power_w(self) -> float:
+        share = min(1.0, self.busy_s / self.period_s)
+        self.busy_s = 0.0
+        return self.idle_w + share * (self.full_w - self.idle_w)
+
+
+@pytest.mark.parametrize("target_w", [250.0, 400.0, 600.0])
+def test_the_filler_settles_at_the_target(target_w):
+    gpu = ModelGpu()
+    filler = example().DutyCycleFiller(gpu.run, gpu.power_w, sleep=gpu.rest)
+    filler.set_target(target_w)
+    seen = []
+    for _ in range(200):
+        filler.step()
+        seen.append(gpu.idle_w + filler.share * (gpu.full_w - gpu.idle_w))
+    assert seen[-1] == pytest.approx(target_w, abs=5.0)
+    assert max(seen) <= gpu.full_w
+
+
+def test_a_target_below_the_draw_or_zero_runs_nothing():
+    gpu = ModelGpu()
+    filler = example().DutyCycleFiller(gpu.run, gpu.power_w, sleep=gpu.rest)
+    filler.set_target(500.0)
+    for _ in range(100):
+        filler.step()
+    assert filler.share > 0.5
+    filler.set_target(0.0)
+    filler.step()
+    assert filler.share == 0.0
+    filler.set_target(50.0)  # below idle: the share runs down to nothing
+    for _ in range(100):
+        filler.step()
+    assert filler.share == 0.0

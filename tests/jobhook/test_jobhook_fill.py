@@ -1,0 +1,136 @@
+"""FillFollower against a real Mosquitto: the agent's fill requests become the power each GPU
+is held at, from the job's own knowledge of when it waits, works and stops."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from powerd.jobhook import FillFollower
+from powerd.protocol import FillRequest, GpuFill, Topics, encode
+from tests.support.brokers import MqttProbe
+from tests.support.clock import ManualClock
+
+NODE = "r01-n03"
+TOPIC = Topics("default").fill(NODE)
+
+
+class Calls:
+    """What the callback was handed, and an event per call."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[int, float]]] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, node: str, targets: dict[int, float]) -> None:
+        with self.cond:
+            self.seen.append((node, dict(targets)))
+            self.cond.notify_all()
+
+    def received(self, fill: FillFollower, count: int, timeout_s: float = 10.0) -> None:
+        """Until ``fill`` has taken ``count`` requests in (each one calls back after)."""
+        with self.cond:
+            assert self.cond.wait_for(lambda: fill.received >= count, timeout_s), fill.received
+
+    def wait(self, count: int, timeout_s: float = 10.0) -> dict[int, float]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.seen) >= count, timeout_s), self.seen
+            return self.seen[-1][1]
+
+
+def request(seq: int, power_w: float, floor_w: float = 100.0) -> bytes:
+    gpus = [
+        GpuFill(
+            index=i, power_w=power_w + i, floor_w=floor_w, ramp_down_w_per_s=50.0, hysteresis_s=1.0
+        )
+        for i in range(2)
+    ]
+    return encode(FillRequest(v=1, node=NODE, ts=0.0, seq=seq, gpus=gpus))
+
+
+@pytest.fixture
+def follower(mosquitto) -> Iterator[tuple[FillFollower, Calls, ManualClock]]:
+    clock = ManualClock(100.0)
+    calls = Calls()
+    made = FillFollower(mosquitto.url, [NODE], calls, clock=clock.monotonic, refresh_s=0.05)
+    made.start()
+    assert made.wait_subscribed(10.0)
+    yield made, calls, clock
+    made.close()
+
+
+async def test_working_holds_the_floor_waiting_holds_the_draw_then_falls(mosquitto, follower):
+    fill, calls, clock = follower
+    async with MqttProbe(mosquitto.port, []) as agent:
+        await agent.publish(TOPIC, request(1, 600.0), qos=0)
+        assert calls.wait(1) == {0: 100.0, 1: 100.0}  # working: the floor only
+        fill.waiting()  # the job waits: hold what it drew while working
+        assert fill.targets(NODE) == {0: 600.0, 1: 601.0}
+        # the agent's samples during the wait include the busy work: they change nothing
+        await agent.publish(TOPIC, request(2, 600.0), qos=0)
+        calls.received(fill, 2)
+        assert fill.targets(NODE) == {0: 600.0, 1: 601.0}
+        clock.advance(1.0)  # the hysteresis: still held
+        assert fill.targets(NODE) == {0: 600.0, 1: 601.0}
+        clock.advance(2.0)  # then 50 W/s
+        assert fill.targets(NODE) == {0: 500.0, 1: 501.0}
+        clock.advance(100.0)  # never below the floor while the job runs
+        assert fill.targets(NODE) == {0: 100.0, 1: 100.0}
+        fill.working()
+        assert fill.targets(NODE) == {0: 100.0, 1: 100.0}
+        await agent.publish(TOPIC, request(3, 550.0), qos=0)  # a sample while working
+        calls.received(fill, 3)
+        fill.stopping()  # the end: the same fall from the last worked draw, no floor
+        assert fill.targets(NODE) == {0: 550.0, 1: 551.0}
+        await agent.publish(TOPIC, request(4, 580.0), qos=0)  # while stopping: changes nothing
+        calls.received(fill, 4)
+        assert fill.targets(NODE) == {0: 550.0, 1: 551.0}
+        clock.advance(1.0 + 10.0)
+        assert fill.targets(NODE) == {0: 50.0, 1: 51.0}  # below the floor now: none held
+        assert not fill.wait_ramped(done_w=50.0, timeout_s=0.0)
+        clock.advance(0.02)
+        assert fill.wait_ramped(done_w=50.0, timeout_s=0.0)
+        assert fill.rejected == 0 and fill.received == 4
+
+
+async def test_the_refresh_hands_the_falling_target_over_between_samples(mosquitto, follower):
+    fill, calls, clock = follower
+    async with MqttProbe(mosquitto.port, []) as agent:
+        await agent.publish(TOPIC, request(1, 400.0, floor_w=0.0), qos=0)
+        calls.wait(1)
+        fill.stopping()
+        clock.advance(3.0)  # 1 s hysteresis, then 2 s at 50 W/s: 300 W
+        n = len(calls.seen)
+        assert calls.wait(n + 2) == {0: 300.0, 1: 301.0}  # no new request: the refresh
+        assert not fill.wait_ramped(done_w=10.0, timeout_s=0.0)
+
+
+async def test_bad_payloads_are_dropped_and_a_raising_callback_does_no_harm(mosquitto):
+    raised = threading.Event()
+
+    def boom(node: str, targets: dict[int, float]) -> None:
+        raised.set()
+        raise RuntimeError("the training loop's bug")
+
+    fill = FillFollower(mosquitto.url, [NODE], boom)
+    fill.start()
+    try:
+        assert fill.wait_subscribed(10.0)
+        async with MqttProbe(mosquitto.port, []) as agent:
+            await agent.publish(TOPIC, b'{"v":1,"node":"other","ts":0,"seq":1,"gpus":[]}')
+            await agent.publish(TOPIC, b"not json")
+            await agent.publish(TOPIC, request(1, 300.0))
+            assert raised.wait(10.0)
+        assert fill.rejected == 2 and fill.received == 1
+        assert fill.targets(NODE) == {0: 100.0, 1: 100.0}
+    finally:
+        fill.close()
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="at least one node"):
+        FillFollower("mqtt://localhost", [], lambda n, t: None)
+    with pytest.raises(ValueError, match="refresh_s"):
+        FillFollower("mqtt://localhost", [NODE], lambda n, t: None, refresh_s=0.0)
