@@ -40,6 +40,7 @@ bench: venv
 	$(BIN)/python -m bench.bench_planner --whatif-s 60 --json bench/results/planner.json
 	$(BIN)/python -m bench.bench_scale --overload --json bench/results/scale.json
 	$(BIN)/python -m bench.bench_tree --site-rows 16,8 --json bench/results/tree.json
+	$(BIN)/python -m bench.bench_grid --json bench/results/grid.json
 	$(BIN)/python -m bench.fuzz --payloads 100000 --seed 1 --json bench/results/fuzz.json
 
 deps:

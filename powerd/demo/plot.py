@@ -1,13 +1,16 @@
-"""The demo's PNG: site and row power against budget and limit over time, phases shaded."""
+"""The demo's PNG: site and row power against budget and limit over time, phases shaded, and
+the site's measured ramp against the grid spec."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
+from policies import grid as grid_measure
 from policies.tree import ROW, SITE
-from powerd.demo.summary import RunRecord
+from powerd.demo.summary import RAMP_WINDOW_S, RunRecord, regular_series
 
 PHASE_COLOURS = {
     "startup": "#9ecae1",
@@ -41,7 +44,7 @@ def plot_trace(trace: RunRecord, path: str | Path, title: str = "powerd demo") -
     end_s = float(t[-1]) if len(t) else trace.duration_s
     rows = [k for k in np.flatnonzero(trace.level == ROW)]
     row_panels = [int(r) for r in rows] if len(rows) <= MAX_ROW_PANELS else []
-    n_panels = 1 + (len(row_panels) if row_panels else 1) + 1
+    n_panels = 1 + 1 + (len(row_panels) if row_panels else 1) + 1
     fig, axes = plt.subplots(
         n_panels, 1, figsize=(11, 2.6 * n_panels), sharex=True, constrained_layout=True
     )
@@ -74,6 +77,8 @@ def plot_trace(trace: RunRecord, path: str | Path, title: str = "powerd demo") -
     all_jobs = list(range(len(trace.jobs)))
     power_panel(axes[0], SITE, f"site {trace.names[SITE]}", [])
     axes[0].legend(loc="upper left", fontsize=8, ncol=4)
+    ramp_panel(axes[1], trace)
+    axes = axes[1:]
     if row_panels:
         for ax, row in zip(axes[1:], row_panels, strict=False):
             jobs = [k for k in all_jobs if np.any((trace.gpu_job == k) & (gpu_row == row))]
@@ -123,6 +128,31 @@ def plot_trace(trace: RunRecord, path: str | Path, title: str = "powerd demo") -
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def ramp_panel(ax, trace: RunRecord) -> None:
+    """The site's measured ramp over the grid spec's window (policies.grid, on the samples
+    put on a regular step), with the spec's limits: what the grid sees."""
+    spec = trace.grid
+    window_s = spec.window_s if spec is not None else RAMP_WINDOW_S
+    site = trace.node_power_w[:, SITE] if len(trace.t) else np.zeros(0)
+    series, step = regular_series(trace.t, site)
+    if step > 0 and len(series) > 1:
+        rate = grid_measure.ramp_rates(series, step, window_s)
+        w = grid_measure.window_steps(step, window_s)
+        at = trace.t[0] + step * np.arange(w, w + len(rate))
+        ax.plot(at, rate / 1e3, color="black", lw=1.0, label=f"site ramp over {window_s:g} s")
+    for sign, limit in (
+        (1.0, spec.ramp_up_w_per_s if spec is not None else math.inf),
+        (-1.0, spec.ramp_down_w_per_s if spec is not None else math.inf),
+    ):
+        if math.isfinite(limit):
+            ax.axhline(sign * limit / 1e3, color="tab:red", lw=1.2)
+    ax.axhline(0.0, color="grey", lw=0.6)
+    ax.set_ylabel("kW/s")
+    limits = "" if spec is None or not spec.limits_ramp else " against the grid spec's limits"
+    ax.set_title(f"site ramp{limits}", loc="left", fontsize=10)
+    ax.grid(alpha=0.3)
 
 
 def _gpu_row(trace: RunRecord) -> np.ndarray:
