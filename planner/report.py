@@ -21,7 +21,7 @@ import pandas as pd
 from planner.mix import Placement
 from planner.report_doc import Document
 from planner.sizing import SizingSettings, WorkloadTrace, size
-from planner.whatif import SpeedModel, WhatifResult, WhatifSettings, replay
+from planner.whatif import SpeedModel, WhatifResult, WhatifSettings, grid_table, replay
 from policies.tree import SERVER
 from powerd.topology import Topology
 
@@ -171,6 +171,27 @@ def _summary(
     return items
 
 
+def _grid_section(doc: Document, grid: dict[str, object]) -> None:
+    """The replayed site power as the grid sees it (planner.whatif.grid_table)."""
+    doc.heading("The site as the grid sees it")
+    if not grid.get("measured"):
+        doc.paragraph("The replay was too short to measure the site's ramps.")
+        return
+    note = grid.get("oscillation_note") or "the whole band is seen"
+    doc.paragraph(
+        f"The replayed site power against the budgets file's grid spec ({grid['spec']}),"
+        " measured as in docs/BUDGETS.md (policies.grid): the ramp over the spec's window,"
+        f" the share of the power's variance in the oscillation band ({note}), the seconds"
+        " outside each limit, and what holding the spec's floor would burn."
+        " `powerplan whatif --synchronised --smoothing` replays the same with the GPUs"
+        " held to their share of the limits, and says what that burns."
+    )
+    breaches = grid.get("breaches")
+    if isinstance(breaches, list) and breaches:
+        doc.bullets([f"outside the grid spec: {b}" for b in breaches])
+    doc.table(grid_table(grid))
+
+
 def build(
     *,
     top: Topology,
@@ -276,6 +297,7 @@ def build(
         doc.table(jobs, "jobs" + (f": the {len(jobs)} that lost most, {left} more" if left else ""))
         figures[PLOTS["capping"]] = lambda path: plots.plot_capping(whatif.levels, path)
         doc.image(PLOTS["capping"], "share of steps capping and deepest cut per level")
+        _grid_section(doc, whatif.info["grid"])  # type: ignore[arg-type]
 
     if caps is not None:
         doc.heading("Cap curves")

@@ -33,7 +33,6 @@ power drawn at the sweep's highest cap.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from policies.smoothing import (
     NO_SMOOTHING,
     GpuRamps,
     gpu_ramps,
+    grid_policy,
     ramp_toward,
     wanted_w,
 )
@@ -186,8 +186,8 @@ def replay(
         offsets = np.zeros(n_jobs, dtype=np.int64)
     ramps = site_ramps(top, settings) if settings.smoothing else NO_SMOOTHING
     policy = settings.policy
-    if settings.smoothing:  # the draw follows caps slowly: uncap within the caps
-        policy = dataclasses.replace(policy, uncap_within_caps=True)
+    if settings.smoothing:  # the controller's policy under grid smoothing
+        policy = grid_policy(policy)
     not_running = np.array([PHASE_CODES["idle"], PHASE_CODES["shutdown"]], dtype=np.int8)
     drawn_w: np.ndarray | None = None  # the draw under smoothing, carried step to step
     falling_s = np.zeros(0)  # how long each GPU has wanted to fall (the hysteresis)
@@ -380,3 +380,62 @@ def _result(
     info = {**info, "throughput_lost_site": lost}
     below_servers = np.asarray(tree.level) < SERVER
     return WhatifResult(table[below_servers].reset_index(drop=True), levels, jobs, info)
+
+
+def grid_table(grid: dict[str, object]) -> pd.DataFrame:
+    """``info["grid"]`` (powerd.topology.grid.grid_report) as rows: what, unit, value, limit,
+    seconds outside it."""
+    edges = grid["oscillation_band_seen_hz"] or grid["oscillation_band_hz"]
+    assert isinstance(edges, list)
+    lo, hi = edges
+    window = f"{grid['oscillation_window_s']:g} s"
+    ramp = f"over {grid['ramp_window_s']:g} s"
+    rows: list[tuple[str, str, object, object, object]] = []
+    for way in ("up", "down"):
+        limit = grid.get(f"ramp_{way}_limit_w_per_s")
+        rows.append(
+            (
+                f"ramp {way}, max {ramp}",
+                "W/s",
+                grid[f"ramp_{way}_max_w_per_s"],
+                limit,
+                grid.get(f"s_outside_ramp_{way}"),
+            )
+        )
+        p99 = grid[f"ramp_{way}_p99_w_per_s"]
+        rows.append((f"ramp {way}, p99 {ramp}", "W/s", p99, limit, None))
+    band = f"{lo:g}-{hi:g} Hz"
+    rows += [
+        (
+            f"oscillation share {band}, worst {window}",
+            "share",
+            grid["oscillation_share_max"],
+            grid.get("oscillation_max_share"),
+            grid.get("s_outside_oscillation"),
+        ),
+        (f"oscillation share {band}, whole replay", "share", grid["oscillation_share"], None, None),
+        (
+            f"oscillation in {band}, RMS, worst {window}",
+            "W",
+            grid["oscillation_band_rms_max_w"],
+            grid.get("oscillation_min_rms_w") or None,
+            None,
+        ),
+        (f"peak-to-peak, worst {window}", "W", grid["peak_to_peak_max_w"], None, None),
+    ]
+    if "floor_energy_kwh" in grid:
+        if grid["floor_source"] == "burnt by smoothing":
+            floor = "floors and ramp-downs (smoothing, burnt)"
+        else:
+            floor = f"floor at {grid['floor_fraction']:g} of the recent peak (if held)"
+        rows.append((f"energy holding the {floor}", "kWh", grid["floor_energy_kwh"], None, None))
+        rows.append(
+            (
+                f"energy holding the {floor}",
+                "share of jobs' energy",
+                grid["floor_energy_share_of_jobs"],
+                None,
+                None,
+            )
+        )
+    return pd.DataFrame(rows, columns=["what", "unit", "value", "limit", "s_outside"])

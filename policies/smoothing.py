@@ -47,10 +47,13 @@ at the step of the series, so a phase shorter than one step is averaged in it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from policies.capping import PolicySettings
 
 DEFAULT_MARGIN = 0.9  # of the site's ramp limit given to the GPUs; the rest for noise and hosts
 
@@ -177,3 +180,14 @@ def gpu_profile_values(
         or (math.isfinite(ramps.down_w_per_s) and down < ramps.down_w_per_s)
     )
     return ProfileValues(floor, up, down, ramps.hysteresis_s * 1000.0, clamped)
+
+
+def grid_policy(policy: PolicySettings) -> PolicySettings:
+    """The policy under grid smoothing: hand watts back within the caps (a draw that follows
+    its caps slowly would climb into capping and be cut at once); stage a starting job's caps
+    just above its draw (a start then rises within the site ramp, not in one jump to the
+    staged start cap); and no clock lock in communication: smoothing holds the draw up
+    through a wait anyway, so a lock saves nothing and deepens the dip the GPUs must hold."""
+    return dataclasses.replace(
+        policy, uncap_within_caps=True, startup_cap_fraction=0.0, comm_clock_lock=False
+    )

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from planner.commands.options import placed_inputs, speed_options
 from planner.output import emit, format_option
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 HELP = """Replay profiles through the controller's own policy at the budgets of BUDGETS.
 
@@ -108,7 +104,13 @@ def command(
     from planner.commands.size import load_inputs
     from planner.errors import ProfileError
     from planner.output import column_mapping
-    from planner.whatif import WhatifSettings, power_law_speed, replay, sweep_speed
+    from planner.whatif import (
+        WhatifSettings,
+        grid_table,
+        power_law_speed,
+        replay,
+        sweep_speed,
+    )
 
     inputs = load_inputs(
         budgets, profiles, mix_path, step_s, column_mapping(column_pairs), workload
@@ -156,64 +158,3 @@ def command(
         emit(
             {"nodes": result.nodes, "levels": result.levels, "jobs": result.jobs}, fmt, extra=extra
         )
-
-
-def grid_table(grid: dict[str, object]) -> pd.DataFrame:
-    """``info["grid"]`` (powerd.topology.grid.grid_report) as rows: what, unit, value, limit,
-    seconds outside it."""
-    import pandas as pd
-
-    edges = grid["oscillation_band_seen_hz"] or grid["oscillation_band_hz"]
-    assert isinstance(edges, list)
-    lo, hi = edges
-    window = f"{grid['oscillation_window_s']:g} s"
-    ramp = f"over {grid['ramp_window_s']:g} s"
-    rows: list[tuple[str, str, object, object, object]] = []
-    for way in ("up", "down"):
-        limit = grid.get(f"ramp_{way}_limit_w_per_s")
-        rows.append(
-            (
-                f"ramp {way}, max {ramp}",
-                "W/s",
-                grid[f"ramp_{way}_max_w_per_s"],
-                limit,
-                grid.get(f"s_outside_ramp_{way}"),
-            )
-        )
-        p99 = grid[f"ramp_{way}_p99_w_per_s"]
-        rows.append((f"ramp {way}, p99 {ramp}", "W/s", p99, limit, None))
-    band = f"{lo:g}-{hi:g} Hz"
-    rows += [
-        (
-            f"oscillation share {band}, worst {window}",
-            "share",
-            grid["oscillation_share_max"],
-            grid.get("oscillation_max_share"),
-            grid.get("s_outside_oscillation"),
-        ),
-        (f"oscillation share {band}, whole replay", "share", grid["oscillation_share"], None, None),
-        (
-            f"oscillation in {band}, RMS, worst {window}",
-            "W",
-            grid["oscillation_band_rms_max_w"],
-            grid.get("oscillation_min_rms_w") or None,
-            None,
-        ),
-        (f"peak-to-peak, worst {window}", "W", grid["peak_to_peak_max_w"], None, None),
-    ]
-    if "floor_energy_kwh" in grid:
-        if grid["floor_source"] == "burnt by smoothing":
-            floor = "floors and ramp-downs (smoothing, burnt)"
-        else:
-            floor = f"floor at {grid['floor_fraction']:g} of the recent peak (if held)"
-        rows.append((f"energy holding the {floor}", "kWh", grid["floor_energy_kwh"], None, None))
-        rows.append(
-            (
-                f"energy holding the {floor}",
-                "share of jobs' energy",
-                grid["floor_energy_share_of_jobs"],
-                None,
-                None,
-            )
-        )
-    return pd.DataFrame(rows, columns=["what", "unit", "value", "limit", "s_outside"])

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import PolicySettings
+from policies.smoothing import grid_policy
 from powerd.configfile import (
     BROKER_KEYS,
     ConfigError,
@@ -165,17 +166,6 @@ class ControllerConfig:
 
     def with_overrides(self, **overrides: Any) -> ControllerConfig:
         return with_overrides(self, overrides, validate)
-
-
-def grid_policy(policy: PolicySettings) -> PolicySettings:
-    """The policy under grid smoothing: hand watts back within the caps (a draw that follows
-    its caps slowly would climb into capping and be cut at once); stage a starting job's caps
-    just above its draw (a start then rises within the site ramp, not in one jump to the
-    staged start cap); and no clock lock in communication: smoothing holds the draw up
-    through a wait anyway, so a lock saves nothing and deepens the dip the GPUs must hold."""
-    return dataclasses.replace(
-        policy, uncap_within_caps=True, startup_cap_fraction=0.0, comm_clock_lock=False
-    )
 
 
 def _policy_keys() -> set[str]:

@@ -18,6 +18,7 @@ from planner.output import cell_text
 from planner.profiles import read_profiles
 from planner.report_doc import Document, to_html, to_markdown
 from planner.sizing import SizingSettings, size, traces_from_profiles
+from planner.whatif import WhatifSettings, replay
 from powerd.topology import load_budgets
 from tests.planner.test_planner_whatif import square_wave_frames
 from tests.support.paths import REPO
@@ -69,6 +70,15 @@ def md_table(text: str, caption: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=header)
 
 
+def md_table_after(text: str, heading: str) -> pd.DataFrame:
+    """The first pipe table under ``## heading``."""
+    section = text.split(f"\n## {heading}\n", 1)[1]
+    block = section[section.index("\n|") + 1 :].split("\n\n", 1)[0].splitlines()
+    header = [c.strip() for c in block[0].strip("|").split("|")]
+    rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in block[2:]]
+    return pd.DataFrame(rows, columns=header)
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_inputs(tmp_path_factory.mktemp("report-inputs"))
@@ -115,6 +125,17 @@ def test_markdown_report_has_every_plot_and_the_sizing_numbers(
             assert row.sized_budget_w == cell_text(float(node["budget_w"]))
             assert row.budget_w == cell_text(float(top.budget_w[top.node_index(row.name)]))
     assert site["budget_w"].iat[0] == "180,000"  # the file's budget, not the sized one
+
+    # the site as the grid sees it: the same measurement as `powerplan whatif` on this replay
+    assert "\n## The site as the grid sees it\n" in text
+    assert "ramp +20 kW/s, -20 kW/s over 1 s" in text  # demo.toml's [site.grid]
+    whatif = replay(top, placement, traces, WhatifSettings(duration_s=60.0))
+    grid = whatif.info["grid"]
+    table = md_table_after(text, "The site as the grid sees it")
+    up = table[table["what"] == "ramp up, max over 1 s"].iloc[0]
+    assert up["value"] == cell_text(grid["ramp_up_max_w_per_s"])
+    assert up["limit"] == cell_text(20_000.0)
+    assert up["s_outside"] == cell_text(grid["s_outside_ramp_up"])
 
 
 def test_cap_curve_summary_is_the_brute_force_optimum_of_the_sweep(
