@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -666,19 +667,7 @@ M = TypeVar(
 
 _ENCODER = msgspec.json.Encoder()
 _DECODERS: dict[type, msgspec.json.Decoder[Any]] = {
-    cls: msgspec.json.Decoder(cls)
-    for cls in (
-        Telemetry,
-        Command,
-        Ack,
-        Status,
-        PhaseEvent,
-        Heartbeat,
-        Summary,
-        Grant,
-        SiteLimit,
-        FillRequest,
-    )
+    cls: msgspec.json.Decoder(cls) for cls in typing.get_args(Message)
 }
 _NAME_FIELD: dict[type, str] = {
     Telemetry: "node",

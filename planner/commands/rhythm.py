@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -27,6 +29,41 @@ Example: two jobs of the 150 MW site moving together, under grid smoothing
 """
 
 
+# the schedule's options: (Rhythm field, help, whether 0 is refused); defaults from Rhythm
+SCHEDULE = (
+    ("idle_s", "Idle before the job starts.", False),
+    ("startup_s", "Starting (loading data, compiling).", True),
+    ("run_s", "Training, checkpoint pauses included.", True),
+    ("period_s", "One communication wait every this many seconds.", True),
+    ("comm_s", "How long each communication wait lasts (exposed communication).", False),
+    ("checkpoint_s", "How long each checkpoint pauses the job.", False),
+    ("tail_s", "Stopped, after the run (to see the ramp down).", False),
+    ("step_s", "One sample per GPU every this many seconds.", True),
+)
+
+
+def schedule_options(f: Callable[..., None]) -> Callable[..., None]:
+    """A --NAME-s option per SCHEDULE entry, its default the Rhythm field's."""
+    from planner.rhythm import Rhythm
+
+    defaults = {f.name: f.default for f in dataclasses.fields(Rhythm)}
+    for name, text, positive in reversed(SCHEDULE):
+        f = click.option(
+            "--" + name.replace("_", "-"),
+            type=click.FloatRange(min=0, min_open=positive),
+            default=defaults[name],
+            show_default=True,
+            help=text,
+        )(f)
+    return click.option(
+        "--checkpoints",
+        type=click.IntRange(min=0),
+        default=defaults["checkpoints"],
+        show_default=True,
+        help="Checkpoint pauses, evenly spread in the run.",
+    )(f)
+
+
 @click.command(help=HELP)
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--workload", default="rhythm", show_default=True, help="The workload's name.")
@@ -44,69 +81,7 @@ Example: two jobs of the 150 MW site moving together, under grid smoothing
     show_default=True,
     help="GPUs in the profile (one node).",
 )
-@click.option(
-    "--idle-s",
-    type=click.FloatRange(min=0),
-    default=10.0,
-    show_default=True,
-    help="Idle before the job starts.",
-)
-@click.option(
-    "--startup-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=20.0,
-    show_default=True,
-    help="Starting (loading data, compiling).",
-)
-@click.option(
-    "--run-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=600.0,
-    show_default=True,
-    help="Training, checkpoint pauses included.",
-)
-@click.option(
-    "--period-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    help="One communication wait every this many seconds.",
-)
-@click.option(
-    "--comm-s",
-    type=click.FloatRange(min=0),
-    default=0.5,
-    show_default=True,
-    help="How long each communication wait lasts (exposed communication).",
-)
-@click.option(
-    "--checkpoints",
-    type=click.IntRange(min=0),
-    default=1,
-    show_default=True,
-    help="Checkpoint pauses, evenly spread in the run.",
-)
-@click.option(
-    "--checkpoint-s",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="How long each checkpoint pauses the job.",
-)
-@click.option(
-    "--tail-s",
-    type=click.FloatRange(min=0),
-    default=120.0,
-    show_default=True,
-    help="Stopped, after the run (to see the ramp down).",
-)
-@click.option(
-    "--step-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=0.5,
-    show_default=True,
-    help="One sample per GPU every this many seconds.",
-)
+@schedule_options
 def command(out: Path, workload: str, gpus: int, **schedule: float) -> None:
     from planner.rhythm import Rhythm, rhythm_profile
 
