@@ -155,8 +155,10 @@ class GpuSmoothingState(_Payload):
     enabled: bool
     preset: SmoothingPreset
     floor_percent: Percent
-    # optional addition to v1: who carries it out; absent: the GPU ("hardware")
-    mechanism: Literal["hardware", "software"] | None = None
+    # optional addition to v1: who carries it out ("software": the jobs, told by the agent);
+    # absent: the GPU. Open-ended, so that a later mechanism does not void older readers'
+    # telemetry; a reader takes what it does not know as hardware.
+    mechanism: Annotated[str, Meta(max_length=32)] | None = None
 
 
 class GpuSmoothing(_Payload):

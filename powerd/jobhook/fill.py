@@ -20,7 +20,11 @@ tells it when it waits and works, because only the job knows:
 
 The target of a GPU: working, its floor; waiting since ``t_w`` (or stopping),
 ``max(floor, P - ramp_down × max(0, t - t_w - hysteresis))`` with ``P`` the
-draw last sampled while it worked (no floor once stopping). The callback,
+draw last sampled while it worked (no floor once stopping). When no request has
+come for ``stale_after_s`` (the agent stopped, switched smoothing off or lost
+the broker), the follower acts as if the job were stopping from then on: it
+lets the draw fall at the last rate, without the floor, rather than fill for
+ever on an order nobody repeats. The callback,
 ``on_fill(node, {gpu index: watts})``, is called at every sample, at every
 change of state, and every ``refresh_s`` while the job waits or stops (the
 target falls with time, between the agent's samples too).
@@ -80,10 +84,15 @@ class FillFollower:
         settings: BrokerSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         refresh_s: float = 0.1,
+        stale_after_s: float = 10.0,
     ) -> None:
         if not refresh_s > 0:
             raise ValueError(f"refresh_s must be > 0, not {refresh_s}")
+        if not stale_after_s > 0:
+            raise ValueError(f"stale_after_s must be > 0, not {stale_after_s}")
         self.refresh_s = refresh_s
+        self.stale_after_s = stale_after_s
+        self._last_request_s: float | None = None
         topics = Topics(check_name(cluster, "cluster"))
         self.nodes = [check_name(n, "node") for n in nodes]
         if not self.nodes:
@@ -177,7 +186,7 @@ class FillFollower:
                 self._cond.wait(self.refresh_s)
                 if self._closed:
                     return
-                if self._state == "working":
+                if self._state == "working" and not self._stale(self._clock()):
                     continue
                 now = self._clock()
                 calls = [(n, self._targets(n, now)) for n in self.nodes if self._gpus[n]]
@@ -196,15 +205,24 @@ class FillFollower:
             self._call(node, targets)
 
     def _targets(self, node: str, now: float) -> dict[int, float]:
+        state, since = self._state, self._since
+        if self._stale(now):  # nobody repeats the order: fall as if stopping, no floor
+            if state == "working" and self._last_request_s is not None:
+                since = self._last_request_s + self.stale_after_s
+            state = "stopping"
         out = {}
         for index, g in self._gpus[node].items():
-            if self._state == "working":
+            if state == "working":
                 out[index] = g.floor_w
                 continue
-            falling_s = max(0.0, now - self._since - g.hysteresis_s)
+            falling_s = max(0.0, now - since - g.hysteresis_s)
             held = max(0.0, g.worked_w - g.rate_w_per_s * falling_s)
-            out[index] = held if self._state == "stopping" else max(held, g.floor_w)
+            out[index] = held if state == "stopping" else max(held, g.floor_w)
         return out
+
+    def _stale(self, now: float) -> bool:
+        last = self._last_request_s
+        return last is not None and now - last > self.stale_after_s
 
     def _call(self, node: str, targets: dict[int, float]) -> None:
         try:
@@ -237,6 +255,7 @@ class FillFollower:
             return
         with self._cond:
             self.received += 1
+            self._last_request_s = self._clock()
             gpus = self._gpus[node]
             for f in request.gpus:
                 g = gpus.get(f.index)

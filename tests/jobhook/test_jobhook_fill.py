@@ -54,7 +54,9 @@ def request(seq: int, power_w: float, floor_w: float = 100.0) -> bytes:
 def follower(mosquitto) -> Iterator[tuple[FillFollower, Calls, ManualClock]]:
     clock = ManualClock(100.0)
     calls = Calls()
-    made = FillFollower(mosquitto.url, [NODE], calls, clock=clock.monotonic, refresh_s=0.05)
+    made = FillFollower(
+        mosquitto.url, [NODE], calls, clock=clock.monotonic, refresh_s=0.05, stale_after_s=1e6
+    )
     made.start()
     assert made.wait_subscribed(10.0)
     yield made, calls, clock
@@ -134,3 +136,26 @@ def test_arguments_are_checked():
         FillFollower("mqtt://localhost", [], lambda n, t: None)
     with pytest.raises(ValueError, match="refresh_s"):
         FillFollower("mqtt://localhost", [NODE], lambda n, t: None, refresh_s=0.0)
+
+
+async def test_without_requests_it_falls_as_if_stopping(mosquitto):
+    """The agent stopped (or switched smoothing off): no one repeats the order, so after
+    stale_after_s the follower lets the draw fall at the last rate, without the floor."""
+    clock = ManualClock(100.0)
+    calls = Calls()
+    fill = FillFollower(mosquitto.url, [NODE], calls, clock=clock.monotonic, stale_after_s=5.0)
+    fill.start()
+    try:
+        assert fill.wait_subscribed(10.0)
+        async with MqttProbe(mosquitto.port, []) as agent:
+            await agent.publish(TOPIC, request(1, 600.0, floor_w=300.0), qos=0)
+            calls.received(fill, 1)
+        assert fill.targets(NODE) == {0: 300.0, 1: 300.0}  # working: the floor
+        clock.advance(5.0)
+        assert fill.targets(NODE) == {0: 300.0, 1: 300.0}  # not stale yet
+        clock.advance(1.0 + 2.0)  # stale for 3 s: 1 s hysteresis, then 2 s at 50 W/s
+        assert fill.targets(NODE) == {0: 500.0, 1: 501.0}
+        clock.advance(20.0)
+        assert fill.targets(NODE) == {0: 0.0, 1: 0.0}  # no floor: down to nothing
+    finally:
+        fill.close()
