@@ -264,6 +264,27 @@ GPU = Measurement(
         Field("temp_c", FLOAT, "°C", "GPU temperature"),
         Field("capped", INT, "0/1", "1 when cap_w is below cap_max_w"),
         Field("seq", INT, "count", "telemetry sequence number of the node (gaps: lost samples)"),
+        Field(
+            "smoothing_enabled",
+            INT,
+            "0/1",
+            "1 when the GPU's power smoothing (grid smoothing) is switched on; absent where"
+            " the GPU reports no smoothing state",
+        ),
+        Field(
+            "smoothing_software",
+            INT,
+            "0/1",
+            "1 when the job carries the smoothing out (software), 0 when the GPU does"
+            " (hardware); absent where the GPU reports no smoothing state",
+        ),
+        Field(
+            "smoothing_floor_pct",
+            FLOAT,
+            "%",
+            "the smoothing's power floor, percent of the enforced cap; absent where the GPU"
+            " reports no smoothing state",
+        ),
     ),
 )
 
@@ -319,6 +340,27 @@ DECISION = Measurement(
         Field("epoch", INT, "count", "controller epoch (grows at every failover)"),
         Field("gpus_capped", INT, "count", "GPUs with cap < cap_max after the cycle"),
         Field("site_ramp_w_per_s", FLOAT, "W/s", "rate of change of the site's cap sum"),
+        Field(
+            "site_power_ramp_w_per_s",
+            FLOAT,
+            "W/s",
+            "rate of change of the site's measured power over the cycle (its change since the"
+            " last cycle, over the cycle's length); absent on a controller's first cycle",
+        ),
+        Field(
+            "grid_ramp_up_w_per_s",
+            FLOAT,
+            "W/s",
+            "the grid's limit on the measured site power's rise ([site.grid], over its"
+            " window_s); absent: no grid spec, or no limit on rises",
+        ),
+        Field(
+            "grid_ramp_down_w_per_s",
+            FLOAT,
+            "W/s",
+            "the grid's limit on the measured site power's fall, a positive number"
+            " ([site.grid], over its window_s); absent: no grid spec, or no limit on falls",
+        ),
         Field(
             "site_limit_w",
             FLOAT,
@@ -420,6 +462,9 @@ _GPU_FAST_FIELDS = (
     ("temp_c", FLOAT),
     ("capped", INT),
     ("seq", INT),
+    ("smoothing_enabled", INT),
+    ("smoothing_software", INT),
+    ("smoothing_floor_pct", FLOAT),
 )
 # The fast path writes these fields with these types; the schema must agree.
 assert all(GPU.field_type(name) == kind for name, kind in _GPU_FAST_FIELDS)
@@ -459,6 +504,18 @@ def _fast_gpu_line(
     total = p + cap + low + high + util + temp + (0.0 if energy is None else energy)
     if total - total != 0.0:  # a NaN or an infinity somewhere (or an overflowing sum)
         return None
+    smoothing = g.smoothing
+    if smoothing is None:
+        smoothing_part = ""
+    else:
+        on, floor = smoothing.enabled, smoothing.floor_percent
+        if not (on.__class__ is bool and floor.__class__ is float and floor - floor == 0.0):
+            return None
+        software = int(smoothing.mechanism == "software")
+        smoothing_part = (
+            f",smoothing_enabled={int(on)}i,smoothing_software={software}i,"
+            f"smoothing_floor_pct={floor!r}"
+        )
     key = (cluster, site, row, rack, telemetry.node, g.index, job, phase, telemetry.mode)
     prefix = _GPU_PREFIXES.get(key)
     if prefix is None:
@@ -482,7 +539,7 @@ def _fast_gpu_line(
     return (
         f"{prefix} power_w={p!r}{energy_part},cap_w={cap!r},cap_min_w={low!r},"
         f"cap_max_w={high!r},sm_clock_mhz={float(clock)!r}{lock_part},util_pct={util!r},"
-        f"temp_c={temp!r},capped={int(cap < high)}i,seq={seq}i {ns}"
+        f"temp_c={temp!r},capped={int(cap < high)}i,seq={seq}i{smoothing_part} {ns}"
     )
 
 
@@ -499,7 +556,8 @@ def telemetry_lines(
     """``gpu`` points for every GPU of one decoded telemetry message.
 
     The placement (site, row, rack) and the job and phase running on the node
-    come from the controller; the rest from the message.
+    come from the controller; the rest from the message (the ``smoothing_*``
+    fields only where a GPU reports its power smoothing state).
 
     The controller's recorder calls this for every node every ``fine_every_s``
     (8,300 points a second on the 150 MW site), so the common case is written
@@ -516,6 +574,7 @@ def telemetry_lines(
         if line is not None:
             lines.append(line)
             continue
+        smoothing = g.smoothing
         line = gpu_line(
             telemetry.ts,
             cluster=cluster,
@@ -538,6 +597,9 @@ def telemetry_lines(
             temp_c=g.temp_c,
             capped=g.cap_w < g.cap_max_w,
             seq=telemetry.seq,
+            smoothing_enabled=None if smoothing is None else smoothing.enabled,
+            smoothing_software=None if smoothing is None else smoothing.mechanism == "software",
+            smoothing_floor_pct=None if smoothing is None else smoothing.floor_percent,
         )
         if line is not None:
             lines.append(line)

@@ -10,6 +10,12 @@ staggered across nodes (each node's offset comes from a hash of its name): a
 tenth of the nodes each second at 10 s, never all of them in the same second.
 Unstaggered, 82,944 ``gpu`` points built in one burst every 10 s stalled the
 150 MW site's controller for ~2 s (bench/RESULTS.md, scale).
+
+The ``decision`` point carries two site ramps, each a change since the last
+cycle over the cycle's length: of the sum of caps (``site_ramp_w_per_s``) and of
+the measured site power (``site_power_ramp_w_per_s``), beside the grid's limits
+on the latter (``[site.grid]``): measured over one cycle, not over the grid
+spec's ``window_s`` (``policies.grid`` measures that, offline).
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ def stagger_s(name: str, period_s: float) -> float:
 
 
 class Records:
-    """Builds the points of one controller; keeps what a rate needs (the previous cap sum)."""
+    """Builds the points of one controller; keeps what a rate needs (the previous cap sum
+    and site power)."""
 
     def __init__(
         self, cluster: str, topology: Topology, controller: str, fine_every_s: float = 0.0
@@ -67,6 +74,7 @@ class Records:
         self._level_tag = [LEVEL_NAMES[int(lvl)] for lvl in topology.level]
         self._gpus_under: np.ndarray | None = None
         self._previous_site_cap_w: float | None = None
+        self._previous_site_power_w: float | None = None
 
     def cycle(self, core: ControllerCore, result: CycleResult, ts: float) -> list[str]:
         """One ``tree`` point per tree node and one ``decision`` point."""
@@ -112,11 +120,15 @@ class Records:
             )
             if line is not None:
                 lines.append(line)
-        site_cap_w = float(cap_sum_w[0])
-        ramp = None
-        if self._previous_site_cap_w is not None and core.last_dt_s > 0:
-            ramp = (site_cap_w - self._previous_site_cap_w) / core.last_dt_s
-        self._previous_site_cap_w = site_cap_w
+        site_cap_w, site_power_w = float(cap_sum_w[0]), float(power[0])
+        ramp = power_ramp = None
+        if core.last_dt_s > 0:
+            if self._previous_site_cap_w is not None:
+                ramp = (site_cap_w - self._previous_site_cap_w) / core.last_dt_s
+            if self._previous_site_power_w is not None:
+                power_ramp = (site_power_w - self._previous_site_power_w) / core.last_dt_s
+        self._previous_site_cap_w, self._previous_site_power_w = site_cap_w, site_power_w
+        grid = self.topology.grid  # each cycle: a reload that sets .topology shows at once
         c = result.counters
         line = decision_line(
             ts,
@@ -135,6 +147,10 @@ class Records:
             epoch=core.epoch,
             gpus_capped=int(np.sum(capped)),
             site_ramp_w_per_s=ramp,
+            site_power_ramp_w_per_s=power_ramp,
+            # inf (no limit) is left out, as every non-finite field
+            grid_ramp_up_w_per_s=None if grid is None else grid.ramp_up_w_per_s,
+            grid_ramp_down_w_per_s=None if grid is None else grid.ramp_down_w_per_s,
             site_limit_w=core.site_limit_w,
             telemetry_received=c.telemetry_received,
             telemetry_dropped=c.telemetry_dropped,

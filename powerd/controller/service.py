@@ -469,6 +469,8 @@ class ControllerService:
             return why
         lines = changes(self.topology, new)
         self.topology = new
+        if self.records is not None:  # the grid limits it records come from the topology
+            self.records.topology = new
         if self.leaf is not None:  # its file budget may have changed; a live grant stays
             self.leaf = self.leaf.rebased(new)
             self.core.tree = self.leaf.tree_for(self._monotonic())

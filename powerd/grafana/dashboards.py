@@ -26,6 +26,7 @@ from powerd.grafana.build import (
 from powerd.telemetry_schema import DECISION, GPU, PHASE_EVENT, TREE
 
 W, MW_PER_S = "watt", "suffix:MW/s"
+W_PER_S = "si:W/s"  # SI prefixes as the value needs: 20 kW/s, 1.5 MW/s
 
 
 def _cluster_variable() -> dict:
@@ -166,6 +167,91 @@ def site_overview() -> dict:
             w=8,
             unit=MW_PER_S,
         ),
+        row_panel("Grid"),
+        Panel(
+            "timeseries",
+            "Site ramp against the grid",
+            "How fast the site's measured power rose and fell (the fastest rise and the"
+            " fastest fall in each interval) against the grid's ramp limits ([site.grid]:"
+            " +ramp up, -ramp down), beside the ramp of the sum of the caps the controller"
+            " set. Measured per controller cycle: the change of the site's power since the"
+            " last cycle over the cycle's length, a cycle-long window, not the contract's"
+            " window_s (powerplan whatif and the demo's summary measure that); a one-cycle"
+            " swing can cross a line the contract's window averages out. The limits are"
+            " absent without a grid spec. The energy grid smoothing burns holding the GPUs'"
+            " floors cannot be measured online: only the simulator and the planner know what"
+            " a GPU would draw without its busy work; see `powerd demo --smoothing` and"
+            " `powerplan whatif --smoothing`.",
+            [
+                target(
+                    Query(
+                        DECISION,
+                        (
+                            ("max({site_power_ramp_w_per_s})", "measured, fastest rise"),
+                            ("min({site_power_ramp_w_per_s})", "measured, fastest fall"),
+                            ("mean({site_ramp_w_per_s})", "sum of caps"),
+                        ),
+                    ),
+                    "A",
+                    alias="$col",
+                ),
+                target(
+                    Query(
+                        DECISION,
+                        (
+                            ("mean({grid_ramp_up_w_per_s})", "grid ramp-up limit"),
+                            ("mean({grid_ramp_down_w_per_s}) * -1", "grid ramp-down limit"),
+                        ),
+                    ),
+                    "B",
+                    alias="$col",
+                ),
+            ],
+            w=16,
+            unit=W_PER_S,
+        ),
+        Panel(
+            "timeseries",
+            "GPUs under grid smoothing",
+            "GPUs with power smoothing switched on (the grid smoothing the controller asks"
+            " for, controller.grid_smoothing): in hardware (the GPU ramps and holds its floor)"
+            " or in software (GPUs without it: the job keeps them busy while it waits), by"
+            " each GPU's last sample in the interval. With recorder.fine_every_s a GPU's"
+            " points come once per window: set the panel's min interval to at least that.",
+            [
+                target(
+                    subquery(
+                        "sum",
+                        Query(
+                            GPU,
+                            (("last({smoothing_enabled})", "gpus"),),
+                            ("{smoothing_software} = 0",),
+                            ("node", "gpu"),
+                        ),
+                        "gpus",
+                    ),
+                    "A",
+                    alias="hardware",
+                ),
+                target(
+                    subquery(
+                        "sum",
+                        Query(
+                            GPU,
+                            (("last({smoothing_enabled})", "gpus"),),
+                            ("{smoothing_software} = 1",),
+                            ("node", "gpu"),
+                        ),
+                        "gpus",
+                    ),
+                    "B",
+                    alias="software",
+                ),
+            ],
+            w=8,
+            unit="short",
+            min=0,
+        ),
         row_panel("Every level"),
         Panel(
             "timeseries",
@@ -252,8 +338,9 @@ def site_overview() -> dict:
     return dashboard(
         "powerd-site",
         "powerd: site overview",
-        "The site against its budget and limit at every level, its ramp rate, capping and"
-        " nodes the controller cannot steer.",
+        "The site against its budget and limit at every level, its ramp rate against the"
+        " grid's limits, GPUs under grid smoothing, capping and nodes the controller cannot"
+        " steer.",
         panels,
         [datasource_variable(), _cluster_variable()],
         [_phase_annotation()],

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
+import msgspec
 import pytest
 
 from policies.tree import RACK, ROW, SITE
 from powerd.controller.records import Records, by_level_name
-from powerd.protocol import PhaseEvent, decode
+from powerd.protocol import GpuSmoothingState, PhaseEvent, decode
 from powerd.telemetry_schema import DECISION, GPU, PHASE_EVENT, TREE, ParsedLine, parse_line, to_ns
+from powerd.topology.grid import GridSpec
 from tests.controller.test_controller_core import (
     CAP_MAX_W,
     NODES,
@@ -161,6 +164,53 @@ def test_site_ramp_is_the_change_of_the_site_cap_sum_per_second(
     )
 
 
+def decision_of(points: list[ParsedLine]) -> ParsedLine:
+    (decision,) = [p for p in points if p.measurement == "decision"]
+    return decision
+
+
+def test_site_power_ramp_is_the_change_of_the_measured_site_power_per_second(
+    bench: Bench, records: Records
+) -> None:
+    bench.report_all(650.0)  # 10 GPUs at 650 W, and rack k1's 100 W overhead
+    first = decision_of(parsed(records.cycle(bench.core, bench.cycle(), TS)))
+    assert "site_power_ramp_w_per_s" not in first.fields  # nothing to compare with yet
+    bench.report_all(100.0)  # the load goes
+    points = parsed(records.cycle(bench.core, bench.cycle(advance_s=2.0), TS + 2))
+    site = next(p.fields for p in points if p.tags.get("level") == "site")
+    assert site["power_w"] == 10 * 100.0 + 100.0
+    # by hand: (1,100 W - 6,600 W) / 2 s; the caps' ramp is another number
+    ramp = decision_of(points).fields
+    assert ramp["site_power_ramp_w_per_s"] == (1_100.0 - 6_600.0) / 2.0 == -2_750.0
+    assert ramp["site_ramp_w_per_s"] != ramp["site_power_ramp_w_per_s"]
+    bench.report_all(400.0)
+    third = decision_of(parsed(records.cycle(bench.core, bench.cycle(advance_s=0.5), TS + 2.5)))
+    assert third.fields["site_power_ramp_w_per_s"] == (4_100.0 - 1_100.0) / 0.5
+
+
+def test_grid_limits_are_on_the_decision_point_only_with_a_grid_spec(bench: Bench) -> None:
+    bench.report_all(650.0)
+    result = bench.cycle()
+    assert bench.topology.grid is None
+    plain = decision_of(
+        parsed(Records("prod", bench.topology, "ctl-a").cycle(bench.core, result, TS))
+    )
+    assert not {"grid_ramp_up_w_per_s", "grid_ramp_down_w_per_s"} & set(plain.fields)
+
+    def with_grid(grid: GridSpec) -> dict:
+        topology = dataclasses.replace(bench.topology, grid=grid)
+        lines = Records("prod", topology, "ctl-a").cycle(bench.core, result, TS)
+        return decision_of(parsed(lines)).fields
+
+    both = with_grid(GridSpec(ramp_up_w_per_s=20_000.0, ramp_down_w_per_s=35_000.0, window_s=5.0))
+    assert (both["grid_ramp_up_w_per_s"], both["grid_ramp_down_w_per_s"]) == (20_000.0, 35_000.0)
+    up_only = with_grid(GridSpec(ramp_up_w_per_s=20_000.0))  # ramp down: inf, no limit
+    assert up_only["grid_ramp_up_w_per_s"] == 20_000.0
+    assert "grid_ramp_down_w_per_s" not in up_only
+    neither = with_grid(GridSpec(floor_fraction=0.5))  # a grid spec without ramp limits
+    assert not {"grid_ramp_up_w_per_s", "grid_ramp_down_w_per_s"} & set(neither)
+
+
 # --- telemetry and phases --------------------------------------------------------------
 
 
@@ -199,6 +249,37 @@ def test_telemetry_of_a_node_without_a_job_has_no_job_tags(bench: Bench, records
         assert "job" not in p.tags and "phase" not in p.tags
         assert (p.tags["rack"], p.tags["row"], p.tags["mode"]) == ("k1", "r1", "failsafe")
         assert "max_sm_clock_mhz" not in p.fields  # not locked: left out, not 0
+
+
+def test_telemetry_points_carry_the_gpus_smoothing_state(bench: Bench, records: Records) -> None:
+    sample = bench.report("k3-n1", [610.0, 590.0])
+    assert sample is not None
+    states = [
+        GpuSmoothingState(enabled=True, preset=1, floor_percent=62.5),  # hardware
+        GpuSmoothingState(enabled=True, preset=0, floor_percent=40.0, mechanism="software"),
+    ]
+    sample.gpus = [
+        msgspec.structs.replace(g, smoothing=s) for g, s in zip(sample.gpus, states, strict=True)
+    ]
+    hardware, software = (p.fields for p in parsed(records.telemetry(bench.core, sample)))
+    assert (hardware["smoothing_enabled"], hardware["smoothing_software"]) == (1, 0)
+    assert hardware["smoothing_floor_pct"] == 62.5
+    assert (software["smoothing_enabled"], software["smoothing_software"]) == (1, 1)
+    assert software["smoothing_floor_pct"] == 40.0
+    off = GpuSmoothingState(enabled=False, preset=0, floor_percent=0.0, mechanism="hardware")
+    sample.gpus = [msgspec.structs.replace(g, smoothing=off) for g in sample.gpus]
+    for p in parsed(records.telemetry(bench.core, sample)):
+        assert (p.fields["smoothing_enabled"], p.fields["smoothing_software"]) == (0, 0)
+        assert p.fields["smoothing_floor_pct"] == 0.0  # a zero floor is a value
+
+
+def test_telemetry_without_a_smoothing_state_has_no_smoothing_fields(
+    bench: Bench, records: Records
+) -> None:
+    sample = bench.report("k1-n1", 300.0)
+    assert sample is not None and all(g.smoothing is None for g in sample.gpus)
+    for p in parsed(records.telemetry(bench.core, sample)):
+        assert not [name for name in p.fields if name.startswith("smoothing")], p.fields
 
 
 def test_phase_event_point(records: Records) -> None:

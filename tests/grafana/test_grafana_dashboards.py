@@ -156,3 +156,50 @@ def test_dashboard_provider_points_at_a_directory_of_these_files():
     assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
     readme = (GRAFANA / "README.md").read_text()
     assert provider["options"]["path"] in readme  # the README says where to copy them
+
+
+# --- the grid: the site's ramp against its limits, GPUs under smoothing --------------------
+
+
+def panel(dash: dict, title: str) -> dict:
+    (found,) = [p for p in dash["panels"] if p["title"] == title]
+    return found
+
+
+def test_the_site_ramp_panel_draws_both_ramps_against_the_grids_limits():
+    site = load(GRAFANA / "dashboards" / "site-overview.json")
+    ramp = panel(site, "Site ramp against the grid")
+    assert ramp["type"] == "timeseries"
+    assert ramp["fieldConfig"]["defaults"]["unit"] == "si:W/s"  # W/s, no scaling in a query
+    text = " ".join(t["query"] for t in ramp["targets"])
+    assert all(t["alias"] == "$col" for t in ramp["targets"])  # each series named by its AS
+    assert 'max("site_power_ramp_w_per_s") AS "measured, fastest rise"' in text
+    assert 'min("site_power_ramp_w_per_s") AS "measured, fastest fall"' in text
+    assert 'mean("site_ramp_w_per_s") AS "sum of caps"' in text
+    assert 'mean("grid_ramp_up_w_per_s") AS "grid ramp-up limit"' in text
+    # the ramp-down limit is a positive number: drawn below zero, where the falls are
+    assert 'mean("grid_ramp_down_w_per_s") * -1 AS "grid ramp-down limit"' in text
+    assert all('FROM "decision"' in t["query"] for t in ramp["targets"])
+    description = ramp["description"]
+    for said in (
+        "per controller cycle",
+        "cycle-long window",
+        "window_s",
+        "cannot be measured online",
+        "`powerd demo --smoothing`",
+        "`powerplan whatif --smoothing`",
+    ):
+        assert said in description, said
+
+
+def test_the_smoothing_panel_counts_gpus_switched_on_split_by_mechanism():
+    site = load(GRAFANA / "dashboards" / "site-overview.json")
+    smoothing = panel(site, "GPUs under grid smoothing")
+    by_alias = {t["alias"]: t["query"] for t in smoothing["targets"]}
+    assert set(by_alias) == {"hardware", "software"}
+    for alias, software in (("hardware", 0), ("software", 1)):
+        query = by_alias[alias]
+        assert query.startswith('SELECT sum("gpus") AS "gpus" FROM (SELECT last("smoothing_')
+        assert 'last("smoothing_enabled") AS "gpus" FROM "gpu"' in query
+        assert f'"smoothing_software" = {software} AND' in query
+        assert 'GROUP BY time($__interval), "node", "gpu" fill(none)' in query

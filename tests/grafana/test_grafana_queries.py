@@ -3,14 +3,17 @@
 The data: ``powerd demo --record influx1+http://...`` (the real loop: agents on
 simulated GPUs, the controller, two training jobs announcing their phases)
 writes into Debian's InfluxDB through the project's own recorder; then a
-second controller's decisions with the next epoch (a failover) are written
-the same way. Every variable query, panel query and annotation query of
+second controller's decisions with the next epoch (a failover), with site
+ramps chosen here, and telemetry of GPUs under grid smoothing (hardware and
+software, which the demo's simulated H100s do not report) are written the
+same way. Every variable query, panel query and annotation query of
 every dashboard is then expanded as Grafana would expand it
 (tests/support/grafana_queries.py) and run over InfluxQL.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -20,9 +23,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from policies.tree import RACK, ROW
+from powerd.controller.records import by_level_name
 from powerd.grafana.dashboards import DASHBOARDS
+from powerd.protocol import GpuSmoothingState, GpuTelemetry, Telemetry
 from powerd.recorder import open_recorder
-from powerd.telemetry_schema import decision_line
+from powerd.telemetry_schema import decision_line, telemetry_lines
 from powerd.topology import Topology, load_budgets
 from tests.support.grafana_queries import Selection, interpolate
 from tests.support.paths import REPO
@@ -32,6 +38,9 @@ from tests.support.tsdb import InfluxDB1
 ROOT = REPO
 BUDGETS = ROOT / "powerd" / "data" / "budgets" / "demo.toml"
 DB = "powerd"
+# the second controller's cycles: the measured site ramp and the sum of caps' ramp, W/s
+FAILOVER_RAMPS_W_PER_S = ((25_000.0, 1_000.0), (-4_000.0, 0.0), (-32_000.0, -2_000.0))
+GRID_RAMP_W_PER_S = 20_000.0  # demo.toml's [site.grid]: 20 kW/s both ways
 
 
 @dataclass
@@ -41,6 +50,52 @@ class Recorded:
     end_ms: int
     topology: Topology
     demo: dict
+    failover_ms: int  # the second controller's first cycle; the demo's points are before it
+    smoothing: dict[str, int]  # GPUs written here with smoothing on: hardware, software
+
+
+def smoothing_samples(topology: Topology, ts: float, seq: int) -> list[str]:
+    """``gpu`` points of three servers at ``ts``: five GPUs smooth in hardware, three in
+    software, four have smoothing off (two of each kind)."""
+    hardware = GpuSmoothingState(enabled=True, preset=0, floor_percent=60.0)
+    software = GpuSmoothingState(enabled=True, preset=0, floor_percent=45.0, mechanism="software")
+    off_hw = GpuSmoothingState(enabled=False, preset=0, floor_percent=0.0)
+    off_sw = GpuSmoothingState(enabled=False, preset=0, floor_percent=0.0, mechanism="software")
+    states = (
+        [hardware] * 4,
+        [software, software, off_sw, off_sw],
+        [hardware, off_hw, software, off_hw],
+    )
+    lines = []
+    for node, gpus in zip(topology.servers, states, strict=False):
+        sample = Telemetry(
+            v=1,
+            node=node,
+            ts=ts,
+            seq=seq,
+            mode="controlled",
+            gpus=[
+                GpuTelemetry(
+                    index=i,
+                    uuid=f"GPU-{node}-{i}",
+                    power_w=400.0,
+                    energy_j=None,
+                    cap_w=700.0,
+                    cap_min_w=200.0,
+                    cap_max_w=700.0,
+                    sm_clock_mhz=1700,
+                    max_sm_clock_mhz=None,
+                    util_pct=90.0,
+                    temp_c=60.0,
+                    smoothing=state,
+                )
+                for i, state in enumerate(gpus)
+            ],
+        )
+        k = topology.node_index(node)
+        where = {"row": by_level_name(topology, k, ROW), "rack": by_level_name(topology, k, RACK)}
+        lines += telemetry_lines("demo", sample, site=topology.site, **where)
+    return lines
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +120,11 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
         demo = json.loads((work / "demo.json").read_text())
         # a failover: another controller leads with a later epoch (epochs are at least the
         # wall clock in ms at takeover: this one took over now, after the demo's), under an
-        # operator's temporary site limit (demand response; the demo sets none)
+        # operator's temporary site limit (demand response; the demo sets none), while
+        # GPUs of three servers report their smoothing state
         now = time.time()
         epoch = int(now * 1000)
+        topology = load_budgets(BUDGETS)
         with open_recorder(url) as recorder:
             recorder.write(
                 decision_line(
@@ -77,11 +134,25 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
                     epoch=epoch,
                     cycle_s=0.01,
                     site_limit_w=150_000.0,
+                    site_power_ramp_w_per_s=power_ramp,
+                    site_ramp_w_per_s=caps_ramp,
+                    grid_ramp_up_w_per_s=GRID_RAMP_W_PER_S,
+                    grid_ramp_down_w_per_s=GRID_RAMP_W_PER_S,
                 )
-                for i in range(3)
+                for i, (power_ramp, caps_ramp) in enumerate(FAILOVER_RAMPS_W_PER_S)
             )
+            for i in range(3):
+                recorder.write(smoothing_samples(topology, now + i, seq=10_000 + i))
             assert recorder.flush(10.0)
-        yield Recorded(server, start_ms, int((now + 5) * 1000), load_budgets(BUDGETS), demo)
+        yield Recorded(
+            server,
+            start_ms,
+            int((now + 5) * 1000),
+            topology,
+            demo,
+            failover_ms=int(now * 1000),
+            smoothing={"hardware": 5, "software": 3},
+        )
 
 
 def run(recorded: Recorded, query: str) -> list[dict]:
@@ -218,3 +289,95 @@ def test_annotations_mark_phase_changes_and_the_failover(recorded: Recorded):
     )
     assert len(epoch_rows) == 1 and epoch_rows[0][1] > 0  # one interval where the epoch grew
     assert stat_value(recorded, health, "Epoch changes in range", selection) > 0
+
+
+# --- the grid: the site's measured ramp against its limits, GPUs under smoothing -----------
+
+
+def panel_series(
+    recorded: Recorded, dash: dict, title: str, start_ms: int, end_ms: int
+) -> dict[str, dict[int, float]]:
+    """Each of a panel's columns (its series, by alias) as time -> value, all targets."""
+    selection = resolve(recorded, dash)
+    (panel,) = [p for p in dash["panels"] if p["title"] == title]
+    out: dict[str, dict[int, float]] = {}
+    for t in panel["targets"]:
+        found = run(recorded, interpolate(t["query"], selection, start_ms, end_ms))
+        for s in found:
+            columns = s["columns"]
+            for name in columns[1:]:
+                key = t.get("alias", name) if t.get("alias") != "$col" else name
+                values = {row[0]: row[columns.index(name)] for row in s["values"]}
+                out.setdefault(key, {}).update({ts: v for ts, v in values.items() if v is not None})
+    return out
+
+
+def test_the_site_ramp_panel_is_the_demos_measured_power_change_per_cycle(
+    recorded: Recorded,
+):
+    """Over the demo's cycles: each cycle's recorded ramp is the site's recorded power
+    change over the cycle, by hand (p[k] - p[k-1]) / (t[k] - t[k-1]); the panel's fastest
+    rise and fall of each 2 s interval are the largest and smallest of those ramps; the
+    grid's limits are demo.toml's, the ramp down drawn below zero."""
+    dash = DASHBOARDS["site-overview.json"]()
+    end_ms = recorded.failover_ms - 1
+    where = f"\"cluster\" = 'demo' AND time >= {recorded.start_ms}ms AND time <= {end_ms}ms"
+    site = dict(
+        rows(run(recorded, f'SELECT "power_w" FROM "tree" WHERE "level" = \'site\' AND {where}'))
+    )
+    ramps = dict(
+        rows(run(recorded, f'SELECT "site_power_ramp_w_per_s" FROM "decision" WHERE {where}'))
+    )
+    assert len(site) >= 15 and len(ramps) == len(site) - 1  # a cycle a second; not the first
+    changed = 0
+    for (t0, p0), (t1, p1) in itertools.pairwise(sorted(site.items())):
+        # the cycle's length is from the controller's monotonic clock at the cycle's start,
+        # the points' times from its wall clock once the commands went out: tens of ms apart
+        # (under 6 % on an idle machine); a sign, the caps for the power, a factor are not
+        by_hand = (p1 - p0) / ((t1 - t0) / 1e9)
+        assert ramps[t1] == pytest.approx(by_hand, rel=0.25, abs=100.0), (t1, p0, p1)
+        changed += abs(by_hand) > 1_000.0
+    assert min(site) not in ramps and changed >= 3  # the jobs moved the site's power
+    series = panel_series(recorded, dash, "Site ramp against the grid", recorded.start_ms, end_ms)
+    by_interval: dict[int, list[float]] = {}
+    for t, ramp in ramps.items():
+        by_interval.setdefault(t - t % 2_000_000_000, []).append(ramp)  # GROUP BY time(2s)
+    rise, fall = series["measured, fastest rise"], series["measured, fastest fall"]
+    assert rise == {t: max(r) for t, r in by_interval.items()}
+    assert fall == {t: min(r) for t, r in by_interval.items()}
+    assert series["sum of caps"]  # the caps' ramp beside it
+    grid = recorded.topology.grid
+    assert grid is not None
+    assert grid.ramp_up_w_per_s == grid.ramp_down_w_per_s == GRID_RAMP_W_PER_S
+    assert set(series["grid ramp-up limit"].values()) == {GRID_RAMP_W_PER_S}
+    assert set(series["grid ramp-down limit"].values()) == {-GRID_RAMP_W_PER_S}
+    assert set(series["grid ramp-up limit"]) >= set(rise)  # a line across the whole range
+
+
+def test_the_site_ramp_panel_over_cycles_written_by_hand(recorded: Recorded):
+    """The second controller's three cycles: whatever intervals they fall in, the panel's
+    extremes are the ramps written, and the limits are +20 kW/s and -20 kW/s."""
+    dash = DASHBOARDS["site-overview.json"]()
+    series = panel_series(
+        recorded, dash, "Site ramp against the grid", recorded.failover_ms, recorded.end_ms
+    )
+    powers = [p for p, _ in FAILOVER_RAMPS_W_PER_S]
+    assert max(series["measured, fastest rise"].values()) == max(powers) == 25_000.0
+    assert min(series["measured, fastest fall"].values()) == min(powers) == -32_000.0
+    caps = set(series["sum of caps"].values())
+    assert min(caps) >= -2_000.0 and max(caps) <= 1_000.0
+    assert set(series["grid ramp-up limit"].values()) == {20_000.0}
+    assert set(series["grid ramp-down limit"].values()) == {-20_000.0}
+
+
+def test_gpus_under_grid_smoothing_are_counted_hardware_and_software(recorded: Recorded):
+    dash = DASHBOARDS["site-overview.json"]()
+    title = "GPUs under grid smoothing"
+    series = panel_series(recorded, dash, title, recorded.failover_ms, recorded.end_ms)
+    assert set(series) == {"hardware", "software"}
+    for kind, count in recorded.smoothing.items():
+        assert set(series[kind].values()) == {count}, kind  # the GPUs switched off: not counted
+    # over the whole range (the demo's GPUs report no smoothing state): the same counts
+    everything = panel_series(recorded, dash, title, recorded.start_ms, recorded.end_ms)
+    assert max(everything["hardware"].values()) == recorded.smoothing["hardware"]
+    assert max(everything["software"].values()) == recorded.smoothing["software"]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from influxdb_client import Point, WritePrecision
 
-from powerd.protocol import PhaseEvent, Telemetry, decode
+from powerd.protocol import GpuSmoothingState, PhaseEvent, Telemetry, decode
 from powerd.telemetry_schema import (
     DECISION,
     FLOAT,
@@ -112,6 +112,68 @@ def test_telemetry_lines_from_the_protocol_example() -> None:
     assert point.ts_ns == TS_NS
 
 
+def test_telemetry_lines_carry_the_smoothing_state_where_a_gpu_reports_one() -> None:
+    message = decode(Telemetry, EXAMPLES[Telemetry])
+    (gpu,) = message.gpus
+    states = {
+        "hardware": GpuSmoothingState(enabled=True, preset=2, floor_percent=55.0),
+        "software": GpuSmoothingState(
+            enabled=True, preset=0, floor_percent=30.5, mechanism="software"
+        ),
+        "off": GpuSmoothingState(enabled=False, preset=0, floor_percent=0.0, mechanism="hardware"),
+    }
+    expected = {"hardware": (1, 0, 55.0), "software": (1, 1, 30.5), "off": (0, 0, 0.0)}
+    for name, state in states.items():
+        gpu.smoothing = state
+        (line,) = telemetry_lines("c1", message)
+        assert line.endswith(
+            f",seq=812i,smoothing_enabled={expected[name][0]}i,"
+            f"smoothing_software={expected[name][1]}i,"
+            f"smoothing_floor_pct={expected[name][2]!r} {TS_NS}"
+        ), line
+        fields = parse_line(line).fields
+        got = tuple(fields[f] for f in ("smoothing_enabled", "smoothing_software"))
+        assert (*got, fields["smoothing_floor_pct"]) == expected[name]
+    gpu.smoothing = None  # none reported: none written, not zeros
+    (line,) = telemetry_lines("c1", message)
+    assert "smoothing" not in line
+
+
+@pytest.mark.parametrize(
+    ("enabled", "floor", "mechanism"),
+    [
+        (True, 60.0, None),
+        (True, 60.0, "hardware"),
+        (True, 45.5, "software"),
+        (False, 0.0, "software"),
+        (1, 60, None),  # ints where a bool and a float go (a struct built in code)
+        (True, math.nan, None),  # the floor left out, the rest written
+    ],
+)
+def test_telemetry_lines_write_the_smoothing_state_as_gpu_line_does(
+    enabled, floor: float, mechanism
+) -> None:
+    message = decode(Telemetry, EXAMPLES[Telemetry])
+    (gpu,) = message.gpus
+    gpu.smoothing = GpuSmoothingState(enabled=True, preset=0, floor_percent=0.0)
+    gpu.smoothing.enabled, gpu.smoothing.floor_percent = enabled, floor
+    gpu.smoothing.mechanism = mechanism
+    expected = gpu_line(
+        message.ts, cluster="c1", node=message.node, gpu=gpu.index, mode=message.mode,
+        power_w=gpu.power_w, energy_j=gpu.energy_j, cap_w=gpu.cap_w, cap_min_w=gpu.cap_min_w,
+        cap_max_w=gpu.cap_max_w, sm_clock_mhz=gpu.sm_clock_mhz,
+        max_sm_clock_mhz=gpu.max_sm_clock_mhz, util_pct=gpu.util_pct, temp_c=gpu.temp_c,
+        capped=gpu.cap_w < gpu.cap_max_w, seq=message.seq, smoothing_enabled=enabled,
+        smoothing_software=mechanism == "software", smoothing_floor_pct=floor,
+    )  # fmt: skip
+    assert telemetry_lines("c1", message) == [expected]
+    fields = parse_line(must(expected)).fields
+    assert (fields["smoothing_enabled"], fields["smoothing_software"]) == (
+        int(enabled),
+        int(mechanism == "software"),
+    )
+
+
 def test_tree_line() -> None:
     line = tree_line(
         TS,
@@ -169,6 +231,21 @@ def test_decision_line() -> None:
         "decision,cluster=c1,controller=ctl-a cycle_s=0.0123,commands_sent=40i,"
         "acks_received=38i,acks_missing=2i,stale_nodes=0i,failsafe_nodes=1i,epoch=7i,"
         f"gpus_capped=120i,site_ramp_w_per_s=-2500.0 {TS_NS}"
+    )
+
+
+def test_decision_line_ramps_and_grid_limits() -> None:
+    line = decision_line(
+        TS,
+        cluster="c1",
+        site_ramp_w_per_s=1200.0,
+        site_power_ramp_w_per_s=-31_500.25,
+        grid_ramp_up_w_per_s=20_000,  # an int in: a float out
+        grid_ramp_down_w_per_s=math.inf,  # no limit: left out
+    )
+    assert line == (
+        "decision,cluster=c1 site_ramp_w_per_s=1200.0,site_power_ramp_w_per_s=-31500.25,"
+        f"grid_ramp_up_w_per_s=20000.0 {TS_NS}"
     )
 
 
@@ -422,12 +499,21 @@ _NUMBER = st.one_of(
     job=st.one_of(st.none(), st.text("ab ,=\\", min_size=1, max_size=5)),
     phase=st.one_of(st.none(), st.sampled_from(["compute", "checkpoint"])),
     node=st.text('nx ,=\\"', min_size=1, max_size=6),
+    smoothing=st.one_of(
+        st.none(),
+        st.tuples(
+            st.one_of(st.booleans(), st.integers(0, 1)),
+            st.one_of(st.floats(0, 100), _NUMBER),
+            st.sampled_from([None, "hardware", "software"]),
+        ),
+    ),
 )
 def test_telemetry_lines_fast_path_matches_gpu_line(
-    power, energy, cap, clock, lock, seq, mode, job, phase, node
+    power, energy, cap, clock, lock, seq, mode, job, phase, node, smoothing
 ) -> None:
-    """Whatever the numbers (NaN, infinities, ints where floats go) and tag characters,
-    ``telemetry_lines`` (fast path) gives exactly the line ``gpu_line`` gives."""
+    """Whatever the numbers (NaN, infinities, ints where floats go), tag characters and
+    smoothing state, ``telemetry_lines`` (fast path) gives exactly the line ``gpu_line``
+    gives."""
     from powerd.protocol import GpuTelemetry
     from powerd.telemetry_schema import gpu_line
 
@@ -441,6 +527,12 @@ def test_telemetry_lines_fast_path_matches_gpu_line(
         temp_c=60.0, power_reading=None,
     ).items():  # fmt: skip
         setattr(gpu, name, value)
+    state = None
+    if smoothing is not None:
+        state = GpuSmoothingState(enabled=False, preset=0, floor_percent=0.0)
+        for name, value in zip(("enabled", "floor_percent", "mechanism"), smoothing, strict=True):
+            setattr(state, name, value)
+        gpu.smoothing = state
     message = Telemetry(v=1, node="x", ts=0.0, seq=0, mode="local", gpus=[])
     for name, value in dict(
         v=1, node=node, ts=1.8e9 + 0.123, seq=seq, mode=mode, gpus=[gpu], epoch=None
@@ -451,6 +543,9 @@ def test_telemetry_lines_fast_path_matches_gpu_line(
         job=job, phase=phase, mode=mode, power_w=power, energy_j=energy, cap_w=cap,
         cap_min_w=200.0, cap_max_w=700.0, sm_clock_mhz=clock, max_sm_clock_mhz=lock,
         util_pct=50.0, temp_c=60.0, capped=cap < 700.0, seq=seq,
+        smoothing_enabled=None if state is None else state.enabled,
+        smoothing_software=None if state is None else state.mechanism == "software",
+        smoothing_floor_pct=None if state is None else state.floor_percent,
     )  # fmt: skip
     got = telemetry_lines("c", message, site="s", rack="k", job=job, phase=phase)
     assert got == ([] if expected is None else [expected])
