@@ -131,6 +131,7 @@ def test_markdown_report_has_every_plot_and_the_sizing_numbers(
     assert "ramp +20 kW/s, -20 kW/s over 1 s" in text  # demo.toml's [site.grid]
     whatif = replay(top, placement, traces, WhatifSettings(duration_s=60.0))
     grid = whatif.info["grid"]
+    assert isinstance(grid, dict)
     table = md_table_after(text, "The site as the grid sees it")
     up = table[table["what"] == "ramp up, max over 1 s"].iloc[0]
     assert up["value"] == cell_text(grid["ramp_up_max_w_per_s"])
