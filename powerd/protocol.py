@@ -213,12 +213,15 @@ class Telemetry(_Payload):
 
 class GpuFill(_Payload):
     """What one GPU's job needs to hold it up (``powerd.gpu.software_smoothing``): its
-    draw as sampled, the floor to hold while it runs (never above the enforced cap), and
-    how fast and after how long its draw may fall once it waits or stops."""
+    draw as sampled and its enforced cap, the floor to hold while it runs (never above
+    the cap), how fast and after how long its draw may fall once it waits or stops, and
+    how fast its busy work may raise it while the job starts."""
 
     index: GpuIndex
     power_w: NonNegFloat
+    cap_w: NonNegFloat
     floor_w: NonNegFloat
+    ramp_up_w_per_s: Annotated[float, Meta(ge=0, le=SMOOTHING_MAX_RAMP_W_PER_S)]
     ramp_down_w_per_s: Annotated[float, Meta(ge=0, le=SMOOTHING_MAX_RAMP_W_PER_S)]
     hysteresis_s: Annotated[float, Meta(ge=0, le=SMOOTHING_MAX_HYSTERESIS_MS / 1000)]
 

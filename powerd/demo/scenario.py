@@ -212,6 +212,8 @@ class TrainingJob:
             return
         if phase == "shutdown":
             self.fill.stopping()  # fall down the ramp, no floor
+        elif phase == "startup":
+            self.fill.starting()  # rise slowly to the cap before the first step
         elif phase in WAITING_PHASES:
             self.fill.waiting()
         else:

@@ -19,9 +19,12 @@ worked at, ``P``, and lets it fall only after the hysteresis and no faster
 than the rate, ``max(floor, P - ramp_down × max(0, t - t_w - hysteresis))``;
 working again, it needs no filling above the floor. At its end it does the
 same without the floor, until the target reaches its idle draw
-(``powerd.jobhook.FillFollower``). The ramp-*up* rate is not the job's to
-keep: a job announces ``startup`` and the controller stages its caps and
-raises them within the site ramp (``policies.capping`` rules 2 and 4).
+(``powerd.jobhook.FillFollower``). While it starts, its busy work raises the
+draw from where it was, no faster than ``ramp_up_w_per_s``, up to the cap, so
+that its first step of compute does not jump from a starting GPU's draw to the
+cap; after that the controller raises the caps within the site ramp
+(``policies.capping`` rules 2 and 4): the rise of compute itself is not the
+job's to slow.
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ class FillTarget:
     """What the job needs to hold one GPU up (module docstring): W, W/s, s."""
 
     power_w: float  # the draw as sampled
+    cap_w: float  # the enforced cap: no busy work draws more
     floor_w: float  # to hold while the job runs; never above the enforced cap
+    ramp_up_w_per_s: float  # how fast busy work may raise the draw while the job starts
     ramp_down_w_per_s: float
     hysteresis_s: float
 
@@ -112,7 +117,9 @@ class SoftwareSmoothing(Gpu):
             return None
         return FillTarget(
             power_w=max(0.0, power_w),
+            cap_w=max(0.0, cap_w),
             floor_w=min(profile.floor_w(cap_w), cap_w),
+            ramp_up_w_per_s=profile.ramp_up_w_per_s,
             ramp_down_w_per_s=profile.ramp_down_w_per_s,
             hysteresis_s=profile.ramp_down_hysteresis_ms / 1000.0,
         )

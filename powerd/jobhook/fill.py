@@ -12,13 +12,16 @@ tells it when it waits and works, because only the job knows:
 
     follower = FillFollower(broker, ["node7"], on_fill=fill_gpus, cluster="prod")
     follower.start()
+    follower.starting()      # loading the model: raise the draw slowly to the cap
     follower.waiting()       # a collective, a checkpoint: hold the draw, let it fall slowly
     follower.working()       # compute again: nothing to fill above the floor
     follower.stopping()      # the last step is done: fall slowly, no floor
     follower.wait_ramped(done_w=100.0, timeout_s=120.0)   # fill down the ramp, then exit
     follower.close()
 
-The target of a GPU: working, its floor; waiting since ``t_w`` (or stopping),
+The target of a GPU: starting since ``t_s``, ``min(cap, max(floor, P + ramp_up
+× (t - t_s)))``, so that the first step of compute does not jump from a
+starting GPU's draw to its cap; working, its floor; waiting since ``t_w`` (or stopping),
 ``max(floor, P - ramp_down × max(0, t - t_w - hysteresis))`` with ``P`` the
 draw last sampled while it worked (no floor once stopping). When no request has
 come for ``stale_after_s`` (the agent stopped, switched smoothing off or lost
@@ -26,8 +29,8 @@ the broker), the follower acts as if the job were stopping from then on: it
 lets the draw fall at the last rate, without the floor, rather than fill for
 ever on an order nobody repeats. The callback,
 ``on_fill(node, {gpu index: watts})``, is called at every sample, at every
-change of state, and every ``refresh_s`` while the job waits or stops (the
-target falls with time, between the agent's samples too).
+change of state, and every ``refresh_s`` while the job starts, waits or stops
+(the target moves with time, between the agent's samples too).
 
 Guarantees: it never raises into the training loop after construction (a bad
 message is counted and dropped; a callback that raises is logged); it only
@@ -64,11 +67,19 @@ OnFill = Callable[[str, dict[int, float]], None]  # (node, {gpu index: watts to 
 class _Gpu:
     """One GPU's newest sample and the profile it came with."""
 
-    __slots__ = ("floor_w", "hysteresis_s", "power_w", "rate_w_per_s", "worked_w")
+    __slots__ = (
+        "cap_w",
+        "floor_w",
+        "hysteresis_s",
+        "power_w",
+        "rate_w_per_s",
+        "up_w_per_s",
+        "worked_w",
+    )
 
     def __init__(self) -> None:
-        self.power_w = self.worked_w = self.floor_w = 0.0
-        self.rate_w_per_s = self.hysteresis_s = 0.0
+        self.power_w = self.worked_w = self.floor_w = self.cap_w = 0.0
+        self.rate_w_per_s = self.up_w_per_s = self.hysteresis_s = 0.0
 
 
 class FillFollower:
@@ -103,7 +114,7 @@ class FillFollower:
         self._clock = clock
         self._cond = threading.Condition()
         self._gpus: dict[str, dict[int, _Gpu]] = {n: {} for n in self.nodes}
-        self._state = "working"  # working, waiting, stopping
+        self._state = "working"  # working, starting, waiting, stopping
         self._since = clock()  # when the job entered its state
         self.received = 0
         self.rejected = 0
@@ -134,6 +145,11 @@ class FillFollower:
     def wait_subscribed(self, timeout_s: float) -> bool:
         """Block until the broker has acknowledged the subscription (False on timeout)."""
         return self._subscribed.wait(timeout_s)
+
+    def starting(self) -> None:
+        """The job starts (loading, compiling): raise each GPU's draw from where it was, no
+        faster than the ramp-up rate, up to its cap."""
+        self._enter("starting")
 
     def waiting(self) -> None:
         """The job waits (a collective, a checkpoint): hold each GPU's draw, let it fall
@@ -180,7 +196,8 @@ class FillFollower:
             refresher.join(timeout=1.0)
 
     def _refresh(self) -> None:
-        """While the job waits or stops, hand the falling targets over every refresh_s."""
+        """While the job starts, waits or stops (or the requests went stale), hand the
+        moving targets over every refresh_s."""
         while True:
             with self._cond:
                 self._cond.wait(self.refresh_s)
@@ -206,19 +223,34 @@ class FillFollower:
 
     def _targets(self, node: str, now: float) -> dict[int, float]:
         state, since = self._state, self._since
-        if self._stale(now):  # nobody repeats the order: fall as if stopping, no floor
-            if state == "working" and self._last_request_s is not None:
-                since = self._last_request_s + self.stale_after_s
-            state = "stopping"
+        last = self._last_request_s
+        stale_at = None if last is None or not self._stale(now) else last + self.stale_after_s
         out = {}
         for index, g in self._gpus[node].items():
-            if state == "working":
+            if stale_at is not None:  # nobody repeats the order: fall from where it was, no floor
+                if state == "waiting" or state == "stopping":
+                    top, fall_from = g.worked_w, since  # already falling: go on
+                elif state == "starting":  # from as high as it had risen
+                    top, fall_from = self._risen(g, since, stale_at), stale_at
+                else:
+                    top, fall_from = g.worked_w, stale_at
+                out[index] = self._fallen(g, top, fall_from, now)
+            elif state == "working":
                 out[index] = g.floor_w
-                continue
-            falling_s = max(0.0, now - since - g.hysteresis_s)
-            held = max(0.0, g.worked_w - g.rate_w_per_s * falling_s)
-            out[index] = held if state == "stopping" else max(held, g.floor_w)
+            elif state == "starting":
+                out[index] = self._risen(g, since, now)
+            else:
+                held = self._fallen(g, g.worked_w, since, now)
+                out[index] = held if state == "stopping" else max(held, g.floor_w)
         return out
+
+    @staticmethod
+    def _risen(g: _Gpu, since: float, now: float) -> float:
+        return min(g.cap_w, max(g.floor_w, g.worked_w + g.up_w_per_s * max(0.0, now - since)))
+
+    @staticmethod
+    def _fallen(g: _Gpu, top_w: float, since: float, now: float) -> float:
+        return max(0.0, top_w - g.rate_w_per_s * max(0.0, now - since - g.hysteresis_s))
 
     def _stale(self, now: float) -> bool:
         last = self._last_request_s
@@ -262,8 +294,9 @@ class FillFollower:
                 if g is None:
                     g = gpus[f.index] = _Gpu()
                     g.worked_w = f.power_w
-                g.power_w, g.floor_w = f.power_w, f.floor_w
+                g.power_w, g.floor_w, g.cap_w = f.power_w, f.floor_w, f.cap_w
                 g.rate_w_per_s, g.hysteresis_s = f.ramp_down_w_per_s, f.hysteresis_s
+                g.up_w_per_s = f.ramp_up_w_per_s
                 if self._state == "working":
                     g.worked_w = f.power_w
             targets = self._targets(node, self._clock())

@@ -78,6 +78,8 @@ def test_a_gpu_without_hardware_takes_the_profile_in_software():
     for f, g in zip(fill.gpus, telemetry.gpus, strict=False):
         assert f.power_w == g.power_w
         assert f.floor_w == pytest.approx(0.5 * g.cap_w)  # half the cap, never above it
+        assert f.cap_w == g.cap_w
+        assert f.ramp_up_w_per_s == 80.0
         assert f.ramp_down_w_per_s == 70.0 and f.hysteresis_s == 1.0
     assert decode(FillRequest, encode(fill), NODE) == fill
 

@@ -43,6 +43,9 @@ def test_the_jobs_fill_their_waits_and_the_site_falls_slowly(smoothing_run):
     # without smoothing every communication phase drops the site by ~60 kW/s (README);
     # with it, the falls are the GPUs' share of the limit, plus noise and timing
     assert g["ramp_down_max_w_per_s"] < 1.5 * RAMP_LIMIT_W_PER_S
+    # and the rises: every job starts filling up at the GPUs' ramp-up rate (FillFollower
+    # .starting), so no first step of compute jumps (without it: ~+70 kW/s)
+    assert g["ramp_up_max_w_per_s"] < 1.5 * RAMP_LIMIT_W_PER_S
     # the run went on past the jobs' 20 s while their GPUs ramped down
     assert s["duration_s"] > 20.0
     assert "smoothing burnt" in result.stdout

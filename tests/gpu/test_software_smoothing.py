@@ -47,7 +47,12 @@ def test_the_fill_target_carries_the_draw_the_profile_and_a_floor_under_the_cap(
     gpu, _ = wrapped()
     gpu.set_smoothing(PROFILE)
     assert gpu.fill_target(612.5, 500.0) == FillTarget(
-        power_w=612.5, floor_w=200.0, ramp_down_w_per_s=70.0, hysteresis_s=1.0
+        power_w=612.5,
+        cap_w=500.0,
+        floor_w=200.0,
+        ramp_up_w_per_s=80.0,
+        ramp_down_w_per_s=70.0,
+        hysteresis_s=1.0,
     )
     full = SmoothingProfile(0, True, 100.0, 0.0, 0.0, 0.0)
     gpu.set_smoothing(full)

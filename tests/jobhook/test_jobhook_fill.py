@@ -43,7 +43,13 @@ class Calls:
 def request(seq: int, power_w: float, floor_w: float = 100.0) -> bytes:
     gpus = [
         GpuFill(
-            index=i, power_w=power_w + i, floor_w=floor_w, ramp_down_w_per_s=50.0, hysteresis_s=1.0
+            index=i,
+            power_w=power_w + i,
+            cap_w=700.0,
+            floor_w=floor_w,
+            ramp_up_w_per_s=80.0,
+            ramp_down_w_per_s=50.0,
+            hysteresis_s=1.0,
         )
         for i in range(2)
     ]
@@ -157,5 +163,43 @@ async def test_without_requests_it_falls_as_if_stopping(mosquitto):
         assert fill.targets(NODE) == {0: 500.0, 1: 501.0}
         clock.advance(20.0)
         assert fill.targets(NODE) == {0: 0.0, 1: 0.0}  # no floor: down to nothing
+    finally:
+        fill.close()
+
+
+async def test_starting_raises_the_draw_slowly_to_the_cap(mosquitto, follower):
+    fill, calls, clock = follower
+    async with MqttProbe(mosquitto.port, []) as agent:
+        await agent.publish(TOPIC, request(1, 120.0, floor_w=0.0), qos=0)  # idle
+        calls.received(fill, 1)
+        fill.starting()
+        assert fill.targets(NODE) == {0: 120.0, 1: 121.0}
+        await agent.publish(TOPIC, request(2, 300.0, floor_w=0.0), qos=0)  # its own filling
+        calls.received(fill, 2)
+        clock.advance(2.0)  # 80 W/s from the draw before it started, not from the filled one
+        assert fill.targets(NODE) == {0: 280.0, 1: 281.0}
+        clock.advance(100.0)
+        assert fill.targets(NODE) == {0: 700.0, 1: 700.0}  # never above the cap
+        fill.working()
+        assert fill.targets(NODE) == {0: 0.0, 1: 0.0}  # compute: nothing to fill
+
+
+async def test_going_stale_while_starting_falls_from_where_it_had_risen(mosquitto):
+    clock = ManualClock(100.0)
+    calls = Calls()
+    fill = FillFollower(mosquitto.url, [NODE], calls, clock=clock.monotonic, stale_after_s=5.0)
+    fill.start()
+    try:
+        assert fill.wait_subscribed(10.0)
+        async with MqttProbe(mosquitto.port, []) as agent:
+            await agent.publish(TOPIC, request(1, 120.0, floor_w=0.0), qos=0)
+            calls.received(fill, 1)
+        fill.starting()
+        clock.advance(5.0)  # risen 400 W at 80 W/s: 520 W
+        assert fill.targets(NODE)[0] == 520.0
+        clock.advance(0.5)  # stale now: it falls from 520 W, not from the 120 W before the start
+        assert fill.targets(NODE)[0] == 520.0  # the hysteresis first
+        clock.advance(1.0 + 2.0)  # then 50 W/s
+        assert fill.targets(NODE)[0] == pytest.approx(520.0 - 50.0 * 2.5)
     finally:
         fill.close()
