@@ -59,6 +59,7 @@ from policies.smoothing import (
     grid_policy,
     ramp_toward,
     wanted_w,
+    with_grid_ramp,
 )
 from policies.tree import LEVEL_NAMES
 from powerd.gpu.models import GPU_MODELS
@@ -186,8 +187,10 @@ def replay(
         offsets = np.zeros(n_jobs, dtype=np.int64)
     ramps = site_ramps(top, settings) if settings.smoothing else NO_SMOOTHING
     policy = settings.policy
-    if settings.smoothing:  # the controller's policy under grid smoothing
+    if settings.smoothing:  # the controller's policy and tree under grid smoothing
         policy = grid_policy(policy)
+        assert top.grid is not None  # site_ramps refused a file without one
+        tree = with_grid_ramp(tree, top.grid.ramp_up_w_per_s)
     not_running = np.array([PHASE_CODES["idle"], PHASE_CODES["shutdown"]], dtype=np.int8)
     drawn_w: np.ndarray | None = None  # the draw under smoothing, carried step to step
     falling_s = np.zeros(0)  # how long each GPU has wanted to fall (the hysteresis)

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.capping import PolicySettings
+from policies.tree import SITE, Tree
 
 DEFAULT_MARGIN = 0.9  # of the site's ramp limit given to the GPUs; the rest for noise and hosts
 
@@ -191,3 +192,16 @@ def grid_policy(policy: PolicySettings) -> PolicySettings:
     return dataclasses.replace(
         policy, uncap_within_caps=True, startup_cap_fraction=0.0, comm_clock_lock=False
     )
+
+
+def with_grid_ramp(tree: Tree, ramp_up_w_per_s: float, margin: float = DEFAULT_MARGIN) -> Tree:
+    """``tree`` with its site's sum-of-caps ramp at most ``margin`` × the grid's ramp-up
+    limit: the caps the controller hands back then rise no faster than the grid allows. A
+    GPU smoothed in software rises as fast as its cap lets it once its job computes, so the
+    caps are its ramp-up (hardware smoothing holds the rate itself; the bound costs it
+    nothing). ``inf``: the tree as it is."""
+    if not math.isfinite(ramp_up_w_per_s):
+        return tree
+    ramp = np.array(tree.ramp_w_per_s, dtype=float)
+    ramp[SITE] = min(ramp[SITE], margin * ramp_up_w_per_s)
+    return dataclasses.replace(tree, ramp_w_per_s=ramp)

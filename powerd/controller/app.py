@@ -13,7 +13,7 @@ from powerd.controller.core import ControllerCore
 from powerd.controller.records import Records
 from powerd.controller.scoping import LeafGrants
 from powerd.controller.service import ControllerService
-from powerd.controller.smoothing import grid_smoothing
+from powerd.controller.smoothing import grid_smoothing, grid_tree
 from powerd.protocol import GpuSmoothing
 from powerd.recorder import Recorder, open_recorder
 from powerd.signing import Signer
@@ -56,10 +56,14 @@ def build_service(
     if config.grid_smoothing:  # the share of the whole site's GPUs, before any scope
         settings = dataclasses.replace(settings, smoothing=grid_smoothing(topology))
     leaf = None
+    tree = topology.tree
     if scope is not None:
         topology = scoped(topology, scope)
         leaf = LeafGrants(scope.name, topology)
-    core = ControllerCore(topology.tree, settings)
+        tree = topology.tree
+    elif config.grid_smoothing:  # a leaf's ramp is the coordinator's share of the site's
+        tree = grid_tree(topology)
+    core = ControllerCore(tree, settings)
     records = None
     if recorder is not None:
         records = Records(

@@ -39,6 +39,7 @@ from powerd.controller.records import Records
 from powerd.controller.reload import changes, refusal
 from powerd.controller.scoping import LeafGrants
 from powerd.controller.site_limit import SiteLimits, with_site_threshold
+from powerd.controller.smoothing import grid_tree
 from powerd.heartbeat import signed_heartbeat, step_down_on_exit
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
@@ -475,7 +476,8 @@ class ControllerService:
             self.leaf = self.leaf.rebased(new)
             self.core.tree = self.leaf.tree_for(self._monotonic())
         else:
-            self._base_tree = self.core.tree = new.tree
+            base = new.tree if smoothing is None else grid_tree(new)
+            self._base_tree = self.core.tree = base
         if smoothing != self.core.settings.smoothing:
             self.core.settings = dataclasses.replace(self.core.settings, smoothing=smoothing)
             self.core.smoothing_sent_seq[:] = -1

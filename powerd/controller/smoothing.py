@@ -11,7 +11,8 @@ in its ack (docs/POWER_SMOOTHING.md).
 
 from __future__ import annotations
 
-from policies.smoothing import DEFAULT_MARGIN, gpu_profile_values, gpu_ramps
+from policies.smoothing import DEFAULT_MARGIN, gpu_profile_values, gpu_ramps, with_grid_ramp
+from policies.tree import Tree
 from powerd.protocol import SMOOTHING_MAX_RAMP_W_PER_S, GpuSmoothing
 from powerd.topology import BudgetError, Topology
 
@@ -46,3 +47,10 @@ def grid_smoothing(site: Topology, margin: float = DEFAULT_MARGIN) -> GpuSmoothi
         ramp_down_w_per_s=values.ramp_down_w_per_s,
         ramp_down_hysteresis_ms=values.ramp_down_hysteresis_ms,
     )
+
+
+def grid_tree(site: Topology) -> Tree:
+    """The tree a site's single controller runs under grid smoothing: its sum-of-caps ramp
+    at most the GPUs' share of the grid's ramp-up (``policies.smoothing.with_grid_ramp``)."""
+    spec = site.grid
+    return site.tree if spec is None else with_grid_ramp(site.tree, spec.ramp_up_w_per_s)

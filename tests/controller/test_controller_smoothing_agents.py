@@ -47,6 +47,8 @@ async def test_agents_hold_the_controllers_profile_and_keep_it_when_they_stop(mo
         async with running_controller(mosquitto, topology, config) as ctl:
             assert ctl.core.settings.smoothing == profile
             assert ctl.core.settings.policy.uncap_within_caps
+            # the caps handed back rise no faster than the GPUs' share of the grid's ramp-up
+            assert ctl.core.tree.ramp_w_per_s[0] == pytest.approx(0.9 * 2000.0)
 
             def held() -> bool:
                 return all(

@@ -115,3 +115,14 @@ def test_an_unlimited_rate_is_the_devices_most_and_not_a_clamp():
     assert values.floor_percent == 50.0 and not values.clamped
     clamped = gpu_profile_values(GpuRamps(10.0, 10.0, 0.95), 0.0, 90.0, 4e6)
     assert clamped.floor_percent == 90.0 and clamped.clamped
+
+
+def test_the_sites_cap_ramp_is_bounded_by_the_grids():
+    from policies.smoothing import with_grid_ramp
+    from tests.support.policy_trees import uniform_tree, with_ramp
+
+    tree = with_ramp(uniform_tree(rows=2, racks=2), range(7), 5000.0)
+    bounded = with_grid_ramp(tree, 1000.0)
+    assert bounded.ramp_w_per_s[0] == pytest.approx(min(tree.ramp_w_per_s[0], 900.0))
+    assert np.array_equal(bounded.ramp_w_per_s[1:], tree.ramp_w_per_s[1:])  # the site only
+    assert with_grid_ramp(tree, math.inf) is tree
