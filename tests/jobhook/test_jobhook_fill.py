@@ -144,27 +144,36 @@ def test_arguments_are_checked():
         FillFollower("mqtt://localhost", [NODE], lambda n, t: None, refresh_s=0.0)
 
 
-async def test_without_requests_it_falls_as_if_stopping(mosquitto):
-    """The agent stopped (or switched smoothing off): no one repeats the order, so after
-    stale_after_s the follower lets the draw fall at the last rate, without the floor."""
+@pytest.fixture
+def stale_in_5s(mosquitto) -> Iterator[tuple[FillFollower, Calls, ManualClock]]:
+    """A follower whose requests go stale 5 s after the last one."""
     clock = ManualClock(100.0)
     calls = Calls()
-    fill = FillFollower(mosquitto.url, [NODE], calls, clock=clock.monotonic, stale_after_s=5.0)
-    fill.start()
-    try:
-        assert fill.wait_subscribed(10.0)
-        async with MqttProbe(mosquitto.port, []) as agent:
-            await agent.publish(TOPIC, request(1, 600.0, floor_w=300.0), qos=0)
-            calls.received(fill, 1)
-        assert fill.targets(NODE) == {0: 300.0, 1: 300.0}  # working: the floor
-        clock.advance(5.0)
-        assert fill.targets(NODE) == {0: 300.0, 1: 300.0}  # not stale yet
-        clock.advance(1.0 + 2.0)  # stale for 3 s: 1 s hysteresis, then 2 s at 50 W/s
-        assert fill.targets(NODE) == {0: 500.0, 1: 501.0}
-        clock.advance(20.0)
-        assert fill.targets(NODE) == {0: 0.0, 1: 0.0}  # no floor: down to nothing
-    finally:
-        fill.close()
+    made = FillFollower(mosquitto.url, [NODE], calls, clock=clock.monotonic, stale_after_s=5.0)
+    made.start()
+    assert made.wait_subscribed(10.0)
+    yield made, calls, clock
+    made.close()
+
+
+async def one_request(mosquitto, fill: FillFollower, calls: Calls, power_w: float, floor_w: float):
+    async with MqttProbe(mosquitto.port, []) as agent:
+        await agent.publish(TOPIC, request(1, power_w, floor_w=floor_w), qos=0)
+        calls.received(fill, 1)
+
+
+async def test_without_requests_it_falls_as_if_stopping(mosquitto, stale_in_5s):
+    """The agent stopped (or switched smoothing off): no one repeats the order, so after
+    stale_after_s the follower lets the draw fall at the last rate, without the floor."""
+    fill, calls, clock = stale_in_5s
+    await one_request(mosquitto, fill, calls, 600.0, floor_w=300.0)
+    assert fill.targets(NODE) == {0: 300.0, 1: 300.0}  # working: the floor
+    clock.advance(5.0)
+    assert fill.targets(NODE) == {0: 300.0, 1: 300.0}  # not stale yet
+    clock.advance(1.0 + 2.0)  # stale for 3 s: 1 s hysteresis, then 2 s at 50 W/s
+    assert fill.targets(NODE) == {0: 500.0, 1: 501.0}
+    clock.advance(20.0)
+    assert fill.targets(NODE) == {0: 0.0, 1: 0.0}  # no floor: down to nothing
 
 
 async def test_starting_raises_the_draw_slowly_to_the_cap(mosquitto, follower):
@@ -184,22 +193,13 @@ async def test_starting_raises_the_draw_slowly_to_the_cap(mosquitto, follower):
         assert fill.targets(NODE) == {0: 0.0, 1: 0.0}  # compute: nothing to fill
 
 
-async def test_going_stale_while_starting_falls_from_where_it_had_risen(mosquitto):
-    clock = ManualClock(100.0)
-    calls = Calls()
-    fill = FillFollower(mosquitto.url, [NODE], calls, clock=clock.monotonic, stale_after_s=5.0)
-    fill.start()
-    try:
-        assert fill.wait_subscribed(10.0)
-        async with MqttProbe(mosquitto.port, []) as agent:
-            await agent.publish(TOPIC, request(1, 120.0, floor_w=0.0), qos=0)
-            calls.received(fill, 1)
-        fill.starting()
-        clock.advance(5.0)  # risen 400 W at 80 W/s: 520 W
-        assert fill.targets(NODE)[0] == 520.0
-        clock.advance(0.5)  # stale now: it falls from 520 W, not from the 120 W before the start
-        assert fill.targets(NODE)[0] == 520.0  # the hysteresis first
-        clock.advance(1.0 + 2.0)  # then 50 W/s
-        assert fill.targets(NODE)[0] == pytest.approx(520.0 - 50.0 * 2.5)
-    finally:
-        fill.close()
+async def test_going_stale_while_starting_falls_from_where_it_had_risen(mosquitto, stale_in_5s):
+    fill, calls, clock = stale_in_5s
+    await one_request(mosquitto, fill, calls, 120.0, floor_w=0.0)
+    fill.starting()
+    clock.advance(5.0)  # risen 400 W at 80 W/s: 520 W
+    assert fill.targets(NODE)[0] == 520.0
+    clock.advance(0.5)  # stale now: it falls from 520 W, not from the 120 W before the start
+    assert fill.targets(NODE)[0] == 520.0  # the hysteresis first
+    clock.advance(1.0 + 2.0)  # then 50 W/s
+    assert fill.targets(NODE)[0] == pytest.approx(520.0 - 50.0 * 2.5)
