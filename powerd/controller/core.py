@@ -27,7 +27,6 @@ from powerd.protocol import (
     Command,
     GpuCommand,
     GpuSmoothing,
-    GpuSmoothingState,
     PhaseEvent,
     ProtocolError,
     Status,
@@ -258,6 +257,9 @@ class ControllerCore:
         sampled: list[float] = []
         modes: list[str] = []
         samples: list[Telemetry] = []
+        smoothing_ids: list[int] = []  # GPUs that report smoothing, and whether it is ours
+        smoothing_held: list[bool] = []
+        wanted = self.settings.smoothing
         lost = 0
         for server, payload, arrived, replaced in batch:
             node = names[server]
@@ -296,8 +298,13 @@ class ControllerCore:
                     held_ids.append(start + g.index)
                     cap.append(g.cap_w)
                     clock.append(g.max_sm_clock_mhz)
-                    if g.smoothing is not None:
-                        self._smoothing_seen(server, start + g.index, g.smoothing)
+                    if g.smoothing is not None:  # arrays written once per batch, below
+                        smoothing_ids.append(start + g.index)
+                        smoothing_held.append(
+                            wanted is not None
+                            and g.smoothing.enabled == wanted.enabled
+                            and g.smoothing.preset == wanted.preset
+                        )
             previous = last_seq[server]
             gap = sample.seq - previous - 1
             if 0 < gap <= MAX_SEQ_GAP and previous >= 0:  # lower: the agent restarted
@@ -310,6 +317,8 @@ class ControllerCore:
             samples.append(sample)
         if gpu_ids:
             self.power_w[gpu_ids] = power
+        if smoothing_ids:
+            self._smoothing_seen(smoothing_ids, smoothing_held)
         if held_ids:
             self.cap_w[held_ids] = cap
             self.clock_mhz[held_ids] = np.array(clock, dtype=float)  # None (no lock): NaN
@@ -322,15 +331,18 @@ class ControllerCore:
         self.counters.telemetry_lost += lost
         return samples
 
-    def _smoothing_seen(self, server: int, gpu: int, held: GpuSmoothingState) -> None:
-        """A GPU reports hardware smoothing: it can be asked for ours; and if it no longer
-        holds ours (its agent restarted and restored it, say), it is asked again."""
-        self.smoothing_capable[gpu] = True
-        wanted = self.settings.smoothing
-        if wanted is None or self.smoothing_sent_seq[gpu] < 0 or server in self.pending:
+    def _smoothing_seen(self, gpu_ids: list[int], holds_ours: list[bool]) -> None:
+        """GPUs that report smoothing (hardware or software) can be asked for ours; one
+        that no longer holds ours (its agent restarted and restored its own, say) and has
+        no command of ours in flight is asked again."""
+        ids = np.asarray(gpu_ids, dtype=np.intp)
+        self.smoothing_capable[ids] = True
+        lost = ids[~np.asarray(holds_ours, dtype=bool)]
+        if self.settings.smoothing is None or not len(lost):
             return
-        if held.enabled != wanted.enabled or held.preset != wanted.preset:
-            self.smoothing_sent_seq[gpu] = -1
+        lost = lost[self.smoothing_sent_seq[lost] >= 0]
+        in_flight = np.isin(self.tree.gpu_server_ordinal[lost], list(self.pending))
+        self.smoothing_sent_seq[lost[~in_flight]] = -1
 
     def _refuse_phase(self, job: Job | None, owner: str | None, event: PhaseEvent) -> str | None:
         """Why this announcement may not change the job, or None."""
