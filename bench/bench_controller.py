@@ -15,14 +15,17 @@ as they arrive from the broker), then times, per cycle:
 
 Between cycles a tenth of the racks change load (so commands are sent), the
 rest stay put. Times are medians over ``--cycles`` after a warm-up: one cycle,
-and with ``--fine-every-s`` one recording window more.
+and with ``--fine-every-s`` one recording window more. With ``--smoothing``
+every GPU reports a smoothing state (as Blackwell GPUs, or agents with
+``software_smoothing``, do) and the controller runs with ``grid_smoothing``.
 
-    python -m bench.bench_controller [--budgets FILE] [--cycles 10] [--json out.json]
+    python -m bench.bench_controller [--budgets FILE] [--cycles 10] [--smoothing] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
@@ -38,13 +41,20 @@ from powerd.controller.core import ControllerCore
 from powerd.controller.inbox import Waiting
 from powerd.controller.records import Records
 from powerd.controller.service import INGEST_BATCH
-from powerd.protocol import GpuTelemetry, Telemetry, Topics, encode
+from powerd.controller.smoothing import grid_smoothing
+from powerd.protocol import GpuSmoothingState, GpuTelemetry, Telemetry, Topics, encode
 from powerd.signing import Signer
 from powerd.topology import load_budgets
 
 
 def telemetry_payloads(
-    topology, tree, power_w: np.ndarray, cap_w: np.ndarray, seq: int, ts: float
+    topology,
+    tree,
+    power_w: np.ndarray,
+    cap_w: np.ndarray,
+    seq: int,
+    ts: float,
+    smoothing: GpuSmoothingState | None = None,
 ) -> list[tuple[str, bytes]]:
     out = []
     for name in topology.servers:
@@ -72,6 +82,7 @@ def telemetry_payloads(
                                 max_sm_clock_mhz=None,
                                 util_pct=95.0,
                                 temp_c=60.0,
+                                smoothing=smoothing,
                             )
                             for k, i in enumerate(gpus)
                         ],
@@ -82,14 +93,22 @@ def telemetry_payloads(
     return out
 
 
-def run(budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0) -> dict:
+def run(
+    budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0, smoothing: bool = False
+) -> dict:
     topology = load_budgets(budgets)
     tree = topology.tree
-    config = ControllerConfig(name="bench", cluster="bench")
+    config = ControllerConfig(name="bench", cluster="bench", grid_smoothing=smoothing)
+    settings = config.settings()
+    state = None
+    if smoothing:
+        profile = grid_smoothing(topology)
+        settings = dataclasses.replace(settings, smoothing=profile)
+        state = GpuSmoothingState(enabled=True, preset=profile.preset, floor_percent=80.0)
     clock = [1000.0]
     core = ControllerCore(
         tree,
-        config.settings(),
+        settings,
         monotonic=lambda: clock[0],
         wall=lambda: clock[0] + 1.7e9,
     )
@@ -116,7 +135,9 @@ def run(budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0) ->
     for c in range(cycles + warmup):
         hot = np.isin(gpu_rack, rng.choice(racks, max(1, len(racks) // 10), replace=False))
         power = np.where(hot, rng.uniform(1100.0, 1200.0, n), power)
-        payloads = telemetry_payloads(topology, tree, np.minimum(power, cap), cap, c, clock[0])
+        payloads = telemetry_payloads(
+            topology, tree, np.minimum(power, cap), cap, c, clock[0], state
+        )
         t0 = time.perf_counter()
         samples = []
         for first in range(0, len(payloads), INGEST_BATCH):  # as the service takes the inbox
@@ -157,6 +178,7 @@ def run(budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0) ->
         "tree_nodes": topology.n_nodes,
         "cycles": cycles,
         "fine_every_s": fine_every_s,
+        "smoothing": smoothing,
         "median_ms": {k: round(statistics.median(v) * 1e3, 1) for k, v in timings.items()},
         "max_ms": {k: round(max(v) * 1e3, 1) for k, v in timings.items()},
         "tree_points_last_cycle": len(lines),
@@ -173,9 +195,16 @@ def main() -> None:
     parser.add_argument(
         "--fine-every-s", type=float, default=0.0, help="recorder.fine_every_s (0: every sample)"
     )
+    parser.add_argument(
+        "--smoothing",
+        action="store_true",
+        help="every GPU reports a smoothing state; the controller runs with grid_smoothing",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
-    result = run(args.budgets, args.cycles, fine_every_s=args.fine_every_s)
+    result = run(
+        args.budgets, args.cycles, fine_every_s=args.fine_every_s, smoothing=args.smoothing
+    )
     result["machine"] = machine()
     result["command"] = "python -m bench.bench_controller " + " ".join(sys.argv[1:])
     report(result, args.json)

@@ -34,3 +34,21 @@ def test_controller_benchmark_runs(tmp_path: Path):
     assert all(v > 0 for k, v in report["median_ms"].items() if k != "sign")
     assert report["median_ms"]["sign"] >= 0
     assert report["command"].startswith("python -m bench.bench_controller")
+
+
+def test_controller_benchmark_runs_with_smoothing_states(tmp_path: Path):
+    out = tmp_path / "controller-smoothing.json"
+    budgets = resources.files("powerd.data").joinpath("budgets/demo.toml")
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "bench.bench_controller", "--smoothing"),
+            *("--budgets", str(budgets), "--cycles", "3", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["smoothing"] is True and report["gpus"] == 256
+    assert report["median_ms"]["ingest"] > 0
