@@ -425,10 +425,18 @@ def check_priority(p: MqttProbe, site: Site, start: int, stop: int) -> dict[str,
     failover and the coordinator's included) the low row is cut first and the high row
     gets what it wants; every period's grants say the same."""
     current = newest(p, 0, start)
+    checked = 0
     for seen in summaries(p, start, stop):
         current[seen.scope] = seen.summary
+        # Budgets are comparable only within one allocation: between a period's first
+        # grant and the last leaf's summary under it, the leaves' newest summaries mix two
+        # periods (one grant seq for every leaf a period; a new epoch after a failover).
+        if len({(s.grant_epoch, s.grant_seq) for s in current.values()}) > 1:
+            continue
         why = priority_holds(current, site)
         assert why is None, f"{why}: {[brief(s) for s in current.values()]}"
+        checked += 1
+    assert checked >= 10, f"only {checked} summaries with every leaf under one period's grant"
     last: dict[str, Grant] = {}
     for m in p.messages[start:stop]:
         if m.topic.endswith("/grant") and not m.retain:
