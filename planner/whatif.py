@@ -142,7 +142,7 @@ def site_ramps(top: Topology, settings: WhatifSettings) -> GpuRamps:
     """Each GPU's share of the site's grid spec (``policies.smoothing``); the spec must
     limit something."""
     spec = top.grid
-    if spec is None or not (spec.limits_ramp or spec.floor_fraction):
+    if spec is None or not spec.can_smooth:
         raise ValueError(
             "smoothing needs a grid spec with a ramp limit or a floor: add [site.grid] "
             "to the budgets file (docs/BUDGETS.md, 'The grid spec')"

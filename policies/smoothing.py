@@ -146,7 +146,7 @@ def wanted_w(
     natural_w: np.ndarray, cap_w: np.ndarray, running: np.ndarray, ramps: GpuRamps
 ) -> np.ndarray:
     """What a GPU heads for: its natural draw, raised to the floor while its job runs."""
-    floor = np.where(running, cap_w * ramps.floor_fraction, 0.0)
+    floor = np.where(running, ramps.floor_w(cap_w), 0.0)
     want: np.ndarray = np.minimum(np.maximum(natural_w, floor), cap_w)
     return want
 

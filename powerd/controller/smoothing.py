@@ -23,7 +23,7 @@ def grid_smoothing(site: Topology, margin: float = DEFAULT_MARGIN) -> GpuSmoothi
     """The profile for every GPU of ``site`` (the whole budgets file, not a scope of it);
     BudgetError when its grid spec limits nothing."""
     spec = site.grid
-    if spec is None or not (spec.limits_ramp or spec.floor_fraction):
+    if spec is None or not spec.can_smooth:
         raise BudgetError(
             site.source,
             "[site.grid]",

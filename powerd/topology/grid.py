@@ -75,6 +75,11 @@ class GridSpec:
     def limits_ramp(self) -> bool:
         return math.isfinite(self.ramp_up_w_per_s) or math.isfinite(self.ramp_down_w_per_s)
 
+    @property
+    def can_smooth(self) -> bool:
+        """Whether grid smoothing has anything to hold a GPU to: a ramp limit or a floor."""
+        return self.limits_ramp or bool(self.floor_fraction)
+
     def describe(self) -> str:
         """One line: 'ramp +20 kW/s, -20 kW/s over 1 s; ≤ 20 % of variance in 0.1-20 Hz
         per 60 s; floor 80 % of the last 60 s's peak'."""
