@@ -13,9 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerd.agent.config import FailsafeConfig
 from powerd.agent.controls import profile_of, smoothing_wire
-from powerd.agent.core import AgentCore
 from powerd.gpu import GpuPermissionError
 from powerd.gpu.base import SmoothingProfile, SmoothingRange
 from powerd.gpu.models import gpu_model
@@ -38,7 +36,6 @@ from powerd.protocol import (
     encode,
 )
 from tests.support.agent_core_harness import (
-    AFTER_S,
     COMMAND_TOPIC,
     FAILSAFE_W,
     NODE,
@@ -46,10 +43,10 @@ from tests.support.agent_core_harness import (
     command,
     controlled_core,
     core_clock,
-    heartbeat,
+    core_following,
 )
 from tests.support.clock import WALL0
-from tests.support.keys import VERIFIER, sign
+from tests.support.keys import sign
 
 WANTED = GpuSmoothing(
     preset=1,
@@ -250,17 +247,7 @@ def test_mixed_node_applies_smoothing_where_the_gpu_has_it() -> None:
         SimulatedGpu(gpu_model("GB200"), 0, clock=clock.monotonic),
         SimulatedGpu(gpu_model("H100"), 1, clock=clock.monotonic),
     ]
-    core = AgentCore(
-        NODE,
-        gpus,
-        FailsafeConfig(cap_w=FAILSAFE_W),
-        AFTER_S,
-        verifier=VERIFIER,
-        monotonic=clock.monotonic,
-        wall=clock.time,
-    )
-    core.start()
-    core.on_heartbeat(heartbeat(clock))
+    core = core_following(clock, gpus)
     ack = core.on_command(command(1, 1, smooth(0, cap_w=900.0), smooth(1, cap_w=600.0)))
     assert ack.result == "partial"
     assert [e.index for e in ack.errors] == [1]

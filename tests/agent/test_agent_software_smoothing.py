@@ -7,20 +7,15 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from powerd.agent.config import FailsafeConfig
-from powerd.agent.core import AgentCore
 from powerd.gpu.simulated import open_simulated
 from powerd.gpu.software_smoothing import with_software_smoothing
 from powerd.protocol import FillRequest, GpuCommand, GpuSmoothing, decode, encode
 from tests.support.agent_core_harness import (
-    AFTER_S,
-    FAILSAFE_W,
     NODE,
     command,
     core_clock,
-    heartbeat,
+    core_following,
 )
-from tests.support.keys import VERIFIER
 
 PROFILE = GpuSmoothing(
     preset=0,
@@ -38,18 +33,7 @@ def mixed_node():
     sims = open_simulated("2xH100", clock=clock.monotonic) + [
         g for g in open_simulated("4xGB200", clock=clock.monotonic)[2:]
     ]
-    core = AgentCore(
-        NODE,
-        with_software_smoothing(sims),
-        FailsafeConfig(cap_w=FAILSAFE_W),
-        AFTER_S,
-        verifier=VERIFIER,
-        monotonic=clock.monotonic,
-        wall=clock.time,
-    )
-    core.start()
-    core.on_heartbeat(heartbeat(clock))
-    return core, sims, clock
+    return core_following(clock, with_software_smoothing(sims)), sims, clock
 
 
 def test_a_gpu_without_hardware_takes_the_profile_in_software():
@@ -97,17 +81,7 @@ def test_switching_it_off_stops_the_requests():
 
 def test_without_the_option_an_h100_refuses_smoothing_as_before():
     clock = core_clock()
-    core = AgentCore(
-        NODE,
-        open_simulated("1xH100", clock=clock.monotonic),
-        FailsafeConfig(cap_w=FAILSAFE_W),
-        AFTER_S,
-        verifier=VERIFIER,
-        monotonic=clock.monotonic,
-        wall=clock.time,
-    )
-    core.start()
-    core.on_heartbeat(heartbeat(clock))
+    core = core_following(clock, open_simulated("1xH100", clock=clock.monotonic))
     ack = core.on_command(command(1, 1, GpuCommand(index=0, smoothing=PROFILE)))
     assert ack.result == "partial" and "not supported" in ack.errors[0].message
     assert core.telemetry().gpus[0].smoothing is None and core.fill is None

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from powerd.agent.config import AgentMode, FailsafeConfig
 from powerd.agent.core import AgentCore
+from powerd.gpu import Gpu
 from powerd.gpu.simulated import SimulatedGpu, open_simulated
 from powerd.protocol import Command, ControllerState, GpuCommand, Heartbeat, Topics, encode
 from tests.support.clock import WALL0, ManualClock
@@ -106,3 +107,19 @@ def heartbeat_each_second(
         clock.advance(1.0)
         core.on_heartbeat(make(clock))
         core.tick()
+
+
+def core_following(clock: ManualClock, gpus: Sequence[Gpu]) -> AgentCore:
+    """A started core on these GPUs (failsafe cap 500 W), following a live leader."""
+    core = AgentCore(
+        NODE,
+        gpus,
+        FailsafeConfig(cap_w=FAILSAFE_W),
+        AFTER_S,
+        verifier=VERIFIER,
+        monotonic=clock.monotonic,
+        wall=clock.time,
+    )
+    core.start()
+    core.on_heartbeat(heartbeat(clock))
+    return core
