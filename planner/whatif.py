@@ -51,6 +51,16 @@ from policies import (
     Tree,
     decide,
 )
+from policies.causes import (
+    CAUSES,
+    LOST_CAUSES,
+    NOT_HELD,
+    cap_causes,
+    held_causes,
+    initial_causes,
+    job_causes,
+    lost_column,
+)
 from policies.smoothing import (
     DEFAULT_MARGIN,
     NO_SMOOTHING,
@@ -163,8 +173,10 @@ def replay(
     traces: dict[str, WorkloadTrace],
     settings: WhatifSettings | None = None,
     speed: SpeedModel | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> WhatifResult:
-    """Run the controller's policy over the placed jobs' profiles (module docstring)."""
+    """Run the controller's policy over the placed jobs' profiles (module docstring);
+    ``on_step(done, n_steps)`` after every step (a progress bar)."""
     settings = settings or WhatifSettings()
     speed = speed or power_law_speed()
     step_s = next(iter(traces.values())).step_s
@@ -234,7 +246,12 @@ def replay(
             "peak_demand_w",
         )
     }
-    job_acc = {k: np.zeros(n_jobs) for k in ("speed", "capped", "ramp_held", "demand_w", "power_w")}
+    job_acc = {
+        k: np.zeros(n_jobs)
+        for k in ("speed", "held", "gpus_held", "ramp_held", "demand_w", "power_w")
+    }
+    job_lost = np.zeros((n_jobs, len(CAUSES) + 1))  # by cause; the last column: unexplained
+    causes = initial_causes(tree.n_gpus)  # why each GPU's cap is where it is
     speed_gpu = np.ones(len(busy_idx))
     site_w = np.empty(n_steps)  # the site's measured power, for the grid
 
@@ -278,13 +295,23 @@ def replay(
             speed_gpu[idx] = speed(w, ratio[idx])
         job_speed = np.minimum.reduceat(speed_gpu, job_start)  # the slowest GPU sets the pace
         job_acc["speed"] += job_speed
-        job_acc["capped"] += np.minimum.reduceat(ratio, job_start) < 1.0
+        gpu_cause = held_causes(power_w[busy_idx], d, natural_w[busy_idx], causes[busy_idx])
+        held = gpu_cause != NOT_HELD
+        job_acc["held"] += np.maximum.reduceat(held, job_start)
+        job_acc["gpus_held"] += np.add.reduceat(held, job_start) / placement.job_gpus
+        job_cause = job_causes(speed_gpu, gpu_cause, job_start)
+        job_lost[all_jobs, np.where(job_cause == NOT_HELD, len(CAUSES), job_cause)] += (
+            1.0 - job_speed
+        )
         if settings.smoothing:  # held below its natural draw by the ramp-up rate
             short = power_w[busy_idx] < natural_w[busy_idx] - RAMP_HELD_TOLERANCE_W
             job_acc["ramp_held"] += np.maximum.reduceat(short, job_start)
         job_acc["demand_w"] += now_w
         job_acc["power_w"] += np.add.reduceat(power_w[busy_idx], job_start) / placement.job_gpus
+        causes = cap_causes(causes, cap_w, decision, phase)
         cap_w = decision.cap_w
+        if on_step is not None:
+            on_step(t + 1, n_steps)
 
     info = {
         "steps": n_steps,
@@ -313,7 +340,7 @@ def replay(
             },
         }
     info["synchronised"] = settings.synchronised
-    result = _result(top, tree, placement, acc, job_acc, n_steps, info)
+    result = _result(top, tree, placement, acc, job_acc, job_lost, n_steps, info)
     result.site_power_w = site_w
     return result
 
@@ -324,6 +351,7 @@ def _result(
     placement: Placement,
     acc: dict[str, np.ndarray],
     job_acc: dict[str, np.ndarray],
+    job_lost: np.ndarray,
     n_steps: int,
     info: dict[str, object],
 ) -> WhatifResult:
@@ -373,16 +401,46 @@ def _result(
             "gpus": placement.job_gpus,
             "demand_w_per_gpu": job_acc["demand_w"] / n,
             "power_w_per_gpu": job_acc["power_w"] / n,
-            "capped_share": job_acc["capped"] / n,
+            "held_share": job_acc["held"] / n,
+            "gpus_held_share": job_acc["gpus_held"] / n,
             "ramp_held_share": job_acc["ramp_held"] / n,
             "throughput_lost": 1.0 - job_acc["speed"] / n,
+            **{lost_column(c): job_lost[:, k] / n for k, c in enumerate(LOST_CAUSES)},
         }
     )
     total_gpus = float(placement.job_gpus.sum())
     lost = float((jobs["throughput_lost"] * jobs["gpus"]).sum() / total_gpus) if total_gpus else 0.0
-    info = {**info, "throughput_lost_site": lost}
+    by_cause = {
+        c: float((jobs[lost_column(c)] * jobs["gpus"]).sum() / total_gpus) if total_gpus else 0.0
+        for c in LOST_CAUSES
+    }
+    info = {**info, "throughput_lost_site": lost, "throughput_lost_site_by_cause": by_cause}
     below_servers = np.asarray(tree.level) < SERVER
     return WhatifResult(table[below_servers].reset_index(drop=True), levels, jobs, info)
+
+
+def lost_table(result: WhatifResult) -> pd.DataFrame:
+    """Throughput lost, split by cause (``policies.causes``): one row per job and one for the
+    site (GPU-weighted), one column per cause, as fractions of the job's throughput; the
+    causes of a row add up to its ``throughput_lost``."""
+    jobs = result.jobs
+    rows = pd.DataFrame(
+        {
+            "job": jobs["job"],
+            "priority": jobs["priority"],
+            "throughput_lost": jobs["throughput_lost"],
+            **{c: jobs[lost_column(c)] for c in LOST_CAUSES},
+        }
+    )
+    by_cause = result.info["throughput_lost_site_by_cause"]
+    assert isinstance(by_cause, dict)
+    site = {
+        "job": "site (GPU-weighted)",
+        "priority": "",
+        "throughput_lost": result.info["throughput_lost_site"],
+        **by_cause,
+    }
+    return pd.concat([rows, pd.DataFrame([site])], ignore_index=True)
 
 
 def grid_table(grid: dict[str, object]) -> pd.DataFrame:

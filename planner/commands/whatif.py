@@ -48,7 +48,14 @@ runs (policies/smoothing.py): the site then moves within the spec. Power it
 holds above demand is burnt; power the ramp-up holds below demand slows the job
 (ramp_held_share per job). --synchronised starts every job at its profile's
 start, together: with `powerplan rhythm` profiles, the grid's worst case.
-Per job: throughput_lost. A synchronous job runs at its slowest GPU's pace; a
+Per job: held_share (steps with any GPU drawing below its demand),
+gpus_held_share (the mean share of its GPUs held), throughput_lost, and the
+loss split by cause, adding up to it (policies/causes.py): capping (a node over
+its threshold cut the cap), priority shift (watts taken for a higher-priority
+job), staged phase (a start's or checkpoint's staged caps), failsafe start (the
+climb from the failsafe caps agents start at), clock lock, grid ramp (smoothing
+held the draw below its cap). A cap climbing back keeps the cause that lowered
+it. A synchronous job runs at its slowest GPU's pace; a
 GPU held to r = power/demand runs at r^--speed-exponent (default 0.28: Meta's
 GB200, 1200 -> 1000 W cost ~5 %, docs/DOMAIN.md), or, with --sweep, at the
 relative throughput a measured cap sweep gives (Zeus CSV columns by default).
@@ -107,10 +114,12 @@ def command(
     from planner.whatif import (
         WhatifSettings,
         grid_table,
+        lost_table,
         power_law_speed,
         replay,
         sweep_speed,
     )
+    from policies.causes import LOST_CAUSES, lost_column
 
     inputs = load_inputs(
         budgets, profiles, mix_path, step_s, column_mapping(column_pairs), workload
@@ -134,6 +143,7 @@ def command(
         raise click.ClickException(str(exc)) from None
     extra = {"budgets": str(budgets), **result.info}
     if fmt == "table":
+        extra.pop("throughput_lost_site_by_cause")  # its own table below
         grid = extra.pop("grid")
         assert isinstance(grid, dict)
         extra["grid spec"] = grid["spec"]
@@ -148,7 +158,8 @@ def command(
                 "levels": result.levels,
                 "site and rows": shown,
                 "racks that capped most": worst,
-                "jobs": result.jobs,
+                "jobs": result.jobs.drop(columns=[lost_column(c) for c in LOST_CAUSES]),
+                "throughput lost, by cause (of each job's throughput)": lost_table(result),
                 "site power vs the grid spec": grid_table(grid),
             },
             fmt,

@@ -50,6 +50,12 @@ Definitions
   clock lock (``SimulatedGpu.throughput_rel``). 1.0 means capping cost
   nothing; the phases themselves follow the job's script, so communication and
   checkpoints (no progress, capped or not) do not count either way.
+  What was lost is split by cause (``policies.causes``): a GPU-sample below
+  full speed is charged to the clock lock if its clock was locked, else to
+  the rule that last lowered its cap as of the newest controller cycle at or
+  before the sample (``RunRecord.cycle_cause``; failsafe start before the
+  first). The causes add up to ``1 - throughput_rel``; ``held_share`` is the
+  share of the job's progress GPU-seconds below full speed.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from policies import grid as grid_measure
+from policies.causes import CLOCK_LOCK, FAILSAFE, LOST_CAUSES, NOT_HELD, loss_by_cause
 from policies.tree import LEVEL_NAMES, PHASE_CODES
 from powerd.topology.grid import GridSpec, grid_report
 from powerd.vocabulary import PHASES
@@ -123,6 +130,9 @@ class RunRecord:
     # grid smoothing on: the GPUs' energy above their phases' own draw (floors, ramp-downs,
     # the jobs' busy work), (n_samples,) cumulative; None: smoothing off
     gpu_fill_energy_j: np.ndarray | None = None
+    # (n_cycles, n_gpus) int8: after each cycle, the rule that last lowered each GPU's cap
+    # (policies.causes); None: not recorded (every GPU then counts as at its failsafe cap)
+    cycle_cause: np.ndarray | None = None
 
     @property
     def n_nodes(self) -> int:
@@ -148,6 +158,8 @@ class Summary:
     energy_gpu_wh: float
     energy_site_wh: float
     throughput_rel: float | None  # every job together; None if no job did any work
+    # 1 - throughput_rel split by cause (policies.causes), of every job's progress GPU-seconds
+    throughput_lost_by_cause: dict[str, float]
     jobs: dict[str, dict[str, Any]]
     commands: dict[str, int]
     capping: dict[str, Any]
@@ -259,7 +271,7 @@ def summarize(trace: RunRecord) -> Summary:
     gpu_j = float(trace.gpu_energy_j[-1] - trace.gpu_energy_j[0]) if n_samples > 1 else 0.0
     site_j = gpu_j + trace.overhead_total_w * elapsed
 
-    jobs, throughput = _jobs(trace, dt)
+    jobs, throughput, lost_by_cause = _jobs(trace, dt)
     ramp_limit = float(trace.site_ramp_limit_w_per_s)
     return Summary(
         duration_s=float(trace.duration_s),
@@ -279,6 +291,7 @@ def summarize(trace: RunRecord) -> Summary:
         energy_gpu_wh=gpu_j / 3600.0,
         energy_site_wh=site_j / 3600.0,
         throughput_rel=throughput,
+        throughput_lost_by_cause=lost_by_cause,
         jobs=jobs,
         commands={
             "sent": int(trace.commands_sent),
@@ -306,11 +319,30 @@ def _progress_mask(phase: np.ndarray) -> np.ndarray:
     return np.isin(phase, [PHASE_CODES[p] for p in PROGRESS_PHASES])
 
 
-def _jobs(trace: RunRecord, dt: np.ndarray) -> tuple[dict[str, dict[str, Any]], float | None]:
+def sample_causes(trace: RunRecord) -> np.ndarray:
+    """(n_samples, n_gpus): why each GPU ran below full speed at each sample
+    (``policies.causes``; ``NOT_HELD`` at full speed or outside progress phases)."""
+    n_samples, n_gpus = np.shape(trace.gpu_throughput)
+    cap_cause = np.full((n_samples, n_gpus), FAILSAFE, dtype=np.int8)
+    if trace.cycle_cause is not None and len(trace.cycle_cause):
+        newest = np.searchsorted(trace.cycle_t, trace.t, side="right") - 1
+        seen = newest >= 0
+        cap_cause[seen] = trace.cycle_cause[newest[seen]]
+    cause = np.where(np.asarray(trace.gpu_locked, dtype=bool), CLOCK_LOCK, cap_cause)
+    slow = (np.asarray(trace.gpu_throughput) < 1.0 - 1e-9) & _progress_mask(trace.gpu_phase)
+    return np.where(slow, cause, NOT_HELD).astype(np.int8)
+
+
+def _jobs(
+    trace: RunRecord, dt: np.ndarray
+) -> tuple[dict[str, dict[str, Any]], float | None, dict[str, float]]:
     progress = _progress_mask(trace.gpu_phase) if len(trace.t) else np.zeros((0, 0), bool)
     weights = dt[:, None] * progress if len(trace.t) else progress
+    causes = sample_causes(trace) if len(trace.t) else np.zeros((0, 0), np.int8)
+    lost_gpu_s = weights * (1.0 - trace.gpu_throughput) if len(trace.t) else weights * 0.0
     out: dict[str, dict[str, Any]] = {}
     work_all = time_all = 0.0
+    lost_all = np.zeros(len(LOST_CAUSES))
     for k, job in enumerate(trace.jobs):
         mine = trace.gpu_job == k
         gpu_s = float(weights[:, mine].sum()) if len(trace.t) else 0.0
@@ -318,16 +350,32 @@ def _jobs(trace: RunRecord, dt: np.ndarray) -> tuple[dict[str, dict[str, Any]], 
         work_all += work
         time_all += gpu_s
         caps = trace.gpu_cap_w[:, mine][progress[:, mine]] if gpu_s else np.zeros(0)
+        lost = (
+            loss_by_cause(lost_gpu_s[:, mine], causes[:, mine])
+            if gpu_s
+            else np.zeros(len(LOST_CAUSES))
+        )
+        lost_all += lost
+        held_s = float(weights[:, mine][causes[:, mine] != NOT_HELD].sum()) if gpu_s else 0.0
         out[job.name] = {
             "priority": job.priority,
             "nodes": job.nodes,
             "gpus": job.gpus,
             "throughput_rel": work / gpu_s if gpu_s else None,
+            "throughput_lost_by_cause": {
+                c: float(v) / gpu_s if gpu_s else 0.0
+                for c, v in zip(LOST_CAUSES, lost, strict=True)
+            },
+            "held_share": held_s / gpu_s if gpu_s else 0.0,
             "progress_gpu_s": gpu_s,
             "mean_cap_in_compute_w": float(caps.mean()) if len(caps) else None,
             "phases": [[round(at, 2), phase] for at, phase in job.phases],
         }
-    return out, (work_all / time_all if time_all else None)
+    lost_site = {
+        c: float(v) / time_all if time_all else 0.0
+        for c, v in zip(LOST_CAUSES, lost_all, strict=True)
+    }
+    return out, (work_all / time_all if time_all else None), lost_site
 
 
 def _capping(trace: RunRecord, dt: np.ndarray) -> dict[str, Any]:

@@ -247,3 +247,33 @@ def test_the_default_jobs_split_the_demo_site_and_fit_the_shortest_run():
         assert plan.timeline()[-1][0] < MIN_DURATION_S
     with pytest.raises(ValueError, match="at least"):
         default_jobs(top, MIN_DURATION_S - 1)
+
+
+def test_throughput_lost_is_split_by_the_cause_the_cycles_recorded():
+    """Four samples, two GPUs at half speed in the last three: before the first cycle the
+    cause is the failsafe start; after the cycle at 1.5 s GPU 0's cap was cut (capping) and
+    GPU 1's clock is locked at sample 3. The causes add up to 1 - throughput."""
+    from policies.causes import CAPPING, FAILSAFE
+
+    speed = np.array([[1.0, 1.0], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
+    locked = np.zeros((4, 2), dtype=bool)
+    locked[3, 1] = True
+    trace = make_trace(
+        flat(4, 90, 80, 70),
+        gpu_throughput=speed,
+        gpu_locked=locked,
+        cycle_t=np.array([1.5]),
+        cycle_capping=np.zeros((1, 3), dtype=bool),
+        cycle_cut=np.array([[True, False]]),
+        cycle_cause=np.array([[CAPPING, FAILSAFE]], dtype=np.int8),
+    )
+    s = summarize(trace)
+    lost = s.jobs["job"]["throughput_lost_by_cause"]
+    # 8 GPU-s of progress, 3 lost: sample 1 both GPUs failsafe (1.0), samples 2-3 GPU 0
+    # capping (1.0), GPU 1 failsafe at 2 (0.5) and clock lock at 3 (0.5)
+    assert lost["failsafe start"] == pytest.approx(1.5 / 8)
+    assert lost["capping"] == pytest.approx(1.0 / 8)
+    assert lost["clock lock"] == pytest.approx(0.5 / 8)
+    assert sum(lost.values()) == pytest.approx(1.0 - s.jobs["job"]["throughput_rel"])
+    assert s.throughput_lost_by_cause == pytest.approx(lost)
+    assert s.jobs["job"]["held_share"] == pytest.approx(6 / 8)

@@ -1,0 +1,117 @@
+"""Why a GPU draws less than its job wants: the cause of every watt of throughput lost.
+
+A specification. A GPU is *held* when it draws less than its demand (what its
+phase would draw at the device's max limit, no clock lock). Throughput lost
+is then charged to one cause, so that the causes add up to the loss:
+
+- ``clock lock``: its SM clock is locked (the communication clock policy,
+  when a lock outlives the phase it was meant for);
+- ``grid ramp``: grid power smoothing holds its draw below what its cap
+  allows (``policies.smoothing``: the draw climbs at the GPU's ramp share);
+- otherwise its cap is below its demand, and the cause is *the rule that last
+  lowered that cap* (``cap_causes``), carried while the cap climbs back,
+  since what keeps the cap low afterwards is the uncapping ramp that rule
+  made necessary:
+  - ``capping``: a node above its capping threshold cut it (rule 3 of
+    ``policies.capping``);
+  - ``priority shift``: a node between its bands took its watts for a
+    higher-priority GPU (rule 3b);
+  - ``staged phase``: its cap was lowered to the staged cap of a job start or
+    a checkpoint (rule 2);
+  - ``failsafe start``: it has held its failsafe cap since its agent started
+    (agents start there; the controller then hands watts back at the ramp).
+
+A job whose speed is set by its slowest GPU (synchronous training) loses
+``1 - speed`` each step, charged to the slowest GPU's cause
+(``job_causes``). Used by ``planner.whatif`` and ``powerd demo``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.capping import STAGED_PHASES, Decision
+from policies.tree import PHASE_CODES
+
+CAUSES = (
+    "capping",
+    "priority shift",
+    "staged phase",
+    "failsafe start",
+    "clock lock",
+    "grid ramp",
+)
+CAPPING, PRIORITY_SHIFT, STAGED, FAILSAFE, CLOCK_LOCK, GRID_RAMP = range(len(CAUSES))
+NOT_HELD = -1
+# what a split of throughput lost reports: every cause, and what no cause explains (a speed
+# a hair under 1 from a draw within HELD_TOLERANCE_W of its demand)
+LOST_CAUSES = (*CAUSES, "unexplained")
+HELD_TOLERANCE_W = 1e-6  # float noise: a draw any further below its demand is held
+_LOWERED_W = 1e-6
+_STAGED_CODES = np.array([PHASE_CODES[p] for p in STAGED_PHASES])
+
+
+def initial_causes(n_gpus: int) -> np.ndarray:
+    """Every GPU at its failsafe cap, as agents start."""
+    return np.full(n_gpus, FAILSAFE, dtype=np.int8)
+
+
+def cap_causes(
+    causes: np.ndarray, old_cap_w: np.ndarray, decision: Decision, phase: np.ndarray
+) -> np.ndarray:
+    """``causes`` after a cycle: a GPU whose cap the cycle lowered takes the rule that
+    lowered it (capping before priority shift before staging, the order they act in);
+    every other GPU keeps its cause."""
+    new_cap = np.asarray(decision.cap_w)
+    lowered = new_cap < np.asarray(old_cap_w) - _LOWERED_W
+    out = causes.copy()
+    if not lowered.any():
+        return out
+    out[lowered & np.isin(phase, _STAGED_CODES)] = STAGED
+    if len(decision.shifted):
+        out[lowered & decision.shifted] = PRIORITY_SHIFT
+    if len(decision.cut_levels):
+        out[lowered & (decision.cut_levels != 0)] = CAPPING
+    return out
+
+
+def held_causes(
+    drawn_w: np.ndarray,
+    demand_w: np.ndarray,
+    capped_w: np.ndarray,
+    causes: np.ndarray,
+    locked: np.ndarray | None = None,
+) -> np.ndarray:
+    """Per GPU, why it draws ``drawn_w`` below ``demand_w`` (``NOT_HELD`` if it does not).
+    ``capped_w``: what it would draw under its cap alone (``min(demand, cap)``) — a draw
+    below that is the grid ramp's; ``locked``: its SM clock is locked."""
+    held = drawn_w < demand_w - HELD_TOLERANCE_W
+    out = np.where(held, causes, NOT_HELD).astype(np.int8)
+    out[held & (drawn_w < capped_w - HELD_TOLERANCE_W)] = GRID_RAMP
+    if locked is not None:
+        out[held & locked] = CLOCK_LOCK
+    return out
+
+
+def job_causes(gpu_speed: np.ndarray, gpu_cause: np.ndarray, job_start: np.ndarray) -> np.ndarray:
+    """Per job (its GPUs contiguous from ``job_start``), the cause of its slowest GPU:
+    of the GPUs tied slowest and held, the highest cause code (a fixed order, so the
+    split is reproducible); ``NOT_HELD`` when none of them is held."""
+    slowest = np.minimum.reduceat(gpu_speed, job_start)
+    counts = np.diff(np.append(job_start, len(gpu_speed)))
+    is_slowest = gpu_speed <= np.repeat(slowest, counts)
+    candidate = np.where(is_slowest, gpu_cause, NOT_HELD)
+    out: np.ndarray = np.maximum.reduceat(candidate, job_start).astype(np.int8)
+    return out
+
+
+def lost_column(cause: str) -> str:
+    """The table column of throughput lost to ``cause``: ``lost_priority_shift``."""
+    return "lost_" + cause.replace(" ", "_")
+
+
+def loss_by_cause(loss: np.ndarray, cause: np.ndarray) -> np.ndarray:
+    """Per entry of ``LOST_CAUSES``, the sum of ``loss`` charged to it (``NOT_HELD``: the
+    last, "unexplained")."""
+    index = np.where(cause == NOT_HELD, len(CAUSES), cause)
+    return np.bincount(index.ravel(), weights=loss.ravel(), minlength=len(LOST_CAUSES))

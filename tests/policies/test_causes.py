@@ -1,0 +1,75 @@
+"""policies.causes: which rule a held GPU's loss is charged to."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies.capping import Decision
+from policies.causes import (
+    CAPPING,
+    CLOCK_LOCK,
+    FAILSAFE,
+    GRID_RAMP,
+    LOST_CAUSES,
+    NOT_HELD,
+    PRIORITY_SHIFT,
+    STAGED,
+    cap_causes,
+    held_causes,
+    initial_causes,
+    job_causes,
+    loss_by_cause,
+)
+from policies.tree import PHASE_CODES
+
+COMPUTE, STARTUP = PHASE_CODES["compute"], PHASE_CODES["startup"]
+
+
+def decision(cap_w, cut_levels, shifted) -> Decision:
+    n = len(cap_w)
+    return Decision(
+        cap_w=np.asarray(cap_w, float),
+        max_sm_clock_mhz=np.full(n, np.nan),
+        node_power_w=np.zeros(1),
+        node_predicted_w=np.zeros(1),
+        node_capping=np.zeros(1, bool),
+        floor_hold_energy_j=0.0,
+        cut_levels=np.asarray(cut_levels, np.uint8),
+        shifted=np.asarray(shifted, bool),
+    )
+
+
+def test_the_rule_that_lowered_a_cap_is_its_cause_and_a_rise_keeps_it():
+    causes = initial_causes(5)
+    old = np.full(5, 500.0)
+    # 0: cut (and staged: capping wins); 1: shifted; 2: staged; 3: raised; 4: unchanged
+    d = decision([400, 450, 480, 550, 500], [1, 0, 0, 0, 0], [False, True, False, False, False])
+    phase = np.array([STARTUP, COMPUTE, STARTUP, COMPUTE, COMPUTE], np.int8)
+    out = cap_causes(causes, old, d, phase)
+    assert list(out) == [CAPPING, PRIORITY_SHIFT, STAGED, FAILSAFE, FAILSAFE]
+    assert list(causes) == [FAILSAFE] * 5  # not changed in place
+
+
+def test_held_causes_separate_the_cap_the_ramp_and_the_clock():
+    demand = np.array([600.0, 600.0, 600.0, 600.0])
+    capped = np.array([600.0, 500.0, 600.0, 500.0])  # min(demand, cap)
+    drawn = np.array([600.0, 500.0, 550.0, 500.0])
+    causes = np.array([CAPPING, CAPPING, CAPPING, STAGED], np.int8)
+    locked = np.array([False, False, False, True])
+    out = held_causes(drawn, demand, capped, causes, locked)
+    assert list(out) == [NOT_HELD, CAPPING, GRID_RAMP, CLOCK_LOCK]
+
+
+def test_a_job_pays_for_its_slowest_gpu_cause():
+    speed = np.array([1.0, 0.9, 0.95, 1.0, 1.0])
+    cause = np.array([NOT_HELD, STAGED, CAPPING, NOT_HELD, NOT_HELD], np.int8)
+    out = job_causes(speed, cause, np.array([0, 3]))  # job 0: GPUs 0-2, job 1: GPUs 3-4
+    assert list(out) == [STAGED, NOT_HELD]
+
+
+def test_loss_by_cause_puts_uncharged_loss_last():
+    out = loss_by_cause(np.array([0.1, 0.2, 0.05]), np.array([CAPPING, NOT_HELD, CAPPING]))
+    assert len(out) == len(LOST_CAUSES)
+    assert out[CAPPING] == pytest.approx(0.15)
+    assert out[-1] == pytest.approx(0.2)
