@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from powerd.demo.runner import DemoOptions, DemoRun
-from powerd.demo.summary import RunRecord
+from powerd.demo.summary import RunRecord, Summary
 from powerd.demo.view import grid_breach_line, print_summary
 
 
@@ -54,6 +54,32 @@ def write_summary_json(path: Path, run: DemoRun, options: DemoOptions, plot: Pat
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
 
+def lost_line(summary: Summary) -> str | None:
+    """'throughput lost 31.0 % of uncapped: staged phase 20.1 %, capping 8.0 %, ...' (the
+    causes that cost anything, largest first; they add up), or None without work done."""
+    if summary.throughput_rel is None:
+        return None
+    parts = sorted(
+        ((share, cause) for cause, share in summary.throughput_lost_by_cause.items()),
+        reverse=True,
+    )
+    causes = ", ".join(f"{cause} {share:.1%}" for share, cause in parts if share >= 0.0005)
+    return f"throughput lost {1 - summary.throughput_rel:.1%} of uncapped: {causes or 'nothing'}"
+
+
+def cap_ramp_breach_line(summary: Summary) -> str | None:
+    """'the sum of caps rose +21.5 kW/s, above the site's 20 kW/s ramp limit', or None."""
+    limit = summary.site_ramp_limit_w_per_s
+    rise = summary.peak_site_cap_ramp_up_w_per_s
+    if limit is None or rise <= limit:
+        return None
+    return (
+        f"the sum of caps rose +{rise / 1e3:.1f} kW/s over 1 s, above the site's "
+        f"{limit / 1e3:g} kW/s ramp limit (each cycle grants the limit times the time since "
+        "the last one, so a 1 s window can hold the grants of more than a second of cycles)"
+    )
+
+
 def print_outcome(console: Console, run: DemoRun, plot: Path, record: str | None) -> None:
     """The summary table, what was recorded, every grid limit the site's power broke, and
     every limit violated (or ``ok``)."""
@@ -71,6 +97,12 @@ def print_outcome(console: Console, run: DemoRun, plot: Path, record: str | None
             ),
             highlight=False,
         )
+    lost = lost_line(summary)
+    if lost:
+        console.print(lost, highlight=False)
+    ramp = cap_ramp_breach_line(summary)
+    if ramp:
+        console.print(f"[bold yellow]RAMP[/]: {ramp}", highlight=False)
     breach = grid_breach_line(summary)
     if breach:
         console.print(f"[bold red]GRID[/]: {breach} ({summary.grid['spec']})", highlight=False)

@@ -277,3 +277,17 @@ def test_throughput_lost_is_split_by_the_cause_the_cycles_recorded():
     assert sum(lost.values()) == pytest.approx(1.0 - s.jobs["job"]["throughput_rel"])
     assert s.throughput_lost_by_cause == pytest.approx(lost)
     assert s.jobs["job"]["held_share"] == pytest.approx(6 / 8)
+
+
+def test_the_outcome_names_the_causes_of_lost_throughput_and_a_cap_ramp_over_its_limit():
+    from powerd.demo.report import cap_ramp_breach_line, lost_line
+
+    speed = np.array([[1.0, 1.0], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
+    caps = np.array([[400.0, 400.0], [400.0, 400.0], [430.0, 430.0], [430.0, 430.0]])
+    s = summarize(make_trace(flat(4, 90, 80, 70), gpu_throughput=speed, gpu_cap_w=caps))
+    assert lost_line(s) == "throughput lost 37.5% of uncapped: failsafe start 37.5%"
+    assert s.peak_site_cap_ramp_up_w_per_s == pytest.approx(60.0)  # the limit: 50 W/s
+    line = cap_ramp_breach_line(s)
+    assert line is not None and "+0.1 kW/s" in line and "0.05 kW/s ramp limit" in line
+    calm = summarize(make_trace(flat(4, 90, 80, 70)))
+    assert cap_ramp_breach_line(calm) is None
