@@ -104,9 +104,46 @@ def target(query: str | Query, ref: str, *, alias: str = "", fmt: str = "time_se
     return out
 
 
+# Colours: what each means on these dashboards is in grafana/README.md
+GOOD, WARNING, BAD = "green", "orange", "red"
+NEUTRAL = "text"  # the theme's text colour: a number stated, not judged
+
+
+@dataclass(frozen=True)
+class Colours:
+    """How a panel colours its values: Grafana thresholds, each ``(from, colour)``.
+
+    The first step is the base, from minus infinity (``None``); a value takes
+    the colour of the last step it reaches. ``mode`` is the field colour mode:
+    ``thresholds`` colours a value by its step, ``fixed`` paints every value the
+    base step's colour (a budget, a count: stated, not judged), and
+    ``palette-classic`` gives each series of a graph its own colour while the
+    steps are drawn as lines across it.
+    """
+
+    steps: tuple[tuple[float | None, str], ...]
+    mode: str = "thresholds"
+
+    def field_config(self) -> dict[str, Any]:
+        color: dict[str, Any] = {"mode": self.mode}
+        if self.mode == "fixed":
+            color["fixedColor"] = self.steps[0][1]
+        steps = [{"color": colour, "value": at} for at, colour in self.steps]
+        return {"color": color, "thresholds": {"mode": "absolute", "steps": steps}}
+
+
+STATED = Colours(((None, NEUTRAL),), mode="fixed")
+
+
 @dataclass
 class Panel:
-    """A panel before layout: ``w`` x ``h`` grid cells; ``id`` and ``gridPos`` come from Layout."""
+    """A panel before layout: ``w`` x ``h`` grid cells; ``id`` and ``gridPos`` come from Layout.
+
+    ``colours`` are its thresholds and colour mode (see Colours), ``custom``
+    the panel plugin's field config (``custom.thresholdsStyle``: draw the
+    steps as lines), ``overrides`` and ``mappings`` Grafana's field overrides
+    and value mappings.
+    """
 
     type: str
     title: str
@@ -118,8 +155,12 @@ class Panel:
     extra: dict[str, Any] = field(default_factory=dict)
     min: float | None = None
     max: float | None = None
+    colours: Colours | None = None
+    custom: dict[str, Any] = field(default_factory=dict)
+    overrides: list[dict] = field(default_factory=list)
+    mappings: list[dict] = field(default_factory=list)
 
-    def to_json(self, panel_id: int, x: int, y: int) -> dict:
+    def field_defaults(self) -> dict[str, Any]:
         defaults: dict[str, Any] = {}
         if self.unit:
             defaults["unit"] = self.unit
@@ -127,6 +168,15 @@ class Panel:
             defaults["min"] = self.min
         if self.max is not None:
             defaults["max"] = self.max
+        if self.colours is not None:
+            defaults.update(self.colours.field_config())
+        if self.custom:
+            defaults["custom"] = self.custom
+        if self.mappings:
+            defaults["mappings"] = self.mappings
+        return defaults
+
+    def to_json(self, panel_id: int, x: int, y: int) -> dict:
         refs = [chr(ord("A") + i) for i in range(len(self.targets))]
         panel = {
             "id": panel_id,
@@ -136,11 +186,115 @@ class Panel:
             "datasource": dict(DATASOURCE),
             "gridPos": {"h": self.h, "w": self.w, "x": x, "y": y},
             "targets": [dict(t, refId=r) for t, r in zip(self.targets, refs, strict=True)],
-            "fieldConfig": {"defaults": defaults, "overrides": []},
+            "fieldConfig": {"defaults": self.field_defaults(), "overrides": self.overrides},
         }
         for key, value in self.extra.items():
             panel[key] = value
         return panel
+
+
+def stat(
+    title: str,
+    description: str,
+    targets: list[dict],
+    *,
+    unit: str,
+    colours: Colours,
+    w: int,
+    h: int = 4,
+    trend: bool = True,
+    mappings: tuple[dict, ...] = (),
+) -> Panel:
+    """A stat panel: each series' last value, coloured as ``colours`` says.
+
+    A judged value colours its background (a state, seen across the room);
+    a stated one (``STATED``) stays in the text colour. ``trend`` draws the
+    series behind the number.
+    """
+    judged = colours.mode == "thresholds"
+    options = {
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "colorMode": "background" if judged else "none",
+        "graphMode": "area" if trend else "none",
+        "textMode": "auto",
+        "justifyMode": "auto",
+        "orientation": "auto",
+        "wideLayout": True,
+        "showPercentChange": False,
+        "percentChangeColorMode": "standard",
+    }
+    return Panel(
+        "stat",
+        title,
+        description,
+        targets,
+        w=w,
+        h=h,
+        unit=unit,
+        colours=colours,
+        mappings=list(mappings),
+        extra={"options": options},
+    )
+
+
+def bands(*named: tuple[float | None, str, str]) -> tuple[Colours, tuple[dict, ...]]:
+    """Colours and a word for each band of a value: ``(from, colour, word)``, lowest first,
+    the first from minus infinity (``None``); a band ends where the next begins.
+
+    The words are range value mappings (ends inclusive), highest band first so that a
+    value on a boundary is named by the band above it, as its colour is.
+    """
+    colours = Colours(tuple((low, colour) for low, colour, _ in named))
+    highs = [low for low, _, _ in named[1:]] + [None]
+    ranges = [(low, high, word) for (low, _, word), high in zip(named, highs, strict=True)]
+    mappings = tuple(
+        {
+            "type": "range",
+            "options": {"from": low, "to": high, "result": {"text": word, "index": i}},
+        }
+        for i, (low, high, word) in enumerate(reversed(ranges))
+    )
+    return colours, mappings
+
+
+def ratio_panel(
+    title: str, description: str, targets: list[dict], *, over: str, w: int = 12, h: int = 8
+) -> Panel:
+    """A graph of power as a share of its ``over`` ("budget" or "limit") with a dashed line at
+    100 %: amber for the budget (the controller caps above it), red for the limit (the
+    breaker)."""
+    colour = {"budget": WARNING, "limit": BAD}[over]
+    return Panel(
+        "timeseries",
+        title,
+        description,
+        targets,
+        w=w,
+        h=h,
+        unit="percentunit",
+        colours=Colours(((None, GOOD), (1.0, colour)), mode="palette-classic"),
+        custom={"thresholdsStyle": {"mode": "dashed"}},
+    )
+
+
+def drawn_as_limit(matcher: dict, colour: str) -> dict:
+    """A field override: the series ``matcher`` picks are a line not to cross (a limit, a
+    budget), drawn dashed in ``colour`` rather than in a series colour."""
+    return {
+        "matcher": matcher,
+        "properties": [
+            {"id": "color", "value": {"mode": "fixed", "fixedColor": colour}},
+            {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+        ],
+    }
+
+
+def by_name(name: str) -> dict:
+    return {"id": "byName", "options": name}
+
+
+def by_regexp(pattern: str) -> dict:
+    return {"id": "byRegexp", "options": pattern}
 
 
 def row_panel(title: str) -> Panel:
@@ -188,23 +342,35 @@ def datasource_variable() -> dict:
 def query_variable(
     name: str, label: str, query: str, *, multi: bool = True, include_all: bool = True
 ) -> dict:
-    """A variable filled by ``SHOW TAG VALUES``; All expands to every value (a regex)."""
+    """A variable filled by ``SHOW TAG VALUES``; All expands to every value (a regex).
+
+    It opens on All where it has All; otherwise on no value, which Grafana
+    replaces by the first value the query returns when the dashboard loads.
+    """
     return {
         "name": name,
         "label": label,
         "type": "query",
         "datasource": dict(DATASOURCE),
         "query": query,
-        "definition": query,
         "refresh": 2,  # on time range change: new racks and jobs appear
-        "sort": 3,  # natural order: rack2 before rack10
+        "sort": 7,  # natural order: rack2 before rack10 (3 is numerical: the first number only)
         "multi": multi,
         "includeAll": include_all,
-        "current": {},
+        "current": opening_value(multi=multi, include_all=include_all),
         "options": [],
         "hide": 0,
         "regex": "",
     }
+
+
+def opening_value(*, multi: bool, include_all: bool) -> dict:
+    """A variable's ``current``: All (a list where several may be chosen), or no value."""
+    if not include_all:
+        return {"selected": False, "text": "", "value": ""}
+    if multi:
+        return {"selected": True, "text": ["All"], "value": ["$__all"]}
+    return {"selected": True, "text": "All", "value": "$__all"}
 
 
 def tag_values(measurement: Measurement, key: str, where: tuple[str, ...] = ()) -> str:
@@ -247,9 +413,13 @@ def dashboard(
         "links": [
             {
                 "type": "dashboards",
+                "title": "powerd",
+                "tooltip": "The other powerd dashboards, with this one's time range and choices",
+                "icon": "external link",
+                "url": "",
                 "tags": ["powerd"],
                 "asDropdown": True,
-                "title": "powerd",
+                "targetBlank": False,
                 "includeVars": True,
                 "keepTime": True,
             }
@@ -260,14 +430,41 @@ def dashboard(
     }
 
 
-def annotation(name: str, query: str, text_column: str, tags_column: str, color: str) -> dict:
-    """An InfluxQL annotation query (Grafana's InfluxDB data source: text and tags columns)."""
+def annotation(name: str, query: str, color: str, *, text: str, tags: str = "") -> dict:
+    """An InfluxQL annotation query: each row of ``query`` marks its time with the value of
+    column ``text``, tagged with column ``tags`` (comma-separated).
+
+    Grafana's current form: the query is the annotation's ``target`` (an
+    InfluxDB query; ``textColumn`` and ``tagsColumn`` are read where Grafana
+    runs InfluxQL in the browser) and ``mappings`` name the columns where it
+    runs them on the server and reads data frames. The legacy form, the query
+    spread into the annotation itself, is what Grafana migrates on load.
+    ``limit``, ``matchAny``, ``tags`` and ``type`` are there because the
+    dashboard schema requires them of every annotation target; only Grafana's
+    own annotation data source reads them.
+    """
+    mappings = {"text": {"source": "field", "value": text}}
+    if tags:
+        mappings["tags"] = {"source": "field", "value": tags}
     return {
         "name": name,
         "datasource": dict(DATASOURCE),
         "enable": True,
+        "hide": False,
         "iconColor": color,
-        "query": query,
-        "textColumn": text_column,
-        "tagsColumn": tags_column,
+        "target": {
+            "refId": "Anno",
+            "query": query,
+            "rawQuery": True,
+            "resultFormat": "table",
+            "fromAnnotations": True,
+            "textEditor": True,
+            "textColumn": text,
+            "tagsColumn": tags,
+            "limit": 100,
+            "matchAny": False,
+            "tags": [],
+            "type": "dashboard",
+        },
+        "mappings": mappings,
     }

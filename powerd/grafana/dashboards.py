@@ -12,13 +12,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 from powerd.grafana.build import (
+    BAD,
+    GOOD,
+    STATED,
+    WARNING,
+    Colours,
     Panel,
     Query,
     annotation,
+    bands,
+    by_name,
+    by_regexp,
     dashboard,
     datasource_variable,
+    drawn_as_limit,
     query_variable,
+    ratio_panel,
     row_panel,
+    stat,
     subquery,
     tag_values,
     target,
@@ -27,6 +38,21 @@ from powerd.telemetry_schema import DECISION, GPU, PHASE_EVENT, TREE
 
 W, MW_PER_S = "watt", "suffix:MW/s"
 W_PER_S = "si:W/s"  # SI prefixes as the value needs: 20 kW/s, 1.5 MW/s
+
+# Where the site's power stands between its budget (0) and its limit (1). Grafana cannot
+# take a threshold from a query on every version that loads these dashboards (the
+# config-from-query transformation made every step red until 2024, grafana/grafana#83366,
+# and dropped the base colour until late 2024, #96781), so the budget and the limit are in
+# the value and the steps are fixed.
+# A budget equal to the limit leaves no band between them: InfluxQL divides by 0 as 0,
+# amber, and the headroom turns red.
+SITE_POSITION = "(last({power_w}) - last({budget_w})) / (last({limit_w}) - last({budget_w}))"
+ABOVE_ZERO = 1e-6  # a step starts at its value: headroom of exactly 0 stays red
+HEADROOM_AMPLE = 0.05  # assumed: under 5 % of the limit left is close enough to look at
+NAME, LIMIT_SUFFIX = "$tag_name", " limit"  # a tree node's series, and its limit's
+SITE_STATE = bands(
+    (None, GOOD, "under budget"), (0.0, WARNING, "over budget"), (1.0, BAD, "over the limit")
+)
 
 
 def _cluster_variable() -> dict:
@@ -54,7 +80,7 @@ def _phase_annotation(where: tuple[str, ...] = ()) -> dict:
         where=where,
         every=False,
     )
-    return annotation("Phase changes", q.text(), "phase", "job", "#8F3BB8")
+    return annotation("Phase changes", q.text(), "#8F3BB8", text="phase", tags="job")
 
 
 def _tightest(level: str, over: str) -> str:
@@ -65,55 +91,90 @@ def _tightest(level: str, over: str) -> str:
     return subquery("max", inner, "share")
 
 
+def _power_and_limits(title: str, description: str, where: tuple[str, ...], w: int = 12) -> Panel:
+    """Measured power of each tree node ``where`` picks, and its limit: a dashed red line."""
+    return Panel(
+        "timeseries",
+        title,
+        description,
+        [
+            target(Query(TREE, (("mean({power_w})", "power"),), where, ("name",)), "A", alias=NAME),
+            target(
+                Query(TREE, (("mean({limit_w})", "limit"),), where, ("name",)),
+                "B",
+                alias=f"{NAME}{LIMIT_SUFFIX}",
+            ),
+        ],
+        w=w,
+        unit=W,
+        overrides=[drawn_as_limit(by_regexp(f"/{LIMIT_SUFFIX}$/"), BAD)],
+    )
+
+
 def site_overview() -> dict:
     site = _level("site")
     panels = [
         row_panel("Site"),
-        Panel(
-            "stat",
+        stat(
             "Site power",
-            "Measured power of the whole site (GPUs and overheads), last control cycle.",
+            "Measured power of the whole site (GPUs and overheads), last control cycle. Stated,"
+            " not judged: the next panel and the headroom judge it against the budget and the"
+            " limit.",
             [target(Query(TREE, (("last({power_w})", "power"),), site, every=False), "A")],
-            w=6,
-            h=4,
             unit=W,
+            colours=STATED,
+            w=5,
         ),
-        Panel(
-            "stat",
+        stat(
+            "Site against budget and limit",
+            "Where the site's power stands, last cycle: under its budget (green), between"
+            " budget and limit (amber: over budget, the controller is capping), over the limit"
+            " (red). The value is (power - budget) / (limit - budget): below 0 under the budget,"
+            " 1 at the limit.",
+            [target(Query(TREE, ((SITE_POSITION, "position"),), site, every=False), "A")],
+            unit="none",
+            colours=SITE_STATE[0],
+            mappings=SITE_STATE[1],
+            trend=False,
+            w=5,
+        ),
+        stat(
             "Site budget",
             "The power the site is planned for; the controller caps above its capping threshold.",
             [target(Query(TREE, (("last({budget_w})", "budget"),), site, every=False), "A")],
-            w=6,
-            h=4,
             unit=W,
+            colours=STATED,
+            trend=False,
+            w=4,
         ),
-        Panel(
-            "stat",
+        stat(
             "Site limit",
             "The hard limit: the feed or breaker. Never to be crossed.",
             [target(Query(TREE, (("last({limit_w})", "limit"),), site, every=False), "A")],
-            w=6,
-            h=4,
             unit=W,
+            colours=STATED,
+            trend=False,
+            w=4,
         ),
-        Panel(
-            "stat",
+        stat(
             "Headroom to the limit",
-            "Site limit minus site power, last cycle.",
+            "The share of the site limit left above the site's power, last cycle: red at 0 or"
+            f" below (at or over the limit), amber under {HEADROOM_AMPLE * 100:g} % of the limit,"
+            " green otherwise.",
             [
                 target(
                     Query(
                         TREE,
-                        (("last({limit_w}) - last({power_w})", "headroom"),),
+                        (("1 - last({power_w}) / last({limit_w})", "headroom"),),
                         site,
                         every=False,
                     ),
                     "A",
                 )
             ],
+            unit="percentunit",
+            colours=Colours(((None, BAD), (ABOVE_ZERO, WARNING), (HEADROOM_AMPLE, GOOD))),
             w=6,
-            h=4,
-            unit=W,
         ),
         Panel(
             "timeseries",
@@ -146,6 +207,12 @@ def site_overview() -> dict:
             ],
             w=16,
             unit=W,
+            overrides=[
+                drawn_as_limit(by_name("capping threshold"), "yellow"),
+                drawn_as_limit(by_name("budget"), WARNING),
+                drawn_as_limit(by_name("limit"), BAD),
+                drawn_as_limit(by_name("site limit (demand response)"), "purple"),
+            ],
         ),
         Panel(
             "timeseries",
@@ -253,10 +320,9 @@ def site_overview() -> dict:
             min=0,
         ),
         row_panel("Every level"),
-        Panel(
-            "timeseries",
+        ratio_panel(
             "Rows: power / budget",
-            "Each row's power as a share of its budget.",
+            "Each row's power as a share of its budget; the dashed line is the budget.",
             [
                 target(
                     Query(
@@ -269,19 +335,18 @@ def site_overview() -> dict:
                     alias="$tag_name",
                 )
             ],
-            unit="percentunit",
+            over="budget",
         ),
-        Panel(
-            "timeseries",
+        ratio_panel(
             "Tightest node of each level: power / limit",
             "Per interval, the highest power / limit among the rows, the racks and the servers:"
-            " 100 % is a breaker at its rating.",
+            " 100 % (the dashed line) is a breaker at its rating.",
             [
                 target(_tightest("row", "limit_w"), "A", alias="tightest row"),
                 target(_tightest("rack", "limit_w"), "B", alias="tightest rack"),
                 target(_tightest("node", "limit_w"), "C", alias="tightest server"),
             ],
-            unit="percentunit",
+            over="limit",
         ),
         row_panel("Capping"),
         Panel(
@@ -352,24 +417,13 @@ def rows_and_racks() -> dict:
     racks = _level("rack", "{name} =~ /^$rack$/")
     panels = [
         row_panel("Rows"),
-        Panel(
-            "timeseries",
-            "Rows: power",
-            "Measured power of each selected row.",
-            [
-                target(
-                    Query(TREE, (("mean({power_w})", "power"),), rows, ("name",)),
-                    "A",
-                    alias="$tag_name",
-                )
-            ],
-            unit=W,
+        _power_and_limits(
+            "Rows: power", "Measured power of each selected row; dashed, its limit.", rows
         ),
-        Panel(
-            "timeseries",
+        ratio_panel(
             "Rows: power / budget",
-            "Each selected row's power as a share of its budget; capping starts at the"
-            " capping threshold (a share of the budget, docs/BUDGETS.md).",
+            "Each selected row's power as a share of its budget (the dashed line); capping"
+            " starts at the capping threshold (a share of the budget, docs/BUDGETS.md).",
             [
                 target(
                     Query(
@@ -379,26 +433,16 @@ def rows_and_racks() -> dict:
                     alias="$tag_name",
                 )
             ],
-            unit="percentunit",
+            over="budget",
         ),
         row_panel("Racks"),
-        Panel(
-            "timeseries",
-            "Racks: power",
-            "Measured power of each selected rack.",
-            [
-                target(
-                    Query(TREE, (("mean({power_w})", "power"),), racks, ("name",)),
-                    "A",
-                    alias="$tag_name",
-                )
-            ],
-            unit=W,
+        _power_and_limits(
+            "Racks: power", "Measured power of each selected rack; dashed, its limit.", racks
         ),
-        Panel(
-            "timeseries",
+        ratio_panel(
             "Racks: power / limit",
-            "Each selected rack's power as a share of its limit (the rack breaker).",
+            "Each selected rack's power as a share of its limit (the rack breaker, the dashed"
+            " line).",
             [
                 target(
                     Query(
@@ -408,7 +452,7 @@ def rows_and_racks() -> dict:
                     alias="$tag_name",
                 )
             ],
-            unit="percentunit",
+            over="limit",
         ),
         Panel(
             "table",
@@ -451,24 +495,12 @@ def rows_and_racks() -> dict:
             min=0,
             max=1,
         ),
-        Panel(
-            "timeseries",
+        _power_and_limits(
             "Servers in the selected racks: power",
-            "Measured power of each server (GPUs and its overhead) in the selected racks.",
-            [
-                target(
-                    Query(
-                        TREE,
-                        (("mean({power_w})", "power"),),
-                        _level("node", "{rack} =~ /^$rack$/"),
-                        ("name",),
-                    ),
-                    "A",
-                    alias="$tag_name",
-                )
-            ],
+            "Measured power of each server (GPUs and its overhead) in the selected racks;"
+            " dashed, its limit.",
+            _level("node", "{rack} =~ /^$rack$/"),
             w=24,
-            unit=W,
         ),
     ]
     return dashboard(
@@ -524,8 +556,21 @@ def gpus() -> dict:
                 "options": {
                     "calculate": True,
                     "yAxis": {"unit": W},
-                    "color": {"scheme": "Oranges", "mode": "scheme"},
+                    # Grafana's heatmap defaults, written out: the schema requires them
+                    "color": {
+                        "mode": "scheme",
+                        "scheme": "Oranges",
+                        "fill": "dark-orange",
+                        "scale": "exponential",
+                        "exponent": 0.5,
+                        "steps": 64,
+                        "reverse": False,
+                    },
                     "cellGap": 1,
+                    "showValue": "auto",
+                    "legend": {"show": True},
+                    "tooltip": {"mode": "single", "yHistogram": False},
+                    "exemplars": {"color": "rgba(255,0,255,0.7)"},
                 }
             },
         ),
@@ -638,7 +683,18 @@ def jobs_and_phases() -> dict:
             w=24,
             h=6,
             extra={
-                "options": {"mergeValues": True, "showValue": "auto", "rowHeight": 0.8},
+                "options": {
+                    "mergeValues": True,
+                    "showValue": "auto",
+                    "rowHeight": 0.8,
+                    "legend": {
+                        "showLegend": True,
+                        "displayMode": "list",
+                        "placement": "bottom",
+                        "calcs": [],
+                    },
+                    "tooltip": {"mode": "single", "sort": "none"},
+                },
                 # one table (time, job, phase, events) -> one lane per job showing its phase
                 "transformations": [
                     {"id": "organize", "options": {"excludeByName": {"events": True}}},
@@ -863,18 +919,20 @@ def controller_health() -> dict:
             ],
             unit="short",
         ),
-        Panel(
-            "stat",
+        stat(
             "Epoch changes in range",
-            "How many times leadership changed hands in the time range (spread of the epoch).",
+            "How many times leadership changed hands in the time range (spread of the epoch):"
+            " green for none, amber for one or more (a failover or a restart: find out why).",
             [target(Query(DECISION, (("spread({epoch})", "changes"),), every=False), "A")],
-            w=6,
             unit="short",
+            colours=Colours(((None, GOOD), (1.0, WARNING))),
+            trend=False,
+            w=6,
+            h=8,
         ),
-        Panel(
-            "stat",
+        stat(
             "Cycles led, by controller",
-            "Control cycles each controller led in the time range.",
+            "Control cycles each controller led in the time range. A count, not judged.",
             [
                 target(
                     Query(
@@ -887,8 +945,11 @@ def controller_health() -> dict:
                     alias="$tag_controller",
                 )
             ],
-            w=6,
             unit="short",
+            colours=STATED,
+            trend=False,
+            w=6,
+            h=8,
         ),
     ]
     return dashboard(
@@ -897,7 +958,7 @@ def controller_health() -> dict:
         "The controller itself: cycle time, commands and acks, stale telemetry, failovers.",
         panels,
         [datasource_variable(), _cluster_variable()],
-        [annotation("Epoch changes", epoch_change, "change", "", "#F2495C")],
+        [annotation("Epoch changes", epoch_change, "#F2495C", text="change")],
     )
 
 

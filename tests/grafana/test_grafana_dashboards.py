@@ -4,7 +4,10 @@ No server here (test_grafana_queries.py runs the queries against InfluxDB):
 the committed JSON is exactly what powerd/grafana builds; each dashboard has
 a uid, a title, unique panel ids, grid positions that fit and do not overlap,
 a data source on every panel and target, and only variables it defines;
-every measurement, field and tag a query names is in the telemetry schema.
+every measurement, field and tag a query names is in the telemetry schema;
+every dashboard conforms to Grafana's dashboard schema (grafana_schema.py);
+every stat panel colours its value on purpose, ratio graphs mark 100 % and
+power graphs draw their limits.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from powerd.cli import main
 from powerd.grafana.build import DATASOURCE_UID, GRID_WIDTH, Query
 from powerd.grafana.dashboards import DASHBOARDS, stale
 from powerd.telemetry_schema import MEASUREMENTS, TREE
+from tests.grafana import grafana_schema
+from tests.grafana.display import colour_of, text_of
 from tests.support.grafana_queries import variables_in
 from tests.support.paths import REPO
 
@@ -37,7 +42,9 @@ def load(path: Path) -> dict:
 def queries(dash: dict) -> list[str]:
     out = [t["query"] for p in dash["panels"] for t in p.get("targets", [])]
     out += [v["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
-    out += [a["query"] for a in dash["annotations"]["list"] if "query" in a]
+    out += [
+        a["target"]["query"] for a in dash["annotations"]["list"] if "query" in a.get("target", {})
+    ]
     return out
 
 
@@ -203,3 +210,238 @@ def test_the_smoothing_panel_counts_gpus_switched_on_split_by_mechanism():
         assert 'last("smoothing_enabled") AS "gpus" FROM "gpu"' in query
         assert f'"smoothing_software" = {software} AND' in query
         assert 'GROUP BY time($__interval), "node", "gpu" fill(none)' in query
+
+
+# --- Grafana's schema --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_every_dashboard_conforms_to_grafanas_schema(path: Path):
+    assert grafana_schema.problems(load(path)) == []
+
+
+def test_the_schema_check_refuses_legacy_annotations_empty_variables_and_short_links():
+    """The forms Grafana migrates or fills in on load, as these dashboards once had them."""
+    legacy = {
+        "schemaVersion": 39,
+        "links": [
+            {
+                "type": "dashboards",
+                "title": "powerd",
+                "tags": ["powerd"],
+                "asDropdown": True,
+                "includeVars": True,
+                "keepTime": True,
+            }
+        ],
+        "templating": {
+            "list": [
+                {
+                    "name": "row",
+                    "type": "query",
+                    "query": "SHOW TAG VALUES",
+                    "definition": "SHOW TAG VALUES",
+                    "current": {},
+                }
+            ]
+        },
+        "annotations": {
+            "list": [
+                {
+                    "name": "Phase changes",
+                    "datasource": {"uid": "x"},
+                    "enable": True,
+                    "iconColor": "red",
+                    "query": "SELECT 1",
+                    "textColumn": "phase",
+                    "tagsColumn": "job",
+                }
+            ]
+        },
+    }
+    assert sorted(grafana_schema.problems(legacy)) == [
+        "$.annotations.list[0].query: not in the schema",
+        "$.annotations.list[0].tagsColumn: not in the schema",
+        "$.annotations.list[0].textColumn: not in the schema",
+        "$.links[0].icon: required, missing",
+        "$.links[0].targetBlank: required, missing",
+        "$.links[0].tooltip: required, missing",
+        "$.templating.list[0].current.text: required, missing",
+        "$.templating.list[0].current.value: required, missing",
+        "$.templating.list[0].definition: not in the schema",
+    ]
+
+
+def test_the_schema_check_refuses_a_misspelt_option_and_an_incomplete_threshold():
+    site = load(GRAFANA / "dashboards" / "site-overview.json")
+    (index,) = [i for i, p in enumerate(site["panels"]) if p["title"] == "Site power"]
+    site["panels"][index]["options"]["colorMode"] = "backgroud"
+    del site["panels"][index]["fieldConfig"]["defaults"]["thresholds"]["steps"][0]["color"]
+    assert grafana_schema.problems(site) == [
+        f"$.panels[{index}].fieldConfig.defaults.thresholds.steps[0].color: required, missing",
+        f"$.panels[{index}].options.colorMode: 'backgroud' is not a <enum 'BigValueColorMode'>",
+    ]
+
+
+def test_annotations_are_influxql_targets_with_field_mappings():
+    for dash in map(load, FILES):
+        for a in dash["annotations"]["list"][1:]:
+            t = a["target"]
+            assert a["datasource"] == {"type": "influxdb", "uid": "${datasource}"}
+            assert t["rawQuery"] is t["fromAnnotations"] is True and t["query"].startswith("SELECT")
+            assert a["mappings"]["text"] == {"source": "field", "value": t["textColumn"]}
+            if t["tagsColumn"]:
+                assert a["mappings"]["tags"] == {"source": "field", "value": t["tagsColumn"]}
+
+
+def test_variables_open_on_all_or_on_the_first_value():
+    for dash in map(load, FILES):
+        for var in dash["templating"]["list"]:
+            current = var["current"]
+            if var["type"] == "datasource":
+                assert current["value"] == DATASOURCE_UID
+            elif var["includeAll"]:
+                assert current["value"] == ["$__all"] and var["multi"]
+            else:  # the cluster: Grafana takes the first value the query returns
+                assert current["value"] == "" and var["name"] == "cluster"
+
+
+# --- colours: what a stat's colour says, the lines a graph draws ---------------------------
+
+
+def panels_of(kinds: tuple[str, ...]) -> list[tuple[str, dict]]:
+    return [(path.name, p) for path in FILES for p in load(path)["panels"] if p["type"] in kinds]
+
+
+GRAFANA_DEFAULT_STEPS = [{"color": "green", "value": None}, {"color": "red", "value": 80}]
+
+
+def test_every_stat_and_gauge_panel_has_explicit_thresholds_and_a_colour_mode():
+    found = panels_of(("stat", "gauge"))
+    assert len(found) >= 6  # the six these dashboards had before the site's state
+    for name, p in found:
+        where = f"{name}: {p['title']}"
+        levels = p["fieldConfig"]["defaults"].get("thresholds", {}).get("steps")
+        assert levels, f"{where}: no thresholds (Grafana's default: green, red from 80)"
+        assert levels[0]["value"] is None, where  # a base, from -infinity
+        values = [s["value"] for s in levels[1:]]
+        assert values == sorted(values) and levels != GRAFANA_DEFAULT_STEPS, where
+        colour, mode = p["fieldConfig"]["defaults"]["color"], p["options"]["colorMode"]
+        if colour["mode"] == "fixed":  # stated, not judged: one neutral colour
+            assert len(levels) == 1 and mode == "none", where
+            assert colour["fixedColor"] == levels[0]["color"] == "text", where
+        else:
+            assert colour["mode"] == "thresholds" and len(levels) > 1, where
+            assert mode == "background", where
+
+
+def stat_panel(file: str, title: str) -> dict:
+    (found,) = [p for p in load(GRAFANA / "dashboards" / file)["panels"] if p["title"] == title]
+    return found
+
+
+def test_the_site_is_green_under_budget_amber_over_it_and_red_over_the_limit():
+    """The site's position: (power - budget) / (limit - budget); its colour and its word."""
+    state = stat_panel("site-overview.json", "Site against budget and limit")
+    assert (
+        '(last("power_w") - last("budget_w")) / (last("limit_w") - last("budget_w"))'
+        in (state["targets"][0]["query"])
+    )
+    seen = {v: (colour_of(state, v), text_of(state, v)) for v in (-0.4, -0.01, 0.0, 0.5, 1.0, 1.3)}
+    assert seen == {
+        -0.4: ("green", "under budget"),
+        -0.01: ("green", "under budget"),
+        0.0: ("orange", "over budget"),
+        0.5: ("orange", "over budget"),
+        1.0: ("red", "over the limit"),
+        1.3: ("red", "over the limit"),
+    }
+
+
+def test_headroom_is_red_at_the_limit_amber_when_small_green_otherwise():
+    headroom = stat_panel("site-overview.json", "Headroom to the limit")
+    assert headroom["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    assert '1 - last("power_w") / last("limit_w") AS "headroom"' in headroom["targets"][0]["query"]
+    seen = {v: colour_of(headroom, v) for v in (-0.1, 0.0, 0.001, 0.049, 0.05, 0.3)}
+    assert seen == {
+        -0.1: "red",
+        0.0: "red",
+        0.001: "orange",
+        0.049: "orange",
+        0.05: "green",
+        0.3: "green",
+    }
+
+
+@pytest.mark.parametrize(
+    ("file", "title"),
+    [
+        ("site-overview.json", "Site power"),
+        ("site-overview.json", "Site budget"),
+        ("site-overview.json", "Site limit"),
+        ("controller-health.json", "Cycles led, by controller"),
+    ],
+)
+def test_stated_numbers_are_one_neutral_colour(file: str, title: str):
+    panel = stat_panel(file, title)
+    assert {colour_of(panel, v) for v in (-1.0, 0.0, 80.0, 1e9)} == {"text"}
+
+
+def test_a_failover_in_range_is_amber():
+    epochs = stat_panel("controller-health.json", "Epoch changes in range")
+    assert [colour_of(epochs, v) for v in (0, 1, 5)] == ["green", "orange", "orange"]
+
+
+def test_ratio_graphs_draw_a_dashed_line_at_one():
+    """power / budget: amber at 100 % (over budget); power / limit: red (a breaker at its rating)."""
+    ratios = [
+        (name, p)
+        for name, p in panels_of(("timeseries",))
+        if re.search(r"power / (budget|limit)", p["title"])
+    ]
+    assert len(ratios) == 4
+    for name, p in ratios:
+        over = p["title"].rsplit("/ ", 1)[1]
+        line = {"budget": "orange", "limit": "red"}[over]
+        levels = p["fieldConfig"]["defaults"].get("thresholds", {}).get("steps", [])
+        assert levels[1:] == [{"color": line, "value": 1.0}], f"{name}: {p['title']}: no line at 1"
+        assert p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"] == {"mode": "dashed"}
+        assert p["fieldConfig"]["defaults"]["color"] == {
+            "mode": "palette-classic"
+        }  # series keep theirs
+
+
+def limit_overrides(panel: dict) -> dict[str, str]:
+    """Series matcher -> colour, for each series the panel draws dashed (a line not to cross)."""
+    out = {}
+    for o in panel["fieldConfig"]["overrides"]:
+        props = {p["id"]: p["value"] for p in o["properties"]}
+        if props.get("custom.lineStyle", {}).get("fill") == "dash":
+            out[o["matcher"]["options"]] = props["color"]["fixedColor"]
+    return out
+
+
+def test_the_site_power_graph_draws_its_budget_and_limits_dashed():
+    site = stat_panel("site-overview.json", "Site power against budget and limit")
+    assert limit_overrides(site) == {
+        "capping threshold": "yellow",
+        "budget": "orange",
+        "limit": "red",
+        "site limit (demand response)": "purple",
+    }
+    aliases = set(re.findall(r'AS "([^"]+)"', " ".join(t["query"] for t in site["targets"])))
+    assert set(limit_overrides(site)) <= aliases  # each override names a series the panel has
+
+
+@pytest.mark.parametrize(
+    "title", ["Rows: power", "Racks: power", "Servers in the selected racks: power"]
+)
+def test_tree_power_graphs_draw_each_nodes_limit(title: str):
+    panel = stat_panel("rows-and-racks.json", title)
+    power, limit = panel["targets"]
+    assert 'mean("power_w") AS "power"' in power["query"] and power["alias"] == "$tag_name"
+    assert 'mean("limit_w") AS "limit"' in limit["query"] and limit["alias"] == "$tag_name limit"
+    assert power["query"].split(" FROM ")[1] == limit["query"].split(" FROM ")[1]  # same nodes
+    ((pattern, colour),) = limit_overrides(panel).items()
+    assert colour == "red" and re.search(pattern.strip("/"), "row1-k2 limit")
+    assert not re.search(pattern.strip("/"), "row1-k2")  # the power series keep their colours

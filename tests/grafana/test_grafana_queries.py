@@ -30,6 +30,7 @@ from powerd.protocol import GpuSmoothingState, GpuTelemetry, Telemetry
 from powerd.recorder import open_recorder
 from powerd.telemetry_schema import decision_line, telemetry_lines
 from powerd.topology import Topology, load_budgets
+from tests.grafana.display import colour_of, text_of
 from tests.support.grafana_queries import Selection, interpolate
 from tests.support.paths import REPO
 from tests.support.servers import running
@@ -240,11 +241,42 @@ def test_site_numbers_are_the_budgets_files(recorded: Recorded):
     dash = DASHBOARDS["site-overview.json"]()
     selection = resolve(recorded, dash)
     top = recorded.topology
-    assert stat_value(recorded, dash, "Site budget", selection) == top.budget_w[0]
-    assert stat_value(recorded, dash, "Site limit", selection) == top.limit_w[0]
-    power = stat_value(recorded, dash, "Site power", selection)
+    budget_w, limit_w = top.budget_w[0], top.limit_w[0]
+    assert stat_value(recorded, dash, "Site budget", selection) == budget_w
+    assert stat_value(recorded, dash, "Site limit", selection) == limit_w
+    power_w = stat_value(recorded, dash, "Site power", selection)
     headroom = stat_value(recorded, dash, "Headroom to the limit", selection)
-    assert 0 < power < top.limit_w[0] and headroom == pytest.approx(top.limit_w[0] - power)
+    assert 0 < power_w < limit_w and headroom == pytest.approx(1 - power_w / limit_w)
+    position = stat_value(recorded, dash, "Site against budget and limit", selection)
+    assert position == pytest.approx((power_w - budget_w) / (limit_w - budget_w))
+
+
+def test_the_site_state_is_coloured_by_the_recorded_power_against_budget_and_limit(
+    recorded: Recorded,
+):
+    """The colour and word Grafana shows for what was recorded, against the budgets file."""
+    dash = DASHBOARDS["site-overview.json"]()
+    selection = resolve(recorded, dash)
+    top = recorded.topology
+    power_w = stat_value(recorded, dash, "Site power", selection)
+    position = stat_value(recorded, dash, "Site against budget and limit", selection)
+    state = panel_json(dash, "Site against budget and limit")
+    if power_w < top.budget_w[0]:
+        expected = ("green", "under budget")
+    elif power_w < top.limit_w[0]:
+        expected = ("orange", "over budget")
+    else:
+        expected = ("red", "over the limit")
+    assert (colour_of(state, position), text_of(state, position)) == expected
+    headroom = stat_value(recorded, dash, "Headroom to the limit", selection)
+    left = 1 - power_w / top.limit_w[0]
+    expected_headroom = "red" if left <= 0 else "orange" if left < 0.05 else "green"
+    assert colour_of(panel_json(dash, "Headroom to the limit"), headroom) == expected_headroom
+
+
+def panel_json(dash: dict, title: str) -> dict:
+    (found,) = [p for p in dash["panels"] if p["title"] == title]
+    return found
 
 
 def test_racks_now_table_holds_every_racks_budget(recorded: Recorded):
@@ -273,20 +305,25 @@ def test_annotations_mark_phase_changes_and_the_failover(recorded: Recorded):
     phases = DASHBOARDS["jobs-and-phases.json"]()
     selection = resolve(recorded, phases)
     (annotation,) = phases["annotations"]["list"][1:]
-    found = run(
-        recorded, interpolate(annotation["query"], selection, recorded.start_ms, recorded.end_ms)
-    )
+    query = annotation["target"]["query"]
+    found = run(recorded, interpolate(query, selection, recorded.start_ms, recorded.end_ms))
     columns = found[0]["columns"]
-    assert annotation["textColumn"] in columns and annotation["tagsColumn"] in columns
+    assert (
+        annotation["target"]["textColumn"] == "phase"
+        and annotation["target"]["tagsColumn"] == "job"
+    )
+    assert {m["value"] for m in annotation["mappings"].values()} == {"phase", "job"} <= set(columns)
     seen = {row[columns.index("phase")] for row in rows(found)}
     assert {"startup", "compute", "communication", "checkpoint", "shutdown"} <= seen
 
     health = DASHBOARDS["controller-health.json"]()
     selection = resolve(recorded, health)
     (epochs,) = health["annotations"]["list"][1:]
+    query = epochs["target"]["query"]
     epoch_rows = rows(
-        run(recorded, interpolate(epochs["query"], selection, recorded.start_ms, recorded.end_ms))
+        run(recorded, interpolate(query, selection, recorded.start_ms, recorded.end_ms))
     )
+    assert epochs["mappings"]["text"]["value"] == "change"
     assert len(epoch_rows) == 1 and epoch_rows[0][1] > 0  # one interval where the epoch grew
     assert stat_value(recorded, health, "Epoch changes in range", selection) > 0
 
@@ -299,7 +336,7 @@ def panel_series(
 ) -> dict[str, dict[int, float]]:
     """Each of a panel's columns (its series, by alias) as time -> value, all targets."""
     selection = resolve(recorded, dash)
-    (panel,) = [p for p in dash["panels"] if p["title"] == title]
+    panel = panel_json(dash, title)
     out: dict[str, dict[int, float]] = {}
     for t in panel["targets"]:
         found = run(recorded, interpolate(t["query"], selection, start_ms, end_ms))
