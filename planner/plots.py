@@ -13,12 +13,17 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
     from planner.caps import CapsResult
     from planner.sizing import WorkloadTrace
 
 DPI = 110
 MAX_LABELLED = 8  # more lines than this: no legend entry per line
 EXCERPT_S = 600.0  # the power-over-time panel shows this much of each trace
+HEADROOM = 0.08  # of an axis' span, beyond its highest (and lowest) point: no marker cut
+NO_CAPPING = "no capping in this replay"
 
 
 def _pyplot():
@@ -30,8 +35,47 @@ def _pyplot():
     return plt
 
 
+def _save(fig: Figure, path: Path) -> None:
+    fig.savefig(path, dpi=DPI)
+    _pyplot().close(fig)
+
+
+def plotted_y(ax: Axes) -> np.ndarray:
+    """Every y value the axes draws: its lines' and markers' points (axhline included),
+    both ends of its bars."""
+    values = [np.asarray(line.get_ydata(), dtype=float).ravel() for line in ax.get_lines()]
+    for patch in ax.patches:
+        y0, height = patch.get_y(), patch.get_height()  # type: ignore[attr-defined]
+        values.append(np.array([y0, y0 + height], dtype=float))
+    y = np.concatenate(values) if values else np.zeros(0)
+    return y[np.isfinite(y)]
+
+
+def fit_y(ax: Axes, bottom: float | None = None) -> None:
+    """Y limits that hold everything the axes draws, :data:`HEADROOM` beyond its extremes
+    so no marker is cut by the frame; ``bottom``: a floor to keep in view (0 for bars).
+
+    Matplotlib's own margins are a share of the data's span, and ``set_ylim(bottom=0)``
+    after plotting keeps a top computed for a narrower span: markers at the top (the
+    highest demand, a limit) came out half cut."""
+    y = plotted_y(ax)
+    if bottom is not None:
+        y = np.append(y, bottom)
+    if not len(y):
+        return
+    lo, hi = float(y.min()), float(y.max())
+    span = hi - lo or abs(hi) or 1.0
+    below = 0.0 if bottom is not None and lo >= bottom else HEADROOM * span
+    ax.set_ylim(lo - below, hi + HEADROOM * span)
+
+
 def plot_caps(result: CapsResult, path: Path) -> None:
     """Throughput per provisioned W (relative to the max cap) against the cap, per GPU."""
+    _save(caps_figure(result), path)
+
+
+def caps_figure(result: CapsResult) -> Figure:
+    """The figure :func:`plot_caps` writes."""
     plt = _pyplot()
     gpus = sorted(result.curves["gpu"].unique())
     fig, axes = plt.subplots(
@@ -58,9 +102,9 @@ def plot_caps(result: CapsResult, path: Path) -> None:
         ax.set_title(f"{gpu} ({len(names)} workloads), overhead {result.overhead_w:g} W")
         ax.set_xlabel("power cap, W")
         ax.set_ylabel("throughput per provisioned W / same at max cap")
+        fit_y(ax)
         ax.legend(fontsize=7)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    return fig
 
 
 def plot_power_distributions(
@@ -69,6 +113,13 @@ def plot_power_distributions(
     """Left: per workload, the distribution (CDF) of per-GPU power samples. Right: each
     workload's job trace (mean per-GPU power, what sizing scales by a job's GPUs) over
     its first ``excerpt_s`` seconds: the synchronised swings a job's GPUs make together."""
+    _save(power_distributions_figure(table, traces, excerpt_s), path)
+
+
+def power_distributions_figure(
+    table: pd.DataFrame, traces: dict[str, WorkloadTrace], excerpt_s: float = EXCERPT_S
+) -> Figure:
+    """The figure :func:`plot_power_distributions` writes."""
     plt = _pyplot()
     fig, (cdf, over_time) = plt.subplots(1, 2, figsize=(12, 4.2), constrained_layout=True)
     names = sorted(table["workload"].unique())
@@ -90,10 +141,10 @@ def plot_power_distributions(
     over_time.set_ylabel("mean GPU power of the job, W")
     over_time.set_title("job traces (all GPUs of a job together)")
     over_time.grid(alpha=0.3)
+    fit_y(over_time, bottom=0.0)
     if len(names) <= MAX_LABELLED:
         cdf.legend(fontsize=7)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    return fig
 
 
 def plot_budget_vs_demand(nodes: pd.DataFrame, path: Path) -> None:
@@ -104,6 +155,11 @@ def plot_budget_vs_demand(nodes: pd.DataFrame, path: Path) -> None:
     by demand_q / budget, tightest on the right, so a level's worst case is
     where the eye ends.
     """
+    _save(budget_vs_demand_figure(nodes), path)
+
+
+def budget_vs_demand_figure(nodes: pd.DataFrame) -> Figure:
+    """The figure :func:`plot_budget_vs_demand` writes."""
     plt = _pyplot()
     levels = [lv for lv in ("site", "row", "rack") if (nodes["level"] == lv).any()]
     fig, axes = plt.subplots(
@@ -116,35 +172,52 @@ def plot_budget_vs_demand(nodes: pd.DataFrame, path: Path) -> None:
         kw = 1e-3 if lv["limit_w"].max() < 2e6 else 1e-6
         unit = "kW" if kw == 1e-3 else "MW"
         few = len(lv) <= 40  # few nodes: one marker each, no lines between unrelated nodes
+        # the limit last and on top, wider than the other markers: where the demand
+        # passes the limit, the demand's marker would otherwise hide it
         series = (
-            ("limit_w", "limit", "black", "_", 1.5),
-            ("budget_w", "budget", "tab:blue", "s", 1.5),
-            ("demand_q_w", "demand, quantile", "tab:red", "v", 1.2),
-            ("demand_p50_w", "demand, median", "tab:orange", "o", 1.0),
+            ("budget_w", "budget", "tab:blue", "s", 1.5, 8, 2),
+            ("demand_q_w", "demand, quantile", "tab:red", "v", 1.2, 8, 2),
+            ("demand_p50_w", "demand, median", "tab:orange", "o", 1.0, 8, 2),
+            ("limit_w", "limit", "black", "_", 1.5, 18, 4),
         )
-        for column, label, color, marker, lw in series:
+        for column, label, color, marker, lw, size, zorder in series:
             if few:
                 ax.plot(
-                    x, lv[column] * kw, ls="none", marker=marker, ms=8, color=color, label=label
+                    x,
+                    lv[column] * kw,
+                    ls="none",
+                    marker=marker,
+                    ms=size,
+                    mew=2 if marker == "_" else 1,
+                    color=color,
+                    label=label,
+                    zorder=zorder,
                 )
             else:
-                ax.plot(x, lv[column] * kw, lw=lw, color=color, label=label)
+                ax.plot(x, lv[column] * kw, lw=lw, color=color, label=label, zorder=zorder)
         if few:
             ax.set_xticks(x, lv["name"], rotation=60, ha="right", fontsize=7)
         else:
             ax.set_xlabel(f"{len(lv)} {level}s, by demand / budget")
         ax.set_ylabel(unit)
-        ax.set_ylim(bottom=0)
+        fit_y(ax, bottom=0.0)
         ax.set_title(level)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    # one legend for every panel, outside them: inside, it hid nodes' markers
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside upper center", ncol=len(labels), fontsize=8)
+    return fig
 
 
 def plot_capping(levels: pd.DataFrame, path: Path) -> None:
     """From a whatif replay (its ``levels`` table): per level, how often its nodes capped
-    (mean and worst node) and the deepest cut a node of the level made."""
+    (mean and worst node) and the deepest cut a node of the level made; says so when
+    nothing capped."""
+    _save(capping_figure(levels), path)
+
+
+def capping_figure(levels: pd.DataFrame) -> Figure:
+    """The figure :func:`plot_capping` writes."""
     plt = _pyplot()
     fig, (share, depth) = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
     names = levels["level"].astype(str).tolist()
@@ -154,12 +227,18 @@ def plot_capping(levels: pd.DataFrame, path: Path) -> None:
     share.set_xticks(x, names)
     share.set_ylabel("% of steps capping")
     share.set_title("how often capping bites")
-    share.legend(fontsize=7)
     depth.bar(x, levels["cut_max_w"] * 1e-3, color="tab:purple")
     depth.set_xticks(x, names)
     depth.set_ylabel("kW, largest cut one node made")
     depth.set_title("how deep")
-    for ax in (share, depth):
+    capped = bool((levels["capping_share_max"] > 0).any() or (levels["cut_max_w"] > 0).any())
+    for ax, empty_top in ((share, 100.0), (depth, 1.0)):
         ax.grid(alpha=0.3, axis="y")
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+        if capped:
+            fit_y(ax, bottom=0.0)
+        else:  # a 0 to 100 % (0 to 1 kW) axis and the reason it is empty, not ±0.04
+            ax.set_ylim(0.0, empty_top)
+            ax.text(0.5, 0.5, NO_CAPPING, transform=ax.transAxes, ha="center", va="center")
+    if capped:
+        share.legend(fontsize=7)
+    return fig

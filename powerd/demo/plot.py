@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from policies import grid as grid_measure
 from policies.tree import ROW, SITE
 from powerd.demo.summary import RAMP_WINDOW_S, RunRecord, regular_series
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PHASE_COLOURS = {
     "startup": "#9ecae1",
@@ -19,6 +23,8 @@ PHASE_COLOURS = {
 }
 JOB_COLOURS = ("tab:blue", "tab:green", "tab:olive", "tab:cyan")  # not the phases' colours
 MAX_ROW_PANELS = 4
+PANEL_HEIGHT_IN = 2.6
+LOCKS_HEIGHT = 0.5  # the clock-lock panel, as a share of a power panel's height
 
 
 def _spans(phases: list[tuple[float, str]], end_s: float) -> list[tuple[float, float, str]]:
@@ -31,22 +37,47 @@ def _spans(phases: list[tuple[float, str]], end_s: float) -> list[tuple[float, f
     return out
 
 
+def locked_share_pct(trace: RunRecord, job: int) -> np.ndarray:
+    """Per sample, the share of the job's GPUs whose clock is locked, in % (0 to 100):
+    the mean over the job's GPUs, not a sum."""
+    mine = trace.gpu_job == job
+    if not mine.any():
+        return np.zeros(len(trace.t))
+    return np.asarray(trace.gpu_locked[:, mine], dtype=float).mean(axis=1) * 100
+
+
 def plot_trace(trace: RunRecord, path: str | Path, title: str = "powerd demo") -> Path:
     """Write the PNG; return its path. Uses matplotlib's Agg backend (no display needed)."""
+    path = Path(path)
+    fig = trace_figure(trace, title)
+    import matplotlib.pyplot as plt  # after trace_figure chose the Agg backend
+
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def trace_figure(trace: RunRecord, title: str = "powerd demo") -> Figure:
+    """The figure :func:`plot_trace` writes: site, ramp, rows, caps, then clock locks."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    path = Path(path)
     t = trace.t
     end_s = float(t[-1]) if len(t) else trace.duration_s
     rows = [k for k in np.flatnonzero(trace.level == ROW)]
     row_panels = [int(r) for r in rows] if len(rows) <= MAX_ROW_PANELS else []
-    n_panels = 1 + 1 + (len(row_panels) if row_panels else 1) + 1
+    n_panels = 1 + 1 + (len(row_panels) if row_panels else 1) + 1 + 1
+    heights = [1.0] * (n_panels - 1) + [LOCKS_HEIGHT]
     fig, axes = plt.subplots(
-        n_panels, 1, figsize=(11, 2.6 * n_panels), sharex=True, constrained_layout=True
+        n_panels,
+        1,
+        figsize=(11, PANEL_HEIGHT_IN * sum(heights)),
+        sharex=True,
+        constrained_layout=True,
+        gridspec_kw={"height_ratios": heights},
     )
     # the jobs on each row (by where their GPUs are), for shading
     gpu_row = _gpu_row(trace)
@@ -78,7 +109,8 @@ def plot_trace(trace: RunRecord, path: str | Path, title: str = "powerd demo") -
     power_panel(axes[0], SITE, f"site {trace.names[SITE]}", [])
     axes[0].legend(loc="upper left", fontsize=8, ncol=4)
     ramp_panel(axes[1], trace)
-    axes = axes[1:]
+    locks = axes[-1]
+    axes = axes[1:-1]
     if row_panels:
         for ax, row in zip(axes[1:], row_panels, strict=False):
             jobs = [k for k in all_jobs if np.any((trace.gpu_job == k) & (gpu_row == row))]
@@ -91,43 +123,49 @@ def plot_trace(trace: RunRecord, path: str | Path, title: str = "powerd demo") -
         ax.axhline(1.0, color="tab:orange", ls="--", lw=1)
         ax.set_ylabel("power / budget")
         ax.set_title("rows", loc="left", fontsize=10)
-    ax = axes[-1]
-    locks = ax.twinx()
-    for k in all_jobs:
-        mine = trace.gpu_job == k
-        if not mine.any() or not len(t):
-            continue
-        name = trace.jobs[k].name
-        colour = JOB_COLOURS[k % len(JOB_COLOURS)]
-        ax.plot(
-            t, trace.gpu_cap_w[:, mine].mean(axis=1), lw=1.2, color=colour, label=f"{name}: cap"
-        )
-        share = trace.gpu_locked[:, mine].mean(axis=1) * 100
-        locks.fill_between(
-            t,
-            0,
-            share,
-            color=colour,
-            alpha=0.25,
-            step="post",
-            lw=0,
-            label=f"{name}: GPUs clock-locked",
-        )
-    ax.set_ylabel("mean cap, W per GPU")
-    locks.set_ylabel("clock-locked, % of GPUs")
-    locks.set_ylim(0, 400)  # the locks in the lower quarter, under the caps
-    ax.set_title("GPU power caps and clock locks, by job", loc="left", fontsize=10)
-    ax.set_xlabel("seconds since the jobs' clock started")
-    ax.grid(alpha=0.3)
-    lines, labels = ax.get_legend_handles_labels()
-    more, more_labels = locks.get_legend_handles_labels()
-    ax.legend(lines + more, labels + more_labels, loc="upper right", fontsize=8, ncol=2)
+    caps_panel(axes[-1], trace)
+    locks_panel(locks, trace)
     handles = [Patch(color=c, alpha=0.35, label=p) for p, c in PHASE_COLOURS.items()]
     fig.legend(handles=handles, loc="outside upper right", ncol=3, fontsize=8, title="job phase")
     fig.suptitle(title, x=0.01, ha="left")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def caps_panel(ax, trace: RunRecord) -> None:
+    """Each job's mean GPU power cap over time."""
+    for k in range(len(trace.jobs)):
+        mine = trace.gpu_job == k
+        if not mine.any() or not len(trace.t):
+            continue
+        colour = JOB_COLOURS[k % len(JOB_COLOURS)]
+        cap_w = trace.gpu_cap_w[:, mine].mean(axis=1)
+        ax.plot(trace.t, cap_w, lw=1.2, color=colour, label=f"{trace.jobs[k].name}: cap")
+    ax.set_ylabel("mean cap, W per GPU")
+    ax.set_title("GPU power caps, by job", loc="left", fontsize=10)
+    ax.grid(alpha=0.3)
+    if ax.get_lines():
+        ax.legend(loc="upper right", fontsize=8, ncol=2)
+
+
+def locks_panel(ax, trace: RunRecord) -> None:
+    """Each job's share of GPUs with a locked clock over time, on its own 0-100 % axis
+    (it shared the caps' panel on a 0-400 % axis, to keep it under the caps' lines)."""
+    for k in range(len(trace.jobs)):
+        if not (trace.gpu_job == k).any() or not len(trace.t):
+            continue
+        share = locked_share_pct(trace, k)
+        colour = JOB_COLOURS[k % len(JOB_COLOURS)]
+        label = f"{trace.jobs[k].name}: GPUs clock-locked"
+        ax.fill_between(trace.t, 0, share, color=colour, alpha=0.25, step="post", lw=0)
+        ax.step(trace.t, share, where="post", color=colour, lw=1.2, label=label)  # overlaps
+    ax.set_ylim(0, 100)
+    ax.set_yticks([0, 50, 100])
+    ax.set_ylabel("clock-locked,\n% of GPUs")
+    ax.set_title("GPU clock locks, by job", loc="left", fontsize=10)
+    ax.set_xlabel("seconds since the jobs' clock started")
+    ax.grid(alpha=0.3)
+    if ax.get_lines():
+        ax.legend(loc="upper right", fontsize=8, ncol=2)
 
 
 def ramp_panel(ax, trace: RunRecord) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
-from rich.console import Console, Group, JustifyMethod
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -12,10 +16,12 @@ from powerd.demo.runner import LiveState
 from powerd.demo.summary import Summary
 from powerd.topology.grid import NO_GRID_SPEC
 
-BAR_WIDTH = 24
+BAR_WIDTH = 24  # the power bar in a wide terminal
+NARROW_BAR_WIDTH = 14  # in one narrower than the wide layout (an 80-column one)
 CAPPING_SHOWN_S = 3.0  # how long the view keeps showing that a node capped
 MAX_RACKS_SHOWN = 16
 STATUS_EVERY_S = 5.0
+MAX_EVENTS_SHOWN = 6
 
 
 class _TreeView:
@@ -48,14 +54,16 @@ class _TreeView:
         return sorted({int(j) for j in np.unique(self.gpu_job[mask]) if j >= 0})
 
 
-def _bar(power_w: float, budget_w: float, threshold_w: float, limit_w: float) -> Text:
+def _bar(
+    power_w: float, budget_w: float, threshold_w: float, limit_w: float, width: int = BAR_WIDTH
+) -> Text:
     """Power as a bar on a scale up to the limit; ┃ marks the budget."""
     frac = max(0.0, power_w / limit_w)
-    filled = min(BAR_WIDTH, round(frac * BAR_WIDTH))
-    mark = min(BAR_WIDTH - 1, round(budget_w / limit_w * BAR_WIDTH))
+    filled = min(width, round(frac * width))
+    mark = min(width - 1, round(budget_w / limit_w * width))
     style = "green" if power_w <= threshold_w else "yellow" if power_w <= limit_w else "bold red"
     text = Text()
-    for i in range(BAR_WIDTH):
+    for i in range(width):
         if i == mark:
             text.append("┃", style="bold white" if i < filled else "white")
         elif i < filled:
@@ -65,44 +73,148 @@ def _bar(power_w: float, budget_w: float, threshold_w: float, limit_w: float) ->
     return text
 
 
+@dataclass(frozen=True)
+class Column:
+    """One column of the live table: its header, alignment and least width in cells."""
+
+    header: str
+    justify: JustifyMethod
+    width: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The live table's columns for a terminal width: all of them in full where they fit,
+    shorter headers, a shorter bar and the job's name alone (its phase is in the jobs
+    line above) in an 80-column terminal."""
+
+    columns: tuple[Column, ...]
+    bar_width: int
+    job_phase: bool  # the job column shows "name: phase", not the name alone
+
+    @property
+    def width(self) -> int:
+        """The table's width: its columns and one space between each two."""
+        return sum(c.width for c in self.columns) + len(self.columns) - 1
+
+
+WIDE = Layout(
+    (
+        Column("", "left", 12),
+        Column("kW", "right", 6),
+        Column("budget", "right", 6),
+        Column("limit", "right", 5),
+        Column("0 ── power ── limit", "left", BAR_WIDTH),
+        Column("capping", "center", 7),
+        Column("mean cap W", "right", 10),
+        Column("clock-locked", "right", 12),
+        Column("job: phase", "left", 24),
+    ),
+    BAR_WIDTH,
+    job_phase=True,
+)
+NARROW = Layout(
+    (
+        Column("", "left", 11),
+        Column("kW", "right", 6),
+        Column("budget", "right", 6),
+        Column("limit", "right", 5),
+        Column("power", "left", NARROW_BAR_WIDTH),
+        Column("capping", "center", 7),
+        Column("cap W", "right", 5),
+        Column("locked", "right", 7),
+        Column("job", "left", 8),
+    ),
+    NARROW_BAR_WIDTH,
+    job_phase=False,
+)
+
+
+def layout_for(width: int) -> Layout:
+    return WIDE if width >= WIDE.width else NARROW
+
+
+def pack(items: Sequence[Text], sep: str, width: int) -> list[Text]:
+    """``items`` joined by ``sep`` into lines of at most ``width`` cells, a line broken
+    only between two items (an item wider than the line gets a line of its own)."""
+    lines: list[Text] = []
+    line = Text()
+    for item in items:
+        if line.plain and cell_len(line.plain + sep + item.plain) > width:
+            lines.append(line)
+            line = Text()
+        if line.plain:
+            line.append(sep)
+        line.append_text(item)
+    if line.plain:
+        lines.append(line)
+    return lines
+
+
+def legend_entries(threshold_share: float) -> list[str]:
+    """What the bar's characters and colours and the capping marks mean, one entry each."""
+    return [
+        "bar: power up to the limit",
+        "┃ the budget",
+        f"green below the capping threshold ({threshold_share * 100:.0f} % of budget)",
+        "yellow above it",
+        "red above the limit",
+        "capping: ● the controller takes watts under the node now",
+        f"○ it did in the last {CAPPING_SHOWN_S:g} s",
+    ]
+
+
 class LiveView:
-    """Renders the state as a table of site, rows and racks (``rich.live.Live`` updates it)."""
+    """Renders the state as a table of site, rows and racks (``rich.live.Live`` updates it),
+    laid out for the console's width and height when it is drawn."""
 
     def __init__(self) -> None:
         self._tree: _TreeView | None = None
 
-    def render(self, state: LiveState) -> Group:
+    def render(self, state: LiveState) -> _Screen:
         if self._tree is None:
             self._tree = _TreeView(state)
+        return _Screen(self, state)
+
+    def screen(self, state: LiveState, width: int, height: int) -> Group:
+        """The view within ``width`` columns and ``height`` lines: the events above the
+        legend are what a short terminal drops first."""
+        if self._tree is None:
+            self._tree = _TreeView(state)
+        layout = layout_for(width)
+        header = pack(_header_items(state), " · ", width)
+        header[0].stylize("bold", 0, len("powerd demo"))
+        jobs = pack(_job_items(state), "   ", width)
+        table = self._table(state, layout)
+        tree = self._tree.tree
+        threshold = float(tree.cap_threshold_w[SITE] / tree.budget_w[SITE])
+        entries = [Text(e) for e in legend_entries(threshold)]
+        legend = pack(entries, "; ", width)
+        for line in legend:
+            line.stylize("grey50")
+        table_lines = len(self._tree.shown) + 1
+        spare = height - len(header) - len(jobs) - table_lines - len(legend)
+        gaps = 2 if spare >= 3 else 0
+        shown = max(0, min(MAX_EVENTS_SHOWN, spare - gaps))
+        events = [
+            Text(e, style="grey70", no_wrap=True, overflow="ellipsis")
+            for e in (state.events[-shown:] if shown else [])
+        ]
+        gap = [Text("")] if gaps else []
+        return Group(*header, *jobs, *gap, table, *gap, *events, *legend)
+
+    def _table(self, state: LiveState, layout: Layout) -> Table:
+        assert self._tree is not None
         tv = self._tree
         tree = tv.tree
-        header = Text.assemble(
-            ("powerd demo", "bold"),
-            f" · {state.elapsed_s():4.1f} / {state.duration_s:g} s · controller epoch "
-            f"{state.epoch} · {state.cycles} cycles · commands {state.commands_sent} sent, "
-            f"{state.acks_received} acked",
-        )
-        jobs = Text()
-        for job in state.jobs:
-            phase = job.phase or "waiting"
-            jobs.append(f"{job.plan.name}", style="bold")
-            jobs.append(f" ({job.plan.priority}, {len(job.gpus)} GPUs): ")
-            jobs.append(f"{phase:<14}", style=_PHASE_STYLE.get(phase, ""))
         table = Table(box=None, pad_edge=False, header_style="bold", collapse_padding=True)
-        columns: tuple[tuple[str, JustifyMethod, int], ...] = (
-            ("", "left", 12),
-            ("kW", "right", 6),
-            ("budget", "right", 6),
-            ("limit", "right", 5),
-            ("0 ── power ── limit", "left", BAR_WIDTH),
-            ("capping", "center", 7),
-            ("mean cap W", "right", 10),
-            ("clock-locked", "right", 12),
-            ("job: phase", "left", 24),
-        )
-        for column, justify, width in columns:
+        for column in layout.columns:
             table.add_column(
-                column, justify=justify, no_wrap=True, min_width=width, overflow="ellipsis"
+                column.header,
+                justify=column.justify,
+                no_wrap=True,
+                min_width=column.width,
+                overflow="ellipsis",
             )
         power = state.node_power_w
         cap_sum = tree.node_sum(state.gpu_cap_w) if state.gpu_cap_w is not None else None
@@ -114,14 +226,6 @@ class LiveView:
             lvl = int(tv.level[node])
             indent = {SITE: "", ROW: " ", RACK: "  "}.get(lvl, "   ")
             p = float(power[node]) if power is not None else float("nan")
-            jobs_here = tv.jobs_under(node)
-            job_text = Text()
-            if len(jobs_here) == 1:
-                job = state.jobs[jobs_here[0]]
-                job_text.append(job.plan.name + ": ")
-                job_text.append(job.phase or "-", style=_PHASE_STYLE.get(job.phase or "", ""))
-            elif jobs_here:
-                job_text.append(f"{len(jobs_here)} jobs")
             since = now_s - state.last_capping_s[node] if state.last_capping_s is not None else 1e9
             if since <= 0.01 + (state.cycle_s or 0.5):
                 capping = Text("●", style="bold yellow")
@@ -134,23 +238,69 @@ class LiveView:
                 f"{p / 1e3:6.1f}",
                 f"{tree.budget_w[node] / 1e3:g}",
                 f"{tree.limit_w[node] / 1e3:g}",
-                _bar(p, tree.budget_w[node], tree.cap_threshold_w[node], tree.limit_w[node])
+                _bar(
+                    p,
+                    tree.budget_w[node],
+                    tree.cap_threshold_w[node],
+                    tree.limit_w[node],
+                    layout.bar_width,
+                )
                 if power is not None
                 else "",
                 capping,
                 f"{cap_sum[node] / tv.gpus_under[node]:4.0f}" if cap_sum is not None else "",
                 f"{int(locked[node])}/{int(tv.gpus_under[node])}" if locked is not None else "",
-                job_text,
+                _job_cell(state, tv.jobs_under(node), layout.job_phase),
             )
-        events = Text("\n".join(state.events[-6:]), style="grey70")
-        legend = Text(
-            "bar: power up to the limit, ┃ the budget; green below the capping threshold "
-            "(98 % of budget), yellow above it, red above the limit\n"
-            f"capping: ● the controller is taking watts under that node now, ○ did so in the "
-            f"last {CAPPING_SHOWN_S:g} s",
-            style="grey50",
-        )
-        return Group(header, jobs, Text(""), table, Text(""), events, legend)
+        return table
+
+
+class _Screen:
+    """The live view as rich draws it: laid out for the width and height it is given."""
+
+    def __init__(self, view: LiveView, state: LiveState) -> None:
+        self.view = view
+        self.state = state
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        # one line short of the terminal: the cursor's line after the last one
+        height = (options.height or options.max_height or console.height) - 1
+        yield self.view.screen(self.state, options.max_width, height)
+
+
+def _header_items(state: LiveState) -> list[Text]:
+    return [
+        Text("powerd demo"),
+        Text(f"{state.elapsed_s():4.1f} / {state.duration_s:g} s"),
+        Text(f"controller epoch {state.epoch}"),
+        Text(f"{state.cycles} cycles"),
+        Text(f"commands {state.commands_sent} sent, {state.acks_received} acked"),
+    ]
+
+
+def _job_items(state: LiveState) -> list[Text]:
+    items = []
+    for job in state.jobs:
+        phase = job.phase or "waiting"
+        item = Text()
+        item.append(job.plan.name, style="bold")
+        item.append(f" ({job.plan.priority}, {len(job.gpus)} GPUs): ")
+        item.append(phase, style=_PHASE_STYLE.get(phase, ""))
+        items.append(item)
+    return items
+
+
+def _job_cell(state: LiveState, jobs_here: list[int], with_phase: bool) -> Text:
+    text = Text()
+    if len(jobs_here) == 1:
+        job = state.jobs[jobs_here[0]]
+        text.append(job.plan.name)
+        if with_phase:
+            text.append(": ")
+            text.append(job.phase or "-", style=_PHASE_STYLE.get(job.phase or "", ""))
+    elif jobs_here:
+        text.append(f"{len(jobs_here)} jobs")
+    return text
 
 
 _PHASE_STYLE = {
@@ -172,15 +322,17 @@ class EventLog:
         self._tree: Tree | None = None
 
     def __call__(self, state: LiveState) -> None:
+        # a line each, as long as it is: into a log or a pipe, not wrapped mid-phrase
         for line in state.events[self._printed :]:
-            self.console.print(line, highlight=False)
+            self.console.print(line, highlight=False, soft_wrap=True)
         self._printed = len(state.events)
         elapsed = state.elapsed_s()
         if elapsed >= self._next_status_s and state.node_power_w is not None:
             self._next_status_s += STATUS_EVERY_S
             if self._tree is None:
                 self._tree = state.topology.tree
-            self.console.print(status_line(state, elapsed, self._tree), highlight=False)
+            line = status_line(state, elapsed, self._tree)
+            self.console.print(line, highlight=False, soft_wrap=True)
 
 
 def status_line(state: LiveState, elapsed_s: float, tree: Tree) -> str:
