@@ -19,11 +19,15 @@ import numpy as np
 import pandas as pd
 
 from planner.mix import Placement
+from planner.profiles import SWING_SHARE
 from planner.report_doc import Document
 from planner.sizing import SizingSettings, WorkloadTrace, size
+from planner.sweep import foreign_sweeps, sweep_label_warnings
 from planner.whatif import SpeedModel, WhatifResult, WhatifSettings, grid_table, replay
+from policies.causes import largest_causes
 from policies.tree import SERVER
 from powerd.topology import Topology
+from powerd.topology.checks import budget_warnings
 
 MAX_TABLE_ROWS = 40  # longer tables show the tightest rows and say how many are left out
 PLOTS = {
@@ -32,6 +36,17 @@ PLOTS = {
     "capping": "capping.png",
     "caps": "cap_curves.png",
 }
+# The replay's shares, shown as percentages: one unit for capping (and what it costs)
+# everywhere in the report, its summary, its tables and capping.png's "% of steps" axis.
+PERCENT_COLUMNS = {
+    "capping_share_mean": "capping_pct_of_steps_mean",
+    "capping_share_max": "capping_pct_of_steps_max",
+    "held_share": "held_pct_of_steps",
+    "gpus_held_share": "gpus_held_pct_of_gpu_steps",
+    "ramp_held_share": "ramp_held_pct_of_steps",
+    "throughput_lost": "throughput_lost_pct",
+}
+LOST_PREFIX = "lost_"  # the replay's throughput lost per cause (lost_capping, ...): + "_pct"
 
 
 @dataclass(frozen=True)
@@ -40,7 +55,7 @@ class ReportSettings:
     samples: int = 100_000
     seed: int = 0
     whatif_s: float = 600.0  # 0: no replay
-    overhead_w: float = 150.0  # for the cap curves
+    overhead_w: float | None = None  # for the cap curves: needed with a sweep, no default
 
 
 @dataclass
@@ -49,6 +64,9 @@ class Report:
     figures: dict[str, Callable[[Path], None]]  # file name -> draws it there
     nodes: pd.DataFrame  # site, rows, racks: limit, budget, demand
     whatif: WhatifResult | None
+    # cross-checks of the inputs the report found (a sweep of GPUs this site does not
+    # have, ...), also in the document: for the command to repeat on stderr
+    warnings: list[str]
 
 
 def budget_vs_demand(
@@ -62,7 +80,10 @@ def budget_vs_demand(
     ``demand_p50_w`` and ``demand_q_w`` are the median and the ``quantile`` of
     the node's demand (GPU and non-GPU power, the file's overheads), from the
     same draws; ``sized_budget_w`` is what ``powerplan size`` would set;
-    ``demand_q_to_budget`` > 1 means the node caps more often than 1 - quantile.
+    ``demand_q_pct_of_budget`` above the node's cap_threshold (as a percentage)
+    means the node caps more often than 1 - quantile (``demand_q_above_threshold``).
+    ``samples`` is the Monte Carlo values per node the sizing drew (at most
+    ``settings.samples``: a whole number of windows, within a memory bound).
     """
     settings_q = SizingSettings(
         quantile=settings.quantile, samples=settings.samples, seed=settings.seed
@@ -82,12 +103,13 @@ def budget_vs_demand(
             "budget_w": budget_w,
             "demand_p50_w": sized.demand_p50_w[view],
             "demand_q_w": high["demand_q_w"],
-            "demand_q_to_budget": high["demand_q_w"] / budget_w,
+            "demand_q_pct_of_budget": 100 * high["demand_q_w"] / budget_w,
             "demand_q_above_threshold": high["demand_q_w"] > threshold_w,
             "headroom_to_limit_w": high["limit_w"] - high["demand_q_w"],
             "sized_budget_w": high["budget_w"],
             "tail_model": high["tail_model"],
             "n_eff": high["n_eff"],
+            "samples": high["samples"],
         }
     )
 
@@ -98,8 +120,31 @@ def _tightest(frame: pd.DataFrame, by: str, n: int = MAX_TABLE_ROWS) -> tuple[pd
     return frame.sort_values(by, ascending=False).head(n), len(frame) - n
 
 
+def _causes(whatif: WhatifResult) -> str:
+    """' (staged phase 4.3 %, capping 1.0 %)': the causes of the site's lost throughput
+    that cost anything, largest first (policies.causes); empty when nothing was lost."""
+    by_cause = whatif.info["throughput_lost_site_by_cause"]
+    assert isinstance(by_cause, dict)
+    parts = largest_causes(by_cause)
+    return f" ({', '.join(f'{c} {_pct(v)}' for c, v in parts)})" if parts else ""
+
+
 def _pct(share: float) -> str:
     return f"{share * 100:.3g} %"
+
+
+def _percent_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """The replay's shares as percentages (:data:`PERCENT_COLUMNS`, ``lost_*``), renamed
+    to say so; other columns as they are."""
+    names = {
+        c: PERCENT_COLUMNS.get(c, f"{c}_pct" if c.startswith(LOST_PREFIX) else c)
+        for c in frame.columns
+    }
+    shown = frame.rename(columns=names)
+    for old, new in names.items():
+        if new != old:
+            shown[new] = 100 * frame[old]
+    return shown
 
 
 def _kw(watts: float) -> str:
@@ -126,14 +171,19 @@ def _failsafe(top: Topology) -> pd.DataFrame:
 
 
 def _summary(
-    nodes: pd.DataFrame, q: float, whatif: WhatifResult | None, caps_mix: pd.DataFrame | None
+    nodes: pd.DataFrame,
+    q: float,
+    whatif: WhatifResult | None,
+    caps_mix: pd.DataFrame | None,
+    foreign: dict[str, str],
 ) -> list[str]:
+    """The summary's sentences; no cap for a GPU in ``foreign`` (not this site's)."""
     qname = f"p{q * 100:g}"
     site = nodes.iloc[0]
     items = [
         f"Site {site['name']}: limit {_kw(site['limit_w'])}, budget {_kw(site['budget_w'])};"
         f" demand median {_kw(site['demand_p50_w'])}, {qname} {_kw(site['demand_q_w'])}"
-        f" ({site['demand_q_to_budget']:.0%} of the budget). `powerplan size` would set"
+        f" ({site['demand_q_pct_of_budget']:.0f} % of the budget). `powerplan size` would set"
         f" {_kw(site['sized_budget_w'])}."
     ]
     for level in ("row", "rack"):
@@ -145,13 +195,13 @@ def _summary(
         items.append(
             f"{len(lv)} {level}s: {over_threshold} with {qname} demand above the capping"
             f" threshold of their budget, {over_limit} above their limit; tightest"
-            f" {lv.loc[lv['demand_q_to_budget'].idxmax(), 'name']} at"
-            f" {lv['demand_q_to_budget'].max():.0%} of its budget."
+            f" {lv.loc[lv['demand_q_pct_of_budget'].idxmax(), 'name']} at"
+            f" {lv['demand_q_pct_of_budget'].max():.0f} % of its budget."
         )
     if whatif is not None:
         levels = whatif.levels.set_index("level")
         bites = ", ".join(
-            f"{lv} {_pct(levels.loc[lv, 'capping_share_mean'])}"
+            f"{lv} {_pct(levels.loc[lv, 'capping_share_mean'])} of steps"
             for lv in ("site", "row", "rack")
             if lv in levels.index
         )
@@ -159,11 +209,13 @@ def _summary(
         items.append(
             f"Replayed {whatif.info['duration_s']:g} s through the controller's policy: steps"
             f" capping (mean node) {bites}; throughput lost site-wide"
-            f" {_pct(float(str(whatif.info['throughput_lost_site'])))}; node-seconds above a limit"
-            f" {above:g}."
+            f" {_pct(float(str(whatif.info['throughput_lost_site'])))}{_causes(whatif)};"
+            f" node-seconds above a limit {above:g}."
         )
     if caps_mix is not None and len(caps_mix):
         for row in caps_mix.itertuples(index=False):
+            if row.gpu in foreign:  # said among the warnings: no cap of it is this site's
+                continue
             items.append(
                 f"{row.gpu}: cap {row.cap_w:g} W of {row.max_cap_w:g} W gives"
                 f" {row.gain_pct:+.1f} % throughput per MW for the sweep's workload mix."
@@ -202,8 +254,10 @@ def build(
     settings: ReportSettings,
     speed: SpeedModel | None = None,
     sweep: pd.DataFrame | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> Report:
-    """Every number and plot of the report; ``sources`` names the inputs (shown as given)."""
+    """Every number and plot of the report; ``sources`` names the inputs (shown as given);
+    ``on_step`` follows the replay (a progress bar)."""
     from planner import plots
     from planner.caps import recommend
     from planner.profiles import summarise
@@ -221,22 +275,38 @@ def build(
             traces,
             WhatifSettings(duration_s=settings.whatif_s, seed=settings.seed),
             speed,
+            on_step=on_step,
         )
-    caps = recommend(sweep, settings.overhead_w) if sweep is not None else None
+    caps = None
+    if sweep is not None:
+        if settings.overhead_w is None:
+            raise ValueError("a cap sweep needs overhead_w: it decides the best cap")
+        caps = recommend(sweep, settings.overhead_w)
+    site_models = sorted(set(top.server_model))
+    foreign: dict[str, str] = {}
+    sweep_warnings: list[str] = []
+    if sweep is not None:
+        labels = [str(g) for g in sweep["gpu"].unique()]
+        foreign = foreign_sweeps(labels, site_models)
+        sweep_warnings = [*foreign.values(), *sweep_label_warnings(sweep)]
 
     doc.paragraph(
         " ".join(f"{key}: {value}." for key, value in sources.items())
-        + f" Demand quantile {qname}, {settings.samples:,} Monte Carlo samples per node,"
-        f" seed {settings.seed}. Method: docs/PLANNER.md."
+        + f" Demand quantile {qname}, {int(nodes['samples'].iat[0]):,} Monte Carlo samples"
+        f" per node, seed {settings.seed}. Method: docs/PLANNER.md."
     )
     doc.heading("Summary")
-    doc.bullets(_summary(nodes, q, whatif, caps.mix if caps is not None else None))
+    checks = [f"Warning: {w}" for w in [*budget_warnings(top), *sweep_warnings]]
+    doc.bullets(
+        checks + _summary(nodes, q, whatif, caps.mix if caps is not None else None, foreign)
+    )
 
     doc.heading("Workloads")
     doc.paragraph(
-        "Per-GPU power of each profiled workload, and the job's aggregate (all its GPUs,"
-        " which rise and fall together): peak_to_mean is the aggregate's p99 over its mean;"
-        " swings counts steps where the aggregate moves by more than a tenth of its mean."
+        "Per-GPU power of each profiled workload, and the aggregate of its profiled GPUs"
+        " (which rise and fall together): peak_to_mean is the aggregate's p99 over its mean;"
+        " swings counts steps where the aggregate moves by more than"
+        f" {SWING_SHARE * 100:g} % of its mean from one sample to the next."
     )
     summary = summarise(profiles)
     keep = [
@@ -253,10 +323,11 @@ def build(
     doc.heading("Budgets against demand")
     doc.paragraph(
         f"The budgets file's limit and budget per site, row and rack against the demand of"
-        f" its placed jobs (median and {qname}, GPU and non-GPU power). A demand_q_to_budget"
-        f" above the capping threshold means the controller caps that node more often than"
-        f" {_pct(1 - q)} of the time; headroom_to_limit_w below 0 means even the sized"
-        f" quantile is above the breaker and only capping keeps it in."
+        f" its placed jobs (median and {qname}, GPU and non-GPU power). A"
+        f" demand_q_pct_of_budget above the node's capping threshold ({_thresholds(top)} of"
+        f" its budget) means the controller caps that node more often than {_pct(1 - q)} of"
+        f" the time; headroom_to_limit_w below 0 means even the sized quantile is above the"
+        f" breaker and only capping keeps it in."
     )
     shown = [
         "name",
@@ -266,7 +337,7 @@ def build(
         "budget_w",
         "demand_p50_w",
         "demand_q_w",
-        "demand_q_to_budget",
+        "demand_q_pct_of_budget",
         "headroom_to_limit_w",
         "sized_budget_w",
         "tail_model",
@@ -276,7 +347,7 @@ def build(
         lv = nodes[nodes["level"] == level]
         if lv.empty:
             continue
-        part, left = _tightest(lv, "demand_q_to_budget")
+        part, left = _tightest(lv, "demand_q_pct_of_budget")
         caption = title + (f": the {len(part)} tightest, {left} more not shown" if left else "")
         doc.table(part[shown], caption)
     figures[PLOTS["budgets"]] = lambda path: plots.plot_budget_vs_demand(nodes, path)
@@ -290,13 +361,20 @@ def build(
             f"The placed jobs' profiles replayed for {whatif.info['duration_s']:g} s"
             f" (step {whatif.info['step_s']:g} s) through policies.decide, the controller's"
             " own function, at the file's budgets; a synchronous job runs at its slowest"
-            " GPU's pace."
+            " GPU's pace. Capping and what it costs are percentages: capping_pct_of_steps"
+            " of the replay's steps in which a node capped (mean and worst node of each"
+            " level), held_pct_of_steps of the steps in which any GPU of a job drew below"
+            " its demand, gpus_held_pct_of_gpu_steps of its GPUs held in a mean step,"
+            " throughput_lost_pct and lost_<cause>_pct of the job's throughput."
         )
-        doc.table(whatif.levels, "per level (node = server)")
+        doc.table(_percent_columns(whatif.levels), "per level (node = server)")
         jobs, left = _tightest(whatif.jobs, "throughput_lost")
-        doc.table(jobs, "jobs" + (f": the {len(jobs)} that lost most, {left} more" if left else ""))
+        doc.table(
+            _percent_columns(jobs),
+            "jobs" + (f": the {len(jobs)} that lost most, {left} more" if left else ""),
+        )
         figures[PLOTS["capping"]] = lambda path: plots.plot_capping(whatif.levels, path)
-        doc.image(PLOTS["capping"], "share of steps capping and deepest cut per level")
+        doc.image(PLOTS["capping"], "% of steps capping and deepest cut per level")
         _grid_section(doc, whatif.info["grid"])  # type: ignore[arg-type]
 
     if caps is not None:
@@ -304,11 +382,17 @@ def build(
         doc.paragraph(
             f"Throughput per provisioned watt against the GPU power cap, each GPU provisioned"
             f" at its cap plus {settings.overhead_w:g} W that does not scale with it; the"
-            " recommended cap is the measured cap with the most throughput per MW."
+            " recommended cap is the measured cap with the most throughput per MW (ties to"
+            f" the higher cap), for the GPU models this site has ({', '.join(site_models)};"
+            " column site_has_gpu). A sweep of another GPU is shown for reference, not as this"
+            " site's cap: where throughput per watt peaks depends on the chip (its clocks,"
+            " memory and voltage curve), and scaling one GPU's curve by the other's cap"
+            " range would be a guess."
         )
-        if caps.warnings:
-            doc.bullets(caps.warnings)
-        doc.table(caps.mix, "per GPU, its sweep's workloads weighted equally")
+        if caps.warnings or sweep_warnings:
+            doc.bullets([*sweep_warnings, *caps.warnings])
+        mix = caps.mix.assign(site_has_gpu=[g not in foreign for g in caps.mix["gpu"]])
+        doc.table(mix, "per GPU, its sweep's workloads weighted equally")
         per, left = _tightest(caps.per_workload, "gain_pct")
         cols = ["gpu", "workload", "cap_w", "max_cap_w", "speed_vs_max", "gain_pct"]
         doc.table(per[cols], "per workload" + (f": the {len(per)} largest gains" if left else ""))
@@ -320,12 +404,19 @@ def build(
         [
             "A job's GPUs are one correlated load (its profile's mean per-GPU trace times its"
             " GPUs); jobs run from independent random offsets, the only source of diversity.",
-            f"Demand quantiles are empirical where at least 10 distinct samples lie above"
-            f" them, else a generalised Pareto tail (tail_model); n_eff is the number of"
-            f" distinct samples, so a rack inside one job resolves no finer than 1/n_eff"
-            f" (here {int(nodes['n_eff'].min()):,} at the least).",
+            f"Demand quantiles are empirical where at least {SizingSettings().min_tail_points}"
+            " distinct samples lie above them, else a generalised Pareto tail (tail_model);"
+            " n_eff is the number of distinct samples, so a rack inside one job resolves no"
+            f" finer than 1/n_eff (here {int(nodes['n_eff'].min()):,} at the least).",
             "Profiles wrap around: a profile shorter than a job's life repeats; phases a"
             " profile never saw (a start, a checkpoint) are not in the demand.",
         ]
     )
-    return Report(doc, figures, nodes, whatif)
+    return Report(doc, figures, nodes, whatif, sweep_warnings)
+
+
+def _thresholds(top: Topology) -> str:
+    """The capping thresholds of the site, rows and racks, as percentages of budget."""
+    view = np.asarray(top.cap_threshold, dtype=float)[: top.level_start[SERVER]]
+    lo, hi = float(view.min()), float(view.max())
+    return f"{lo * 100:g} %" if lo == hi else f"{lo * 100:g} to {hi * 100:g} %"

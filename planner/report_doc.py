@@ -3,12 +3,17 @@
 ``powerplan report`` assembles one :class:`Document` and writes it as Markdown
 (GitHub-flavoured pipe tables) or as a self-contained HTML page that links its
 PNGs by relative path. Numbers are shown as the ``--format table`` output shows
-them (:func:`planner.output.cell_text`), so the report and the CLI agree.
+them (:func:`planner.output.cell_text`), so the report and the CLI agree. Text
+(headings, paragraphs, list items, captions) may mark inline code with
+backticks, as Markdown does: HTML shows it as ``<code>``. In HTML every table
+sits in its own box that scrolls sideways (:data:`TABLE_BOX_CLASS`), so a wide
+table never widens the page.
 """
 
 from __future__ import annotations
 
 import html
+import itertools
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -100,11 +105,28 @@ def to_markdown(doc: Document) -> str:
     return "\n".join(out)
 
 
-_STYLE = """body{font-family:system-ui,sans-serif;max-width:75rem;margin:2rem auto;padding:0 1rem}
-table{border-collapse:collapse;margin:0.5rem 0 1.5rem;font-size:0.85rem}
-th,td{border:1px solid #ccc;padding:0.2rem 0.5rem}th{background:#f3f3f3}
-td.n{text-align:right;font-variant-numeric:tabular-nums}img{max-width:100%}
-caption{caption-side:top;text-align:left;font-style:italic;padding:0.3rem 0}"""
+TABLE_BOX_CLASS = "table-box"  # the <div> around each HTML table: it scrolls, not the page
+
+_STYLE = f"""body{{font-family:system-ui,sans-serif;max-width:75rem;
+margin:2rem auto;padding:0 1rem}}
+.{TABLE_BOX_CLASS}{{overflow-x:auto;max-width:100%;margin:0.5rem 0 1.5rem}}
+table{{border-collapse:collapse;font-size:0.85rem}}
+code{{font-family:ui-monospace,monospace;font-size:0.9em;background:#f3f3f3;padding:0 0.2em}}
+th,td{{border:1px solid #ccc;padding:0.2rem 0.5rem}}th{{background:#f3f3f3}}
+td.n{{text-align:right;font-variant-numeric:tabular-nums}}img{{max-width:100%}}
+caption{{caption-side:top;text-align:left;font-style:italic;padding:0.3rem 0}}"""
+
+
+def inline_html(text: str) -> str:
+    """``text`` escaped for HTML, its `backticked` spans as ``<code>``; a text with an
+    unmatched backtick is plain text."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:
+        return html.escape(text)
+    return "".join(
+        f"<code>{html.escape(part)}</code>" if odd else html.escape(part)
+        for odd, part in zip(itertools.cycle((False, True)), parts)
+    )
 
 
 def to_html(doc: Document) -> str:
@@ -117,17 +139,18 @@ def to_html(doc: Document) -> str:
     ]
     for block in doc.blocks:
         if isinstance(block, Heading):
-            out.append(f"<h{block.level}>{e(block.text)}</h{block.level}>")
+            out.append(f"<h{block.level}>{inline_html(block.text)}</h{block.level}>")
         elif isinstance(block, Paragraph):
-            out.append(f"<p>{e(block.text)}</p>")
+            out.append(f"<p>{inline_html(block.text)}</p>")
         elif isinstance(block, Bullets):
-            out.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in block.items) + "</ul>")
+            items = "".join(f"<li>{inline_html(i)}</li>" for i in block.items)
+            out.append(f"<ul>{items}</ul>")
         elif isinstance(block, Table):
             frame = block.frame
             numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
-            out.append("<table>")
+            out.append(f'<div class="{TABLE_BOX_CLASS}"><table>')
             if block.caption:
-                out.append(f"<caption>{e(block.caption)}</caption>")
+                out.append(f"<caption>{inline_html(block.caption)}</caption>")
             out.append("<tr>" + "".join(f"<th>{e(str(c))}</th>" for c in frame.columns) + "</tr>")
             for row in frame.itertuples(index=False):
                 cells = (
@@ -135,7 +158,7 @@ def to_html(doc: Document) -> str:
                     for v, n in zip(row, numeric, strict=True)
                 )
                 out.append("<tr>" + "".join(cells) + "</tr>")
-            out.append("</table>")
+            out.append("</table></div>")
         elif isinstance(block, Image):
             out.append(f'<p><img src="{e(block.file)}" alt="{e(block.alt)}"></p>')
     out.append("</body></html>")

@@ -405,6 +405,18 @@ def size(
     )
 
 
+def over_limit(table: pd.DataFrame) -> pd.DataFrame:
+    """The nodes of a sized ``table`` (``Sizing.table``) whose demand at the sizing
+    quantile is above their limit: ``name``, ``level``, ``demand_q_w``, ``limit_w`` and
+    ``over_w``, the most over (as a share of the limit) first. For them the budget is
+    bound by the limit, and capping, not the plan, keeps them within their breakers."""
+    over = table[table["demand_q_w"] > table["limit_w"]]
+    over = over.assign(over_w=over["demand_q_w"] - over["limit_w"])
+    order = (over["over_w"] / over["limit_w"]).sort_values(ascending=False, kind="stable")
+    columns = ["name", "level", "demand_q_w", "limit_w", "over_w"]
+    return over.loc[order.index, columns].reset_index(drop=True)
+
+
 # --- a tree of controllers -------------------------------------------------------------
 
 

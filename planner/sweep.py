@@ -28,12 +28,13 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from planner.errors import ProfileError, read_input_text
+from powerd.gpu.models import GPU_MODELS, GpuModel, gpu_model
 
 #: A GPU's power (cap or draw under work) in W lies in this range; outside it
 #: the column is almost surely in another unit (NVML reports mW; site sheets
@@ -48,6 +49,60 @@ SWEEP_COLUMNS: tuple[str, ...] = ("gpu", "workload", "cap_w", "throughput", "avg
 def default_label(path: str | Path) -> str:
     """GPU label from a file name: the stem's last ``_`` part (``summary_power_a40`` -> ``a40``)."""
     return Path(path).stem.rsplit("_", 1)[-1]
+
+
+def sweep_model(label: str) -> GpuModel | None:
+    """The GPU model a sweep's label names (``a40`` -> the A40), case-insensitively;
+    None for a label that names no known model (powerd.gpu.models)."""
+    try:
+        return gpu_model(label)
+    except KeyError:
+        return None
+
+
+def foreign_sweeps(labels: Iterable[str], site_models: Collection[str]) -> dict[str, str]:
+    """Per sweep label whose GPU is not one of ``site_models`` (model keys), why its cap
+    is not the site's, as a sentence; labels of the site's GPUs are left out.
+
+    A cap curve is the chip's own: where throughput per watt peaks depends on its clocks,
+    memory and voltage curve, so another model's best cap, scaled or not, is no
+    recommendation for this site."""
+    site = ", ".join(sorted(site_models))
+    why: dict[str, str] = {}
+    for label in labels:
+        model = sweep_model(label)
+        if model is None:
+            why[label] = (
+                f"the sweep {label!r} names no known GPU model ({', '.join(GPU_MODELS)}), so"
+                f" it cannot be told to be of this site's GPUs ({site}); name its GPU (the"
+                " file name's last '_' part, e.g. summary_power_h100.csv); no cap is"
+                " recommended from it"
+            )
+        elif model.key not in site_models:
+            why[label] = (
+                f"the sweep {label!r} was measured on {model.key} GPUs; this site's GPUs are"
+                f" {site}: its cap is not this site's, and none is recommended from it"
+                f" (measure a sweep on {site})"
+            )
+    return why
+
+
+def sweep_label_warnings(sweep: pd.DataFrame) -> list[str]:
+    """Per GPU of a sweep (:func:`load_sweep`'s form) whose label names a known model,
+    a warning when its measured caps fall outside that model's cap range: the label is
+    probably not the GPU the sweep was measured on."""
+    warnings = []
+    for label, caps in sweep.groupby("gpu", sort=True)["cap_w"]:
+        model = sweep_model(str(label))
+        if model is None:
+            continue
+        lo, hi = float(caps.min()), float(caps.max())
+        if lo < model.cap_min_w or hi > model.cap_max_w:
+            warnings.append(
+                f"the sweep {label!r} has caps {lo:g}-{hi:g} W, outside the {model.key}'s cap"
+                f" range {model.cap_min_w:g}-{model.cap_max_w:g} W: is it of another GPU?"
+            )
+    return warnings
 
 
 def _watts(source: Path, line: int, column: str, raw: str, what: str) -> float:

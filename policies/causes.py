@@ -115,3 +115,13 @@ def loss_by_cause(loss: np.ndarray, cause: np.ndarray) -> np.ndarray:
     last, "unexplained")."""
     index = np.where(cause == NOT_HELD, len(CAUSES), cause)
     return np.bincount(index.ravel(), weights=loss.ravel(), minlength=len(LOST_CAUSES))
+
+
+def largest_causes(by_cause: dict[str, float], least: float = 0.0005) -> list[tuple[str, float]]:
+    """The causes that cost at least ``least`` of the throughput, largest first: what a
+    summary line names."""
+    return sorted(
+        ((c, share) for c, share in by_cause.items() if share >= least),
+        key=lambda item: item[1],
+        reverse=True,
+    )

@@ -7,10 +7,12 @@ from pathlib import Path
 import click
 
 from planner.caps import recommend
+from planner.commands.options import OVERHEAD_W_HELP, OVERHEAD_W_NEEDED
 from planner.errors import ProfileError
 from planner.mix import load_mix
 from planner.output import emit, format_option
-from planner.sweep import default_label, load_sweeps
+from planner.sweep import default_label, load_sweeps, sweep_label_warnings
+from powerd.cli.options import Quantity
 
 ZEUS_WORKLOAD_COLS = "dataset,network,batch_size,optimizer"
 
@@ -65,13 +67,13 @@ def parse_mix(value: str) -> dict[str, float]:
     return weights
 
 
-@click.command()
+@click.command(short_help="The GPU power cap that maximises throughput inside a fixed site power.")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option(
     "--overhead-w",
-    type=click.FloatRange(min=0),
+    type=Quantity("W", 0),
     required=True,
-    help="Provisioned W per GPU that does not scale with its cap (CPU, NIC, switches, cooling).",
+    help=f"{OVERHEAD_W_HELP} Required: {OVERHEAD_W_NEEDED}.",
 )
 @click.option(
     "--workload-cols",
@@ -83,7 +85,7 @@ def parse_mix(value: str) -> dict[str, float]:
 @click.option(
     "--time-col",
     default=None,
-    help="Time per unit of work column (throughput = 1/time). [default: time_per_epoch]",
+    help="Time per unit of work column (throughput = 1/time) [default: time_per_epoch].",
 )
 @click.option("--throughput-col", default=None, help="Throughput column (instead of --time-col).")
 @click.option(
@@ -95,13 +97,13 @@ def parse_mix(value: str) -> dict[str, float]:
 @click.option(
     "--gpu-label",
     multiple=True,
-    help="GPU name per FILE, in order (default: the file stem's last '_' part).",
+    help="GPU name per FILE, in order [default: the file stem's last '_' part].",
 )
 @click.option(
     "--mix",
     default=None,
     help="Workload shares of the GPUs: 'workload=weight,...', a file of such lines, or a"
-    " 'powerplan size' mix .toml. Default: every workload of a GPU, equal weights.",
+    " 'powerplan size' mix .toml [default: every workload of a GPU, equal weights].",
 )
 @click.option(
     "--interpolate",
@@ -110,7 +112,7 @@ def parse_mix(value: str) -> dict[str, float]:
 )
 @click.option(
     "--step-w",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Quantity("W", 0, min_open=True),
     default=1.0,
     show_default=True,
     help="Cap grid step for --interpolate, W.",
@@ -139,6 +141,14 @@ def command(
     throughput(cap) / (cap + overhead). FILE is a cap sweep (one GPU model per
     file): rows of workload, cap, time per unit of work (or throughput) and
     average power. Defaults read the Zeus power-limit sweeps as they are.
+
+    \b
+    Examples:
+      powerplan caps tests/data/zeus-power-limit/summary_power_a40.csv --overhead-w 150
+      powerplan caps tests/data/zeus-power-limit/summary_power_*.csv --overhead-w 360 \\
+          --interpolate --plot caps.png --format json
+      powerplan caps tests/data/zeus-power-limit/summary_power_a40.csv --overhead-w 360 \\
+          --mix imagenet/resnet50/256/adadelta=3,imagenet/resnet50/32/adadelta=1
     """
     if time_col is not None and throughput_col is not None:
         raise click.UsageError("give --time-col or --throughput-col, not both")
@@ -169,7 +179,7 @@ def command(
         result = recommend(sweep, overhead_w, weights, interpolate=interpolate, step_w=step_w)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    for warning in result.warnings:
+    for warning in [*sweep_label_warnings(sweep), *result.warnings]:
         click.echo(f"warning: {warning}", err=True)
     if plot_path:
         from planner.plots import plot_caps

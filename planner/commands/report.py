@@ -9,8 +9,15 @@ from pathlib import Path
 
 import click
 
-from planner.commands.options import demand_options, placed_inputs, speed_options
+from planner.commands.options import (
+    OVERHEAD_W_HELP,
+    OVERHEAD_W_NEEDED,
+    demand_options,
+    placed_inputs,
+    speed_options,
+)
 from planner.output import column_mapping
+from powerd.cli.options import Quantity
 
 HELP = """Write a report on a budgets file: demand against budgets, capping, cap curves.
 
@@ -30,10 +37,20 @@ at --quantile, with the file's overheads), `powerplan whatif` (the file's
 budgets, --whatif-s seconds) and `powerplan caps` (--sweep, --overhead-w).
 Files are written whole, plots first and the report last; on any error
 OUTDIR is left as it was.
+
+\b
+Examples:
+  powerplan report powerd/data/budgets/demo.toml tests/data/profiles/telemetry.lp \\
+      tests/data/profiles/train.csv --workload untagged --mix examples/planning/mix.toml \\
+      -o review/
+  powerplan report powerd/data/budgets/demo.toml tests/data/profiles/telemetry.lp \\
+      tests/data/profiles/train.csv --workload untagged --mix examples/planning/mix.toml \\
+      -o review-html/ --html --sweep tests/data/zeus-power-limit/summary_power_a40.csv \\
+      --overhead-w 150
 """
 
 
-@click.command(help=HELP)
+@click.command(help=HELP, short_help="A Markdown or HTML report with plots on a budgets file.")
 @placed_inputs("budgets")
 @click.option(
     "-o",
@@ -48,18 +65,17 @@ OUTDIR is left as it was.
 @demand_options("The high quantile of demand shown against each budget.")
 @click.option(
     "--whatif-s",
-    type=click.FloatRange(min=0),
+    type=Quantity("s", 0),
     default=600.0,
     show_default=True,
-    help="Seconds to replay through the controller's policy (0: no replay).",
+    help="How long to replay through the controller's policy (0: no replay).",
 )
 @speed_options("A cap sweep CSV (Zeus columns, as `powerplan caps` reads): cap curves.")
 @click.option(
     "--overhead-w",
-    type=click.FloatRange(min=0),
-    default=150.0,
-    show_default=True,
-    help="Provisioned W per GPU that does not scale with its cap, for the cap curves.",
+    type=Quantity("W", 0),
+    default=None,
+    help=f"{OVERHEAD_W_HELP} Required with --sweep (the cap curves), unused without.",
 )
 def command(
     budgets: Path,
@@ -73,13 +89,13 @@ def command(
     whatif_s: float,
     speed_exponent: float,
     sweep_paths: tuple[Path, ...],
-    overhead_w: float,
+    overhead_w: float | None,
     seed: int,
     column_pairs: tuple[str, ...],
     workload: str | None,
 ) -> None:
     from planner.commands.caps import ZEUS_WORKLOAD_COLS
-    from planner.commands.size import load_inputs
+    from planner.commands.size import echo_warnings, load_inputs
     from planner.errors import ProfileError
     from planner.report import ReportSettings, build
     from planner.report_doc import to_html, to_markdown
@@ -92,6 +108,8 @@ def command(
         raise click.BadParameter(f"{outdir.parent}: no such directory", param_hint="--output")
     if outdir.exists() and not outdir.is_dir():
         raise click.BadParameter(f"{outdir}: not a directory", param_hint="--output")
+    if sweep_paths and overhead_w is None:
+        raise click.UsageError(f"--sweep needs --overhead-w: {OVERHEAD_W_NEEDED}")
     inputs = load_inputs(
         budgets, profiles, mix_path, step_s, column_mapping(column_pairs), workload
     )
@@ -102,7 +120,11 @@ def command(
         except ProfileError as exc:
             raise click.ClickException(str(exc)) from None
     settings = ReportSettings(
-        quantile=quantile, samples=samples, seed=seed, whatif_s=whatif_s, overhead_w=overhead_w
+        quantile=quantile,
+        samples=samples,
+        seed=seed,
+        whatif_s=whatif_s,
+        overhead_w=overhead_w,
     )
     sources = {
         "Budgets": str(budgets),
@@ -111,19 +133,24 @@ def command(
         "Written": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         + f" by powerplan {__version__}",
     }
+    from planner.commands.progress import step_progress
+
     try:
-        report = build(
-            top=inputs.top,
-            placement=inputs.placement,
-            traces=inputs.traces,
-            profiles=inputs.profiles,
-            sources=sources,
-            settings=settings,
-            speed=power_law_speed(speed_exponent),
-            sweep=sweep,
-        )
+        with step_progress("replaying") as on_step:
+            report = build(
+                top=inputs.top,
+                placement=inputs.placement,
+                traces=inputs.traces,
+                profiles=inputs.profiles,
+                sources=sources,
+                settings=settings,
+                speed=power_law_speed(speed_exponent),
+                sweep=sweep,
+                on_step=on_step,
+            )
     except (SizingError, ValueError) as exc:
         raise click.ClickException(f"{budgets}: {exc}") from None
+    echo_warnings(report.warnings)  # the budgets file's were echoed as it loaded
 
     name = "report.html" if as_html else "report.md"
     text = to_html(report.document) if as_html else to_markdown(report.document)

@@ -15,6 +15,7 @@ import pandas as pd
 from planner.commands.options import demand_options, placed_inputs
 from planner.output import column_mapping, emit, format_option, write_whole
 from policies.tree import ROW
+from powerd.cli.options import Fraction, Quantity
 from powerd.topology import PLAUSIBLE_W
 
 if TYPE_CHECKING:
@@ -72,6 +73,15 @@ including that it loads back with the controller's loader; and per node the
 sized demand, budget, tail model, sample size and risk: the share of time
 (and seconds per day) the uncapped demand is above the capping threshold and
 above the limit. Limits, node budgets and capping bands are the topology's.
+
+\b
+Examples:
+  powerplan size powerd/data/budgets/tree-3rows.toml tests/data/profiles/telemetry.lp \\
+      tests/data/profiles/train.csv --workload untagged --mix examples/planning/mix.toml \\
+      -o sized.toml
+  powerplan size powerd/data/budgets/tree-3rows.toml tests/data/profiles/telemetry.lp \\
+      tests/data/profiles/train.csv --workload untagged --mix examples/planning/mix.toml \\
+      -o tree.toml --tree --quantile 0.99 --summer-rise 0.15
 """
 
 
@@ -82,6 +92,7 @@ class Inputs:
     placement: Placement
     traces: dict[str, WorkloadTrace]
     profiles: pd.DataFrame  # the normalised rows of the mix's workloads
+    warnings: list[str]  # the budgets file's (powerd.topology.checks.budget_warnings)
 
 
 def load_inputs(
@@ -92,15 +103,22 @@ def load_inputs(
     columns: dict[str, str],
     workload: str | None,
 ) -> Inputs:
-    """Topology, mix, profiles -> placed jobs and their traces; a clear error for bad input."""
+    """Topology, mix, profiles -> placed jobs and their traces; a clear error for bad input.
+
+    What is out of proportion in the budgets file (a limit far above what its GPUs can
+    draw, a budget below their lowest caps) is printed on stderr as ``warning: ...`` for
+    every command that loads one here, and kept in ``Inputs.warnings``."""
     from planner.errors import ProfileError
     from planner.mix import check_workloads, load_mix, place
     from planner.profiles import read_profiles
     from planner.sizing import traces_from_profiles
     from powerd.topology import BudgetError, load_budgets
+    from powerd.topology.checks import budget_warnings
 
     try:
         top = load_budgets(topology)
+        warnings = budget_warnings(top)
+        echo_warnings(warnings)
         mix = load_mix(mix_path)
         table = read_profiles(list(profiles), columns=columns or None, workload=workload)
         check_workloads(mix, table["workload"].unique(), "the profiles " + _names(profiles))
@@ -109,7 +127,13 @@ def load_inputs(
         traces = traces_from_profiles(wanted, step_s)
     except (BudgetError, ProfileError) as exc:
         raise click.ClickException(str(exc)) from None
-    return Inputs(top, mix, placement, traces, wanted)
+    return Inputs(top, mix, placement, traces, wanted, warnings)
+
+
+def echo_warnings(warnings: list[str]) -> None:
+    """Each on stderr as ``warning: ...``: stdout stays the command's output alone."""
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
 
 
 def _names(paths: tuple[Path, ...]) -> str:
@@ -177,6 +201,30 @@ def _tree_fit(top: Topology, sized: Sizing, factor: float | None) -> dict[str, o
     }
 
 
+def over_limit_message(over: pd.DataFrame, quantile: float, *, allowed: bool) -> str:
+    """Which nodes' demand at the quantile is above their limit, by how much, and what to do
+    (``over``: :func:`planner.sizing.over_limit`)."""
+    shown = 5
+    each = [
+        f"{row.level} {row.name!r} {row.demand_q_w:,.0f} W > {row.limit_w:,.0f} W"
+        f" (+{row.over_w:,.0f} W, +{100 * row.over_w / row.limit_w:.1f} %)"
+        for row in over.head(shown).itertuples(index=False)
+    ]
+    more = f" and {len(over) - shown} more" if len(over) > shown else ""
+    what = (
+        "written anyway (--allow-over-limit)"
+        if allowed
+        else "not written; raise their limits, place fewer GPUs or lower-power jobs under"
+        " them, or pass --allow-over-limit to write it anyway"
+    )
+    return (
+        f"{len(over)} node(s) with p{quantile * 100:g} demand above their limit: "
+        f"{', '.join(each)}{more}. Their budgets are held to --max-budget-fraction of the"
+        f" limit, so more than {(1 - quantile) * 100:.3g} % of the time only capping keeps"
+        f" them within their breakers. The budgets file is {what}."
+    )
+
+
 def _write_agent_failsafe(output: Path, caps_w: dict[str, float]) -> list[Path]:
     """Beside the budgets file, the agents' [failsafe] section per GPU model: the budgets
     file is the one source of failsafe caps, and the agents must hold what it plans."""
@@ -195,7 +243,9 @@ def _write_agent_failsafe(output: Path, caps_w: dict[str, float]) -> list[Path]:
     return written
 
 
-@click.command(help=HELP)
+@click.command(
+    help=HELP, short_help="Topology + workload mix + profiles -> a budgets file for the controller."
+)
 @placed_inputs("topology")
 @click.option(
     "-o",
@@ -207,7 +257,7 @@ def _write_agent_failsafe(output: Path, caps_w: dict[str, float]) -> list[Path]:
 @demand_options("Size each node for this quantile of its demand.")
 @click.option(
     "--max-budget-fraction",
-    type=click.FloatRange(0.5, 1.0),
+    type=Fraction(0.5, 1.0),
     default=0.95,
     show_default=True,
     help="A budget is at most this share of its limit.",
@@ -218,14 +268,42 @@ def _write_agent_failsafe(output: Path, caps_w: dict[str, float]) -> list[Path]:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Non-GPU power terms (TOML; above).",
 )
-@click.option("--node-w", type=click.FloatRange(min=0), default=None)
-@click.option("--network-fraction", type=click.FloatRange(0, 0.9), default=None)
-@click.option("--cooling-fraction", type=click.FloatRange(0, 5), default=None)
-@click.option("--summer-rise", type=click.FloatRange(0, 5), default=None)
+@click.option(
+    "--node-w",
+    type=Quantity("W", 0),
+    default=None,
+    help="Per node: CPUs, memory, NICs, fans [default: --terms, else the topology's].",
+)
+@click.option(
+    "--network-fraction",
+    type=Fraction(0, 0.9),
+    default=None,
+    help="Switches and back-end network, a share of rack IT power "
+    "[default: --terms, else the topology's].",
+)
+@click.option(
+    "--cooling-fraction",
+    type=Fraction(0, 5),
+    default=None,
+    help="Site cooling and conversion, a share of site IT power "
+    "[default: --terms, else the topology's].",
+)
+@click.option(
+    "--summer-rise",
+    type=Fraction(0, 5),
+    default=None,
+    help="Cooling grows by this share in summer [default: --terms, else 0].",
+)
 @click.option(
     "--tree",
     is_flag=True,
     help="Size the rows for a tree of controllers: scale their budgets to fit the leaf pool.",
+)
+@click.option(
+    "--allow-over-limit",
+    is_flag=True,
+    help="Write the file even where a node's demand at --quantile is above its limit"
+    " (a warning on stderr instead of an error).",
 )
 @format_option()
 def command(
@@ -246,11 +324,18 @@ def command(
     column_pairs: tuple[str, ...],
     workload: str | None,
     tree: bool,
+    allow_over_limit: bool,
     fmt: str,
 ) -> None:
     from planner.budgets_toml import budgets_toml
     from planner.errors import ProfileError
-    from planner.sizing import SizingError, SizingSettings, fit_rows_to_leaf_pool, size
+    from planner.sizing import (
+        SizingError,
+        SizingSettings,
+        fit_rows_to_leaf_pool,
+        over_limit,
+        size,
+    )
     from planner.terms import NonGpuTerms, load_terms
     from powerd.topology import BudgetError
 
@@ -274,6 +359,12 @@ def command(
     )
     try:
         sized = size(inputs.top, inputs.placement, inputs.traces, terms, settings)
+        over = over_limit(sized.table)
+        if len(over):
+            problem = over_limit_message(over, quantile, allowed=allow_over_limit)
+            if not allow_over_limit:
+                raise click.ClickException(f"{topology}: {problem}")
+            echo_warnings([f"{topology}: {problem}"])
         factor = None
         if tree:
             sized, factor = fit_rows_to_leaf_pool(inputs.top, sized)
@@ -310,6 +401,7 @@ def command(
         **{k: v for k, v in sized.info.items() if k != "tree"},
         "terms": terms.describe(),
         "tree_of_controllers": tree_doc["note"],
+        "over_limit": over["name"].tolist(),
     }
     if fmt == "json":
         extra["tree"] = {k: v for k, v in tree_doc.items() if k != "note"}

@@ -18,6 +18,7 @@ from powerd.protocol import GpuSmoothing
 from powerd.recorder import Recorder, open_recorder
 from powerd.signing import Signer
 from powerd.topology import BudgetError, Topology, load_budgets
+from powerd.topology.checks import log_budget_warnings
 from powerd.topology.scope import scoped
 
 log = logging.getLogger("powerd.controller")
@@ -84,6 +85,7 @@ def load_for(config: ControllerConfig, budgets_path: Path) -> tuple[Topology, Gp
     """The budgets file as this controller manages it: whole, or its scope; and the grid
     smoothing profile it asks for, if any (BudgetError)."""
     topology = load_budgets(budgets_path)
+    log_budget_warnings(topology, log)
     smoothing = grid_smoothing(topology) if config.grid_smoothing else None
     scope = config.parsed_scope()
     return (topology if scope is None else scoped(topology, scope)), smoothing
@@ -106,6 +108,7 @@ async def run_controller(config: ControllerConfig, budgets_path: Path) -> None:
     """Load the budgets, run until SIGTERM/SIGINT (reloading the budgets on SIGHUP), close
     the recorder."""
     topology = load_budgets(budgets_path)
+    log_budget_warnings(topology, log)
     scope = config.parsed_scope()
     if scope is not None:
         scoped(topology, scope)  # a scope that does not fit fails before the recorder opens

@@ -12,6 +12,7 @@ from powerd.coordinator.core import CoordinatorCore
 from powerd.coordinator.service import CoordinatorService
 from powerd.signing import Signer
 from powerd.topology import Topology, load_budgets
+from powerd.topology.checks import log_budget_warnings
 
 log = logging.getLogger("powerd.coordinator")
 
@@ -30,6 +31,7 @@ def build_coordinator(
 async def run_coordinator(config: CoordinatorConfig, budgets_path: Path) -> None:
     """Load the budgets, run until SIGTERM/SIGINT."""
     topology = load_budgets(budgets_path)
+    log_budget_warnings(topology, log)
     service = build_coordinator(config, topology)
     core = service.core
     log.info(

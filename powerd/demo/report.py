@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
+from policies.causes import largest_causes
 from powerd.demo.runner import DemoOptions, DemoRun
 from powerd.demo.summary import RunRecord, Summary
 from powerd.demo.view import grid_breach_line, print_summary
@@ -59,11 +60,8 @@ def lost_line(summary: Summary) -> str | None:
     causes that cost anything, largest first; they add up), or None without work done."""
     if summary.throughput_rel is None:
         return None
-    parts = sorted(
-        ((share, cause) for cause, share in summary.throughput_lost_by_cause.items()),
-        reverse=True,
-    )
-    causes = ", ".join(f"{cause} {share:.1%}" for share, cause in parts if share >= 0.0005)
+    parts = largest_causes(summary.throughput_lost_by_cause)
+    causes = ", ".join(f"{cause} {share:.1%}" for cause, share in parts)
     return f"throughput lost {1 - summary.throughput_rel:.1%} of uncapped: {causes or 'nothing'}"
 
 

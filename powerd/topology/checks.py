@@ -3,10 +3,17 @@
 ``run_all`` runs them in order; the first failure raises ``BudgetError`` naming
 the file, the tree node and the number at fault (the first offender in tree
 order). Vectorised: the 150 MW site (20,736 nodes) is checked in milliseconds.
+
+``budget_warnings`` is the softer half: a file that loads but whose numbers
+are out of proportion to the GPUs under a node (a limit hundreds of times
+what they can draw, a budget they exceed at their lowest cap). Such a file
+is not refused (a site built for growth, a rack budget meant to idle), but
+every command that loads one says so, in the same words as a refusal.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -18,11 +25,12 @@ import numpy as np
 from policies.tree import LEVEL_NAMES, RACK, ROW, SERVER, SITE, fold_up
 from powerd.gpu.models import GPU_MODELS, GpuModel
 from powerd.protocol import NAME_PATTERN
-from powerd.topology.model import BudgetError, per_node
+from powerd.topology.model import BudgetError, Topology, per_node
 from powerd.topology.units import (
     PLAUSIBLE_W,
     RAMP_PLAUSIBLE_PER_S,
     Written,
+    fmt_w,
     implausible,
     unit_hint,
 )
@@ -58,7 +66,7 @@ class Draft:
         return BudgetError(self.source, self.describe(node), problem)
 
     def describe(self, node: int) -> str:
-        return f"{LEVEL_NAMES[int(self.level[node])]} {self.names[node]!r}"
+        return describe(self.level, self.names, node)
 
     def subtree_sum(self, per_server: np.ndarray, own: np.ndarray | None = None) -> np.ndarray:
         return fold_up(self.parent, self.level, per_node(self.level_start, per_server, own))
@@ -66,6 +74,11 @@ class Draft:
     @property
     def server_cap_max_w(self) -> np.ndarray:
         return np.array([GPU_MODELS[m].cap_max_w for m in self.server_model])
+
+
+def describe(level: np.ndarray, names: tuple[str, ...], node: int) -> str:
+    """How messages name a tree node: ``rack 'row1-k2'``."""
+    return f"{LEVEL_NAMES[int(level[node])]} {names[node]!r}"
 
 
 def run_all(draft: Draft) -> None:
@@ -234,4 +247,108 @@ CHECKS: tuple[Callable[[Draft], None], ...] = (
     thresholds_ordered,
     failsafe_holds,
     configured_models_used,
+)
+
+
+# --- warnings: a file that loads, with numbers out of proportion ------------------------
+
+#: A limit more than this many times what everything under its node can draw (every GPU
+#: at its model's maximum cap, every overhead the file gives) is out of proportion. A feed
+#: or breaker built for growth (a second phase of racks, denser servers later) is about
+#: 1.5-4 x what is installed; 10 x is no plan, and it is where the usual slips land: a
+#: value in W written as kW is 1000 x, a row's limit copied onto a rack tens of x. Such a
+#: limit protects nothing the planner can see, and every plan sized against it is moot.
+LIMIT_OVER_DRAW_MAX = 10.0
+
+#: A budget below this share of what the GPUs under its node draw at their lowest cap
+#: (overheads in) is one the controller cannot hold: with every GPU busy it caps them all
+#: to cap_min and the node still draws more. Any shortfall counts (1.0): capping cannot
+#: close it, however small. (A limit below that draw is refused: the failsafe check.)
+BUDGET_UNDER_FLOOR_MIN = 1.0
+
+_UNIT_SLIPS = (1e3, 1e6)  # kW for W, MW for W (or MW for kW)
+
+
+def budget_warnings(top: Topology) -> list[str]:
+    """What is out of proportion in a loaded budgets file, worded as the loader's errors
+    are (file, tree node, numbers): per level and kind the worst node and how many more.
+    Empty for a file in proportion; ``LIMIT_OVER_DRAW_MAX`` and ``BUDGET_UNDER_FLOOR_MIN``
+    say where proportion ends and why."""
+    return [warning for warn in WARNINGS for warning in warn(top)]
+
+
+def log_budget_warnings(top: Topology, log: logging.Logger) -> None:
+    """``budget_warnings`` as warnings in a daemon's log (the controller, the coordinator:
+    a file out of proportion still runs, and the operator reads why it may be wrong)."""
+    for warning in budget_warnings(top):
+        log.warning("budgets: %s", warning)
+
+
+def _per_level(
+    top: Topology, bad: np.ndarray, severity: np.ndarray, problem: Callable[[int], str]
+) -> list[str]:
+    """One message per level with an offender: the worst by ``severity``, and a count."""
+    out = []
+    for lvl in (SITE, ROW, RACK, SERVER):
+        first, end = top.level_start[lvl], top.level_start[lvl + 1]
+        found = first + np.flatnonzero(bad[first:end])
+        if not len(found):
+            continue
+        i = int(found[np.argmax(severity[found])])
+        more = f"; {len(found) - 1} more {LEVEL_NAMES[lvl]}s too" if len(found) > 1 else ""
+        out.append(f"{top.source}: {describe(top.level, top.names, i)}: {problem(i)}{more}")
+    return out
+
+
+def _gpus_under(top: Topology, cap_w: Callable[[GpuModel], float]) -> np.ndarray:
+    """(n_nodes,) every GPU under each node at ``cap_w`` of its model, overheads in."""
+    count = top.server_gpu_count.astype(float)
+    caps = np.array([cap_w(GPU_MODELS[m]) for m in top.server_model])
+    return top.subtree_sum(count * caps, top.overhead_w)
+
+
+def limits_in_proportion(top: Topology) -> list[str]:
+    """No limit above ``LIMIT_OVER_DRAW_MAX`` x what everything under its node can draw."""
+    draw_w = _gpus_under(top, lambda m: m.cap_max_w)
+    gpus = top.subtree_sum(top.server_gpu_count.astype(float))
+    limit_w = np.asarray(top.limit_w, dtype=float)
+    ratio = limit_w / draw_w
+
+    def problem(i: int) -> str:
+        slip = next((f for f in _UNIT_SLIPS if ratio[i] / f <= LIMIT_OVER_DRAW_MAX), None)
+        hint = (
+            f"; a unit slip? 1/{slip:,.0f} of it, {fmt_w(limit_w[i] / slip)}, would be"
+            f" {ratio[i] / slip:.2g} ×"
+            if slip
+            else ""
+        )
+        return (
+            f"limit_w = {limit_w[i]:,.0f} W is {ratio[i]:,.0f} × what everything under it"
+            f" can draw ({draw_w[i]:,.0f} W: {gpus[i]:,.0f} GPUs at their maximum cap,"
+            f" overheads in); more than {LIMIT_OVER_DRAW_MAX:g} × is out of proportion{hint}"
+        )
+
+    return _per_level(top, ratio > LIMIT_OVER_DRAW_MAX, ratio, problem)
+
+
+def budgets_above_floor(top: Topology) -> list[str]:
+    """No budget below ``BUDGET_UNDER_FLOOR_MIN`` x its GPUs' draw at their lowest cap."""
+    floor_w = _gpus_under(top, lambda m: m.cap_min_w)
+    gpus = top.subtree_sum(top.server_gpu_count.astype(float))
+    budget_w = np.asarray(top.budget_w, dtype=float)
+
+    def problem(i: int) -> str:
+        return (
+            f"budget_w = {budget_w[i]:,.0f} W is below what its {gpus[i]:,.0f} GPUs draw at"
+            f" their lowest cap, overheads in ({floor_w[i]:,.0f} W): with them all busy the"
+            " controller cannot bring it within its budget"
+        )
+
+    bad = budget_w < BUDGET_UNDER_FLOOR_MIN * floor_w
+    return _per_level(top, bad, floor_w / budget_w, problem)
+
+
+WARNINGS: tuple[Callable[[Topology], list[str]], ...] = (
+    limits_in_proportion,
+    budgets_above_floor,
 )

@@ -199,6 +199,7 @@ def test_whatif_command_replays_a_sized_file(tmp_path: Path):
             str(sized),
             "--samples",
             "2000",
+            "--allow-over-limit",  # demo.toml is tight on purpose
         ],
     )
     assert made.exit_code == 0, made.output
