@@ -1,7 +1,8 @@
 """The ``powerplan`` command: capacity planning from measured power profiles.
 
 Each subcommand lives in its own module (``planner/commands/*.py``); this file
-only groups them.
+only groups them. ``powerplan --help`` lists them from the group itself (click's
+Commands section, each command's ``short_help``), so the list cannot drift.
 """
 
 from __future__ import annotations
@@ -17,20 +18,26 @@ from planner.commands.whatif import command as whatif_command
 from powerd import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    context_settings={
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": 100,
+        "show_default": True,  # every subcommand's options show their defaults
+    }
+)
 @click.version_option(__version__, prog_name="powerplan")
 def main() -> None:
     """powerplan: size rack, row and site power budgets and static GPU caps from measurements.
 
-    \b
-    powerplan profiles  read power profiles (CSV, Parquet, line protocol, InfluxDB), summarise
-    powerplan caps      the GPU power cap that maximises throughput inside a fixed site power
-    powerplan size      topology + workload mix + profiles -> a budgets file for the controller
-    powerplan whatif    replay profiles through the controller's policies at given budgets
-    powerplan report    a Markdown or HTML report with plots on a budgets file
-    powerplan rhythm    the profile of a synchronous training job, phase by phase
+    Commands lists every subcommand; `powerplan COMMAND --help` explains one,
+    with examples that run from the repository's root. The method, with its
+    reasoning, is in docs/PLANNER.md.
 
-    The method, with its reasoning, is in docs/PLANNER.md.
+    \b
+    Examples:
+      powerplan profiles tests/data/profiles/train.csv
+      powerplan caps tests/data/zeus-power-limit/summary_power_a40.csv --overhead-w 360
+      powerplan size --help
     """
 
 

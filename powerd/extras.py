@@ -14,7 +14,7 @@ import importlib
 # extra -> the distributions pyproject.toml lists for it (import names)
 EXTRAS: dict[str, tuple[str, ...]] = {
     "recorder": ("influxdb_client",),
-    "planner": ("pandas", "scipy", "pyarrow", "matplotlib"),
+    "planner": ("pandas", "scipy", "pyarrow", "matplotlib", "rich"),
     "demo": ("amqtt", "rich", "matplotlib"),
 }
 

@@ -8,7 +8,19 @@ from typing import Any
 
 import click
 
+from powerd.cli.options import Fraction, Quantity
+
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+# --overhead-w (caps, report): no default anywhere, because it decides the best cap
+OVERHEAD_W_HELP = (
+    "Provisioned W per GPU that does not scale with its cap: its share of host CPUs and "
+    "memory, NICs, switches, cooling."
+)
+OVERHEAD_W_NEEDED = (
+    "it decides the best cap, and no one number fits every site (docs/PLANNER.md, "
+    "powerplan caps): measure or budget it, e.g. 360 from Meta's GB200 figures"
+)
 
 
 def compose(*decorators: Decorator) -> Decorator:
@@ -22,14 +34,49 @@ def compose(*decorators: Decorator) -> Decorator:
     return apply
 
 
+def _in_order(ctx: click.Context, first: str, what: str) -> click.UsageError:
+    """Arguments given in the wrong order: say the order, and what was out of place."""
+    usage = f"powerplan {ctx.info_name} {first.upper()} PROFILES..."
+    return click.UsageError(f"{usage}: the budgets file comes first, then the profiles ({what})")
+
+
+def _profile_suffixes() -> tuple[str, ...]:
+    from planner.profiles import CSV_SUFFIXES, LP_SUFFIXES, PARQUET_SUFFIXES
+
+    return CSV_SUFFIXES + PARQUET_SUFFIXES + LP_SUFFIXES
+
+
+def budgets_then_profiles(first: str) -> tuple[Decorator, Decorator]:
+    """The FIRST (a budgets file) and PROFILES arguments; a profile first or a TOML file among
+    the profiles (swapped arguments, or a mix without --mix) is answered with the order."""
+
+    def check_first(ctx: click.Context, param: click.Parameter, path: Path) -> Path:
+        if path.suffix.lower() in _profile_suffixes():
+            raise _in_order(ctx, first, f"{path.name} is a profile")
+        return path
+
+    def check_profiles(
+        ctx: click.Context, param: click.Parameter, paths: tuple[Path, ...]
+    ) -> tuple[Path, ...]:
+        toml = next((p for p in paths if p.suffix.lower() == ".toml"), None)
+        if toml is not None:
+            kinds = ", ".join(_profile_suffixes())
+            what = f"{toml.name} is TOML; profiles are {kinds} files, a mix goes after --mix"
+            raise _in_order(ctx, first, what)
+        return paths
+
+    path = click.Path(dir_okay=False, path_type=Path)
+    return (
+        click.argument(first, type=path, callback=check_first),
+        click.argument("profiles", nargs=-1, required=True, type=path, callback=check_profiles),
+    )
+
+
 def placed_inputs(first: str) -> Decorator:
     """FIRST (a budgets file) PROFILES... --mix, --step-s, --seed, --column, --workload:
     what ``planner.commands.size.load_inputs`` reads."""
     return compose(
-        click.argument(first, type=click.Path(dir_okay=False, path_type=Path)),
-        click.argument(
-            "profiles", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
-        ),
+        *budgets_then_profiles(first),
         click.option(
             "--mix",
             "mix_path",
@@ -39,7 +86,7 @@ def placed_inputs(first: str) -> Decorator:
         ),
         click.option(
             "--step-s",
-            type=click.FloatRange(min=0, min_open=True),
+            type=Quantity("s", 0, min_open=True),
             default=1.0,
             show_default=True,
             help="Resample profiles to this step (the controller's cycle).",
@@ -69,7 +116,7 @@ def demand_options(quantile_help: str) -> Decorator:
     return compose(
         click.option(
             "--quantile",
-            type=click.FloatRange(0.5, 1.0, max_open=True),
+            type=Fraction(0.5, 1.0, max_open=True),
             default=0.999,
             show_default=True,
             help=quantile_help,

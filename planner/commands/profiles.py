@@ -24,6 +24,7 @@ def write_table(table: pd.DataFrame, path: Path) -> None:
 
 
 @click.command(
+    short_help="Read power profiles (CSV, Parquet, line protocol, InfluxDB), summarise them.",
     help="""Read GPU power profiles, check them, and summarise them per workload.
 
 \b
@@ -62,6 +63,16 @@ Summary, one row per workload:
                      in one step_s: synchronised swings the grid sees
   max_swing_w_per_s  the largest move of the total, W per second
   share_<phase>      share of the samples (with a known phase) in each phase
+
+\b
+Examples:
+  powerplan profiles tests/data/profiles/telemetry.lp tests/data/profiles/train.csv \\
+      --workload untagged
+  powerplan profiles tests/data/profiles/vendor.csv --column time_s=timestamp \\
+      --column node=host --column gpu=gpu_index --column power_w=gpu_power \\
+      --workload vendor --normalised-out vendor.parquet --format json
+  powerplan profiles --influx http://localhost:8086 --database powerd \\
+      --query 'SELECT * FROM gpu WHERE time > now() - 1d'     # what powerd recorded
 """,
 )
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))

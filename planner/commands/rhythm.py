@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from planner.commands.profiles import OUT_SUFFIXES, write_table
+from powerd.cli.options import Quantity
 
 HELP = """Write the power profile of a synchronous training job: every GPU idle, starting,
 computing with a communication wait every --period-s, pausing for checkpoints, then
@@ -22,9 +23,13 @@ The file is a profile like any measured one: replay it with
 `powerplan whatif --synchronised` to see the grid's worst case.
 
 \b
-Example: two jobs of the 150 MW site moving together, under grid smoothing
-  powerplan rhythm rhythm.csv --gpu GB200 --run-s 600 --comm-s 0.5
-  powerplan whatif site-150mw.toml rhythm.csv --mix mix.toml --step-s 0.5 \\
+Examples:
+  powerplan rhythm rhythm.parquet --gpu GB200 --run-s 3600 --checkpoints 2
+  # the shipped mix's llm-7b job as a rhythm, replayed with its other jobs under
+  # grid smoothing, every job starting together:
+  powerplan rhythm rhythm.csv --gpu H100 --workload llm-7b --run-s 600 --comm-s 0.5
+  powerplan whatif powerd/data/budgets/demo.toml rhythm.csv tests/data/profiles/telemetry.lp \\
+      --workload untagged --mix examples/planning/mix.toml --step-s 0.5 \\
       --duration-s 750 --synchronised --smoothing
 """
 
@@ -50,7 +55,7 @@ def schedule_options(f: Callable[..., None]) -> Callable[..., None]:
     for name, text, positive in reversed(SCHEDULE):
         f = click.option(
             "--" + name.replace("_", "-"),
-            type=click.FloatRange(min=0, min_open=positive),
+            type=Quantity("s", 0, min_open=positive),
             default=defaults[name],
             show_default=True,
             help=text,
@@ -64,13 +69,15 @@ def schedule_options(f: Callable[..., None]) -> Callable[..., None]:
     )(f)
 
 
-@click.command(help=HELP)
+@click.command(
+    help=HELP, short_help="The power profile of a synchronous training job, phase by phase."
+)
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--workload", default="rhythm", show_default=True, help="The workload's name.")
 @click.option("--gpu", default="GB200", show_default=True, help="GPU model (idle power, TDP).")
 @click.option(
     "--compute-w",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Quantity("W", 0, min_open=True),
     default=None,
     help="Per-GPU power while computing [default: 90 % of the model's max limit].",
 )

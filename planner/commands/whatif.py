@@ -7,7 +7,9 @@ from pathlib import Path
 import click
 
 from planner.commands.options import placed_inputs, speed_options
+from planner.commands.progress import step_progress
 from planner.output import emit, format_option
+from powerd.cli.options import Quantity
 
 HELP = """Replay profiles through the controller's own policy at the budgets of BUDGETS.
 
@@ -59,17 +61,29 @@ it. A synchronous job runs at its slowest GPU's pace; a
 GPU held to r = power/demand runs at r^--speed-exponent (default 0.28: Meta's
 GB200, 1200 -> 1000 W cost ~5 %, docs/DOMAIN.md), or, with --sweep, at the
 relative throughput a measured cap sweep gives (Zeus CSV columns by default).
+On a terminal, a run that takes more than a few seconds shows a progress bar
+on stderr.
+
+\b
+Examples:
+  powerplan whatif powerd/data/budgets/demo.toml tests/data/profiles/telemetry.lp \\
+      tests/data/profiles/train.csv --workload untagged --mix examples/planning/mix.toml
+  powerplan whatif powerd/data/budgets/demo.toml tests/data/profiles/train.csv \\
+      tests/data/profiles/telemetry.lp --workload untagged --mix examples/planning/mix.toml \\
+      --duration-s 600 --synchronised --smoothing --format json
 """
 
 
-@click.command(help=HELP)
+@click.command(
+    help=HELP, short_help="Replay profiles through the controller's policies at given budgets."
+)
 @placed_inputs("budgets")
 @click.option(
     "--duration-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Quantity("s", 0, min_open=True),
     default=3600.0,
     show_default=True,
-    help="Seconds to replay (profiles wrap around).",
+    help="How long to replay (profiles wrap around).",
 )
 @click.option(
     "--synchronised",
@@ -138,7 +152,10 @@ def command(
         duration_s=duration_s, seed=seed, synchronised=synchronised, smoothing=smoothing
     )
     try:
-        result = replay(inputs.top, inputs.placement, inputs.traces, settings, speed)
+        with step_progress("replaying") as on_step:
+            result = replay(
+                inputs.top, inputs.placement, inputs.traces, settings, speed, on_step=on_step
+            )
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     extra = {"budgets": str(budgets), **result.info}

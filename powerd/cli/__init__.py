@@ -2,9 +2,10 @@
 
 Each subcommand lives in its own module (``powerd/cli/*.py``): it parses its
 options, calls its component and turns errors into click exits. This file
-only groups them. A command that needs an extra (demo, recorder) imports it
-inside its function, so ``powerd --help`` and ``powerd agent`` run on the core
-install.
+only groups them; ``powerd --help`` lists them from the group itself (click's
+Commands section, each command's ``short_help``), so the list cannot drift.
+A command that needs an extra (demo, recorder) imports it inside its function,
+so ``powerd --help`` and ``powerd agent`` run on the core install.
 """
 
 from __future__ import annotations
@@ -24,24 +25,26 @@ from powerd.cli.limit import group as limit_group
 from powerd.cli.unit import group as unit_group
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    context_settings={
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": 100,
+        "show_default": True,  # every subcommand's options show their defaults
+    }
+)
 @click.version_option(__version__, prog_name="powerd")
 def main() -> None:
     """powerd: power management for GPU training clusters.
 
-    \b
-    powerd agent       the node agent (systemd service on every GPU node)
-    powerd controller  the cluster controller: keeps every rack, row and the site in budget
-    powerd coordinator the site coordinator of a tree of (--scope) controllers: grants budgets
-    powerd gpus        what the agent reads from this node's GPUs
-    powerd demo        the whole loop on this machine, simulated GPUs, no servers
-    powerd fleet       thousands of simulated agents against a real broker (scale tests)
-    powerd keys        make the controller role's signing key pair (agents trust its .pub)
-    powerd limit       an operator's temporary site limit (demand response), signed
-    powerd dashboards  write or check the Grafana dashboards' JSON
-    powerd unit agent  print the systemd unit for the agent (unit controller: the controller)
+    Commands lists every subcommand; `powerd COMMAND --help` explains one,
+    with examples. The wire protocol is in docs/PROTOCOL.md.
 
-    The wire protocol is in docs/PROTOCOL.md.
+    \b
+    Examples:
+      powerd demo                          # the whole loop on this machine, no servers
+      powerd gpus --simulate 4xH100        # what the agent would read
+      powerd unit agent > /etc/systemd/system/powerd-agent.service
+      powerd controller --help
     """
 
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from powerd.agent.config import ConfigError, load_config
+from powerd.agent.config import AgentConfig, ConfigError, load_config
 from powerd.cli.options import (
+    Quantity,
     broker_option,
     cluster_option,
     config_option,
@@ -18,7 +19,7 @@ from powerd.cli.options import (
 from powerd.gpu import GpuError
 
 
-@click.command("agent")
+@click.command("agent", short_help="The node agent (a systemd service on every GPU node).")
 @config_option("Agent config file (TOML). Without it: defaults, node name from the hostname.")
 @broker_option()
 @cluster_option()
@@ -31,16 +32,23 @@ from powerd.gpu import GpuError
     "agent.controller_scope.",
 )
 @simulate_option("Simulated GPUs instead of NVML, for example 4xH100, 8xGB200, 2xA100.")
-@click.option("--period-s", type=float, help="Telemetry and safety-check period [default: 1].")
+@click.option(
+    "--period-s",
+    type=Quantity("s"),  # the config checks the range
+    help="Telemetry and safety-check period. Replaces agent.period_s "
+    f"[default: {AgentConfig.period_s:g}].",
+)
 @click.option(
     "--failsafe-after-s",
-    type=float,
-    help="Failsafe caps after this long without a controller heartbeat [default: 10].",
+    type=Quantity("s"),  # the config checks the range
+    help="Failsafe caps after this long without a controller heartbeat. Replaces "
+    f"agent.failsafe_after_s [default: {AgentConfig.failsafe_after_s:g}].",
 )
 @click.option(
     "--on-exit",
     type=click.Choice(["keep", "restore"]),
-    help="On stop, keep the current caps (safe on an oversubscribed site) or restore defaults.",
+    help="On stop, keep the current caps (safe on an oversubscribed site) or restore defaults. "
+    f"Replaces agent.on_exit [default: {AgentConfig.on_exit}].",
 )
 @click.option(
     "--trust",

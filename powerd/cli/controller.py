@@ -9,18 +9,23 @@ from pathlib import Path
 import click
 
 from powerd.cli.options import (
+    Quantity,
     broker_option,
     budgets_option,
     cluster_option,
     config_option,
     log_level_option,
+    record_option,
     setup_logging,
     signing_key_option,
 )
 from powerd.configfile import ConfigError
 
 
-@click.command("controller")
+@click.command(
+    "controller",
+    short_help="The cluster controller: keeps every rack, row and the site in budget.",
+)
 @config_option("Controller config file (TOML). Without it: defaults (broker mqtt://localhost).")
 @budgets_option("Budget tree (TOML, docs/BUDGETS.md): site, rows, racks, nodes and their budgets.")
 @broker_option()
@@ -34,12 +39,12 @@ from powerd.configfile import ConfigError
     "coordinator` (--coordinator-key), falling back to the rows' file budgets. Replaces "
     "controller.scope.",
 )
-@click.option("--cycle-s", type=float, help="Control period [default: 1].")
 @click.option(
-    "--record",
-    metavar="URL|FILE",
-    help="Record telemetry: influx+http://HOST:PORT?org=O&bucket=B, or a line-protocol file.",
+    "--cycle-s",
+    type=Quantity("s"),  # the config checks the range
+    help="Control period. Replaces controller.cycle_s [default: 1].",
 )
+@record_option("Record telemetry here, instead of the config's [recorder].")
 @signing_key_option(
     "The controller role's private key (PEM; `powerd keys generate`): every command and "
     "heartbeat is signed with it. Replaces trust.signing_key."
@@ -62,7 +67,8 @@ from powerd.configfile import ConfigError
 @click.option(
     "--no-record",
     is_flag=True,
-    help="Record nothing (default: the configured recorder, else telemetry.lp in the state dir).",
+    help="Record nothing [default: record, to --record, else the config's [recorder], else "
+    "telemetry.lp in the state directory].",
 )
 @log_level_option()
 def command(
@@ -110,9 +116,11 @@ def command(
     Examples:
       powerd controller --config /etc/powerd/controller.toml --budgets /etc/powerd/budgets.toml
       powerd keys generate /tmp/ctl && powerd controller --signing-key /tmp/ctl.key \\
-        --budgets powerd/data/budgets/demo.toml --broker mqtt://localhost
-      powerd controller --config /etc/powerd/controller.toml --scope row01 \\
-        --budgets /etc/powerd/site-150mw.toml
+        --budgets powerd/data/budgets/demo.toml --broker mqtt://localhost --record /tmp/ctl.lp
+      powerd controller --signing-key /tmp/ctl.key --budgets powerd/data/budgets/tiny.toml \\
+        --record 'influx1+http://localhost:8086?db=powerd'       # InfluxDB 1.x
+      powerd controller --signing-key /tmp/ctl.key --budgets powerd/data/budgets/tree-3rows.toml \\
+        --scope row1 --coordinator-key /tmp/coord.pub           # a leaf of a tree
     """
     from powerd.controller.app import run_controller
     from powerd.controller.config import load_controller_config

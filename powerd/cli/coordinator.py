@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from powerd.cli.options import (
+    Quantity,
     broker_option,
     budgets_option,
     cluster_option,
@@ -19,7 +20,10 @@ from powerd.cli.options import (
 from powerd.configfile import ConfigError
 
 
-@click.command("coordinator")
+@click.command(
+    "coordinator",
+    short_help="The site coordinator of a tree of (--scope) controllers: grants their budgets.",
+)
 @config_option("Coordinator config file (TOML). Without it: defaults (broker mqtt://localhost).")
 @budgets_option("The site's budgets file (TOML, docs/BUDGETS.md), the one the leaves load.")
 @broker_option()
@@ -31,13 +35,13 @@ from powerd.configfile import ConfigError
     multiple=True,
     metavar="ROW|NAME:ROW,ROW",
     help="A leaf controller's scope, as its --scope; repeat for each leaf. Together they "
-    "must cover every row once. Default: coordinator.scopes, else one leaf per row.",
+    "must cover every row once [default: coordinator.scopes, else one leaf per row].",
 )
-@click.option("--period-s", type=float, help="Grant period [default: 5].")
-@click.option("--grant-ttl-s", type=float, help="How long a grant holds [default: 15].")
+@click.option("--period-s", type=Quantity("s"), help="Grant period [default: 5].")
+@click.option("--grant-ttl-s", type=Quantity("s"), help="How long a grant holds [default: 15].")
 @click.option(
     "--takeover-after-s",
-    type=float,
+    type=Quantity("s"),  # the config checks the ranges
     help="A standby leads once the leader is silent this long [default: 8]; with a period, "
     "under --grant-ttl-s.",
 )
@@ -85,8 +89,9 @@ def command(
     \b
     Examples:
       powerd coordinator --config /etc/powerd/coordinator.toml --budgets /etc/powerd/site.toml
-      powerd coordinator --budgets site-150mw.toml --signing-key /etc/powerd/coord.key \\
-        --scope row01 --scope row02 ... --broker mqtts://site-broker
+      powerd keys generate /tmp/coord && powerd coordinator --signing-key /tmp/coord.key \\
+        --budgets powerd/data/budgets/tree-3rows.toml --trust /tmp/ctl.pub \\
+        --scope row1 --scope row2 --scope row3 --broker mqtt://localhost
     """
     from powerd.coordinator.app import run_coordinator
     from powerd.coordinator.config import load_coordinator_config

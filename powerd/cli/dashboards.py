@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 
-@click.command("dashboards")
+@click.command("dashboards", short_help="Write or check the Grafana dashboards' JSON.")
 @click.option(
     "--out",
     "out_dir",
@@ -26,6 +26,11 @@ def command(out_dir: Path, check: bool) -> None:
     Every measurement, field and tag the dashboards query comes from
     powerd/telemetry_schema.py, so the dashboards and the writer cannot drift
     apart; edit powerd/grafana/dashboards.py, not the JSON.
+
+    \b
+    Examples:
+      powerd dashboards --check       # in the repository: are grafana/dashboards/ up to date?
+      powerd dashboards --out /var/lib/grafana/dashboards/powerd
     """
     from powerd.grafana.dashboards import stale, write_all
 

@@ -7,18 +7,21 @@ from pathlib import Path
 
 import click
 
-from powerd.cli.options import setup_logging
+from powerd.cli.options import Quantity, old_spelling, record_option, setup_logging
 
 
-@click.command("demo")
+@click.command(
+    "demo", short_help="The whole loop on this machine, simulated GPUs, no servers (~45 s)."
+)
 @click.option(
-    "--duration",
+    "--duration-s",
     "duration_s",
-    type=float,
+    type=Quantity("s"),
     default=40.0,
     show_default=True,
-    help="Seconds the jobs run (setup and teardown add about 3 s). At least 20.",
+    help="How long the jobs run (setup and teardown add about 3 s), 20 to 3600.",
 )
+@old_spelling("--duration", "--duration-s", "duration_s")
 @click.option(
     "--summary-json",
     "summary_json",
@@ -42,14 +45,7 @@ from powerd.cli.options import setup_logging
 @click.option(
     "--live/--no-live", default=None, help="Live view [default: when the output is a terminal]."
 )
-@click.option(
-    "--record",
-    metavar="FILE|URL",
-    default=None,
-    help="Also record the controller's telemetry, as `powerd controller` does: a .lp file,"
-    " influx+http://HOST:8086?org=ORG&bucket=BUCKET (v2 API) or"
-    " influx1+http://HOST:8086?db=DB (InfluxDB 1.x); see grafana/README.md.",
-)
+@record_option("Also record the controller's telemetry, as `powerd controller --record` does.")
 @click.option(
     "--smoothing",
     is_flag=True,
@@ -77,6 +73,13 @@ def command(
     and limits, peak site ramp, energy, throughput relative to uncapped),
     writes a PNG, and exits 1 if any rack, row, node or the site drew more
     than its limit.
+
+    \b
+    Examples:
+      powerd demo                                   # 40 s, a live view in a terminal
+      powerd demo --duration-s 20 --no-live --summary-json summary.json
+      powerd demo --smoothing --budgets powerd/data/budgets/demo.toml --plot smoothing.png
+      powerd demo --record 'influx1+http://localhost:8086?db=powerd'   # then Grafana
     """
     from powerd.extras import MissingExtra, require
 
@@ -95,7 +98,7 @@ def command(
     if not MIN_DURATION_S <= duration_s <= 3600:
         raise click.BadParameter(
             f"at least {MIN_DURATION_S:g} s (to see every phase) and at most 3600 s",
-            param_hint="--duration",
+            param_hint="--duration-s",
         )
     setup_logging("error")  # the demo shows what happens itself
     console = demo_console()

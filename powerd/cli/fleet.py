@@ -6,11 +6,13 @@ from pathlib import Path
 
 import click
 
-from powerd.cli.options import log_level_option, setup_logging
+from powerd.cli.options import Fraction, Quantity, log_level_option, setup_logging
 from powerd.vocabulary import PRIORITIES
 
 
-@click.command("fleet")
+@click.command(
+    "fleet", short_help="Thousands of simulated agents against a real broker (scale tests)."
+)
 @click.option(
     "--budgets",
     "budgets_path",
@@ -39,7 +41,7 @@ from powerd.vocabulary import PRIORITIES
     "--period-s",
     default=1.0,
     show_default=True,
-    type=click.FloatRange(min=0.01),
+    type=Quantity("s", 0.01),
     help="Every node's telemetry period (agents' period_s).",
 )
 @click.option(
@@ -56,25 +58,29 @@ from powerd.vocabulary import PRIORITIES
     type=click.IntRange(1, 1024),
     help="Connections taking the nodes' commands (a share of the nodes each) and sending acks.",
 )
-@click.option("--duration-s", type=click.FloatRange(min=0), help="Stop after this long.")
+@click.option(
+    "--duration-s",
+    type=Quantity("s", 0),
+    help="Stop after this long [default: run until stopped, Ctrl-C].",
+)
 @click.option(
     "--base-load",
     default=0.6,
     show_default=True,
-    type=click.FloatRange(0, 1),
+    type=Fraction(0, 1),
     help="What every GPU wants to draw, as a share of its maximum cap.",
 )
 @click.option(
     "--silent-fraction",
     default=0.0,
-    type=click.FloatRange(0, 1),
+    type=Fraction(0, 1),
     show_default=True,
     help="Share of the nodes that never report (the controller counts them stale).",
 )
 @click.option(
     "--offline-fraction",
     default=0.0,
-    type=click.FloatRange(0, 1),
+    type=Fraction(0, 1),
     show_default=True,
     help="Share of the nodes with a retained offline status and no telemetry.",
 )
@@ -82,7 +88,7 @@ from powerd.vocabulary import PRIORITIES
     "--failsafe-after-s",
     default=10.0,
     show_default=True,
-    type=click.FloatRange(min=0.1),
+    type=Quantity("s", 0.1),
     help="The agents' failsafe_after_s: no live heartbeat this long, every node to failsafe.",
 )
 @click.option(
@@ -97,14 +103,14 @@ from powerd.vocabulary import PRIORITIES
     "--push-every-s",
     default=0.0,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=Quantity("s", 0),
     help="Push a rack to full power this often and time the controller's reaction (0: never).",
 )
 @click.option(
     "--push-hold-s",
     default=5.0,
     show_default=True,
-    type=click.FloatRange(min=0.1),
+    type=Quantity("s", 0.1),
     help="How long a pushed rack stays at full power.",
 )
 @click.option(
@@ -124,21 +130,21 @@ from powerd.vocabulary import PRIORITIES
     "--compute-s",
     default=20.0,
     show_default=True,
-    type=click.FloatRange(min=0.1),
+    type=Quantity("s", 0.1),
     help="With --jobs: how long each compute phase lasts.",
 )
 @click.option(
     "--communication-s",
     default=3.0,
     show_default=True,
-    type=click.FloatRange(min=0.1),
+    type=Quantity("s", 0.1),
     help="With --jobs: how long each communication phase lasts (GPUs draw a third).",
 )
 @click.option(
     "--warmup-s",
     default=10.0,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=Quantity("s", 0),
     help="No rack is pushed before this.",
 )
 @click.option("--seed", default=1, show_default=True, type=int, help="Noise, order, failures.")
@@ -161,6 +167,13 @@ def command(
     full power, whose reaction time (push, until the acks that bring the rack
     back under its capping threshold) is reported with the heartbeat gaps the
     nodes saw. For scale tests and bench/bench_scale.py; no GPU is touched.
+
+    \b
+    Examples:
+      powerd keys generate /tmp/ctl                   # the controller's key pair
+      powerd controller --budgets powerd/data/budgets/site-150mw.toml --signing-key /tmp/ctl.key &
+      powerd fleet --budgets powerd/data/budgets/site-150mw.toml --trust /tmp/ctl.pub \\
+        --duration-s 120 --push-every-s 30 --jobs 4 --report-json fleet.json
     """
     from powerd.fleet.app import run_fleet
 

@@ -8,7 +8,7 @@ from powerd.cli.options import setup_logging, simulate_option
 from powerd.gpu import GpuError
 
 
-@click.command("gpus")
+@click.command("gpus", short_help="What the agent reads from this node's GPUs (read-only).")
 @simulate_option("Simulated GPUs instead of NVML, e.g. 4xH100.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per GPU instead of a table.")
 def command(simulate: str | None, as_json: bool) -> None:
@@ -16,6 +16,11 @@ def command(simulate: str | None, as_json: bool) -> None:
 
     Read-only: a quick check on a new node that NVML answers and which power
     reading (instantaneous or 1 s average) the agent will publish.
+
+    \b
+    Examples:
+      powerd gpus                          # this node's GPUs, through NVML
+      powerd gpus --simulate 4xH100 --json
     """
     from powerd.gpu.listing import json_lines, read_gpus, table_lines
 

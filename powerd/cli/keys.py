@@ -9,7 +9,9 @@ import click
 from powerd.signing import KeyFileError, generate_key_files, load_signer, load_trusted_key
 
 
-@click.group("keys")
+@click.group(
+    "keys", short_help="Make a signing key pair (controllers sign, agents trust the .pub)."
+)
 def group() -> None:
     """Signing keys of the controller role.
 
@@ -17,10 +19,15 @@ def group() -> None:
     (controller trust.signing_key); agents obey only what a public key they
     trust signed (agent trust.controller_keys). docs/PROTOCOL.md, "Signed
     messages", says how to rotate a key.
+
+    \b
+    Examples:
+      powerd keys generate /etc/powerd/controller    # controller.key and controller.pub
+      powerd keys id /etc/powerd/controller.pub
     """
 
 
-@group.command("generate")
+@group.command("generate", short_help="Write a new key pair: PREFIX.key (private) and PREFIX.pub.")
 @click.argument("prefix", type=click.Path(dir_okay=False, path_type=Path))
 def generate(prefix: Path) -> None:
     """Write a new Ed25519 key pair: PREFIX.key (private, mode 0600) and PREFIX.pub.
@@ -42,10 +49,16 @@ def generate(prefix: Path) -> None:
     click.echo(f"{pub_path}  public: every agent (trust.controller_keys); key id {key_id}")
 
 
-@group.command("id")
+@group.command("id", short_help="Print the key id of a public or private key file.")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
 def key_id(path: Path) -> None:
-    """Print the key id of a public or private key file (the `key` of signed messages)."""
+    """Print the key id of a public or private key file (the `key` of signed messages).
+
+    \b
+    Examples:
+      powerd keys id /etc/powerd/controller.pub      # the id agents log for a trusted key
+      powerd keys id /etc/powerd/controller.key      # the same id, from the private key
+    """
     try:
         private = path.exists() and b"PRIVATE KEY" in path.read_bytes()
         found = load_signer(path).key_id if private else load_trusted_key(path).key_id

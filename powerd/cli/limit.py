@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,37 +10,36 @@ from pathlib import Path
 import click
 
 from powerd.cli.options import (
+    SECONDS_PER,
+    WATTS_PER,
     Decorator,
     broker_option,
     cluster_option,
     log_level_option,
     setup_logging,
+    split_quantity,
 )
-
-_UNITS_W = {"w": 1.0, "kw": 1e3, "mw": 1e6, "gw": 1e9}
-_UNITS_S = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
 def parse_power_w(text: str) -> float:
     """``120MW``, ``95000 kW``, ``800W`` -> watts (ValueError otherwise)."""
-    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([kKmMgG]?[wW])\s*", text)
-    if found is None:
+    parsed = split_quantity(text, WATTS_PER)
+    if parsed is None or not parsed[1]:
         raise ValueError(f"{text!r}: give a power with its unit, e.g. 120MW, 95000kW")
-    value = float(found[1]) * _UNITS_W[found[2].lower()]
-    if value <= 0:
+    if parsed[0] <= 0:
         raise ValueError(f"{text!r}: a site limit must be above 0 W")
-    return value
+    return parsed[0]
 
 
 def parse_duration_s(text: str) -> float:
     """``15m``, ``900s``, ``1.5h``, ``90`` (seconds) -> seconds (ValueError otherwise)."""
-    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*(s|m|min|h)?\s*", text)
-    if found is None:
+    parsed = split_quantity(text, SECONDS_PER)
+    if parsed is None:
         raise ValueError(f"{text!r}: give a duration, e.g. 15m, 900s, 1h")
-    return float(found[1]) * _UNITS_S[found[2] or "s"]
+    return parsed[0]
 
 
-@click.group("limit")
+@click.group("limit", short_help="An operator's temporary site limit (demand response), signed.")
 def group() -> None:
     """An operator's temporary site limit (demand response).
 
@@ -49,7 +47,14 @@ def group() -> None:
     takes a limit only when signed by a key in its trust.operator_keys,
     brings the site under it no faster than the site's ramp limit, holds it
     until it expires, then gives the budgets file's back. docs/CONTROLLER.md,
-    "Demand response".
+    "Demand response". Unlike other options, --site and --for take their unit
+    in the value (120MW, 15m).
+
+    \b
+    Examples:
+      powerd keys generate /etc/powerd/operator      # its .pub in trust.operator_keys
+      powerd limit set --site 120MW --for 15m --key /etc/powerd/operator.key
+      powerd limit clear --key /etc/powerd/operator.key
     """
 
 
@@ -69,8 +74,8 @@ def _options(command: Callable[..., None]) -> Callable[..., None]:
             show_default=True,
             help="Who sets it (a name, in the logs).",
         ),
-        broker_option(),
-        cluster_option(),
+        broker_option("mqtt://localhost"),
+        cluster_option("default"),
         log_level_option(),
     ]
     for option in reversed(options):
@@ -78,11 +83,34 @@ def _options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-@group.command("set")
-@click.option("--site", "site", required=True, metavar="POWER", help="The limit, e.g. 120MW.")
-@click.option("--for", "duration", required=True, metavar="DURATION", help="e.g. 15m, 1h.")
-@click.option("--start-in", default="0s", show_default=True, metavar="DURATION")
-@click.option("--reason", default="", help="Why, for the logs (e.g. the utility's event id).")
+@group.command("set", short_help="Set a temporary site limit, signed.")
+@click.option(
+    "--site",
+    "site",
+    required=True,
+    metavar="POWER",
+    help="The limit, with its unit: 120MW, 95000kW, 800W.",
+)
+@click.option(
+    "--for",
+    "duration",
+    required=True,
+    metavar="DURATION",
+    help="How long it holds, with its unit: 15m, 900s, 1.5h (a bare number: seconds).",
+)
+@click.option(
+    "--start-in",
+    default="0s",
+    show_default=True,
+    metavar="DURATION",
+    help="When it starts, from now, as --for.",
+)
+@click.option(
+    "--reason",
+    default="",
+    show_default=False,
+    help="Why, for the logs (e.g. the utility's event id) [default: none].",
+)
 @_options
 def set_limit(
     site: str,
@@ -95,7 +123,14 @@ def set_limit(
     cluster: str | None,
     log_level: str,
 ) -> None:
-    """Set a temporary site limit: `powerd limit set --site 120MW --for 15m --key op.key`."""
+    """Set a temporary site limit, signed with the operator's key.
+
+    \b
+    Examples:
+      powerd limit set --site 120MW --for 15m --key /etc/powerd/operator.key
+      powerd limit set --site 95000kW --for 1h --start-in 10m --reason 'utility event 4711' \\
+        --key /etc/powerd/operator.key --broker mqtts://site-broker
+    """
     setup_logging(log_level)
     try:
         limit_w = parse_power_w(site)
@@ -108,8 +143,8 @@ def set_limit(
     click.echo(f"site limited to {limit_w / 1e3:,.1f} kW from {start} until {end}")
 
 
-@group.command("clear")
-@click.option("--reason", default="", help="Why, for the logs.")
+@group.command("clear", short_help="Clear the site limit now.")
+@click.option("--reason", default="", show_default=False, help="Why, for the logs [default: none].")
 @_options
 def clear_limit(
     reason: str,
@@ -119,7 +154,12 @@ def clear_limit(
     cluster: str | None,
     log_level: str,
 ) -> None:
-    """Clear the site limit now: the budgets file's bands return."""
+    """Clear the site limit now: the budgets file's bands return.
+
+    \b
+    Examples:
+      powerd limit clear --key /etc/powerd/operator.key --reason 'event over'
+    """
     setup_logging(log_level)
     now = time.time()
     _publish(key_path, operator, broker, cluster, None, now, now + 1.0, reason)

@@ -13,25 +13,37 @@ from powerd.systemd import (
 )
 
 
-@click.group("unit")
+@click.group(
+    "unit", short_help="Print the systemd unit of the agent, the controller or the coordinator."
+)
 def group() -> None:
-    """Print systemd units shipped with powerd."""
+    """Print systemd units shipped with powerd, ExecStart pointing at this installation.
+
+    \b
+    Examples:
+      powerd unit agent > /etc/systemd/system/powerd-agent.service
+      powerd unit controller --scoped > /etc/systemd/system/powerd-controller@.service
+    """
 
 
-@group.command("agent")
+@group.command("agent", short_help="The agent's unit (powerd-agent.service).")
 @exec_option()
 @click.option("--config", "config_path", default="/etc/powerd/agent.toml", show_default=True)
 def agent(exec_path: str | None, config_path: str) -> None:
     """Print the agent's unit file, ExecStart pointing at this installation.
 
     \b
-    powerd unit agent > /etc/systemd/system/powerd-agent.service
-    systemctl daemon-reload && systemctl enable --now powerd-agent
+    Examples:
+      powerd unit agent > /etc/systemd/system/powerd-agent.service
+      systemctl daemon-reload && systemctl enable --now powerd-agent
     """
     click.echo(render_agent_unit(exec_path or this_executable(), config_path), nl=False)
 
 
-@group.command("controller")
+@group.command(
+    "controller",
+    short_help="The controller's unit (powerd-controller.service, or @.service: --scoped).",
+)
 @exec_option()
 @click.option("--config", "config_path", default="/etc/powerd/controller.toml", show_default=True)
 @click.option("--budgets", "budgets_path", default="/etc/powerd/budgets.toml", show_default=True)
@@ -54,19 +66,21 @@ def controller(
     """Print the controller's unit file, ExecStart pointing at this installation.
 
     \b
-    powerd unit controller > /etc/systemd/system/powerd-controller.service
-    systemctl daemon-reload && systemctl enable --now powerd-controller
-    \b
-    A leaf controller per scope (a tree of controllers):
-    powerd unit controller --scoped > /etc/systemd/system/powerd-controller@.service
-    systemctl daemon-reload && systemctl enable --now powerd-controller@row01
+    Examples:
+      powerd unit controller > /etc/systemd/system/powerd-controller.service
+      systemctl daemon-reload && systemctl enable --now powerd-controller
+      # a leaf controller per scope (a tree of controllers):
+      powerd unit controller --scoped > /etc/systemd/system/powerd-controller@.service
+      systemctl daemon-reload && systemctl enable --now powerd-controller@row01
     """
     exec_path = exec_path or this_executable()
     unit = render_controller_unit(exec_path, config_path, budgets_path, key_path, scoped=scoped)
     click.echo(unit, nl=False)
 
 
-@group.command("coordinator")
+@group.command(
+    "coordinator", short_help="The site coordinator's unit (powerd-coordinator.service)."
+)
 @exec_option()
 @click.option("--config", "config_path", default="/etc/powerd/coordinator.toml", show_default=True)
 @click.option("--budgets", "budgets_path", default="/etc/powerd/budgets.toml", show_default=True)
@@ -81,8 +95,9 @@ def coordinator(exec_path: str | None, config_path: str, budgets_path: str, key_
     """Print the site coordinator's unit file, ExecStart pointing at this installation.
 
     \b
-    powerd unit coordinator > /etc/systemd/system/powerd-coordinator.service
-    systemctl daemon-reload && systemctl enable --now powerd-coordinator
+    Examples:
+      powerd unit coordinator > /etc/systemd/system/powerd-coordinator.service
+      systemctl daemon-reload && systemctl enable --now powerd-coordinator
     """
     exec_path = exec_path or this_executable()
     click.echo(render_coordinator_unit(exec_path, config_path, budgets_path, key_path), nl=False)

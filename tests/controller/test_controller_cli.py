@@ -167,3 +167,35 @@ def test_bad_configuration_exits_1_with_a_clear_message(case, tmp_path):
     assert done.stderr.startswith("Error: ") or "\nError: " in done.stderr, done.stderr
     assert says in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def record_forms() -> list[str]:
+    """Every scheme the recorder takes (powerd.recorder.config), as a --record value starts."""
+    from powerd.recorder.config import _INFLUX_SCHEMES  # what open_recorder accepts
+
+    return [f"{scheme}://" for scheme in (*_INFLUX_SCHEMES, "file")]
+
+
+@pytest.mark.parametrize("command", ["controller", "demo"])
+def test_record_help_lists_every_form_the_recorder_takes(command: str):
+    """The controller's help named influx+http:// and a file only, not influx1+http://
+    (InfluxDB 1.x), https:// or file://; both commands now share one text
+    (powerd.cli.options.record_option)."""
+    from powerd.cli import main
+
+    found = next(p for p in main.commands[command].params if p.name == "record")
+    assert found.help is not None
+    named = [m.group(0) for m in re.finditer(r"(?<![\w+])[\w+]+://", found.help)]
+    missing = [form for form in record_forms() if form not in named]
+    assert not missing, found.help
+    assert "line-protocol file" in found.help
+
+
+def test_a_cycle_written_with_its_unit_gets_the_number_to_write():
+    from click.testing import CliRunner
+
+    from powerd.cli import main
+
+    result = CliRunner().invoke(main, ["controller", "--budgets", "b.toml", "--cycle-s", "2s"])
+    assert result.exit_code == 2
+    assert "--cycle-s takes seconds as a number: write 2 for 2s" in result.output

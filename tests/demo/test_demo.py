@@ -24,7 +24,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
     result = subprocess.run(
         [
             sys.executable,
-            *("-m", "powerd", "demo", "--duration", "20", "--no-live"),
+            *("-m", "powerd", "demo", "--duration-s", "20", "--no-live"),
             *("--summary-json", str(where / "summary.json"), "--plot", str(where / "power.png")),
             *("--record", str(where / "telemetry.lp")),
         ],
@@ -98,7 +98,7 @@ def test_demo_records_what_the_controller_records(demo_run):
 
 def test_demo_refuses_a_bad_record_url():
     result = CliRunner().invoke(
-        main, ["demo", "--duration", "20", "--no-live", "--record", "influx1+http://h:1?org=x"]
+        main, ["demo", "--duration-s", "20", "--no-live", "--record", "influx1+http://h:1?org=x"]
     )
     assert result.exit_code == 1 and "takes db" in result.output
 
@@ -106,7 +106,7 @@ def test_demo_refuses_a_bad_record_url():
 @pytest.mark.parametrize("duration", ["1", "19.5", "4000"])
 def test_demo_refuses_a_duration_out_of_range(duration):
     result = subprocess.run(
-        [sys.executable, "-m", "powerd", "demo", "--duration", duration],
+        [sys.executable, "-m", "powerd", "demo", "--duration-s", duration],
         capture_output=True,
         text=True,
         timeout=60,
@@ -131,7 +131,7 @@ def test_a_limit_violation_makes_the_demo_exit_one(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "s.json"
     result = CliRunner().invoke(
-        main, ["demo", "--duration", "20", "--no-live", "--summary-json", str(out)]
+        main, ["demo", "--duration-s", "20", "--no-live", "--summary-json", str(out)]
     )
     assert result.exit_code == 1, result.output
     assert "LIMIT VIOLATED" in result.output and "row1-k2" in result.output

@@ -21,7 +21,7 @@ def smoothing_run(
     result = subprocess.run(
         [
             sys.executable,
-            *("-m", "powerd", "demo", "--duration", "20", "--no-live", "--smoothing"),
+            *("-m", "powerd", "demo", "--duration-s", "20", "--no-live", "--smoothing"),
             *("--summary-json", str(where / "summary.json"), "--plot", str(where / "power.png")),
         ],
         capture_output=True,

@@ -108,7 +108,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
         start_ms = int(time.time() * 1000) - 1000
         done = subprocess.run(
             [
-                *(sys.executable, "-m", "powerd", "demo", "--duration", "20", "--no-live"),
+                *(sys.executable, "-m", "powerd", "demo", "--duration-s", "20", "--no-live"),
                 *("--record", url, "--plot", str(work / "demo.png")),
                 *("--summary-json", str(work / "demo.json")),
             ],

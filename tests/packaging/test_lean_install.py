@@ -161,7 +161,7 @@ async def test_agent_controller_gpus_and_fleet_run_without_extras(lean_env, mosq
 @pytest.mark.parametrize(
     ("args", "extra"),
     [
-        pytest.param(["-m", "powerd", "demo", "--duration", "10"], "demo", id="demo"),
+        pytest.param(["-m", "powerd", "demo", "--duration-s", "10"], "demo", id="demo"),
         pytest.param(["-c", "from planner.entry import main; main()"], "planner", id="powerplan"),
         pytest.param(
             [

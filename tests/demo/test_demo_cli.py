@@ -1,0 +1,36 @@
+"""`powerd demo`'s options (issue 15, point 8): --duration-s, named for its unit as every other
+option is; the old --duration still works, hidden, with a note on stderr. The values here stop
+the demo before it starts anything."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from powerd.cli import main
+
+
+def test_the_help_names_duration_s_and_hides_the_old_spelling():
+    result = CliRunner().invoke(main, ["demo", "--help"])
+    assert result.exit_code == 0
+    assert "--duration-s SECONDS" in result.output
+    assert "--duration " not in result.output
+
+
+def test_duration_s_written_with_a_unit_gets_the_number_to_write():
+    result = CliRunner().invoke(main, ["demo", "--duration-s", "1m"])
+    assert result.exit_code == 2
+    assert "Error: --duration-s takes seconds as a number: write 60 for 1m" in result.output
+
+
+def test_the_old_duration_still_reaches_duration_s_with_a_note():
+    """5 s is below the demo's least: refused as --duration-s, so the value got there."""
+    result = CliRunner().invoke(main, ["demo", "--duration", "5", "--no-live"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("note: --duration is now --duration-s")
+    assert "Invalid value for --duration-s: at least 20 s" in result.stderr
+
+
+def test_duration_s_given_too_wins_over_the_old_spelling():
+    result = CliRunner().invoke(main, ["demo", "--duration", "30", "--duration-s", "5"])
+    assert result.exit_code == 2
+    assert "Invalid value for --duration-s: at least 20 s" in result.output
