@@ -108,13 +108,9 @@ def test_low_priority_gives_first_and_a_synchronous_job_pays_for_its_slowest_gpu
     assert nodes(result).loc["k1", "s_above_limit"] == 0.0
 
 
-def test_a_high_job_leaving_a_checkpoint_gets_its_watts_back_from_low():
-    """The inversion rule 3b closes, replayed: after each checkpoint the high-priority job
-    sits at its staged caps while the low-priority one fills the rack to between its bands."""
-    from planner.sizing import WorkloadTrace as PhasedTrace
-    from policies import PolicySettings
-
-    top = rack(budget_w=8000, limit_w=11_200, failsafe_w=700)
+def high_checkpoint_scenario():
+    """Half the rack a steady low-priority job ("steady"), half a high-priority one ("vip")
+    that checkpoints at 250 W from 40 s to 60 s of every 120 s: (mix, traces)."""
     mix = parse_mix(
         '[[jobs]]\nworkload = "steady"\nshare = 0.5\npriority = "low"\n'
         '[[jobs]]\nworkload = "ckpt"\nshare = 0.5\npriority = "high"\nname = "vip"\n'
@@ -124,8 +120,18 @@ def test_a_high_job_leaving_a_checkpoint_gets_its_watts_back_from_low():
     power[40:60], phase[40:60] = 250.0, PHASE_CODES["checkpoint"]
     traces = {
         "steady": trace(np.full(120, 650.0), "steady"),
-        "ckpt": PhasedTrace("ckpt", power, phase, 1.0, 8),
+        "ckpt": WorkloadTrace("ckpt", power, phase, 1.0, 8),
     }
+    return mix, traces
+
+
+def test_a_high_job_leaving_a_checkpoint_gets_its_watts_back_from_low():
+    """The inversion rule 3b closes, replayed: after each checkpoint the high-priority job
+    sits at its staged caps while the low-priority one fills the rack to between its bands."""
+    from policies import PolicySettings
+
+    top = rack(budget_w=8000, limit_w=11_200, failsafe_w=700)
+    mix, traces = high_checkpoint_scenario()
     lost = {}
     for shift in (False, True):
         settings = WhatifSettings(duration_s=360, policy=PolicySettings(priority_shift=shift))

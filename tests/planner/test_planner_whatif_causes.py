@@ -12,7 +12,7 @@ from planner.whatif import WhatifSettings, replay
 from policies import PolicySettings
 from policies.causes import LOST_CAUSES, lost_column
 from policies.tree import PHASE_CODES
-from tests.planner.test_planner_whatif import rack, trace
+from tests.planner.test_planner_whatif import high_checkpoint_scenario, rack, trace
 
 COMPUTE = PHASE_CODES["compute"]
 
@@ -60,17 +60,7 @@ def test_low_priority_loses_to_the_priority_shift_after_a_high_checkpoint():
     """The high job leaves each checkpoint at its staged caps; the shift takes the low
     job's watts for it: the low job's loss is the shift's, the high job's the staging's."""
     top = rack(budget_w=8000, limit_w=11_200, failsafe_w=650)
-    mix = parse_mix(
-        '[[jobs]]\nworkload = "steady"\nshare = 0.5\npriority = "low"\n'
-        '[[jobs]]\nworkload = "ckpt"\nshare = 0.5\npriority = "high"\nname = "vip"\n'
-    )
-    power = np.full(120, 650.0)
-    phase = np.full(120, COMPUTE, np.int8)
-    power[40:60], phase[40:60] = 250.0, PHASE_CODES["checkpoint"]
-    traces = {
-        "steady": trace(np.full(120, 650.0), "steady"),
-        "ckpt": WorkloadTrace("ckpt", power, phase, 1.0, 8),
-    }
+    mix, traces = high_checkpoint_scenario()
     settings = WhatifSettings(duration_s=360, policy=PolicySettings(priority_shift=True))
     result = replay(top, place(top, mix), traces, settings)
     assert lost(result, "steady")["priority shift"] > 0.0
