@@ -13,7 +13,7 @@ from powerd.controller.core import ControllerCore
 from powerd.controller.records import Records
 from powerd.controller.scoping import LeafGrants
 from powerd.controller.service import ControllerService
-from powerd.controller.smoothing import grid_smoothing, grid_tree
+from powerd.controller.smoothing import grid_ramp_w_per_s, grid_smoothing, grid_tree
 from powerd.protocol import GpuSmoothing
 from powerd.recorder import Recorder, open_recorder
 from powerd.signing import Signer
@@ -60,9 +60,10 @@ def build_service(
     tree = topology.tree
     if scope is not None:
         topology = scoped(topology, scope)
-        leaf = LeafGrants(scope.name, topology)
-        tree = topology.tree
-    elif config.grid_smoothing:  # a leaf's ramp is the coordinator's share of the site's
+        bound = grid_ramp_w_per_s(settings.smoothing, topology.tree.n_gpus)
+        leaf = LeafGrants(scope.name, topology, max_ramp_w_per_s=bound)
+        tree = leaf.tree_for(0.0)  # no grant yet: the file's budget, at most its ramp bound
+    elif config.grid_smoothing:  # a leaf: its share, bounded by its GPUs' grid shares (above)
         tree = grid_tree(topology)
     core = ControllerCore(tree, settings)
     records = None

@@ -15,6 +15,11 @@ what that root may draw:
 - **then the file budget**: the rows' budgets, which sum within the site's
   (checked when the scoped file was loaded).
 
+Under grid smoothing the root's ramp is also at most ``max_ramp_w_per_s``: the sum
+of its GPUs' shares of the grid's ramp-up (``powerd.controller.smoothing.
+grid_ramp_w_per_s``), so the leaves' caps together rise within the grid's limit
+whatever the coordinator splits.
+
 ``tree_for`` gives the core's tree under what is in force (``with_root_budget``);
 ``summary`` builds the leaf's report for the coordinator after a cycle.
 """
@@ -45,9 +50,17 @@ class InForce:
 
 
 class LeafGrants:
-    def __init__(self, scope: str, topology: Topology, base_tree: Tree | None = None) -> None:
-        """``topology``: the scoped budgets (``scoped``); its root's budget is the file budget."""
+    def __init__(
+        self,
+        scope: str,
+        topology: Topology,
+        base_tree: Tree | None = None,
+        max_ramp_w_per_s: float = math.inf,
+    ) -> None:
+        """``topology``: the scoped budgets (``scoped``); its root's budget is the file budget.
+        ``max_ramp_w_per_s``: the most the root's ramp may be, whatever is in force."""
         self.scope = scope
+        self.max_ramp_w_per_s = max_ramp_w_per_s
         self.base_tree = base_tree if base_tree is not None else topology.tree
         self.file_budget_w = float(topology.budget_w[0])
         self.file_ramp_w_per_s = float(topology.ramp_w_per_s[0])
@@ -64,10 +77,10 @@ class LeafGrants:
         self._tree_key: tuple[float, float] | None = None
         self._tree = self.base_tree
 
-    def rebased(self, topology: Topology) -> LeafGrants:
-        """These grants over a reloaded scoped budgets file (its file budget, limits and
-        bands may have changed): the grant in force stays in force."""
-        moved = LeafGrants(self.scope, topology)
+    def rebased(self, topology: Topology, max_ramp_w_per_s: float = math.inf) -> LeafGrants:
+        """These grants over a reloaded scoped budgets file (its file budget, limits, bands
+        and grid spec may have changed): the grant in force stays in force."""
+        moved = LeafGrants(self.scope, topology, max_ramp_w_per_s=max_ramp_w_per_s)
         moved.grant, moved.received_mono = self.grant, self.received_mono
         moved.grants_taken, moved.grants_refused = self.grants_taken, self.grants_refused
         return moved
@@ -99,6 +112,12 @@ class LeafGrants:
         return None
 
     def in_force(self, now_mono: float) -> InForce:
+        force = self._in_force(now_mono)
+        if force.ramp_w_per_s <= self.max_ramp_w_per_s:
+            return force
+        return InForce(force.budget_w, self.max_ramp_w_per_s, force.source, force.grant)
+
+    def _in_force(self, now_mono: float) -> InForce:
         grant = self.grant
         if grant is not None:
             age_s = now_mono - self.received_mono

@@ -39,7 +39,7 @@ from powerd.controller.records import Records
 from powerd.controller.reload import changes, refusal
 from powerd.controller.scoping import LeafGrants
 from powerd.controller.site_limit import SiteLimits, with_site_threshold
-from powerd.controller.smoothing import grid_tree
+from powerd.controller.smoothing import grid_ramp_w_per_s, grid_tree
 from powerd.heartbeat import signed_heartbeat, step_down_on_exit
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
@@ -473,7 +473,7 @@ class ControllerService:
         if self.records is not None:  # the grid limits it records come from the topology
             self.records.topology = new
         if self.leaf is not None:  # its file budget may have changed; a live grant stays
-            self.leaf = self.leaf.rebased(new)
+            self.leaf = self.leaf.rebased(new, grid_ramp_w_per_s(smoothing, new.tree.n_gpus))
             self.core.tree = self.leaf.tree_for(self._monotonic())
         else:
             base = new.tree if smoothing is None else grid_tree(new)

@@ -11,6 +11,8 @@ in its ack (docs/POWER_SMOOTHING.md).
 
 from __future__ import annotations
 
+import math
+
 from policies.smoothing import DEFAULT_MARGIN, gpu_profile_values, gpu_ramps, with_grid_ramp
 from policies.tree import Tree
 from powerd.protocol import SMOOTHING_MAX_RAMP_W_PER_S, GpuSmoothing
@@ -54,3 +56,13 @@ def grid_tree(site: Topology) -> Tree:
     at most the GPUs' share of the grid's ramp-up (``policies.smoothing.with_grid_ramp``)."""
     spec = site.grid
     return site.tree if spec is None else with_grid_ramp(site.tree, spec.ramp_up_w_per_s)
+
+
+def grid_ramp_w_per_s(smoothing: GpuSmoothing | None, n_gpus: int) -> float:
+    """The most the caps of ``n_gpus`` GPUs may rise together under ``smoothing``: the sum of
+    their shares of the grid's ramp-up (a leaf's bound in a tree of controllers; for the
+    whole site it is the margin × the grid's ramp-up that ``grid_tree`` applies). ``inf``
+    without smoothing."""
+    if smoothing is None:
+        return math.inf
+    return smoothing.ramp_up_w_per_s * n_gpus

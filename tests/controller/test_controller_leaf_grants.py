@@ -91,3 +91,35 @@ def test_a_reloaded_file_keeps_the_live_grant_and_takes_the_new_file_budget():
     assert moved.in_force(1.0).budget_w == 13_000.0  # the grant stays in force
     assert moved.in_force(10.5).budget_w == 11_000.0  # expiring: min(grant, the new file)
     assert moved.grants_taken == 1
+
+
+def test_under_grid_smoothing_a_leaf_ramps_at_most_its_gpus_share_of_the_grid():
+    """The coordinator splits the file's site ramp (12 kW/s) among the leaves; under grid
+    smoothing each leaf's caps also rise at most the sum of its GPUs' shares of the grid's
+    ramp-up (0.9 x 2.4 kW/s / 24 GPUs = 90 W/s a GPU; 8 GPUs: 720 W/s), so the leaves
+    together stay within 0.9 x the grid's limit whatever the grants say. On reload too."""
+    from powerd.controller.app import build_service
+    from powerd.controller.config import ControllerConfig
+    from powerd.controller.smoothing import grid_ramp_w_per_s, grid_smoothing
+    from tests.support.keys import STRANGER
+
+    site = parse_budgets(
+        three_rows() + "[site.grid]\nramp_up_kw_per_s = 2.4\nramp_down_kw_per_s = 2.4\n"
+    )
+    smoothing = grid_smoothing(site)
+    assert smoothing.ramp_up_w_per_s == pytest.approx(90.0)
+    scope_top = scoped(site, parse_scope("r1"))
+    bound = grid_ramp_w_per_s(smoothing, scope_top.tree.n_gpus)
+    assert bound == pytest.approx(720.0)
+    grants = LeafGrants("r1", scope_top, max_ramp_w_per_s=bound)
+    assert grants.in_force(0.0).ramp_w_per_s == pytest.approx(720.0)  # file: 4 kW/s
+    grants.on_grant(grant(13_000.0, ramp_w_per_s=500.0), now_mono=1.0, wall=WALL)
+    assert grants.in_force(2.0).ramp_w_per_s == 500.0  # a grant below the bound stands
+    assert grants.rebased(scope_top, bound).in_force(2.0).ramp_w_per_s == 500.0
+    assert grants.rebased(scope_top).in_force(200.0).ramp_w_per_s == pytest.approx(4_000.0)
+
+    config = ControllerConfig(scope="r1", grid_smoothing=True)
+    service = build_service(config, site, signer=STRANGER)  # any key: nothing is sent
+    assert service.leaf is not None
+    assert service.leaf.in_force(0.0).ramp_w_per_s == pytest.approx(720.0)
+    assert service.core.tree.ramp_w_per_s[0] == pytest.approx(720.0)
