@@ -180,6 +180,10 @@ def scoped(topology: Topology, scope: Scope) -> Topology:
         value.setflags(write=False)  # as every Topology column
     return dataclasses.replace(
         topology,
+        # the grid's limits are on the site's measured power, which the coordinator and the
+        # site's meter see, not a leaf's root: a leaf neither records nor enforces them
+        # (its GPUs' grid smoothing profile is computed from the whole file, before scoping)
+        grid=None,
         source=f"{topology.source} [scope {scope}]",
         names=tuple(names),
         level_start=level_start,

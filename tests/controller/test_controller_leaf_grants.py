@@ -123,3 +123,4 @@ def test_under_grid_smoothing_a_leaf_ramps_at_most_its_gpus_share_of_the_grid():
     assert service.leaf is not None
     assert service.leaf.in_force(0.0).ramp_w_per_s == pytest.approx(720.0)
     assert service.core.tree.ramp_w_per_s[0] == pytest.approx(720.0)
+    assert site.grid is not None and scope_top.grid is None  # the site's, not the leaf's
