@@ -28,6 +28,9 @@ class GpuModel:
     has_power_smoothing: bool = False
 
 
+# sm_clock_max_mhz also carries the measured clock tables (powerd/data/clocks/) from one model
+# to another, at the same fraction of it: A100 SXM 1410 MHz and H100 SXM 1980 MHz are the data
+# sheets' maximum boost clocks; the GB200's 2062 MHz is assumed.
 GPU_MODELS: dict[str, GpuModel] = {
     m.key: m
     for m in (

@@ -2,7 +2,11 @@
 
 Power and throughput follow ``powerd.gpu.workload_model`` with curves fitted on
 the Zeus power-limit sweeps (``powerd/data/workload_curves.json``), scaled to
-the simulated GPU's maximum power limit. What the GPU is doing is set from
+the simulated GPU's maximum power limit. Under a clock lock they follow the
+model's measured clock table instead (``powerd/data/clocks/``, the one the
+budgets file's ``comm_max_slowdown`` picks the controller's clock from; see
+``workload_model.table_operating_point``); a model without one (A40, V100,
+P100) keeps the parametric clock response. What the GPU is doing is set from
 outside: ``set_phase`` (the protocol's job phases) and ``set_workload``.
 
 Like NVML, setters reject values outside the device's ranges with
@@ -39,7 +43,7 @@ import uuid as uuid_lib
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from powerd.gpu.base import (
     SMOOTHING_MAX_PRESETS,
@@ -50,9 +54,16 @@ from powerd.gpu.base import (
     SmoothingProfile,
     SmoothingRange,
 )
+from powerd.gpu.clock_table import ClockTable, shipped_clock_table
 from powerd.gpu.errors import GpuError, GpuLostError, GpuValueError
 from powerd.gpu.models import GPU_MODELS, GpuModel, gpu_model
-from powerd.gpu.workload_model import Device, OperatingPoint, WorkloadCurve, operating_point
+from powerd.gpu.workload_model import (
+    Device,
+    OperatingPoint,
+    WorkloadCurve,
+    operating_point,
+    table_operating_point,
+)
 from powerd.vocabulary import PHASES
 
 CURVES_RESOURCE = "data/workload_curves.json"
@@ -215,8 +226,14 @@ class SimulatedGpu(Gpu):
         phase: str = "compute",
         seed: int = 0,
         uuid: str | None = None,
+        clock_table: ClockTable | Literal["shipped"] | None = "shipped",
     ) -> None:
+        """``clock_table``: how a clock lock acts; "shipped" is the model's shipped table
+        (``shipped_clock_table``), None the parametric model alone."""
         self.model = gpu_model(model) if isinstance(model, str) else model
+        self.clock_table = (
+            shipped_clock_table(self.model.key) if clock_table == "shipped" else clock_table
+        )
         self.index = index
         self.name = self.model.name
         self.uuid = uuid if uuid is not None else simulated_uuid(self.model.key, index, seed)
@@ -438,9 +455,10 @@ class SimulatedGpu(Gpu):
     def demand_w(self) -> float:
         """What the current phase would draw at the max power limit, under the clock lock."""
         with self._lock:
-            return operating_point(
+            return table_operating_point(
                 self._curve,
                 self.device,
+                self.clock_table,
                 self.model.cap_max_w,
                 self._lock_mhz,
                 self._profile.load,
@@ -550,8 +568,13 @@ class SimulatedGpu(Gpu):
         return cap if self._external_w is None else min(cap, self._external_w)
 
     def _operating_point(self) -> OperatingPoint:
-        return operating_point(
-            self._curve, self.device, self._enforced_w(), self._lock_mhz, self._profile.load
+        return table_operating_point(
+            self._curve,
+            self.device,
+            self.clock_table,
+            self._enforced_w(),
+            self._lock_mhz,
+            self._profile.load,
         )
 
     def _noisy_power(self) -> float:

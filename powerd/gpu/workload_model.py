@@ -51,6 +51,37 @@ every power of the curve with the idle power: ``p -> p_idle + load * (p - p_idle
 
 Relative speed is ``time(1) / time(s)`` = ``1 / (beta / s + 1 - beta)``:
 1.0 unconstrained, lower under a cap or a lock.
+
+Clock locks from a measured table
+---------------------------------
+Where the GPU model has a measured clock table (``powerd.gpu.clock_table``: A100
+from the Perseus sweeps of GPT-3 175B, H100 and GB200 scaled from it),
+``table_operating_point`` takes a clock lock's effect from the table, not from
+(1)-(2): at lock ``f``, with ``(time_rel, power_rel)`` the table's values there,
+the work takes ``time_rel`` times as long as unconstrained, and the power above
+idle is scaled so that at full load the average power is exactly ``power_rel``
+times the unconstrained one (``P_free``: (3) with no cap and no lock)::
+
+    speed_lock = 1 / time_rel
+    P_lock = p_idle + (P_free(load) - p_idle) * k                                 (6)
+    k = (power_rel * P_free(1) - p_idle) / (P_free(1) - p_idle)
+
+The cap still acts through (4)-(5), computed without the lock; each limit holds
+on its own, so the GPU runs at the lower speed and the lower power of the two
+points (a lock at or above the table's top clock changes nothing). Below the
+table's lowest clock nothing was measured: the time grows as ``1 / clock`` from
+there and the power falls in proportion, so the energy per unit of work stays at
+the lowest row's (assumed; a lock there only costs time).
+
+Why the table and not a fit of (1)-(2) to it: the measured step time is nearly
+flat down to ~95 % of the maximum clock and then scales, which (1) with one
+``beta`` cannot follow. Fitted to the GPT-3 175B table, (1)-(3) err by up to
+2.4 % in time and 5.4 % in power, and would put the least energy within a 5 %
+slowdown at 1335 MHz saving 7.4 %, where the measurement says 1290 MHz saving
+9.7 %: the simulator would disagree with the table on the very clock the
+controller picks from it. The Zeus power-limit sweeps say nothing about clock
+locks, so the cap response keeps its calibration and the lock response gets the
+measurement.
 """
 
 from __future__ import annotations
@@ -62,6 +93,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from powerd.gpu.clock_table import ClockTable
 from powerd.gpu.models import GpuModel
 
 
@@ -284,3 +316,51 @@ def predict(
     """Time per unit of work (s) and average power (W) at each cap of ``caps_w``."""
     _, _, tau, power = _points(curve, device, caps_w, lock_mhz, load)
     return curve.t_min_s * tau, _watts(power, device, caps_w)
+
+
+def table_operating_point(
+    curve: WorkloadCurve,
+    device: Device,
+    table: ClockTable | None,
+    cap_w: float | None = None,
+    lock_mhz: float | None = None,
+    load: float = 1.0,
+) -> OperatingPoint:
+    """``operating_point`` with a clock lock's effect from a measured table, (6) in the
+    module doc; with no table or no lock, ``operating_point`` itself."""
+    if table is None or lock_mhz is None:
+        return operating_point(curve, device, cap_w, lock_mhz, load)
+    capped = operating_point(curve, device, cap_w, None, load)
+    free = operating_point(curve, device, None, None, load)
+    time_rel, power_rel = lock_response(table, lock_mhz)
+    lock_speed = free.speed / time_rel
+    lock_power_w = device.idle_w + (free.power_w - device.idle_w) * _above_idle_share(
+        curve, device, power_rel
+    )
+    speed = min(capped.speed, lock_speed)
+    return OperatingPoint(
+        clock_mhz=min(capped.clock_mhz, float(lock_mhz)),
+        duty=capped.duty if capped.speed <= lock_speed else 1.0,
+        speed=speed,
+        power_w=min(capped.power_w, lock_power_w),
+        time_s=curve.t_min_s / speed if speed > 0 else math.inf,
+    )
+
+
+def lock_response(table: ClockTable, lock_mhz: float) -> tuple[float, float]:
+    """(time_rel, power_rel) of a lock: the table's, and below its lowest clock the time
+    growing as 1 / clock and the power falling with it (assumed, module doc)."""
+    lowest = float(table.clock_mhz[0])
+    if lock_mhz >= lowest:
+        return table.at(lock_mhz)
+    time_rel, power_rel = table.at(lowest)
+    ratio = max(float(lock_mhz), 1.0) / lowest
+    return time_rel / ratio, power_rel * ratio
+
+
+def _above_idle_share(curve: WorkloadCurve, device: Device, power_rel: float) -> float:
+    """``k`` of (6): the share of the power above idle left at the lock."""
+    full_w = curve.demand_frac * device.cap_max_w  # (3) unconstrained at full load
+    if full_w <= device.idle_w:
+        return power_rel
+    return max(0.0, (power_rel * full_w - device.idle_w) / (full_w - device.idle_w))

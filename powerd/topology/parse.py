@@ -23,6 +23,14 @@ import numpy as np
 
 from policies.tree import LEVEL_NAMES, RACK, ROW, SERVER, SITE
 from powerd.configfile import finite, shown
+from powerd.gpu.clock_table import (
+    ClockTable,
+    ClockTableError,
+    best_clock,
+    load_clock_table,
+    shipped_clock_table,
+    shipped_table,
+)
 from powerd.gpu.models import GPU_MODELS, GpuModel
 from powerd.protocol import MAX_NAME_CHARS
 from powerd.topology import checks
@@ -80,7 +88,7 @@ _KEYS = {
     SERVER: _NODE_KEYS | {"failsafe_cap_w", "gpus", "model"},
 }
 _TOP_KEYS = {"version", "site", "defaults", "models", "rows"}
-_MODEL_KEYS = {"failsafe_cap_w", "comm_clock_mhz"}
+_MODEL_KEYS = {"failsafe_cap_w", "comm_clock_mhz", "comm_max_slowdown", "clock_table"}
 _GRID_WINDOWS = ("window_s", "floor_window_s", "oscillation_window_s")
 _GRID_KEYS = {
     *(k for q in GRID_QUANTITIES.values() for k in q),
@@ -221,21 +229,86 @@ def _read_models(reader: _Reader, models: Any) -> _Models:
             if problem:
                 raise reader.fail(where, problem)
             failsafe[model.key] = cap
-        clocks[model.key] = math.nan
-        if "comm_clock_mhz" in table:
-            clock = reader.number(table, "comm_clock_mhz", where)
-            lo, hi = model.sm_clock_min_mhz, model.sm_clock_max_mhz
-            if not lo <= clock <= hi:
-                hint = ""
-                if lo <= clock * 1e3 <= hi:
-                    hint = f"; in GHz? {clock:g} GHz is {clock * 1e3:g} MHz"
-                raise reader.fail(
-                    where,
-                    f"comm_clock_mhz = {clock:g} MHz is outside the {model.key}'s "
-                    f"SM clock range [{lo}, {hi}] MHz{hint}",
-                )
-            clocks[model.key] = clock
+        clocks[model.key] = _comm_clock(reader, table, model, where)
     return _Models(failsafe, clocks)
+
+
+def _comm_clock(reader: _Reader, table: dict[str, Any], model: GpuModel, where: str) -> float:
+    """``comm_clock_mhz`` as given, or the clock table's best within ``comm_max_slowdown``;
+    NaN for neither (no clock lock)."""
+    if "comm_clock_mhz" in table and "comm_max_slowdown" in table:
+        raise reader.fail(
+            where,
+            "give comm_clock_mhz (a clock) or comm_max_slowdown (the clock table's best within "
+            "that slowdown), not both",
+        )
+    if "clock_table" in table and "comm_max_slowdown" not in table:
+        raise reader.fail(
+            where, "clock_table is read only with comm_max_slowdown (e.g. comm_max_slowdown = 0.05)"
+        )
+    if "comm_clock_mhz" in table:
+        clock = reader.number(table, "comm_clock_mhz", where)
+        _check_clock(reader, clock, "comm_clock_mhz", model, where)
+        return clock
+    if "comm_max_slowdown" not in table:
+        return math.nan
+    slowdown = reader.number(table, "comm_max_slowdown", where, zero_ok=True)
+    if slowdown >= 1:
+        hint = f"; a percentage? write {slowdown / 100:g}" if slowdown < 100 else ""
+        raise reader.fail(
+            where,
+            f"comm_max_slowdown = {slowdown:g} must be a fraction in [0, 1) (0.05: 5 %){hint}",
+        )
+    clock_table = _clock_table(reader, table, model, where)
+    clock, _ = best_clock(clock_table, slowdown)
+    _check_clock(reader, clock, f"the clock table's best ({clock_table.source})", model, where)
+    return clock
+
+
+def _check_clock(reader: _Reader, clock: float, what: str, model: GpuModel, where: str) -> None:
+    lo, hi = model.sm_clock_min_mhz, model.sm_clock_max_mhz
+    if not lo <= clock <= hi:
+        hint = ""
+        if lo <= clock * 1e3 <= hi:
+            hint = f"; in GHz? {clock:g} GHz is {clock * 1e3:g} MHz"
+        raise reader.fail(
+            where,
+            f"{what} = {clock:g} MHz is outside the {model.key}'s SM clock range "
+            f"[{lo}, {hi}] MHz{hint}",
+        )
+
+
+def _clock_table(reader: _Reader, table: dict[str, Any], model: GpuModel, where: str) -> ClockTable:
+    """The ``clock_table`` named (a shipped name, or a .csv path relative to the budgets
+    file), else the model's shipped default; it must be the model's own."""
+    name = table.get("clock_table")
+    if name is None:
+        found = shipped_clock_table(model.key)
+        if found is None:
+            raise reader.fail(
+                where,
+                f"no shipped clock table for the {model.key}: give clock_table = "
+                '"<file>.csv" (written by powerplan clocks) or comm_clock_mhz',
+            )
+        return found
+    if not isinstance(name, str) or not name:
+        raise reader.fail(where, f"clock_table must be a name or a .csv path, got {name!r}")
+    try:
+        if name.lower().endswith(".csv"):
+            found = load_clock_table(Path(reader.source).parent / name)
+        else:
+            found = shipped_table(name)
+    except ClockTableError as exc:
+        raise reader.fail(where, f"clock_table: {exc}") from None
+    except KeyError as exc:
+        raise reader.fail(where, f"clock_table: {exc.args[0]} (or a path ending in .csv)") from None
+    if found.model != model.key:
+        raise reader.fail(
+            where,
+            f"clock_table {name!r} is for the {found.model}, not the {model.key} "
+            f"(powerplan clocks --scale-to {model.key} writes one)",
+        )
+    return found
 
 
 # --- the [site.grid] table --------------------------------------------------------------

@@ -152,7 +152,8 @@ def test_tiny_numbers_reach_the_tree_in_watts() -> None:
     gpus = top.server_gpus("r1-k2-n2")
     assert np.all(tree.failsafe_cap_w[gpus.start : gpus.stop] == 450)
     assert np.all(tree.failsafe_cap_w[: gpus.start] == 500)
-    assert np.all(tree.comm_clock_mhz == 1100)
+    # comm_max_slowdown = 0.05 in the H100's shipped clock table (tests/gpu/test_clock_table.py)
+    assert np.all(tree.comm_clock_mhz == 1811)
     assert np.all(tree.cap_min_w == 200) and np.all(tree.cap_max_w == 700)
 
 
@@ -193,7 +194,7 @@ def test_site_150mw_is_the_83k_gpu_site(site150: Topology) -> None:
     tree = top.tree
     assert tree.limit_w[0] == 150e6 and tree.ramp_w_per_s[0] == 5e6
     assert tree.ramp_w_per_s[top.node_index("row03")] == 500e3
-    assert np.all(tree.comm_clock_mhz == 1200)
+    assert np.all(tree.comm_clock_mhz == 1887)  # comm_max_slowdown = 0.05, GB200's table
 
 
 def test_site_150mw_failsafe_power_within_every_limit(site150: Topology) -> None:
@@ -447,3 +448,4 @@ def test_the_example_in_docs_loads() -> None:
     assert top.site == "lab" and top.n_gpus == 20
     assert top.servers == ("r1-k1-n1", "r1-k2-n1", "r1-k2-n2", "r1-k2-n3", "r1-k2-n4")
     assert top.failsafe_cap_w("r1-k2-n4") == 500
+    assert top.comm_clock_mhz["H100"] == 1811  # comm_max_slowdown = 0.05, as the text says
