@@ -47,7 +47,9 @@ import numpy as np
 from msgspec import UNSET
 
 from policies.tree import RACK
+from powerd.gpu.clock_table import shipped_clock_table
 from powerd.gpu.models import GPU_MODELS
+from powerd.gpu.workload_model import lock_response
 from powerd.protocol import (
     Ack,
     AckError,
@@ -65,10 +67,23 @@ from powerd.signing import Verifier
 from powerd.topology import Topology
 from powerd.vocabulary import PRIORITIES, PROTOCOL_VERSION
 
-# Under a clock lock at a fraction s of the maximum clock the GPU draws this share of
-# what it would draw unlocked: P ~ p_static + p_dyn * s^2.5 (powerd.gpu.workload_model).
+# Under a clock lock at a fraction s of the maximum clock, a GPU model without a clock
+# table draws this share of what it would draw unlocked: P ~ p_static + p_dyn * s^2.5
+# (powerd.gpu.workload_model); a model with one draws its table's power_rel at the lock,
+# as the simulated GPU does (powerd.gpu.workload_model.lock_response).
 _STATIC_SHARE = 0.3
 _CLOCK_EXPONENT = 2.5
+
+
+def locked_power_share(model: str, lock_mhz: float) -> float:
+    """The share of its unlocked draw a GPU of ``model`` draws at ``lock_mhz``."""
+    table = shipped_clock_table(model)
+    if table is not None:
+        return min(1.0, lock_response(table, lock_mhz)[1])
+    share = min(1.0, lock_mhz / GPU_MODELS[model].sm_clock_max_mhz)
+    return _STATIC_SHARE + (1 - _STATIC_SHARE) * share**_CLOCK_EXPONENT
+
+
 COMM_LOAD = 0.35  # a GPU waiting on a collective draws this share of its compute demand
 STARTUP_S = 2.0  # a job announces startup, then compute this much later
 
@@ -176,6 +191,8 @@ class FleetModel:
         self._noise = np.ones(n_gpus)
         self._clock_min = self.clock_min_mhz.tolist()
         self._clock_max = self.clock_max_mhz.tolist()
+        self._model = np.repeat([m.key for m in models], self.gpu_count).tolist()
+        self._lock_share: dict[tuple[str, int], float] = {}  # (model, lock): a few entries
         self._cap_min = self.cap_min_w.tolist()
         self._cap_max = self.cap_max_w.tolist()
         self._first_gpu: list[int] = self.gpu_start.tolist()
@@ -235,14 +252,16 @@ class FleetModel:
         values: list[object] = [ts, self.seq[node], "failsafe" if self.failsafe else "controlled"]
         want, cap_w, lock_mhz, energy = self._want, self.cap_w, self.lock_mhz, self.energy_j
         clock_max, cap_max, power_w = self._clock_max, self._cap_max, self.power_w
+        model, lock_share = self._model, self._lock_share
         for g in range(start, start + self._n_gpus[node]):
             lock = lock_mhz[g]
             power = want[g]
             if lock is not None:
-                share = lock / clock_max[g]
-                if share > 1.0:
-                    share = 1.0
-                power *= _STATIC_SHARE + (1 - _STATIC_SHARE) * share**_CLOCK_EXPONENT
+                key = (model[g], lock)
+                share = lock_share.get(key)
+                if share is None:
+                    share = lock_share[key] = locked_power_share(model[g], lock)
+                power *= share
             cap = cap_w[g]
             if power > cap:
                 power = cap

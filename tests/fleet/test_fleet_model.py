@@ -217,3 +217,18 @@ def test_unsigned_forged_or_misdirected_control_messages_move_nothing(model: Fle
         assert raw is not None and decode(Ack, raw, name).result == "rejected"
     assert model.cap_w == caps_before
     assert model.counters.rejected_payloads == 5
+
+
+def test_a_locked_gpu_draws_its_clock_tables_share():
+    """The fleet's GPUs answer a clock lock as the simulated GPU does: the model's clock
+    table's power at the lock where there is one, the parametric share where there is not."""
+    from powerd.fleet.model import locked_power_share
+    from powerd.gpu.clock_table import shipped_clock_table
+    from powerd.gpu.workload_model import lock_response
+
+    table = shipped_clock_table("GB200")
+    assert table is not None
+    assert locked_power_share("GB200", 1887) == lock_response(table, 1887)[1] < 1.0
+    assert locked_power_share("GB200", 2062) == 1.0
+    assert shipped_clock_table("A40") is None
+    assert 0.3 < locked_power_share("A40", 1000) < 1.0
