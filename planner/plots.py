@@ -242,3 +242,58 @@ def capping_figure(levels: pd.DataFrame) -> Figure:
     if capped:
         share.legend(fontsize=7)
     return fig
+
+
+def plot_evaluation(
+    table: pd.DataFrame,
+    site_power_w: dict[str, np.ndarray],
+    step_s: float,
+    site_w: float,
+    path: Path,
+) -> None:
+    """From ``powerplan evaluate``: left, each strategy's throughput per MW of the site's
+    feed (its gain over TDP provisioning written on the bar); right, each strategy's
+    measured site power over the replay, against the feed."""
+    _save(evaluation_figure(table, site_power_w, step_s, site_w), path)
+
+
+def evaluation_figure(
+    table: pd.DataFrame, site_power_w: dict[str, np.ndarray], step_s: float, site_w: float
+) -> Figure:
+    """The figure :func:`plot_evaluation` writes."""
+    plt = _pyplot()
+    fig, (bars, power) = plt.subplots(1, 2, figsize=(12, 4.2), constrained_layout=True)
+    keys = table["strategy"].astype(str).tolist()
+    x = np.arange(len(keys))
+    colors = [f"C{k}" for k in range(len(keys))]
+    bars.bar(x, table["throughput_per_mw"], color=colors)
+    for k, (value, gain) in enumerate(
+        zip(table["throughput_per_mw"], table["gain_vs_tdp_pct"], strict=True)
+    ):
+        bars.text(k, value, f"{gain:+.1f} %", ha="center", va="bottom", fontsize=8)
+    bars.set_xticks(
+        x,
+        [f"({k}) {n}" for k, n in zip(keys, table["name"], strict=True)],
+        rotation=20,
+        ha="right",
+        fontsize=7,
+    )
+    bars.set_ylabel("GPUs at full speed per MW of the feed")
+    bars.set_title("throughput per site MW (gain over TDP provisioning)")
+    bars.grid(alpha=0.3, axis="y")
+    fit_y(bars, bottom=0.0)
+    mw = 1e-6
+    for key, color in zip(keys, colors, strict=True):
+        trace = site_power_w.get(key)
+        if trace is None or not len(trace):
+            continue
+        t = np.arange(len(trace)) * step_s
+        power.plot(t, trace * mw, lw=1.0, color=color, label=f"({key})")
+    power.axhline(site_w * mw, color="black", lw=1.5, ls="--", label="feed (site limit)")
+    power.set_xlabel("seconds of the replay")
+    power.set_ylabel("measured site power, MW")
+    power.set_title("site power, every overhead in")
+    power.grid(alpha=0.3)
+    fit_y(power)
+    power.legend(fontsize=7)
+    return fig

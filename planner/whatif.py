@@ -29,12 +29,19 @@ default (``speed_exponent``): 0.28 is what Meta's GB200 figure gives, 1200
 workload where the sweep has the profile's workload name, else the median
 curve of all its workloads, each as relative throughput against cap over the
 power drawn at the sweep's highest cap.
+
+Two settings serve ``planner.evaluate``: ``static_caps`` replays with no
+controller (every GPU holds its failsafe cap throughout: a site provisioned
+at TDP or at a static cap), and ``comm_power_rel`` scales, per GPU model,
+what a communication phase draws (its SM clock locked). Per job, the replay
+also keeps the share of steps in communication and the mean per-GPU power
+drawn in them (``WhatifResult.communication``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,10 +137,19 @@ class WhatifSettings:
     synchronised: bool = False  # every job from the start of its profile, together
     smoothing: bool = False  # GPUs move within their share of the grid spec's ramps
     smoothing_margin: float = DEFAULT_MARGIN
+    # No controller: every GPU holds its failsafe cap throughout (provisioning at TDP or at
+    # a static cap, planner.evaluate). decide() still measures the tree; its caps are unused.
+    static_caps: bool = False
+    # Per GPU model, what a communication phase draws relative to its profile: the SM clock
+    # locked during communication (planner.evaluate reads it off a clock table). 1: no lock.
+    comm_power_rel: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):
             raise ValueError(f"duration_s must be positive, not {self.duration_s}")
+        bad = {m: r for m, r in self.comm_power_rel.items() if not (math.isfinite(r) and r > 0)}
+        if bad:
+            raise ValueError(f"comm_power_rel must be positive, not {bad}")
 
 
 @dataclass
@@ -143,6 +159,8 @@ class WhatifResult:
     jobs: pd.DataFrame
     info: dict[str, object]
     site_power_w: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per step, measured
+    # per job: the share of steps in communication and the mean per-GPU power drawn in them
+    communication: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 RAMP_HELD_TOLERANCE_W = 0.5  # a GPU this far below its natural draw is held by the ramp
@@ -215,6 +233,12 @@ def replay(
     idle_w = np.repeat(
         np.array([GPU_MODELS[m].idle_power_w for m in top.server_model]), top.server_gpu_count
     )
+    comm_rel = np.repeat(
+        np.array([settings.comm_power_rel.get(m, 1.0) for m in top.server_model]),
+        top.server_gpu_count,
+    )
+    comm_code = np.int8(PHASE_CODES["communication"])
+    scale_comm = bool((comm_rel != 1.0).any())
     job_priority = np.array([j.priority for j in jobs], dtype=np.int8)
     priority = np.where(busy, job_priority[job_of], NORMAL).astype(np.int8)
     floor_w = tree.cap_min_w.copy()
@@ -248,7 +272,16 @@ def replay(
     }
     job_acc = {
         k: np.zeros(n_jobs)
-        for k in ("speed", "held", "gpus_held", "ramp_held", "demand_w", "power_w")
+        for k in (
+            "speed",
+            "held",
+            "gpus_held",
+            "ramp_held",
+            "demand_w",
+            "power_w",
+            "comm",
+            "comm_power_w",
+        )
     }
     job_lost = np.zeros((n_jobs, len(CAUSES) + 1))  # by cause; the last column: unexplained
     causes = initial_causes(tree.n_gpus)  # why each GPU's cap is where it is
@@ -261,6 +294,8 @@ def replay(
         now_phase = phase_table[all_jobs, col]
         demand_w = np.where(busy, now_w[job_of], idle_w)
         phase = np.where(busy, now_phase[job_of], idle_phase).astype(np.int8)
+        if scale_comm:  # a communication phase at the locked clock
+            demand_w = np.where(phase == comm_code, demand_w * comm_rel, demand_w)
         power_w = np.minimum(demand_w, cap_w)
         natural_w = power_w
         if settings.smoothing:
@@ -307,9 +342,14 @@ def replay(
             short = power_w[busy_idx] < natural_w[busy_idx] - RAMP_HELD_TOLERANCE_W
             job_acc["ramp_held"] += np.maximum.reduceat(short, job_start)
         job_acc["demand_w"] += now_w
-        job_acc["power_w"] += np.add.reduceat(power_w[busy_idx], job_start) / placement.job_gpus
-        causes = cap_causes(causes, cap_w, decision, phase)
-        cap_w = decision.cap_w
+        job_power_w = np.add.reduceat(power_w[busy_idx], job_start) / placement.job_gpus
+        job_acc["power_w"] += job_power_w
+        in_comm = now_phase == comm_code
+        job_acc["comm"] += in_comm
+        job_acc["comm_power_w"] += np.where(in_comm, job_power_w, 0.0)
+        if not settings.static_caps:
+            causes = cap_causes(causes, cap_w, decision, phase)
+            cap_w = decision.cap_w
         if on_step is not None:
             on_step(t + 1, n_steps)
 
@@ -340,6 +380,8 @@ def replay(
             },
         }
     info["synchronised"] = settings.synchronised
+    if settings.static_caps:
+        info["start"] = "every GPU at its failsafe cap throughout: no controller (static caps)"
     result = _result(top, tree, placement, acc, job_acc, job_lost, n_steps, info)
     result.site_power_w = site_w
     return result
@@ -416,7 +458,20 @@ def _result(
     }
     info = {**info, "throughput_lost_site": lost, "throughput_lost_site_by_cause": by_cause}
     below_servers = np.asarray(tree.level) < SERVER
-    return WhatifResult(table[below_servers].reset_index(drop=True), levels, jobs, info)
+    communication = pd.DataFrame(
+        {
+            "job": jobs["job"],
+            "communication_share": job_acc["comm"] / n,
+            "communication_w_per_gpu": np.divide(
+                job_acc["comm_power_w"],
+                job_acc["comm"],
+                out=np.zeros(len(placement.jobs)),
+                where=job_acc["comm"] > 0,
+            ),
+        }
+    )
+    table = table[below_servers].reset_index(drop=True)
+    return WhatifResult(table, levels, jobs, info, communication=communication)
 
 
 def lost_table(result: WhatifResult) -> pd.DataFrame:
