@@ -73,7 +73,9 @@ A node's measured power is the measured power of every GPU under it plus its
    replaying a compute/communication rhythm). Classes are served in order,
    HIGH, NORMAL, LOW: each gets what the budgets left after the classes
    before it, and under a node where a higher class is still held after its
-   grant the lower classes get nothing (it would be shifted back next cycle).
+   grant the lower classes get nothing (it would be shifted back next cycle),
+   unless a node between them has nothing left: that node holds the GPU,
+   and watts from above could not reach it.
    With ``uncap_within_caps`` the headroom is ``cap_target_w - cap_sum``
    instead (GPUs in ``idle`` at what they draw: a job starting on them
    announces ``startup``, whose caps are staged): under grid power smoothing
@@ -88,7 +90,15 @@ A node's measured power is the measured power of every GPU under it plus its
    request scaled by its server's grant over the server's demand. Every
    ancestor's grant limit holds and no node is starved by a sibling's limit.
    Between the bands (not above the threshold, not below the uncapping
-   threshold) caps stay as they are.
+   threshold) caps stay as they are, unless GPUs under the node are held at
+   their caps (rule 3b's test) and ``uncap_between_bands``: then the node
+   hands back too, within the same limits, so at most up to its capping
+   target. That keeps the hysteresis (a node cut to its target has no
+   headroom left, and nothing is handed back beyond the target, below the
+   threshold that cuts) without leaving a node between its bands with GPUs
+   that want more and room to give it: a synchronous start staged the caps,
+   the GPUs climbed back until the node crossed its uncapping threshold, and
+   there they would stay.
 5. **Clocks.** ``communication`` locks the SM clock of a controllable GPU to
    ``tree.comm_clock_mhz`` (NaN: no lock) when ``comm_clock_lock``; every
    other phase: NaN.
@@ -152,6 +162,12 @@ class PolicySettings:
     # draws: for GPUs whose draw follows their caps slowly (grid power smoothing,
     # policies.smoothing), which would otherwise climb into capping, and be cut at once.
     uncap_within_caps: bool = False
+    # Rule 4 also hands watts back under a node between its bands (below its capping
+    # threshold, not below its uncapping threshold) that has GPUs held at their caps, up to
+    # the capping target: off, a site left between its bands by a synchronous start stays
+    # there with its jobs held (found by `powerplan evaluate` on the 150 MW site: 129 MW of
+    # a 149 MW demand, 21 MW of the feed unused, 6 % of the throughput lost).
+    uncap_between_bands: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.uncap_step_fraction <= 1.0:
@@ -282,11 +298,21 @@ def decide(
 
     # 4. uncapping, ramp-limited at every level, HIGH first
     below = node_power < tree.uncap_threshold_w
+    between = np.zeros(n_nodes, dtype=bool)  # between the bands with GPUs held under it
+    if settings.uncap_between_bands and pressed.any():
+        # held on a measured draw: a GPU whose power is unknown (read as its failsafe cap,
+        # rule 1) is not known to want more
+        held = pressed & np.isfinite(np.asarray(state.power_w, dtype=float))
+        between = ~capping & ~below & (tree.node_sum(held.astype(float)) > 0)
+    room = below | between
     for lvl in (ROW, RACK, SERVER):  # a node hands back only if all its ancestors do too
         below[tree.level_nodes[lvl]] &= below[tree.level_parent[lvl]]
-    asking = (
-        ctl & ~staged & ~waiting & ~shifted & below[tree.gpu_ancestor[SERVER]] & (cap < cap_max)
-    )
+        room[tree.level_nodes[lvl]] &= room[tree.level_parent[lvl]]
+    server_of = tree.gpu_ancestor[SERVER]
+    # under nodes all below their uncapping thresholds every GPU may ask; where some are
+    # between their bands, only the GPUs held at their caps
+    may_ask = below[server_of] | (room[server_of] & pressed & np.isfinite(state.power_w))
+    asking = ctl & ~staged & ~waiting & ~shifted & may_ask & (cap < cap_max)
     if asking.any():
         i = np.flatnonzero(asking)
         gap = cap_max[i] - cap[i]
@@ -301,7 +327,7 @@ def decide(
             drawn = tree.node_sum(at_caps) + overhead
         budget = np.minimum(tree.ramp_w_per_s * dt_s, tree.cap_target_w - drawn)
         np.minimum(budget, tree.limit_w - node_cap_sum, out=budget)
-        budget = np.where(below & (budget > 0), budget, 0.0)  # NaN (a bad tree): nothing
+        budget = np.where(room & (budget > 0), budget, 0.0)  # NaN (a bad tree): nothing
         server = tree.gpu_ancestor[SERVER][i]
         classes = priority[i]
         for prio in range(HIGH, LOW - 1, -1):  # what HIGH leaves goes to NORMAL, then LOW
@@ -313,10 +339,15 @@ def decide(
             used = np.bincount(server[mine], weights=given, minlength=n_nodes)
             budget = np.maximum(budget - tree.fold_up(used.astype(float, copy=False)), 0.0)
             # nothing for lower classes under a node where this class is still held at
-            # its caps: those watts would be shifted back to it next cycle (churn)
+            # its caps: those watts would be shifted back to it next cycle (churn); but a
+            # node below it with nothing left is what holds the GPU, and its ancestors'
+            # watts could not reach it: they stay for the other GPUs under them
             still = i[mine][pressed[i[mine]] & (cap[i[mine]] < cap_max[i[mine]])]
+            reachable = np.ones(len(still), dtype=bool)
             for lvl in LEVELS_BOTTOM_UP if len(still) else ():
-                budget[tree.gpu_ancestor[lvl][still]] = 0.0
+                ancestor = tree.gpu_ancestor[lvl][still]
+                reachable &= budget[ancestor] > 0
+                budget[ancestor[reachable]] = 0.0
 
     pred = np.minimum(power, cap)
     if not ctl.all():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from msgspec import UNSET
 
+from policies import PolicySettings
 from powerd.controller.core import CAP_TOLERANCE_W
 from powerd.protocol import Command, decode, encode
 from tests.controller.test_controller_core import (
@@ -225,13 +226,17 @@ def test_partial_ack_takes_the_read_back_caps_and_is_not_resent(bench: Bench) ->
     assert bench.core.pending == {}
     bench.caps["k2-n2"] = [CAP_MAX_W, 555.0]  # what its telemetry shows from now on
     acks = 0
+    holds_w = 555.0
     for _ in range(5):  # long past the ack timeout
         bench.report_all(650.0)
         result = bench.cycle(advance_s=1.0)
         acks += result.counters.acks_received
         assert result.counters.resends == result.counters.acks_missing == 0
-        # the decision starts from what the GPU holds (node k2-n2 is between its bands)
-        assert result.decision.cap_w[gpus.start + 1] == 555.0
+        # the decision starts from what the GPU holds: node k2-n2 is between its bands and
+        # the GPU draws at its cap, so it is handed one uncapping step from there
+        step = PolicySettings().uncap_step_fraction * (CAP_MAX_W - holds_w)
+        assert result.decision.cap_w[gpus.start + 1] == pytest.approx(holds_w + step)
+        holds_w = float(result.decision.cap_w[gpus.start + 1])
         bench.apply(result)
     assert acks >= 1
 

@@ -68,7 +68,9 @@ async def test_low_priority_job_is_capped_before_the_high_priority_one(mosquitto
     assert d.node_predicted_w[rack] <= tree.cap_target_w[rack] + 1e-6
     # the same on the devices, cycles later: the priorities held, the rack is under its budget
     assert max(low_caps) < min(high_caps)
-    assert max(low_caps) <= CAP_MIN_W + 1.0
+    # between the bands, with the high job at what it draws, the low one may take back only
+    # the rack's headroom to its target: a few watts a GPU
+    assert max(low_caps) < CAP_MIN_W + 0.1 * (CAP_MAX_W - CAP_MIN_W)
     assert min(high_caps) > 600.0
     assert settled.decision.node_power_w[rack] <= tree.budget_w[rack]
     # and the high job's GPUs kept running near full power

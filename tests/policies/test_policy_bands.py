@@ -85,13 +85,23 @@ def test_overhead_counts_towards_the_node():
 # --- between the bands and below them ---------------------------------------------------
 
 
-def test_between_bands_caps_stay():
+def test_between_bands_caps_stay_unless_a_gpu_is_held_at_its_cap():
+    """3400 W: between 3000 and 4000 W. GPU 0 draws 850 W under a 900 W cap (held: within
+    5 % of its 1000 W range); the others draw well under theirs. Caps stay, but the held
+    GPU's rises, never taking the node past its 3800 W target."""
     tree = with_bands(one_server(), slice(None), 4000.0, 3800.0, 3000.0)
     caps = np.array([900.0, 1000.0, 1100.0, 1200.0])
-    d = decide(tree, make_state(tree, 850.0, caps), 1.0)  # 3400 W: between 3000 and 4000
-    np.testing.assert_array_equal(d.cap_w, caps)
-    assert not d.node_capping.any()
-    assert not d.cut_levels.any()
+    state = make_state(tree, 850.0, caps)
+    stay = decide(tree, state, 1.0, PolicySettings(uncap_between_bands=False))
+    np.testing.assert_array_equal(stay.cap_w, caps)
+    assert not stay.node_capping.any() and not stay.cut_levels.any()
+    d = decide(tree, state, 1.0)
+    np.testing.assert_array_equal(d.cap_w[1:], caps[1:])  # not held: nothing to hand back
+    assert d.cap_w[0] == pytest.approx(900.0 + 0.2 * 300.0)  # its uncap step
+    assert d.node_predicted_w[0] <= 3800.0 + 1e-9
+    # at its target the node has no headroom: a held GPU gains nothing
+    at_target = make_state(tree, 950.0, np.full(4, 950.0))  # 3800 W
+    np.testing.assert_array_equal(decide(tree, at_target, 1.0).cap_w, 950.0)
 
 
 def test_below_uncap_threshold_caps_come_back_gradually():

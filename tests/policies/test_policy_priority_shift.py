@@ -92,9 +92,13 @@ def test_a_shift_takes_just_enough_to_go_below_the_uncapping_threshold():
     # 5800 W measured; down to just under 5000 W: ~800 W, water-filled over the LOW GPUs
     assert d.node_shift_w[0] == pytest.approx(805.0)  # margin: 0.1 % of 5000 W
     np.testing.assert_allclose(d.cap_w[4:], 1000.0 - 805.0 / 4)
-    np.testing.assert_allclose(d.cap_w[:4], 450.0)  # the held HIGH GPUs gain next cycle
     assert list(d.shifted) == [False] * 4 + [True] * 4
     assert not d.cut_levels.any()  # a shift is not capping
+    # the held HIGH GPUs gain at once, between the bands, up to the site's target at most
+    np.testing.assert_allclose(d.cap_w[:4], 450.0 + 0.2 * (1200.0 - 450.0))
+    assert d.node_predicted_w[0] <= tree.cap_target_w[0] + 1e-9
+    later = decide(tree, state, 1.0, PolicySettings(uncap_between_bands=False))
+    np.testing.assert_allclose(later.cap_w[:4], 450.0)  # without: they gain next cycle
 
 
 def test_a_shift_is_bounded_by_what_the_held_gpus_can_use_and_by_floors():
@@ -137,3 +141,20 @@ def test_lower_classes_wait_while_a_higher_one_is_held_at_its_caps():
     state = make_state(tree, [300.0, 500.0, 300.0], 500.0, priority=[LOW, HIGH, NORMAL])
     d = decide(tree, state, 1.0, settings)
     np.testing.assert_allclose(d.cap_w, [500.0, 570.0, 500.0])
+
+
+def test_a_high_gpu_its_own_rack_holds_does_not_starve_low_gpus_elsewhere():
+    """Rack 2 (HIGH, 2 x 1000 W at 1000 W caps) sits at its 2000 W target: nothing more for
+    its GPUs there. Rack 3's LOW GPUs want more and rack 3, the row and the site have room:
+    the watts the HIGH GPUs cannot reach go to them (they got nothing when any held HIGH
+    GPU zeroed every ancestor's budget; a 150 MW replay sat 2 MW under its target so)."""
+    tree = uncapping_everywhere(uniform_tree(1, 2, 1, 2))  # site 0, row 1, racks 2-3
+    tree = with_bands(tree, [2], 2100.0, 2000.0, 1900.0)
+    state = make_state(tree, [1000.0, 1000.0, 500.0, 500.0], [1000.0, 1000.0, 500.0, 500.0],
+                       priority=[HIGH, HIGH, LOW, LOW])  # fmt: skip
+    d = decide(tree, state, 1.0)
+    np.testing.assert_allclose(d.cap_w[:2], 1000.0)  # held by their rack's target
+    assert np.all(d.cap_w[2:] > 500.0)  # LOW under another rack is handed watts back
+    # a HIGH GPU held only by its own step (its rack has room) still holds LOW back
+    roomy = decide(uncapping_everywhere(uniform_tree(1, 2, 1, 2)), state, 1.0)
+    assert np.all(roomy.cap_w[:2] > 1000.0) and np.all(roomy.cap_w[2:] == 500.0)

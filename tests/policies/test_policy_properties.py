@@ -29,6 +29,7 @@ policy_settings = st.builds(
     uncap_min_step_w=st.floats(0.0, 50.0),
     stage_headroom_fraction=st.floats(0.0, 0.5),
     priority_shift=st.booleans(),
+    uncap_between_bands=st.booleans(),
 )
 many = settings(max_examples=150, deadline=None)
 
@@ -116,14 +117,34 @@ def test_who_may_be_cut_and_who_may_be_uncapped(seed, policy):
     for level in range(4):
         cutters = tree.gpu_ancestor[level][(d.cut_levels & (1 << level)) > 0]
         assert np.all(d.node_capping[cutters])
-    # a cap rises only where every ancestor is below its uncapping threshold, never in a
-    # staged phase
+    # a cap rises only where every ancestor is below its uncapping threshold, or (with
+    # uncap_between_bands) where every ancestor is below it or between its bands with a GPU
+    # held at its cap under it, and then only a held GPU; never in a staged phase
     below = d.node_power_w < tree.uncap_threshold_w
     all_below = np.all(below[tree.gpu_ancestor], axis=0)
     staged = np.isin(state.phase, [PHASE_CODES[p] for p in STAGED_PHASES])
     waiting = np.isin(state.phase, [PHASE_CODES[p] for p in WAITING_PHASES])
+    held = held_at_cap_here(tree, state, policy, staged | waiting) & (d.cut_levels == 0)
+    between = ~d.node_capping & (tree.node_sum(held.astype(float)) > 0)
+    room = below | (policy.uncap_between_bands & between)
+    all_room = np.all(room[tree.gpu_ancestor], axis=0)
+    may_rise = (all_below | (all_room & held)) & ~staged & ~waiting & state.controllable
     rose = d.cap_w > state.cap_w
-    assert np.all(all_below[rose] & ~staged[rose] & ~waiting[rose] & state.controllable[rose])
+    assert np.all(may_rise[rose])
+
+
+def held_at_cap_here(tree, state, policy, not_free) -> np.ndarray:
+    """Rule 3b's held GPUs, written out: controllable, free to rise (not staged or waiting),
+    a measured draw within stage_headroom_fraction of the range below a cap under cap_max
+    (an unreadable cap reads as the failsafe cap, rule 1)."""
+    cap = np.where(np.isfinite(state.cap_w), state.cap_w, tree.failsafe_cap_w)
+    cap = np.clip(cap, tree.cap_min_w, tree.cap_max_w)
+    span = tree.cap_max_w - tree.cap_min_w
+    power = np.asarray(state.power_w, dtype=float)
+    held = state.controllable & ~not_free & (cap < tree.cap_max_w - 1e-7) & np.isfinite(power)
+    with np.errstate(invalid="ignore"):
+        held &= power >= cap - policy.stage_headroom_fraction * span
+    return held
 
 
 @many
@@ -215,7 +236,8 @@ def test_capping_matches_a_plain_node_by_node_reference(seed):
     tree, state, dt_s = draw(seed)
     state.phase[:] = PHASE_CODES["compute"]  # no staged caps
     tree = dataclasses.replace(tree, uncap_threshold_w=np.full(tree.n_nodes, -np.inf))
-    d = decide(tree, state, dt_s, PolicySettings(priority_shift=False))  # rule 3 alone
+    rule_3_alone = PolicySettings(priority_shift=False, uncap_between_bands=False)
+    d = decide(tree, state, dt_s, rule_3_alone)
     np.testing.assert_allclose(d.cap_w, reference_capping(tree, state), rtol=0, atol=1e-6)
 
 
