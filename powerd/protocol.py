@@ -61,7 +61,8 @@ GpuIndex = Annotated[int, Meta(ge=0, le=1023)]
 PositiveW = Annotated[float, Meta(gt=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
 Percent = Annotated[float, Meta(ge=0, le=100)]
-ClockMhz = Annotated[int, Meta(ge=0, le=100_000)]
+CLOCK_MAX_MHZ = 100_000  # the highest clock any message carries (a policy's is then clamped)
+ClockMhz = Annotated[int, Meta(ge=0, le=CLOCK_MAX_MHZ)]
 MAX_TTL_S = 86_400.0  # a command's ttl_s: the protocol's bound (agents set a tighter one)
 # Hardware power smoothing (docs/POWER_SMOOTHING.md): what any device can hold, the bounds
 # of powerd.gpu.base.SmoothingProfile (NVML's 5 presets; 32-bit mW/s and ms fields). Copied,
@@ -241,6 +242,19 @@ class FillRequest(_Payload):
 # --- command: controller -> one node ----------------------------------------
 
 
+class CommClock(_Payload):
+    """A clock policy the controller grants one GPU (optional addition to v1): while the
+    agent holds it, ``job``'s own announcements move the GPU's clock lock at once:
+    ``communication`` locks the SM clock to ``max_sm_clock_mhz`` (clamped into the
+    device's range), any other phase removes the lock. ``owner``: the owner level of the
+    job's phase topic (``jobs/{owner}/{job}/phase``); null: the unowned ``jobs/{job}/phase``.
+    It holds only as long as the command that carried it (docs/PROTOCOL.md)."""
+
+    job: Name
+    max_sm_clock_mhz: Annotated[float, Meta(gt=0, le=CLOCK_MAX_MHZ)]
+    owner: Name | None = None
+
+
 class GpuCommand(_Payload):
     index: GpuIndex
     cap_w: PositiveW | UnsetType = UNSET
@@ -248,6 +262,9 @@ class GpuCommand(_Payload):
     max_sm_clock_mhz: Annotated[float, Meta(gt=0)] | UnsetType | None = UNSET
     # optional addition to v1: hardware power smoothing to apply; absent leaves it as it is
     smoothing: GpuSmoothing | UnsetType = UNSET
+    # optional addition to v1: the job whose announcements move this GPU's clock lock until
+    # a newer command; absent (in the newest command): none
+    comm_clock: CommClock | UnsetType = UNSET
 
 
 class Command(_Payload):
@@ -279,6 +296,9 @@ class GpuAck(_Payload):
     # optional addition to v1: the smoothing read back after a command that set it; absent
     # (null) when the command did not, or the GPU has no smoothing (then an error says so)
     smoothing: GpuSmoothing | None = None
+    # optional addition to v1: the clock policy the agent holds for the GPU after the
+    # command (its clock clamped into the device's range); absent (null): none
+    comm_clock: CommClock | None = None
 
 
 class AckError(_Payload):
@@ -452,6 +472,7 @@ _name_float_fields(
     Telemetry,
     GpuFill,
     FillRequest,
+    CommClock,
     GpuCommand,
     Command,
     GpuAck,

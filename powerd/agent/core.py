@@ -13,7 +13,10 @@ Safety rules (docs/PROTOCOL.md):
    newest epoch seen; everything else is acknowledged as stale or rejected.
 4. A command holds at most ``max_command_ttl_s``, whatever its ``ttl_s`` says.
 5. Every cap is clamped into the device range before it is written.
-6. No payload can raise out of ``on_command``/``on_heartbeat``.
+6. No payload can raise out of ``on_command``/``on_heartbeat``/``on_phase``.
+7. A job's phase announcement (not signed) moves a clock only under a clock policy the
+   newest command granted for that job (``powerd.agent.phase_clock``); failsafe and a
+   newer epoch end every policy.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from powerd import __version__
 from powerd.agent.config import DEFAULT_MAX_COMMAND_TTL_S, AgentMode, FailsafeConfig
 from powerd.agent.controls import apply_failsafe, apply_gpu_command, smoothing_state
+from powerd.agent.phase_clock import PhaseClocks
 from powerd.gpu import Gpu, GpuError, PowerLimitRange
 from powerd.gpu.software_smoothing import SoftwareSmoothing
 from powerd.protocol import (
@@ -120,6 +124,8 @@ class AgentCore:
         self._heartbeat_deadline = float("-inf")  # monotonic time the live heartbeat expires
         self._command_deadline: float | None = None  # set once a command has a ttl running
         self._command_ttl_s: float | None = None
+        # clock policies the controller granted: the jobs' announcements move those clocks
+        self.phase_clocks = PhaseClocks(self.gpus, topics, monotonic)
         self._bad_input_log = LogOncePer(log)
         self._read_error_log = LogOncePer(log)
         # software smoothing: what the node's jobs should fill, after the last sample
@@ -182,6 +188,7 @@ class AgentCore:
                     beat.epoch,
                     beat.controller,
                 )
+                self.phase_clocks.end_all(f"controller epoch {beat.epoch}")
             self._newest_epoch = beat.epoch
         age_s = max(0.0, now_wall - beat.ts)
         deadline = now_mono + self.failsafe_after_s - age_s
@@ -230,6 +237,9 @@ class AgentCore:
 
         acks: list[GpuAck] = []
         errors: list[AckError] = []
+        # before the controls: a lock whose policy ends is removed, then the command's own
+        # clock (if any) is written, and every read-back sees both
+        held = self.phase_clocks.after_command(command.gpus)
         for gpu_command in command.gpus:
             gpu = self.gpus.get(gpu_command.index)
             if gpu is None:
@@ -242,6 +252,10 @@ class AgentCore:
                 )
                 continue
             result = apply_gpu_command(gpu, gpu_command)
+            policy = held.get(gpu.index)
+            if policy is not None:
+                result.ack.comm_clock = policy
+                result.ack.clamped |= self.phase_clocks.clamped(gpu.index)
             acks.append(result.ack)
             errors.extend(result.errors)
             if result.ack.clamped:
@@ -263,6 +277,18 @@ class AgentCore:
             command.epoch, command.seq, "partial" if errors else "applied", acks, errors
         )
 
+    def on_phase(self, topic: str, payload: bytes) -> None:
+        """A message on a job's phase topic: it moves the clocks of the GPUs whose policy
+        names that job, and nothing else (``powerd.agent.phase_clock``). Deadlines are
+        checked first, so a policy whose controller is gone moves nothing."""
+        self.tick()
+        self.phase_clocks.on_phase(topic, payload)
+
+    @property
+    def phase_topics(self) -> frozenset[str]:
+        """The job phase topics to subscribe to: those of the policies held now."""
+        return self.phase_clocks.topics()
+
     def tick(self) -> None:
         """Check the deadlines; enter failsafe when the controller is gone."""
         if self.mode != "controlled":
@@ -282,6 +308,7 @@ class AgentCore:
         self._command_ttl_s = None
         for index, gpu in self.gpus.items():
             apply_failsafe(gpu, self.failsafe_caps_w[index])
+        self.phase_clocks.end_all("failsafe", release=False)  # apply_failsafe unlocked them
 
     def controller_live(self, now_mono: float | None = None) -> bool:
         now_mono = self._monotonic() if now_mono is None else now_mono

@@ -7,7 +7,10 @@ Two loops run side by side:
   and its watchdog fed while the broker is unreachable.
 - the *connection loop*: connect with a last will (offline status, retained),
   subscribe, hand every message to the core, publish its acks; on any broker
-  failure, reconnect with exponential backoff and jitter.
+  failure, reconnect with exponential backoff and jitter. It is subscribed to a
+  job's phase topic only while the core holds a clock policy for that job
+  (``powerd.agent.phase_clock``): before the ack of the command that granted it is
+  published, so a controller that has the ack knows the agent listens.
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class AgentDaemon:
             config.broker.reconnect_min_s, config.broker.reconnect_max_s, rng=rng
         )
         self._rejected_acks = TokenBucket(REJECTED_ACKS_PER_S, 2 * REJECTED_ACKS_PER_S, monotonic)
+        self._phase_subscribed: set[str] = set()  # job phase topics subscribed this session
+        self._subscribing = asyncio.Lock()
+        self._resync: asyncio.Task | None = None  # a sync the sample loop started
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then leave the GPUs as configured and say offline."""
@@ -117,6 +123,8 @@ class AgentDaemon:
                 )
             except (aiomqtt.MqttError, TimeoutError) as exc:
                 log.warning("could not publish offline status on exit: %s", exc)
+        if self._resync is not None:
+            tasks = tasks | {self._resync}
         await cancel_until_done(tasks, log)
         log.info("agent stopped")
 
@@ -141,6 +149,7 @@ class AgentDaemon:
                     if fill is not None:  # software smoothing: the jobs fill their waits
                         await client.publish(fill_topic, encode(fill), qos=0, timeout=period_s)
             await self._publish_status_if_changed()
+            self._resync_if_needed()
             self.notifier.watchdog()
             async with self._sampled:
                 self._sampled.notify_all()
@@ -201,6 +210,7 @@ class AgentDaemon:
     def _on_down(self) -> None:
         self._client = None
         self._published_state = None
+        self._phase_subscribed = set()  # clean session: the broker keeps none of them
 
     async def _connect_and_serve(self, connected: Callable[[], None]) -> None:
         node = self.config.node
@@ -221,9 +231,11 @@ class AgentDaemon:
 
     async def _session(self, client: aiomqtt.Client, connected: Callable[[], None]) -> None:
         node = self.config.node
+        self._phase_subscribed = set()
         if self.config.mode == "controlled":
             await client.subscribe(self.topics.command(node), qos=1)
             await client.subscribe(self.topics.heartbeat, qos=1)
+            await self._sync_phase_topics(client)
         self._client = client
         log.info("connected to %s as node %s", self.config.broker.display, node)
         await self._publish_status_if_changed(force=True)
@@ -234,10 +246,14 @@ class AgentDaemon:
             if not isinstance(payload, bytes | bytearray):
                 payload = b"" if payload is None else str(payload).encode()
             try:
-                if message.topic.value == command_topic:
+                topic = message.topic.value
+                if topic == command_topic:
                     await self._on_command(client, bytes(payload))
-                else:
+                elif topic == self.topics.heartbeat:
                     self.core.on_heartbeat(bytes(payload))
+                else:  # a job's phase topic (the only others subscribed)
+                    self.core.on_phase(topic, bytes(payload))
+                await self._sync_phase_topics(client)  # a newer epoch or failsafe ends policies
                 await self._publish_status_if_changed()
             except aiomqtt.MqttError:
                 raise
@@ -246,8 +262,49 @@ class AgentDaemon:
 
     async def _on_command(self, client: aiomqtt.Client, payload: bytes) -> None:
         ack = self.core.on_command(payload)
+        await self._sync_phase_topics(client)  # listening before the controller has the ack
         if ack.result == "rejected" and not self._rejected_acks.take():
             return
         await client.publish(
             self.topics.ack(self.config.node), encode(ack), qos=1, timeout=PUBLISH_TIMEOUT_S
         )
+
+    async def _sync_phase_topics(self, client: aiomqtt.Client) -> None:
+        """Subscribe to the phase topics of the clock policies held now, and to no other."""
+        async with self._subscribing:
+            wanted = self.core.phase_topics
+            for topic in sorted(wanted - self._phase_subscribed):
+                granted = await client.subscribe(topic, qos=1)
+                self._phase_subscribed.add(topic)
+                if any(_refused(code) for code in granted):
+                    log.warning(
+                        "the broker refused a subscription to %s: this node's clocks will not "
+                        "follow that job's announcements (let agents read phase topics in the "
+                        "broker's ACL: docs/BROKERS.md)",
+                        topic,
+                    )
+                else:
+                    log.info("following announcements on %s (clock policy)", topic)
+            for topic in sorted(self._phase_subscribed - wanted):
+                await client.unsubscribe(topic)
+                self._phase_subscribed.discard(topic)
+                log.info("no longer following %s", topic)
+
+    def _resync_if_needed(self) -> None:
+        """From the sample loop, which never waits on the broker: when a deadline ended the
+        policies, unsubscribe in a task of its own."""
+        client = self._client
+        if client is None or self.core.phase_topics == self._phase_subscribed:
+            return
+        if self._resync is not None and not self._resync.done():
+            return
+        self._resync = asyncio.create_task(self._resync_quietly(client))
+
+    async def _resync_quietly(self, client: aiomqtt.Client) -> None:
+        with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+            await self._sync_phase_topics(client)
+
+
+def _refused(code: object) -> bool:
+    """A SUBACK's failure: 0x80 in MQTT 3.1.1, a failure reason code in MQTT 5."""
+    return code == 0x80 or bool(getattr(code, "is_failure", False))

@@ -44,6 +44,7 @@ _TIMING_KEYS = (
     "infer_window_s",
     "agent_failsafe_after_s",
     "summary_every_s",
+    "announced_live_s",
 )
 
 
@@ -82,6 +83,13 @@ class ControllerConfig:
     # floor (powerd.controller.smoothing), and uncap within the caps (policies.capping)
     grid_smoothing: bool = False
     infer_window_s: float = 30.0  # power history the inference looks at
+    # grant the GPUs of a job that announces its phases its comm clock: their agents lock
+    # and unlock on the job's own announcements, at once (docs/PROTOCOL.md, clock policies).
+    # Not read from the config file yet (the shipped example must document every key first).
+    agent_comm_clock: bool = True
+    # a job's announcements are live (they, not the inference, say what it does, and move
+    # granted clocks) while its last one is at most this old
+    announced_live_s: float = 120.0
     # At most this share of the time goes to decoding telemetry; past it, samples wait in
     # the inbox and newer ones replace them (counted as dropped): docs/CONTROLLER.md, "Scale".
     ingest_share: float = 0.5
@@ -155,6 +163,8 @@ class ControllerConfig:
             agent_failsafe_after_s=self.agent_failsafe_after_s,
             infer_phases=self.infer_phases,
             infer_window_s=self.infer_window_s,
+            agent_comm_clock=self.agent_comm_clock,
+            announced_live_s=self.announced_live_s,
             max_raises_per_cycle=max(1, round(self.max_raises_per_s * self.cycle_s)),
             policy=grid_policy(self.policy) if self.grid_smoothing else self.policy,
             job_priority_max=dict(self.job_priority_max),
@@ -185,6 +195,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
             "scope",
             "infer_phases",
             "grid_smoothing",
+            "agent_comm_clock",
             "ingest_share",
             "max_raises_per_s",
             "telemetry_max_hz",
@@ -258,6 +269,9 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         source=where,
         infer_phases=get.flag(section, "controller.infer_phases", defaults.infer_phases),
         grid_smoothing=get.flag(section, "controller.grid_smoothing", defaults.grid_smoothing),
+        agent_comm_clock=get.flag(
+            section, "controller.agent_comm_clock", defaults.agent_comm_clock
+        ),
         ingest_share=get.number(section, "controller.ingest_share", defaults.ingest_share),
         telemetry_max_hz=get.number(
             section, "controller.telemetry_max_hz", defaults.telemetry_max_hz
@@ -316,6 +330,8 @@ def validate(config: ControllerConfig, where: str) -> None:
         raise ConfigError(f"{where}: controller.agent_failsafe_after_s must be in (0, 86400] s")
     if not 2 * config.cycle_s <= config.infer_window_s <= 3600:
         raise ConfigError(f"{where}: controller.infer_window_s must be in [2 cycles, 3600] s")
+    if not 2 * config.cycle_s <= config.announced_live_s <= 86400:
+        raise ConfigError(f"{where}: controller.announced_live_s must be in [2 cycles, 86400] s")
     if not 0.1 <= config.telemetry_max_hz <= 1000:
         raise ConfigError(f"{where}: controller.telemetry_max_hz must be in [0.1, 1000]")
     if not 0 < config.ingest_share <= 1:

@@ -25,6 +25,7 @@ from powerd.controller.inbox import Waiting
 from powerd.protocol import (
     Ack,
     Command,
+    CommClock,
     GpuCommand,
     GpuSmoothing,
     PhaseEvent,
@@ -94,6 +95,13 @@ class ControllerSettings:
     # Grid power smoothing (issue 14): the profile every GPU that reports hardware smoothing
     # is asked to hold (powerd.controller.smoothing); None: smoothing is left as it is.
     smoothing: GpuSmoothing | None = None
+    # Clock policies (issue 16): the GPUs of a job whose announcements are live are granted
+    # its comm clock in their commands (``CommClock``), and their agents lock and unlock them
+    # on the job's own announcements, at once; the controller's own comm locks are for the
+    # rest. Live: the job announced something within ``announced_live_s``; after that its
+    # phases are inferred from power again, and the controller locks its clocks itself.
+    agent_comm_clock: bool = True
+    announced_live_s: float = 120.0
 
     def job_priority_allowed(self, owner: str | None, priority: str) -> bool:
         allowed = self.job_priority_max.get(owner or "", self.default_job_priority_max)
@@ -148,6 +156,30 @@ class CycleCounters:
     # nodes whose telemetry is implausible (seq going back, power above cap, caps outside
     # their range): counted at their caps, not commanded (POWER_OVER_CAP_RATIO ...)
     nodes_implausible: int = 0
+    # GPUs whose clock lock follows their job's own announcements (a clock policy in force)
+    clock_policy_gpus: int = 0
+
+
+@dataclass(frozen=True)
+class ClockPolicies:
+    """One cycle's clock policies. ``job``: per server, the (job, owner) whose announcements
+    its GPUs follow, as its ``_policy_key`` (-1: none). Per GPU: ``granted`` (the command
+    carries the policy), ``clock_mhz`` (its clock; NaN: none), ``changed`` (granted, ended
+    or moved since the last command: that command says the controller's own clock),
+    ``follows`` (in force, and the job's phase is announced, not inferred, in an
+    announcement received after the agent acked the policy, so the agent heard it too:
+    the controller leaves the clock alone)."""
+
+    job: np.ndarray
+    granted: np.ndarray
+    clock_mhz: np.ndarray
+    changed: np.ndarray
+    follows: np.ndarray
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise equal, NaN equal to NaN (no lock, no policy)."""
+    return (np.isnan(a) & np.isnan(b)) | (a == b)
 
 
 @dataclass
@@ -202,6 +234,19 @@ class ControllerCore:
         self.smoothing_capable = np.zeros(n_gpus, dtype=bool)
         self.smoothing_sent_seq = np.full(n_gpus, -1, dtype=np.int64)
         self.smoothing_refused = np.zeros(n_gpus, dtype=bool)
+        # Clock policies, per server the (job, owner) and per GPU the clock of the policy the
+        # last command carried (NaN: none); the seq of that command; the GPU's agent did not
+        # take one (an older agent: its clock is locked by the controller, under this epoch).
+        self.comm_clock_job = np.full(n_servers, -1, dtype=np.int64)  # a _policy_key index
+        self._policy_keys: dict[tuple[str, str | None], int] = {}  # (job, owner) -> index
+        self._policy_key_list: list[tuple[str, str | None]] = []
+        self.comm_clock_sent_mhz = np.full(n_gpus, np.nan)
+        self.comm_clock_sent_seq = np.full(n_gpus, -1, dtype=np.int64)
+        self.comm_clock_refused = np.zeros(n_gpus, dtype=bool)
+        # when each server's agent acknowledged its policy (monotonic; inf: not yet). Agents
+        # subscribe to the job's topic before they ack: an announcement received after this
+        # reached the agent too, one received before may not have.
+        self.comm_clock_acked = np.full(n_servers, math.inf)
         # servers we could not command since they were last commanded: what they hold is
         # read back from their telemetry when they are back (_track_holdings)
         self._returning = np.zeros(n_servers, dtype=bool)
@@ -484,6 +529,19 @@ class ControllerCore:
             carried = g.index < len(gpus) and self.smoothing_sent_seq[gpu] == ack.seq
             if carried and g.smoothing is None:  # carried our profile; not applied
                 self.smoothing_refused[gpu] = True
+            granted = g.index < len(gpus) and self.comm_clock_sent_seq[gpu] == ack.seq
+            if granted and g.comm_clock is not None and ack.result != "rejected":
+                acked = self.comm_clock_acked
+                acked[server] = min(acked[server], self._monotonic())
+            if granted and g.comm_clock is None:  # an agent that does not know clock policies
+                self.comm_clock_refused[gpu] = True
+                self._log.warning(
+                    f"comm-clock-{node}",
+                    self._monotonic(),
+                    "node %s takes no clock policy (an older agent?): the controller locks "
+                    "its clocks in communication itself",
+                    node,
+                )
         if ack.result in ("partial", "rejected"):
             self._log.warning(
                 f"ack-{node}",
@@ -567,6 +625,11 @@ class ControllerCore:
     def _job_servers(self, job: Job) -> list[int]:
         return [self.tree.server_ordinal[n] for n in job.nodes]
 
+    def announcements_live(self, job: Job, now: float) -> bool:
+        """The job announced something within ``announced_live_s``: its announcements, not
+        the controller's inference, say what it does (and may move granted clocks)."""
+        return now - job.since_mono <= self.settings.announced_live_s
+
     # --- the cycle -------------------------------------------------------------
 
     def cycle(self, waiting: tuple[np.ndarray, np.ndarray] | None = None) -> CycleResult:
@@ -590,7 +653,7 @@ class ControllerCore:
             counters.telemetry_waiting = len(servers)
         if self.settings.infer_phases:  # the power history is only for the inference
             self._remember_power(now, heard)
-            self._infer_phases()
+            self._infer_phases(now)
         state, live = self.cluster_state(now, counters, heard)
         self._track_holdings(now, live, counters)
         policy = self.settings.policy
@@ -663,6 +726,7 @@ class ControllerCore:
             (np.isnan(commanded_clock) & np.isnan(self.clock_mhz))
             | (commanded_clock == self.clock_mhz)
         )
+        clock_off &= np.isnan(self.comm_clock_sent_mhz)  # under a policy: the job's announcements
         off = gpus & (cap_off | clock_off)
         if not off.any():
             return
@@ -789,11 +853,16 @@ class ControllerCore:
         cap_max = self.tree.cap_max_w
         cap_changed |= (decision.cap_w >= cap_max) & ~(self.commanded_cap_w >= cap_max)
         want_clock, had_clock = decision.max_sm_clock_mhz, self.commanded_clock
-        clock_moved = ~((np.isnan(want_clock) & np.isnan(had_clock)) | (want_clock == had_clock))
+        clock_moved = ~_same(want_clock, had_clock)
+        policies = self._clock_policies(now)
+        clock_moved &= ~policies.follows  # the job's announcements move those clocks
+        counters.clock_policy_gpus = int(policies.follows.sum())
         # What a node holds is unknown (new epoch, forgotten): say its clock explicitly, so a
         # lock left by an earlier leader or command is removed (null) rather than kept (absent).
+        # So does a command that grants or ends a clock policy: the controller's own lock,
+        # until the job's next announcement.
         unknown = np.isnan(self.commanded_cap_w)
-        clock_changed = clock_moved | unknown
+        clock_changed = clock_moved | unknown | policies.changed
         holds = np.where(unknown, self.cap_w, self.commanded_cap_w)
         cut = cap_changed & (decision.cap_w < holds - CAP_TOLERANCE_W)
         urgent_gpu = cut | (clock_moved & ~(unknown & np.isnan(want_clock)))
@@ -841,6 +910,12 @@ class ControllerCore:
                 if smoothing is not None and (smooth[i] or (overdue[server] and resmooth[i])):
                     entry.smoothing = smoothing
                     self.smoothing_sent_seq[i] = self.seq
+                if policies.granted[i]:
+                    job, owner = self._policy_key_list[policies.job[server]]
+                    entry.comm_clock = CommClock(
+                        job=job, owner=owner, max_sm_clock_mhz=float(policies.clock_mhz[i])
+                    )
+                    self.comm_clock_sent_seq[i] = self.seq
                 entries.append(entry)
             command = Command(
                 v=PROTOCOL_VERSION,
@@ -854,8 +929,45 @@ class ControllerCore:
             self.pending[server] = (self.seq, now)
             self.commanded_cap_w[gpus.start : gpus.stop] = decision.cap_w[gpus.start : gpus.stop]
             self.commanded_clock[gpus.start : gpus.stop] = want_clock[gpus.start : gpus.stop]
+            if self.comm_clock_job[server] != policies.job[server]:
+                self.comm_clock_acked[server] = math.inf  # the new one is not acked yet
+            self.comm_clock_job[server] = policies.job[server]
+            self.comm_clock_sent_mhz[gpus.start : gpus.stop] = policies.clock_mhz[
+                gpus.start : gpus.stop
+            ]
             counters.commands_sent += 1
         return out
+
+    def _clock_policies(self, now: float) -> ClockPolicies:
+        """The clock policies the commands of this cycle carry (``ClockPolicies``)."""
+        n_servers, ordinal = self.tree.n_servers, self.tree.gpu_server_ordinal
+        job_of = np.full(n_servers, -1, dtype=np.int64)
+        # its phase is announced (not inferred), since its agent listens (acked the policy)
+        announced = np.zeros(n_servers, dtype=bool)
+        settings = self.settings
+        if settings.agent_comm_clock and settings.policy.comm_clock_lock:
+            for job in self.jobs.values():
+                if self.announcements_live(job, now):
+                    servers = self._job_servers(job)
+                    job_of[servers] = self._policy_key(job.name, job.owner)
+                    heard = job.since_mono > self.comm_clock_acked[servers]
+                    announced[servers] = heard & (job.inferred_phase is None)
+        clock_mhz = np.asarray(self.tree.comm_clock_mhz, dtype=float)
+        granted = (job_of >= 0)[ordinal] & np.isfinite(clock_mhz) & ~self.comm_clock_refused
+        clock_mhz = np.where(granted, clock_mhz, np.nan)
+        moved_job = (job_of != self.comm_clock_job)[ordinal]
+        changed = ~_same(clock_mhz, self.comm_clock_sent_mhz) | (moved_job & granted)
+        follows = granted & ~changed & announced[ordinal]
+        return ClockPolicies(job_of, granted, clock_mhz, changed, follows)
+
+    def _policy_key(self, job: str, owner: str | None) -> int:
+        """A small integer for (job, owner), the same every time: policies compared as arrays."""
+        key = (job, owner)
+        found = self._policy_keys.get(key)
+        if found is None:
+            found = self._policy_keys[key] = len(self._policy_key_list)
+            self._policy_key_list.append(key)
+        return found
 
     # --- phase inference -------------------------------------------------------
 
@@ -869,10 +981,14 @@ class ControllerCore:
         self._history_w[:, self._history_next] = column
         self._history_next = (self._history_next + 1) % self._history_w.shape[1]
 
-    def _infer_phases(self) -> None:
-        """Phases from power for jobs that announce themselves but not their waits."""
+    def _infer_phases(self, now: float) -> None:
+        """Phases from power for jobs that announce themselves but not their waits, or whose
+        announcements are no longer live (``announced_live_s``)."""
         quiet = [
-            j for j in self.jobs.values() if not j.announces_waits and j.phase in INFERRED_FROM
+            j
+            for j in self.jobs.values()
+            if (not j.announces_waits or not self.announcements_live(j, now))
+            and j.phase in INFERRED_FROM
         ]
         if not quiet:
             return
@@ -922,6 +1038,11 @@ class ControllerCore:
         self.commanded_clock[:] = np.nan
         self.smoothing_sent_seq[:] = -1
         self.smoothing_refused[:] = False
+        self.comm_clock_job[:] = -1
+        self.comm_clock_sent_mhz[:] = np.nan
+        self.comm_clock_sent_seq[:] = -1
+        self.comm_clock_refused[:] = False
+        self.comm_clock_acked[:] = math.inf
 
     def _in_mode(self, mode: str) -> np.ndarray:
         return self.mode == mode
@@ -931,6 +1052,10 @@ class ControllerCore:
         self.commanded_cap_w[gpus.start : gpus.stop] = np.nan
         self.commanded_clock[gpus.start : gpus.stop] = np.nan
         self.smoothing_sent_seq[gpus.start : gpus.stop] = -1
+        self.comm_clock_job[server] = -1
+        self.comm_clock_acked[server] = math.inf
+        self.comm_clock_sent_mhz[gpus.start : gpus.stop] = np.nan
+        self.comm_clock_sent_seq[gpus.start : gpus.stop] = -1
         self.pending.pop(server, None)
 
     def server_of(self, node: str, what: str) -> int | None:

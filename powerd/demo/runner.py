@@ -26,7 +26,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -43,9 +43,10 @@ from powerd.controller.config import ControllerConfig
 from powerd.controller.core import CycleResult
 from powerd.controller.service import ControllerService
 from powerd.demo.scenario import JobPlan, TrainingJob, default_jobs
-from powerd.demo.summary import JobRecord, RunRecord, Summary, summarize
+from powerd.demo.summary import JobRecord, PhaseAccount, RunRecord, Summary, summarize
 from powerd.embedded_broker import EmbeddedBroker
-from powerd.gpu.simulated import SimulatedGpu, open_simulated
+from powerd.gpu import GpuError
+from powerd.gpu.simulated import SimulatedGpu, parse_spec
 from powerd.jobhook import FillFollower, PhaseReporter
 from powerd.mqtt_url import parse_broker_url
 from powerd.recorder import open_recorder
@@ -120,7 +121,7 @@ class LiveState:
 class _Sampler:
     """Reads every simulated GPU; keeps per-sample arrays for the trace."""
 
-    def __init__(self, topology: Topology, gpus: list[SimulatedGpu]) -> None:
+    def __init__(self, topology: Topology, gpus: Sequence[SimulatedGpu]) -> None:
         self.tree = topology.tree
         self.overhead = self.tree.overhead_below_w
         self.gpus = gpus
@@ -168,6 +169,70 @@ class _Sampler:
         return node_power, cap, locked
 
 
+class _AccountedGpu(SimulatedGpu):
+    """A simulated GPU that books, exactly, how long its clock was locked and the energy it
+    drew in each job phase, at every phase change, lock and unlock: an agent reacts to a
+    job's announcement in tens of milliseconds, which the sampler's steps cannot resolve."""
+
+    def __init__(self, *args, clock: Callable[[], float] = time.monotonic, **kwargs) -> None:
+        super().__init__(*args, clock=clock, **kwargs)
+        self._account_clock = clock
+        self.start_account()
+
+    def start_account(self) -> None:
+        """Book from now on (the recording's start), from nothing."""
+        self.locked_s: dict[str, float] = {}
+        self.energy_by_phase_j: dict[str, float] = {}
+        self._booked_at = self._account_clock()
+        self._booked_j = 0.0
+        self._booked_j = self._energy_now()
+
+    def _energy_now(self) -> float:
+        try:
+            return self.energy_j() or 0.0
+        except GpuError:
+            return self._booked_j
+
+    def book(self) -> None:
+        """Book the time and energy since the last event to the phase and lock that held."""
+        now, energy_j = self._account_clock(), self._energy_now()
+        phase = self.phase
+        try:
+            locked = self.locked_max_sm_clock_mhz() is not None
+        except GpuError:
+            locked = False
+        if locked:
+            self.locked_s[phase] = self.locked_s.get(phase, 0.0) + now - self._booked_at
+        spent = self.energy_by_phase_j.get(phase, 0.0) + energy_j - self._booked_j
+        self.energy_by_phase_j[phase] = spent
+        self._booked_at, self._booked_j = now, energy_j
+
+    def set_phase(self, phase: str) -> None:
+        self.book()
+        super().set_phase(phase)
+
+    def lock_max_sm_clock_mhz(self, max_mhz: int) -> None:
+        self.book()
+        super().lock_max_sm_clock_mhz(max_mhz)
+
+    def unlock_sm_clock(self) -> None:
+        self.book()
+        super().unlock_sm_clock()
+
+
+def phase_account(gpus: list[_AccountedGpu]) -> PhaseAccount:
+    """Every GPU's books, closed now and summed by phase."""
+    locked: dict[str, float] = {}
+    energy: dict[str, float] = {}
+    for gpu in gpus:
+        gpu.book()
+        for phase, seconds in gpu.locked_s.items():
+            locked[phase] = locked.get(phase, 0.0) + seconds
+        for phase, joules in gpu.energy_by_phase_j.items():
+            energy[phase] = energy.get(phase, 0.0) + joules
+    return PhaseAccount(locked_gpu_s=locked, energy_j=energy)
+
+
 def took_watts(result: CycleResult) -> np.ndarray:
     """Per tree node: did it take watts from GPUs this cycle (capping that did something)?
 
@@ -212,13 +277,15 @@ class _Cycles:
         self.superseded += c.superseded
 
 
-def _all_gpus(topology: Topology, seed: int) -> dict[str, list[SimulatedGpu]]:
+def _all_gpus(topology: Topology, seed: int) -> dict[str, list[_AccountedGpu]]:
+    """Each node's simulated GPUs (as ``open_simulated`` makes them), with their books."""
     out = {}
     for k, name in enumerate(topology.servers):
         server = topology.server(name)
-        out[name] = open_simulated(
-            f"{server.gpus}x{server.model}", seed=seed * 100_003 + k, phase="idle"
-        )
+        count, model = parse_spec(f"{server.gpus}x{server.model}")
+        out[name] = [
+            _AccountedGpu(model, i, phase="idle", seed=seed * 100_003 + k) for i in range(count)
+        ]
     return out
 
 
@@ -245,6 +312,7 @@ async def run_demo(
     jobs: list[TrainingJob] = []
     job_tasks: list[asyncio.Task] = []
     fills: dict[str, FillFollower | None] = {}
+    account: PhaseAccount | None = None
     broker = EmbeddedBroker()
     await broker.__aenter__()
     try:
@@ -260,6 +328,8 @@ async def run_demo(
         await _wait_ready(agents, service, tasks)
         state.epoch = service.core.epoch
         state.t0 = t0 = time.monotonic()
+        for gpu in gpus:
+            gpu.start_account()
         setup_s = t0 - wall0
 
         def on_cycle(result: CycleResult) -> None:
@@ -293,6 +363,7 @@ async def run_demo(
         record_s = options.duration_s + (_ramp_down_tail_s(service) if options.smoothing else 0.0)
         state.duration_s = record_s
         await _record(record_s, options, state, sampler, on_tick, tick_s, tasks + job_tasks)
+        account = phase_account(gpus)
         # every job's script ends before the duration: they are done or about to be
         await asyncio.wait_for(asyncio.gather(*job_tasks), 10.0)
     finally:
@@ -304,14 +375,14 @@ async def run_demo(
     # the controller has stopped: the acks that came after its last cycle
     cycles.acked += service.core.counters.acks_received
     cycles.pending_at_end = len(service.core.pending)
-    trace = _trace(topology, sampler, cycles, jobs, options, state.duration_s)
+    trace = _trace(topology, sampler, cycles, jobs, options, state.duration_s, account)
     recorded = None if service.recorder is None else service.recorder.stats()
     return DemoRun(topology, trace, summarize(trace), setup_s, time.monotonic() - wall0, recorded)
 
 
 def _agents(
     topology: Topology,
-    gpus_by_node: dict[str, list[SimulatedGpu]],
+    gpus_by_node: Mapping[str, Sequence[SimulatedGpu]],
     url: str,
     options: DemoOptions,
     verifier: Verifier,
@@ -427,7 +498,10 @@ def _policy_for(cycle_s: float) -> PolicySettings:
 
 
 def _fill_follower(
-    plan: JobPlan, url: str, options: DemoOptions, gpus_by_node: dict[str, list[SimulatedGpu]]
+    plan: JobPlan,
+    url: str,
+    options: DemoOptions,
+    gpus_by_node: Mapping[str, Sequence[SimulatedGpu]],
 ) -> FillFollower | None:
     """With smoothing: the job's side of software smoothing, busy work on its own GPUs."""
     if not options.smoothing:
@@ -460,7 +534,9 @@ def _ramp_down_tail_s(service: ControllerService) -> float:
     return top_w / profile.ramp_down_w_per_s + profile.ramp_down_hysteresis_ms / 1000.0 + 1.0
 
 
-def _job_gpus(plan: JobPlan, gpus_by_node: dict[str, list[SimulatedGpu]]) -> list[SimulatedGpu]:
+def _job_gpus(
+    plan: JobPlan, gpus_by_node: Mapping[str, Sequence[SimulatedGpu]]
+) -> list[SimulatedGpu]:
     return [g for node in plan.nodes for g in gpus_by_node[node]]
 
 
@@ -506,6 +582,7 @@ def _trace(
     jobs: list[TrainingJob],
     options: DemoOptions,
     duration_s: float,
+    account: PhaseAccount | None = None,
 ) -> RunRecord:
     tree = sampler.tree
     gpu_job = np.full(topology.n_gpus, -1)
@@ -534,6 +611,7 @@ def _trace(
         gpu_phase=stack(sampler.phase, n_gpus, np.int8),
         gpu_throughput=stack(sampler.throughput, n_gpus),
         gpu_energy_j=np.array(sampler.energy),
+        phase_account=account,
         cycle_t=np.array(cycles.t),
         cycle_capping=stack(cycles.capping, n_nodes, bool),
         cycle_cut=stack(cycles.cut, n_gpus, bool),

@@ -56,6 +56,17 @@ Definitions
   before the sample (``RunRecord.cycle_cause``; failsafe start before the
   first). The causes add up to ``1 - throughput_rel``; ``held_share`` is the
   share of the job's progress GPU-seconds below full speed.
+- *Clock locks*: GPU-seconds with the SM clock locked, in all; in communication
+  (and the share of communication GPU-time locked); outside it; and in a progress
+  phase (``compute``, ``eval``: *locked compute*, a lock that outlived the wait it
+  was for), with the throughput that cost (the ``clock lock`` cause above). All
+  sampled, as everything above. Beside them, from ``RunRecord.phase_account``
+  (exact, booked at every phase change, lock and unlock of every GPU): locked
+  compute and locked outside communication again (``exact_...``), and the GPUs'
+  energy in communication, what a comm lock is there to save. Samples cannot do
+  these: an agent reacts to a job's announcement in tens of milliseconds, and a
+  sample that falls between the switch and the reaction counts a whole step (the
+  demo's jobs switch on the sampler's grid, so one does at every switch).
 """
 
 from __future__ import annotations
@@ -86,6 +97,15 @@ class JobRecord:
     nodes: int
     gpus: int
     phases: list[tuple[float, str]]  # (seconds since the start, phase), in order
+
+
+@dataclass(frozen=True)
+class PhaseAccount:
+    """Exact totals over every GPU of a run, per job phase (``PHASES``): GPU-seconds with the
+    SM clock locked, and the GPUs' energy, J. Booked at every event, not sampled."""
+
+    locked_gpu_s: dict[str, float]
+    energy_j: dict[str, float]
 
 
 @dataclass
@@ -133,6 +153,8 @@ class RunRecord:
     # (n_cycles, n_gpus) int8: after each cycle, the rule that last lowered each GPU's cap
     # (policies.causes); None: not recorded (every GPU then counts as at its failsafe cap)
     cycle_cause: np.ndarray | None = None
+    # exact per-phase totals over the recording (None: not kept; no energy by phase)
+    phase_account: PhaseAccount | None = None
 
     @property
     def n_nodes(self) -> int:
@@ -163,7 +185,7 @@ class Summary:
     jobs: dict[str, dict[str, Any]]
     commands: dict[str, int]
     capping: dict[str, Any]
-    clock_locks: dict[str, float]
+    clock_locks: dict[str, float | None]
     phases_seen: list[str]
 
     @property
@@ -302,7 +324,7 @@ def summarize(trace: RunRecord) -> Summary:
             "superseded": int(trace.commands_superseded),
         },
         capping=_capping(trace, dt),
-        clock_locks=_clock_locks(trace, dt),
+        clock_locks=_clock_locks(trace, dt, lost_by_cause["clock lock"]),
         phases_seen=[p for p in PHASES if any(p == ph for j in trace.jobs for _, ph in j.phases)],
     )
 
@@ -402,7 +424,9 @@ def _capping(trace: RunRecord, dt: np.ndarray) -> dict[str, Any]:
     }
 
 
-def _clock_locks(trace: RunRecord, dt: np.ndarray) -> dict[str, float]:
+def _clock_locks(trace: RunRecord, dt: np.ndarray, progress_lost: float) -> dict[str, float | None]:
+    """The module docstring's *clock locks*; ``progress_lost``: the ``clock lock`` share of
+    the throughput lost (``_jobs``)."""
     if not len(trace.t):
         return {"gpu_s": 0.0, "communication_gpu_s": 0.0, "communication_locked_share": 0.0}
     locked = np.asarray(trace.gpu_locked, dtype=bool)
@@ -415,4 +439,23 @@ def _clock_locks(trace: RunRecord, dt: np.ndarray) -> dict[str, float]:
             float((dt[:, None] * (comm & locked)).sum()) / comm_s if comm_s else 0.0
         ),
         "outside_communication_gpu_s": float((dt[:, None] * (locked & ~comm)).sum()),
+        "progress_gpu_s": float((dt[:, None] * (locked & _progress_mask(trace.gpu_phase))).sum()),
+        "progress_throughput_lost": progress_lost,
+        **_exact_locks(trace.phase_account),
+    }
+
+
+def _exact_locks(account: PhaseAccount | None) -> dict[str, float | None]:
+    """The clock locks' exact figures (module docstring); None where nothing was booked."""
+    if account is None:
+        return dict.fromkeys(
+            ("exact_progress_gpu_s", "exact_outside_communication_gpu_s", "communication_energy_wh")
+        )
+    locked = account.locked_gpu_s
+    return {
+        "exact_progress_gpu_s": sum(locked.get(p, 0.0) for p in PROGRESS_PHASES),
+        "exact_outside_communication_gpu_s": sum(
+            s for p, s in locked.items() if p != "communication"
+        ),
+        "communication_energy_wh": account.energy_j.get("communication", 0.0) / 3600.0,
     }

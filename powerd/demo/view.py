@@ -410,16 +410,31 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
             else "n/a"
         ),
     )
-    lk = s.clock_locks
-    table.add_row(
-        "clock locks",
-        f"{lk['gpu_s']:.0f} GPU-s locked; {lk['communication_locked_share']:.0%} of "
-        "communication GPU-time locked",
-    )
+    table.add_row("clock locks", clock_locks_line(s))
     table.add_row("phases seen", ", ".join(s.phases_seen))
     if plot_path:
         table.add_row("plot", plot_path)
     console.print(table)
+
+
+def clock_locks_line(summary: Summary) -> str:
+    """'783 GPU-s locked; 99% of communication GPU-time locked; in compute 24 GPU-s sampled,
+    5.6 exactly (0.5% of throughput lost); 23.7 Wh in communication'."""
+    lk = summary.clock_locks
+    line = (
+        f"{lk['gpu_s']:.0f} GPU-s locked; {lk['communication_locked_share']:.0%} of "
+        "communication GPU-time locked"
+    )
+    sampled, exact = lk.get("progress_gpu_s"), lk.get("exact_progress_gpu_s")
+    if sampled is not None:
+        line += f"; in compute {sampled:.0f} GPU-s sampled"
+        line += "" if exact is None else f", {exact:.1f} exactly"
+        lost = lk.get("progress_throughput_lost")
+        line += "" if lost is None else f" ({lost:.1%} of throughput lost)"
+    energy_wh = lk.get("communication_energy_wh")
+    if energy_wh is not None:
+        line += f"; {energy_wh:.1f} Wh in communication"
+    return line
 
 
 def _kw(w_per_s: float) -> str:

@@ -15,7 +15,7 @@ import pytest
 from powerd.agent.daemon import AgentDaemon
 from powerd.gpu.simulated import open_simulated
 from powerd.mqtt_url import PASSWORD_ENV, BrokerSettings
-from powerd.protocol import GpuCommand
+from powerd.protocol import CommClock, GpuCommand, PhaseEvent, encode
 from tests.support.agent_harness import (
     FAILSAFE_CAP_W,
     NODE,
@@ -33,6 +33,7 @@ from tests.support.secure_brokers import make_certs, passwd_file, tls_broker
 
 AGENT_PASSWORD = "n0de-Secret-42"
 CONTROLLER_PASSWORD = "ctl-Secret-17"
+JOB_OWNER, JOB_PASSWORD = "alice", "j0b-Secret-8"
 
 
 @pytest.fixture
@@ -42,7 +43,12 @@ def secured(tmp_path: Path):
     acl.write_text(resources.files("powerd.data").joinpath("mosquitto-acl.example").read_text())
     passwords = passwd_file(
         tmp_path / "passwd",
-        {NODE: AGENT_PASSWORD, "powerd-controller": CONTROLLER_PASSWORD, "intruder": "x"},
+        {
+            NODE: AGENT_PASSWORD,
+            "powerd-controller": CONTROLLER_PASSWORD,
+            "intruder": "x",
+            JOB_OWNER: JOB_PASSWORD,
+        },
     )
     broker = Mosquitto(
         tmp_path,
@@ -78,6 +84,52 @@ async def test_password_and_acl(secured, monkeypatch, caplog):
     assert gpus[1].enforced_cap_w() == 333.0
     assert gpus[0].enforced_cap_w() == FAILSAFE_CAP_W  # the intruder's 200 W never arrived
     assert AGENT_PASSWORD not in caplog.text
+
+
+def _announcement(phase: str) -> bytes:
+    return encode(PhaseEvent(v=1, job="llm", ts=1_795_320_000.0, phase=phase))  # type: ignore[arg-type]
+
+
+async def test_acl_lets_the_agent_follow_its_granted_job_and_nobody_else_speak_for_it(
+    secured, monkeypatch
+):
+    """The shipped ACL lets an agent read a job owner's phase topic (its clock policy), and
+    lets only that owner write it: an intruder's announcement never reaches the agent."""
+    monkeypatch.setenv(PASSWORD_ENV, AGENT_PASSWORD)
+    gpus = open_simulated("2xH100")
+    controller = MqttProbe(
+        secured.port,
+        [f"{TOPICS.prefix}/#"],
+        username="powerd-controller",
+        password=CONTROLLER_PASSWORD,
+    )
+    owner = MqttProbe(secured.port, [], username=JOB_OWNER, password=JOB_PASSWORD)
+    intruder = MqttProbe(secured.port, [], username="intruder", password="x")
+    as_node = replace(agent_config(secured).broker, username=NODE)
+    topic = TOPICS.phase("llm", JOB_OWNER)
+    policy = CommClock(job="llm", owner=JOB_OWNER, max_sm_clock_mhz=1100)
+    async with (
+        controller as ctl,
+        owner as job,
+        intruder as bad,
+        running_agent(secured, gpus, broker=as_node) as daemon,
+    ):
+        await become_controlled(ctl)
+        ack = await send(ctl, command(1, 1, [GpuCommand(index=0, comm_clock=policy)]))
+        assert ack.gpus[0].comm_clock == policy
+        await bad.publish(topic, _announcement("communication"))  # dropped by the broker
+        # everything the broker took before this ack has reached the agent
+        await send(ctl, command(1, 2, [GpuCommand(index=0, comm_clock=policy)]))
+        assert gpus[0].locked_max_sm_clock_mhz() is None
+        assert daemon.core.phase_clocks.counters.phases_applied == 0
+        mark = ctl.mark()
+        await job.publish(topic, _announcement("communication"))
+        await ctl.expect(
+            TOPICS.telemetry(NODE),
+            lambda m: telemetry(m.payload).gpus[0].max_sm_clock_mhz == 1100,
+            after=mark,
+        )
+    assert daemon.core.phase_clocks.counters.phases_applied == 1
 
 
 async def test_wrong_password_keeps_node_safe_and_secret_out_of_logs(secured, monkeypatch, caplog):

@@ -63,6 +63,8 @@ takeover_after_s = 6
 epoch_discovery_s = 2
 infer_phases = false
 infer_window_s = 60
+agent_comm_clock = false
+announced_live_s = 30
 ingest_share = 0.25
 max_raises_per_s = 300
 
@@ -102,6 +104,7 @@ def test_every_key_is_read(tmp_path: Path) -> None:
         2.0,
     )
     assert config.infer_phases is False and config.infer_window_s == 60.0
+    assert config.agent_comm_clock is False and config.announced_live_s == 30.0
     b = config.broker
     assert (b.host, b.port, b.tls, b.username) == ("broker.example", 8884, True, "ctl")
     assert (b.password_file, b.ca_file, b.cert_file, b.key_file) == (
@@ -135,6 +138,8 @@ def test_settings_hand_the_core_what_it_needs(tmp_path: Path) -> None:
         infer_window_s=60.0,
         max_raises_per_cycle=150,  # 300 a second, 0.5 s cycles
         policy=config.policy,
+        agent_comm_clock=False,
+        announced_live_s=30.0,
     )
     assert config.ingest_share == 0.25
 

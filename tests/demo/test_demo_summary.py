@@ -10,16 +10,19 @@ import numpy as np
 import pytest
 
 from policies.tree import PHASE_CODES, RACK, ROW, SITE
+from powerd.demo.runner import _AccountedGpu, phase_account
 from powerd.demo.scenario import MIN_DURATION_S, JobPlan, default_jobs
 from powerd.demo.summary import (
     EXIT_LIMIT_VIOLATED,
     EXIT_OK,
     JobRecord,
+    PhaseAccount,
     RunRecord,
     sample_durations,
     summarize,
 )
 from powerd.topology import load_budgets
+from tests.support.clock import ManualClock
 
 COMPUTE = PHASE_CODES["compute"]
 COMM = PHASE_CODES["communication"]
@@ -191,6 +194,41 @@ def test_capping_and_clock_locks_are_counted():
     assert lk["outside_communication_gpu_s"] == 1.0
 
 
+def test_locked_compute_and_its_throughput_cost_are_sampled():
+    """A lock that outlives the wait: GPU 0 stays locked for the first compute sample after
+    communication (and runs at 0.8); GPU 1's lock ends with the wait. One sample a second."""
+    phase = np.array([[COMM, COMM], [COMPUTE, COMPUTE], [COMPUTE, COMPUTE], [COMM, COMM]])
+    locked = np.array([[True, True], [True, False], [False, False], [True, True]])
+    speed = np.where(locked & (phase == COMPUTE), 0.8, 1.0)
+    s = summarize(
+        make_trace(
+            flat(4, 90, 80, 70),
+            gpu_phase=phase.astype(np.int8),
+            gpu_locked=locked,
+            gpu_throughput=speed,
+        )
+    )
+    lk = s.clock_locks
+    assert lk["progress_gpu_s"] == 1.0
+    assert lk["outside_communication_gpu_s"] == 1.0
+    # 4 progress GPU-s, one of them at 0.8: 5 % of the throughput, all of it the lock's
+    assert lk["progress_throughput_lost"] == pytest.approx(0.05)
+    assert s.throughput_lost_by_cause["clock lock"] == pytest.approx(0.05)
+    # nothing booked exactly: no exact figures, no energy by phase
+    assert lk["exact_progress_gpu_s"] is None and lk["communication_energy_wh"] is None
+
+
+def test_exact_locks_and_energy_in_communication_come_from_the_phase_account():
+    account = PhaseAccount(
+        locked_gpu_s={"communication": 30.0, "compute": 0.25, "eval": 0.5, "checkpoint": 2.0},
+        energy_j={"communication": 7200.0, "compute": 36_000.0},
+    )
+    lk = summarize(make_trace(flat(3, 90, 80, 70), phase_account=account)).clock_locks
+    assert lk["exact_progress_gpu_s"] == 0.75
+    assert lk["exact_outside_communication_gpu_s"] == 2.75
+    assert lk["communication_energy_wh"] == 2.0
+
+
 def test_summary_is_json_serialisable():
     s = summarize(make_trace(flat(3, 90, 80, 70)))
     data = json.loads(json.dumps(s.to_dict()))
@@ -291,3 +329,23 @@ def test_the_outcome_names_the_causes_of_lost_throughput_and_a_cap_ramp_over_its
     assert line is not None and "+0.1 kW/s" in line and "0.05 kW/s ramp limit" in line
     calm = summarize(make_trace(flat(4, 90, 80, 70)))
     assert cap_ramp_breach_line(calm) is None
+
+
+def test_a_simulated_gpu_books_its_locks_and_energy_by_phase_exactly():
+    """The demo's GPUs book at every phase change, lock and unlock: 0.02 s locked in compute
+    is 0.02 s, where a sample would count its whole step or nothing."""
+    clock = ManualClock(10.0)
+    gpu = _AccountedGpu("H100", 0, clock=clock, phase="communication")
+    gpu.lock_max_sm_clock_mhz(1100)
+    clock.advance(1.5)
+    gpu.set_phase("compute")
+    clock.advance(0.02)
+    gpu.unlock_sm_clock()
+    clock.advance(2.0)
+    gpu.set_phase("checkpoint")
+    account = phase_account([gpu])
+    assert account.locked_gpu_s == pytest.approx({"communication": 1.5, "compute": 0.02})
+    assert account.energy_j["communication"] > 0 and account.energy_j["compute"] > 0
+    assert sum(account.energy_j.values()) == pytest.approx(gpu.energy_j())
+    gpu.start_account()  # the recording starts: nothing before it counts
+    assert phase_account([gpu]).locked_gpu_s == {}
