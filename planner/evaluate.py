@@ -15,7 +15,8 @@ overhead`` is what racks may use.
 **A rack is the unit.** Every site is built from whole racks of the file's
 shape (its servers, their GPUs, models and overheads, and the rack's own
 overhead), in rows of the file's first row's rack count and overhead; a file
-whose racks differ is refused. Per GPU, the non-GPU power that comes with it
+whose racks differ (in those, or in the limits, budgets, capping bands or
+ramps (c) keeps) is refused. Per GPU, the non-GPU power that comes with it
 is then ``o = (node overheads + rack overhead + row overhead / racks per row)
 / GPUs per rack``: 400 W on the 150 MW site (a 1 kW tray per 4 GB200, 10.8 kW
 of switches per 72), close to the ~360 W docs/PLANNER.md derives from Meta's
@@ -31,15 +32,37 @@ figures.
   file's failsafe cap per model, the planning point: 960 W on the 150 MW
   site, Meta's 80 % of TDP), every GPU held at ``c`` throughout, no
   controller. ``powerplan caps`` recommends ``c`` from a cap sweep.
-- (c) *oversubscription*: the file's own racks (its GPU count), budgets,
-  overheads and failsafe caps re-sized by ``powerplan size`` at
-  ``quantile`` (the stated risk: the share of time a node's uncapped demand
-  is above its capping threshold), replayed with powerd's dynamic capping
-  (``policies.decide`` every step). If (c) hosts no more GPUs than (b) (the
-  150 MW file does not: it is planned at 960 W with 7 MW of the feed left as
-  the budget's margin), its gain over (b) is in what the same GPUs do, not in
-  how many there are. Scaling (c) to fill ``P`` at the density its sized
-  demand allows is *not* done here: it needs a sizing per candidate count.
+- (c) *oversubscription*: ``R_c`` = the most racks whose ``powerplan size`` plan
+  at ``quantile`` (the stated risk: the share of time a node's uncapped demand
+  is above its capping threshold) keeps every rack's, row's and the site's
+  demand at that quantile within its limit (``planner.sizing.over_limit``
+  empty: what `size` requires before it writes a file), and never fewer than
+  ``R_b``: oversubscription is there to host more GPUs than a static cap. Its
+  racks keep the file's limits, budgets, capping bands and ramps at every level
+  (every row, full or not, the file's first row's: a row's breaker does not
+  shrink with its racks), its site the feed ``P``; the mix is placed on the
+  ``R_c`` racks by shares and their rack, row and site budgets and failsafe
+  caps are sized as `size` sizes them (the file's own overheads, no terms).
+  Replayed with powerd's dynamic capping (``policies.decide`` every step). If no
+  count from ``R_b`` up has such a plan (on both shipped sites: their jobs'
+  demand at the quantile, per GPU, is above (b)'s cap), (c) hosts ``R_b`` racks
+  with the plan `size --allow-over-limit` writes, and the notes name the nodes
+  only capping keeps within their breakers.
+
+  *The search.* An empty ``over_limit`` is taken to be monotone in the rack
+  count (more racks, more demand under the site and in the last row; a
+  placement that moves a job's edge to another rack could break it, so the
+  answer is always ``R_b`` or a count seen to fit). The first probe is the count
+  just above the GPUs' mean demand plus overheads (:func:`mean_demand_w`: a
+  quantile above the mean puts the answer below it); then bisection between
+  ``R_b`` and the first count that fails, never past the most racks the feed
+  holds with every GPU at its least cap, beyond which no failsafe cap exists.
+  Each probe is one full sizing (``samples`` draws): on the 150 MW site a probe,
+  the site built and sized, takes ~0.2 s, and the search (7 probes there) ~1.6 s
+  of a ~40 s run, so fewer samples would buy little and add noise between the
+  search and the plan. The file's own rack count is not replayed: at that count
+  (c)'s plan is the file's planning choice, not the strategy's, and it is what
+  made (c) host fewer GPUs than (b); the notes and ``file_gpus`` give it.
 - (d) = (c) with the communication clock: every GPU of a job in a
   ``communication`` phase runs at its model's ``comm_clock_mhz`` (the
   budgets file), whose time and power relative to the highest clock come
@@ -61,7 +84,8 @@ site), the same profiles, seed and speed model (by default ``speed =
 (power / demand) ** 0.28``, Meta's GB200 figure: a static cap costs nothing
 in phases that draw less than it).
 
-**What is reported**, per strategy: GPUs hosted (and racks); cluster
+**What is reported**, per strategy: GPUs hosted (and racks; for (c) the racks
+its search probed and how many nodes each had over a limit); cluster
 throughput, ``sum over jobs of GPUs * (1 - throughput_lost) / slowdown``, in
 GPUs at full speed (idle GPUs do no work), per MW of ``P`` and relative to
 (a); site energy per GPU-hour of that work (mean measured site power, every
@@ -76,9 +100,10 @@ energy saved and the iteration time it costs.
 
 **Where the model is an assumption.** The speed law (or a sweep); profiles
 standing for every GPU of a job; a constant facility overhead; racks of one
-shape; the clock table of a training step standing for communication, and
-the GPU-bound share of a wait; a replay of ``duration_s`` standing for the
-site's life.
+shape, and (c)'s with the file's limits; the quantile's demand standing for the
+risk (diversity only across jobs, as `size` models it); the clock table of a
+training step standing for communication, and the GPU-bound share of a wait;
+a replay of ``duration_s`` standing for the site's life.
 """
 
 from __future__ import annotations
@@ -93,13 +118,21 @@ import numpy as np
 import pandas as pd
 
 from planner.mix import Mix, Placement, place
-from planner.sizing import Sizing, SizingSettings, WorkloadTrace, size, sized_topology
+from planner.sizing import (
+    Sizing,
+    SizingSettings,
+    WorkloadTrace,
+    over_limit,
+    size,
+    sized_topology,
+)
 from planner.terms import NonGpuTerms
 from planner.whatif import SpeedModel, WhatifResult, WhatifSettings, power_law_speed, replay
 from policies.tree import RACK, ROW, SERVER
 from powerd.gpu.clock_table import ClockTable
 from powerd.gpu.models import GPU_MODELS
 from powerd.topology import Topology, parse_budgets
+from powerd.topology.parse import THRESHOLDS
 
 STRATEGIES = {
     "a": "TDP provisioning",
@@ -135,8 +168,38 @@ class EvaluateSettings:
 
 
 @dataclass(frozen=True)
+class NodeSpec:
+    """One tree node as a built site writes it: its limit and budget, and where it keeps
+    the file's, its capping bands (``THRESHOLDS``, fractions of the budget) and ramp."""
+
+    limit_w: float
+    budget_w: float
+    bands: tuple[float, ...] = ()  # empty: inherited from the built file's [defaults]
+    ramp_w_per_s: float = math.inf  # inf: no ramp of its own
+
+    def lines(self) -> list[str]:
+        out = [f"limit_w = {self.limit_w!r}", f"budget_w = {self.budget_w!r}"]
+        out += [f"{key} = {value!r}" for key, value in zip(THRESHOLDS, self.bands, strict=False)]
+        if math.isfinite(self.ramp_w_per_s):
+            out.append(f"ramp_w_per_s = {self.ramp_w_per_s!r}")
+        return out
+
+
+def file_node(top: Topology, node: int) -> NodeSpec:
+    """Tree node ``node`` of the file as it is written there (limit, budget, bands, ramp)."""
+    bands = (top.cap_threshold[node], top.cap_target[node], top.uncap_threshold[node])
+    return NodeSpec(
+        float(top.limit_w[node]),
+        float(top.budget_w[node]),
+        tuple(float(b) for b in bands),
+        float(top.ramp_w_per_s[node]),
+    )
+
+
+@dataclass(frozen=True)
 class RackShape:
-    """One rack of the file, the unit every strategy's site is built from."""
+    """One rack of the file, the unit every strategy's site is built from, and the file's
+    own limits, budgets, bands and ramps for (c), which keeps them (``file_*``)."""
 
     server_gpus: tuple[int, ...]
     server_model: tuple[str, ...]
@@ -145,6 +208,10 @@ class RackShape:
     racks_per_row: int
     row_overhead_w: float
     site_overhead_w: float
+    file_servers: tuple[NodeSpec, ...]
+    file_rack: NodeSpec
+    file_row: NodeSpec  # the file's first row
+    file_site: NodeSpec
 
     @property
     def gpus(self) -> int:
@@ -173,23 +240,31 @@ class RackShape:
 
 
 def rack_shape(top: Topology) -> RackShape:
-    """The file's rack; :class:`EvaluateError` if its racks are not all alike."""
+    """The file's rack; :class:`EvaluateError` if its racks are not all alike (servers,
+    GPUs, models, overheads, limits, budgets, bands and ramps)."""
     first_server = top.level_start[SERVER]
     server_rack = np.asarray(top.parent[first_server : top.level_start[SERVER + 1]])
     overhead = np.asarray(top.overhead_w, dtype=float)
-    shapes: dict[int, list[tuple[int, str, float]]] = {}
+    shapes: dict[int, list[tuple[int, str, float, NodeSpec]]] = {}
     for k, rack in enumerate(server_rack.tolist()):
-        server = (int(top.server_gpu_count[k]), top.server_model[k], overhead[first_server + k])
+        node = first_server + k
+        server = (
+            int(top.server_gpu_count[k]),
+            top.server_model[k],
+            overhead[node],
+            file_node(top, node),
+        )
         shapes.setdefault(rack, []).append(server)
     racks = range(top.level_start[RACK], top.level_start[RACK + 1])
-    signatures = {r: (tuple(shapes.get(r, [])), overhead[r]) for r in racks}
+    signatures = {r: (tuple(shapes.get(r, [])), overhead[r], file_node(top, r)) for r in racks}
     first = signatures[racks[0]]
     odd = [top.names[r] for r, s in signatures.items() if s != first]
     if odd or not first[0]:
         raise EvaluateError(
             f"{top.source}: evaluate builds each strategy's site from whole racks of one shape,"
             f" but rack(s) {', '.join(odd[:3])}{' ...' if len(odd) > 3 else ''} differ from"
-            f" {top.names[racks[0]]!r} (servers, GPUs, models or overheads)"
+            f" {top.names[racks[0]]!r} (servers, GPUs, models, overheads, limits, budgets,"
+            " capping bands or ramps)"
         )
     first_row = top.level_start[ROW]
     rack_parent = np.asarray(top.parent[top.level_start[RACK] : top.level_start[RACK + 1]])
@@ -202,7 +277,15 @@ def rack_shape(top: Topology) -> RackShape:
         racks_per_row=int(np.count_nonzero(rack_parent == first_row)),
         row_overhead_w=float(overhead[first_row]),
         site_overhead_w=float(overhead[0]),
+        file_servers=tuple(s[3] for s in servers),
+        file_rack=first[2],
+        file_row=file_node(top, first_row),
+        file_site=file_node(top, 0),
     )
+
+
+def _racks(top: Topology) -> int:
+    return top.level_start[RACK + 1] - top.level_start[RACK]
 
 
 def site_power_w(top: Topology) -> float:
@@ -243,45 +326,85 @@ def static_caps(top: Topology, shape: RackShape, cap_w: float | None) -> dict[st
     return {models[0]: float(cap_w)}
 
 
-def static_topology(
-    top: Topology, shape: RackShape, n_racks: int, cap_w: Mapping[str, float], label: str
-) -> Topology:
-    """``n_racks`` racks of ``shape`` provisioned at ``cap_w``: every node's limit and budget
-    are its power with every GPU at its cap (capping threshold 1: nothing caps), the site's
-    limit and budget ``P``, the failsafe cap ``cap_w``; the file's grid spec and clocks."""
+@dataclass(frozen=True)
+class Layout:
+    """What a built site writes at each level: ``row(count)`` for a row of ``count`` racks,
+    the failsafe cap per model and the file's ``[defaults]`` lines."""
+
+    site: NodeSpec
+    row: Callable[[int], NodeSpec]
+    rack: NodeSpec
+    servers: tuple[NodeSpec, ...]
+    failsafe_w: Mapping[str, float]
+    defaults: tuple[str, ...] = ()
+
+
+def static_layout(top: Topology, shape: RackShape, cap_w: Mapping[str, float]) -> Layout:
+    """Provisioned at ``cap_w``: every node's limit and budget are its power with every GPU
+    at its cap (capping threshold 1: nothing caps), the site's limit and budget ``P``."""
     site_w = site_power_w(top)
     rack_w = shape.rack_w(cap_w)
+
+    def row(count: int) -> NodeSpec:
+        row_w = count * rack_w + math.ceil(shape.row_overhead_w)
+        return NodeSpec(row_w, row_w)
+
+    servers = tuple(
+        NodeSpec(shape.server_w(k, cap_w), shape.server_w(k, cap_w))
+        for k in range(len(shape.server_gpus))
+    )
+    defaults = ("cap_threshold = 1", "cap_target = 0.99", "uncap_threshold = 0.98")
+    return Layout(NodeSpec(site_w, site_w), row, NodeSpec(rack_w, rack_w), servers, cap_w, defaults)
+
+
+def file_layout(shape: RackShape) -> Layout:
+    """(c): the file's own limits, budgets, capping bands and ramps at every level (a row of
+    any size gets the file's first row's), the least cap of each model as failsafe (sizing
+    sets the real one, but the loader must accept every count the search tries)."""
+    least = {m: GPU_MODELS[m].cap_min_w for m in dict.fromkeys(shape.server_model)}
+    return Layout(
+        shape.file_site, lambda _: shape.file_row, shape.file_rack, shape.file_servers, least
+    )
+
+
+def built_topology(
+    top: Topology, shape: RackShape, n_racks: int, layout: Layout, label: str
+) -> Topology:
+    """``n_racks`` racks of ``shape`` in rows of ``shape.racks_per_row``, each node as
+    ``layout`` writes it, overheads the file's; the file's grid spec and clocks."""
     lines = [
         "version = 1",
         "[defaults]",
-        "cap_threshold = 1",
-        "cap_target = 0.99",
-        "uncap_threshold = 0.98",
+        *layout.defaults,
         "[site]",
         f"name = {json.dumps(top.site)}",
-        f"limit_w = {site_w!r}",
-        f"budget_w = {site_w!r}",
+        *layout.site.lines(),
         *_overhead(shape.site_overhead_w),
     ]
-    for model, cap in cap_w.items():
+    for model, cap in layout.failsafe_w.items():
         lines += [f"[models.{model}]", f"failsafe_cap_w = {cap!r}"]
     left, row = n_racks, 0
     while left > 0:
         row += 1
         count = min(left, shape.racks_per_row)
         left -= count
-        row_w = count * rack_w + math.ceil(shape.row_overhead_w)
-        lines += ["[[rows]]", f'name = "row{row:02d}"', f"limit_w = {row_w!r}"]
-        lines += [f"budget_w = {row_w!r}", *_overhead(shape.row_overhead_w), "[rows.racks]"]
-        lines += [f"count = {count}", 'name = "{row}-k{i:02d}"', f"limit_w = {rack_w!r}"]
-        lines += [f"budget_w = {rack_w!r}", *_overhead(shape.rack_overhead_w)]
+        lines += ["[[rows]]", f'name = "row{row:02d}"', *layout.row(count).lines()]
+        lines += [*_overhead(shape.row_overhead_w), "[rows.racks]"]
+        lines += [f"count = {count}", 'name = "{row}-k{i:02d}"', *layout.rack.lines()]
+        lines += _overhead(shape.rack_overhead_w)
         for k, (gpus, model) in enumerate(zip(shape.server_gpus, shape.server_model, strict=True)):
-            node_w = shape.server_w(k, cap_w)
             lines += ["[[rows.racks.nodes]]", f'name = "{{rack}}-n{k + 1:02d}"']
-            lines += [f"gpus = {gpus}", f"model = {json.dumps(model)}", f"limit_w = {node_w!r}"]
-            lines += [f"budget_w = {node_w!r}", *_overhead(shape.server_overhead_w[k])]
+            lines += [f"gpus = {gpus}", f"model = {json.dumps(model)}"]
+            lines += [*layout.servers[k].lines(), *_overhead(shape.server_overhead_w[k])]
     built = parse_budgets("\n".join(lines) + "\n", source=f"{top.source} ({label})")
     return dataclasses.replace(built, grid=top.grid, comm_clock_mhz=top.comm_clock_mhz)
+
+
+def static_topology(
+    top: Topology, shape: RackShape, n_racks: int, cap_w: Mapping[str, float], label: str
+) -> Topology:
+    """``n_racks`` racks of ``shape`` provisioned at ``cap_w`` (:func:`static_layout`)."""
+    return built_topology(top, shape, n_racks, static_layout(top, shape, cap_w), label)
 
 
 def _overhead(overhead_w: float) -> list[str]:
@@ -294,8 +417,8 @@ def oversubscribed_topology(
     traces: dict[str, WorkloadTrace],
     settings: EvaluateSettings,
 ) -> tuple[Topology, Sizing]:
-    """(c): the file's racks with the budgets, overheads and failsafe caps ``powerplan size``
-    gives at ``settings.quantile`` (the file's own overheads, as `size` without terms)."""
+    """``top`` with the budgets, overheads and failsafe caps ``powerplan size`` gives at
+    ``settings.quantile`` (the file's own overheads, as `size` without terms)."""
     sizing = size(
         top,
         placement,
@@ -307,6 +430,115 @@ def oversubscribed_topology(
     failsafe.setflags(write=False)
     sized = dataclasses.replace(sized_topology(top, sizing), server_failsafe_cap_w=failsafe)
     return sized, sizing
+
+
+@dataclass
+class SizedSite:
+    """(c) at one rack count: the sized site, its placement and the sizing."""
+
+    top: Topology
+    placement: Placement
+    sizing: Sizing
+
+    @property
+    def racks(self) -> int:
+        return _racks(self.top)
+
+    def over_limit(self) -> pd.DataFrame:
+        """Its racks, rows and site whose demand at the quantile is above their limit."""
+        return over_limit(self.sizing.table)
+
+
+def sized_site(
+    top: Topology,
+    shape: RackShape,
+    n_racks: int,
+    mix: Mix,
+    traces: dict[str, WorkloadTrace],
+    settings: EvaluateSettings,
+) -> SizedSite:
+    """``n_racks`` racks with the file's limits (:func:`file_layout`), the mix placed on
+    them, sized by ``powerplan size`` at ``settings.quantile``."""
+    built = built_topology(top, shape, n_racks, file_layout(shape), STRATEGIES["c"])
+    placement = place(built, mix)
+    sized, sizing = oversubscribed_topology(built, placement, traces, settings)
+    return SizedSite(sized, placement, sizing)
+
+
+def mean_demand_w(shape: RackShape, mix: Mix, traces: dict[str, WorkloadTrace]) -> dict[str, float]:
+    """Per GPU model of the rack, a GPU's mean demand under the mix: each job's share of its
+    trace's mean (clipped to the model's maximum cap, as sizing clips), idle power for the
+    share no job takes."""
+    busy_share = sum(job.share or 0.0 for job in mix.jobs)
+    out = {}
+    for key in dict.fromkeys(shape.server_model):
+        model = GPU_MODELS[key]
+        busy_w = sum(
+            (job.share or 0.0)
+            * float(np.clip(traces[job.workload].power_w, 0, model.cap_max_w).mean())
+            for job in mix.jobs
+        )
+        out[key] = busy_w + max(0.0, 1.0 - busy_share) * model.idle_power_w
+    return out
+
+
+def largest_fitting(fits: Callable[[int], bool], least: int, guess: int, most: int) -> int:
+    """The largest count in ``[least, most]`` that ``fits``, never less than ``least``:
+    first ``guess + 1`` (expected not to fit), then bisection of what is left. Assumes
+    ``fits`` holds below some count and not above it; the answer is ``least`` or a count
+    that was seen to fit."""
+    lo, hi = least, most + 1  # lo is least or fits; hi does not fit (or is past most)
+    first = min(max(guess + 1, lo + 1), hi)
+    if first < hi:
+        if fits(first):
+            lo = first
+        else:
+            hi = first
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass
+class Oversubscribed:
+    """(c)'s site and how its rack count was found: ``probes`` (racks, nodes over a limit)."""
+
+    site: SizedSite
+    least_racks: int  # (b)'s
+    probes: list[tuple[int, int]]
+
+
+def oversubscribed_site(
+    top: Topology,
+    shape: RackShape,
+    mix: Mix,
+    traces: dict[str, WorkloadTrace],
+    settings: EvaluateSettings,
+    least_racks: int,
+) -> Oversubscribed:
+    """(c): the most racks whose plan at ``settings.quantile`` has no rack, row or site
+    above its limit, at least ``least_racks`` (module docstring). The search guesses the
+    count at the GPUs' mean demand (:func:`mean_demand_w`) and never goes past the most
+    racks the feed holds with every GPU at its least cap (no failsafe cap exists beyond)."""
+    site_w = site_power_w(top)
+    least_cap = {m: GPU_MODELS[m].cap_min_w for m in dict.fromkeys(shape.server_model)}
+    most = max(least_racks, racks_that_fit(shape, site_w, least_cap))
+    guess = racks_that_fit(shape, site_w, mean_demand_w(shape, mix, traces))
+    seen: dict[int, SizedSite] = {}
+    probes: list[tuple[int, int]] = []
+
+    def fits(n_racks: int) -> bool:
+        seen[n_racks] = sized_site(top, shape, n_racks, mix, traces, settings)
+        probes.append((n_racks, len(seen[n_racks].over_limit())))
+        return probes[-1][1] == 0
+
+    n_racks = largest_fitting(fits, least_racks, guess, most)
+    site = seen.get(n_racks) or sized_site(top, shape, n_racks, mix, traces, settings)
+    return Oversubscribed(site, least_racks, probes)
 
 
 # --- the communication clock -------------------------------------------------------------
@@ -384,7 +616,7 @@ def plans(
     settings: EvaluateSettings,
     clocks: Mapping[str, CommClock],
     notes: list[str],
-) -> tuple[list[Plan], Sizing]:
+) -> tuple[list[Plan], Oversubscribed]:
     """The strategies' sites, placements and replay settings (module docstring)."""
     require_shares(mix)
     shape = rack_shape(top)
@@ -393,11 +625,12 @@ def plans(
         duration_s=settings.duration_s, seed=settings.seed, synchronised=settings.synchronised
     )
     out = []
+    racks: dict[str, int] = {}
     for key, cap_w in (
         ("a", tdp_caps(shape)),
         ("b", static_caps(top, shape, settings.static_cap_w)),
     ):
-        n_racks = racks_that_fit(shape, site_w, cap_w)
+        n_racks = racks[key] = racks_that_fit(shape, site_w, cap_w)
         if n_racks == 0:
             raise EvaluateError(
                 f"{top.source}: not one rack fits the site's {site_w:,.0f} W at "
@@ -406,8 +639,9 @@ def plans(
         site = static_topology(top, shape, n_racks, cap_w, STRATEGIES[key])
         static = dataclasses.replace(base, static_caps=True)
         out.append(Plan(key, site, place(site, mix), static, _caps_text(cap_w)))
-    placement = place(top, mix)
-    sized_top, sizing = oversubscribed_topology(top, placement, traces, settings)
+    found = oversubscribed_site(top, shape, mix, traces, settings, least_racks=racks["b"])
+    sized_top, placement, sizing = found.site.top, found.site.placement, found.site.sizing
+    notes.append(search_note(top, found, settings.quantile))
     failsafe = _caps_text(sizing.failsafe_cap_w)
     out.append(Plan("c", sized_top, placement, base, f"dynamic, failsafe {failsafe}"))
     if clocks:
@@ -434,7 +668,27 @@ def plans(
         out.append(Plan("e", sized_top, placement, smooth, "dynamic, grid smoothing"))
     else:
         notes.append("(e) left out: the budgets file has no [site.grid] with a ramp or a floor")
-    return out, sizing
+    return out, found
+
+
+def search_note(top: Topology, found: Oversubscribed, quantile: float) -> str:
+    """How (c)'s rack count was found, in words."""
+    site = found.site
+    probed = ", ".join(
+        f"{n:,} {'fit' if over == 0 else f'({over} over)'}" for n, over in found.probes
+    )
+    what = (
+        f"the most whose p{quantile * 100:g} plan keeps every rack, row and the site within"
+        " its limit"
+        if site.over_limit().empty
+        else f"(b)'s, the least it may host: no count from it up has a p{quantile * 100:g} plan"
+        " within every limit"
+    )
+    return (
+        f"(c) hosts {site.racks:,} racks ({site.top.n_gpus:,} GPUs), {what}; (b)"
+        f" {found.least_racks:,} racks, the file {_racks(top):,}; racks probed:"
+        f" {probed or 'none'}"
+    )
 
 
 def _caps_text(cap_w: Mapping[str, float]) -> str:
@@ -456,7 +710,7 @@ def evaluate(
     speed = speed or power_law_speed()
     notes: list[str] = []
     clocks = comm_clocks(top, clock_tables or {})
-    todo, sizing = plans(top, mix, traces, settings, clocks, notes)
+    todo, found = plans(top, mix, traces, settings, clocks, notes)
     results: dict[str, WhatifResult] = {}
     step_s = next(iter(traces.values())).step_s
     n_steps = max(1, math.ceil(settings.duration_s / step_s))
@@ -476,12 +730,7 @@ def evaluate(
         "gain_vs_tdp_pct",
         100.0 * (table["throughput_gpus"] / tdp - 1.0) if tdp > 0 else math.nan,
     )
-    notes += _sizing_notes(sizing, settings)
-    if top.n_gpus <= int(table.loc[table["strategy"] == "b", "gpus"].iloc[0]):
-        notes.append(
-            f"(c) hosts the file's {top.n_gpus:,} GPUs, no more than (b): its gain over (b) is"
-            " in what the same GPUs do, not in how many the feed holds"
-        )
+    notes += _sizing_notes(found.site.sizing, settings)
     by_key = {plan.key: plan for plan in todo}
     comm = (
         comm_summary(by_key["c"], results["c"], by_key["d"], results["d"], clocks, settings)
@@ -497,6 +746,8 @@ def evaluate(
         "seed": settings.seed,
         "synchronised": settings.synchronised,
         "quantile": settings.quantile,
+        "file_gpus": top.n_gpus,
+        "c_racks_probed": [{"racks": n, "nodes_over_limit": over} for n, over in found.probes],
         "speed_model": results["a"].info["speed_model"],
     }
     return Evaluation(table, comm, limit_levels(results), notes, info, results, site_w)
@@ -584,7 +835,7 @@ def strategy_row(
         "strategy": plan.key,
         "name": STRATEGIES[plan.key],
         "gpus": plan.top.n_gpus,
-        "racks": plan.top.level_start[RACK + 1] - plan.top.level_start[RACK],
+        "racks": _racks(plan.top),
         "busy_gpus": int(gpus_busy.sum()),
         "caps": plan.cap,
         "throughput_gpus": throughput,

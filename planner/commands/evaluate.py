@@ -34,8 +34,10 @@ Strategies, each replayed through `powerplan whatif` for --duration-s:
                         overheads in; no caps, no controller
   b  static caps        the same at --static-cap-w (default: the file's failsafe
                         cap, e.g. from `powerplan caps`); no controller
-  c  oversubscription   the file's racks, budgets sized by `powerplan size` at
-                        --quantile; powerd's dynamic capping
+  c  oversubscription   the most whole racks (the file's, with its limits) whose
+                        budgets, sized by `powerplan size` at --quantile, keep
+                        every rack, row and the site within its limit at that
+                        quantile, and never fewer than b; powerd's dynamic capping
   d  c + comm. clock    communication phases at the file's comm_clock_mhz: power
                         and time from the model's clock table (--clock-table);
                         --gpu-bound-share of each wait slows with the clock
@@ -271,7 +273,9 @@ def assumptions(speed_model: str) -> list[str]:
         "Every strategy's site is whole racks of the file's shape; (a) and (b) have no"
         " controller and their nodes are provisioned at their caps, so none is ever over a"
         " limit.",
-        "(c) keeps the file's GPU count; its budgets come from `powerplan size`.",
+        "(c) hosts the most racks whose `powerplan size` plan keeps every rack, row and the"
+        " site's demand at the quantile within its limit, at least (b)'s; its racks and rows"
+        " keep the file's limits, and the search takes that test to be monotone in the racks.",
         f"Speed under a cap: {speed_model}; a synchronous job runs at its slowest GPU's pace.",
         "(d): the clock table of a training step stands for communication; the share of a"
         " wait that slows with the clock is --gpu-bound-share (1: all of it).",

@@ -12,10 +12,14 @@ from click.testing import CliRunner
 from planner.cli import main
 from planner.evaluate import (
     EvaluateSettings,
+    built_topology,
     evaluate,
+    file_layout,
+    largest_fitting,
     provisioning_gain,
     rack_shape,
     racks_that_fit,
+    sized_site,
 )
 from planner.mix import parse_mix
 from planner.sizing import WorkloadTrace
@@ -90,23 +94,28 @@ def test_each_strategy_hosts_what_fits_and_does_the_work_the_speed_law_says():
     t = ev.table.set_index("strategy")
     # (a) a rack at TDP: 4 x 700 + 100 + 100 = 3,000 W: 3 racks (12 GPUs) in 10 kW
     # (b) at 400 W: 4 x 400 + 200 = 1,800 W: 5 racks (20 GPUs), 9 kW
-    # (c) the file's 4 racks (16 GPUs); demand 4 x 500 + 200 = 2,200 W a rack never caps
+    # (c) demand 4 x 500 + 200 = 2,200 W a rack: 4 racks (8.8 kW) fit the feed, 5 (11 kW) do
+    # not, so (c) hosts (b)'s 5, the least it may; its site is sized to 95 % of the feed
+    # (9,500 W). Step 0 at the failsafe cap, (10,000 - 5 x 200) / 20 = 450 W a GPU; then the
+    # controller holds the site at its capping target, 0.95 x 9,500 = 9,025 W: 401.25 W a GPU
     assert t.loc["a", "gpus"] == 12 and t.loc["a", "racks"] == 3
     assert t.loc["b", "gpus"] == 20 and t.loc["b", "racks"] == 5
-    assert t.loc["c", "gpus"] == 16
+    assert t.loc["c", "gpus"] == 20 and t.loc["c", "racks"] == 5
     speed_b = (400 / 500) ** 0.28  # 0.9395: every GPU held at 400 W of its 500 W
+    speed_c = 0.01 * (450 / 500) ** 0.28 + 0.99 * (401.25 / 500) ** 0.28  # 0.9406
     assert t.loc["a", "throughput_gpus"] == pytest.approx(12.0)
     assert t.loc["b", "throughput_gpus"] == pytest.approx(20 * speed_b)
-    assert t.loc["c", "throughput_gpus"] == pytest.approx(16.0)
+    assert t.loc["c", "throughput_gpus"] == pytest.approx(20 * speed_c)
     assert t.loc["b", "throughput_per_mw"] == pytest.approx(20 * speed_b / 0.01)
     assert t.loc["b", "gain_vs_tdp_pct"] == pytest.approx(100 * (20 * speed_b / 12 - 1))
-    assert t.loc["c", "gain_vs_tdp_pct"] == pytest.approx(100 * (16 / 12 - 1))
+    assert t.loc["c", "gain_vs_tdp_pct"] == pytest.approx(100 * (20 * speed_c / 12 - 1))
     # site energy per GPU-hour of work: mean site power over the work, in kW
     assert t.loc["a", "kwh_per_gpu_hour"] == pytest.approx((12 * 500 + 3 * 200) / 12 / 1e3)
     assert t.loc["b", "kwh_per_gpu_hour"] == pytest.approx(
         (20 * 400 + 5 * 200) / (20 * speed_b) / 1e3
     )
-    assert t.loc["c", "kwh_per_gpu_hour"] == pytest.approx((16 * 500 + 4 * 200) / 16 / 1e3)
+    site_c_w = 0.01 * 10_000 + 0.99 * 9_025
+    assert t.loc["c", "kwh_per_gpu_hour"] == pytest.approx(site_c_w / (20 * speed_c) / 1e3)
     assert t.loc["b", "held_pct_of_steps"] == 100.0  # the static cap holds every step ...
     assert t.loc["b", "capping_pct_of_steps_max"] == 0.0  # ... though no node ever caps
     assert (t["s_above_limit"] == 0).all()
@@ -123,6 +132,64 @@ def test_the_site_grows_by_whole_racks_and_rows_pay_their_overhead():
     assert racks_that_fit(shape, 2_999, tdp) == 0
     grown = shape.__class__(**{**shape.__dict__, "row_overhead_w": 1_000.0})
     assert racks_that_fit(grown, 10_000, tdp) == 2  # 2 x 3,000 + 1,000 + a 2nd row's 1,000 > 10 kW
+
+
+def peaks() -> dict[str, WorkloadTrace]:
+    """10 s: 6 s of compute at 300 W, 2 s at 700 W, 2 s of communication at 200 W."""
+    power = np.array([300.0] * 6 + [700.0] * 2 + [200.0] * 2)
+    phase = np.full(10, COMPUTE, np.int8)
+    phase[8:] = COMM
+    return {"w": WorkloadTrace("w", power, phase, 1.0, 8)}
+
+
+def test_oversubscription_hosts_the_most_racks_whose_sized_plan_keeps_every_limit():
+    """Eight jobs out of step peak together rarely: sized at p99.9, the feed holds more racks
+    than at a static cap of 650 W. (c)'s count is checked by sizing every count (b) to the
+    most the feed holds at the least cap (4 x 200 + 200 W a rack: 100 racks)."""
+    top = site(gpu="H100", node_w=100, rack_w=100, limit_w=100_000, racks=40, per_row=4)
+    mix = parse_mix('[[jobs]]\nworkload = "w"\nshare = 1.0\ncount = 8\n')
+    settings = EvaluateSettings(duration_s=20, static_cap_w=650, samples=10_000)
+    ev = evaluate(top, mix, peaks(), settings, {"H100": HALF})
+    t = ev.table.set_index("strategy")
+    assert t.loc["b", "racks"] == 35  # 4 x 650 + 200 = 2,800 W a rack in 100 kW
+    shape = rack_shape(top)
+    over = {
+        n: len(sized_site(top, shape, n, mix, peaks(), settings).over_limit())
+        for n in range(35, 101)
+    }
+    largest = max(n for n, k in over.items() if k == 0)
+    assert t.loc["c", "racks"] == largest > t.loc["b", "racks"]
+    assert over[largest + 1] > 0
+    assert t.loc["c", "gpus"] == t.loc["d", "gpus"] == 4 * largest
+    assert t.loc["c", "racks"] != 40  # not the file's
+    assert (t.loc[["c", "d"], "s_above_limit"] == 0).all()
+    levels = ev.levels[ev.levels["strategy"].isin(["c", "d"])]
+    assert (levels["s_above_limit_max"] == 0).all()
+    probes = ev.info["c_racks_probed"]
+    assert isinstance(probes, list) and len(probes) < 10  # a search, not a sweep
+
+
+def test_the_rack_search_returns_the_largest_count_that_fits_and_never_less_than_least():
+    def up_to(last: int):
+        return lambda n: n <= last
+
+    assert largest_fitting(up_to(17), least=5, guess=12, most=40) == 17  # guess too low
+    assert largest_fitting(up_to(17), least=5, guess=30, most=40) == 17  # guess too high
+    assert largest_fitting(up_to(17), least=5, guess=17, most=40) == 17
+    assert largest_fitting(up_to(99), least=5, guess=12, most=40) == 40  # all fit: the most
+    assert largest_fitting(up_to(2), least=5, guess=12, most=40) == 5  # none fits: the least
+    assert largest_fitting(up_to(2), least=5, guess=0, most=5) == 5  # nothing to search
+
+
+def test_the_oversubscribed_site_at_the_files_count_is_the_file():
+    """(c) builds its racks with the file's limits, budgets, bands and ramps: at the file's
+    rack count, before sizing, the site is the file's."""
+    top = parse_budgets((REPO / "powerd" / "data" / "budgets" / "demo.toml").read_text())
+    shape = rack_shape(top)
+    built = built_topology(top, shape, 8, file_layout(shape), "c")
+    for column in ("limit_w", "budget_w", "cap_threshold", "cap_target", "ramp_w_per_s"):
+        assert np.array_equal(getattr(built, column), getattr(top, column)), column
+    assert np.array_equal(built.overhead_w, top.overhead_w) and built.grid == top.grid
 
 
 def test_the_communication_clock_saves_energy_in_waits_and_costs_iteration_time():
