@@ -41,6 +41,7 @@ bench: venv
 	$(BIN)/python -m bench.bench_scale --overload --json bench/results/scale.json
 	$(BIN)/python -m bench.bench_tree --site-rows 16,8 --json bench/results/tree.json
 	$(BIN)/python -m bench.bench_grid --json bench/results/grid.json
+	$(BIN)/python -m bench.bench_clock_policy --clock-mhz 1100 --clock-mhz 1811 --json bench/results/clock_policy.json
 	$(BIN)/python -m bench.fuzz --payloads 100000 --seed 1 --json bench/results/fuzz.json
 
 deps:
