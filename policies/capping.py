@@ -343,11 +343,8 @@ def decide(
             # node below it with nothing left is what holds the GPU, and its ancestors'
             # watts could not reach it: they stay for the other GPUs under them
             still = i[mine][pressed[i[mine]] & (cap[i[mine]] < cap_max[i[mine]])]
-            reachable = np.ones(len(still), dtype=bool)
-            for lvl in LEVELS_BOTTOM_UP if len(still) else ():
-                ancestor = tree.gpu_ancestor[lvl][still]
-                reachable &= budget[ancestor] > 0
-                budget[ancestor[reachable]] = 0.0
+            if len(still):
+                _close_for_lower_classes(tree, budget, still)
 
     pred = np.minimum(power, cap)
     if not ctl.all():
@@ -395,6 +392,23 @@ def held_at_cap(
     held = ctl & (cap < cap_max - NEGLIGIBLE_W)
     held &= power >= cap - settings.stage_headroom_fraction * span
     return held
+
+
+def _close_for_lower_classes(tree: Tree, budget: np.ndarray, still: np.ndarray) -> None:
+    """Rule 4, in place: no budget left for lower classes under the nodes whose watts could
+    reach a GPU of ``still`` (held after its class's grant): bottom-up from its server,
+    every ancestor up to, not including, the first with nothing left, which holds it. Node
+    by node (a few per rack), not GPU by GPU: every cycle of a 150 MW replay runs it."""
+    reach = np.zeros(tree.n_nodes, dtype=bool)
+    reach[tree.gpu_ancestor[SERVER][still]] = True
+    for lvl in LEVELS_BOTTOM_UP:
+        nodes = tree.level_nodes[lvl]
+        if lvl != SERVER:  # reached from a child that let it through
+            children = tree.level_nodes[lvl + 1]
+            reach[tree.level_parent[lvl + 1][reach[children]]] = True
+        through = reach[nodes] & (budget[nodes] > 0)
+        budget[nodes[through]] = 0.0
+        reach[nodes] = through
 
 
 def _shift(
