@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import re
 import sys
 import tempfile
@@ -26,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine, report
-from powerd.controller.config import ControllerConfig
 from powerd.demo import runner
 
 DEMO = Path(runner.__file__).resolve().parent.parent / "data" / "budgets" / "demo.toml"
@@ -46,14 +44,10 @@ def with_clock(budgets: Path, clock_mhz: float, directory: Path) -> Path:
 
 
 def one_run(budgets: Path, agent_clocks: bool, duration_s: float) -> dict[str, Any]:
-    config = functools.partial(ControllerConfig, agent_comm_clock=agent_clocks)
-    original = runner.ControllerConfig
-    runner.ControllerConfig = config  # type: ignore[misc,assignment]
-    try:
-        options = runner.DemoOptions(duration_s=duration_s, budgets=budgets)
-        run = asyncio.run(runner.run_demo(options))
-    finally:
-        runner.ControllerConfig = original  # type: ignore[misc]
+    options = runner.DemoOptions(
+        duration_s=duration_s, budgets=budgets, agent_comm_clock=agent_clocks
+    )
+    run = asyncio.run(runner.run_demo(options))
     summary, locks = run.summary, run.summary.clock_locks
     return {
         "comm_clock_mhz": dict(run.topology.comm_clock_mhz),

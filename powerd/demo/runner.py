@@ -80,6 +80,9 @@ class DemoOptions:
     # grid smoothing: the controller asks every GPU for its share of [site.grid]; GPUs
     # without hardware smoothing get it in software (the jobs fill their waits)
     smoothing: bool = False
+    # clock policies: the agents lock and unlock on the jobs' announcements (the
+    # controller's controller.agent_comm_clock); off, the controller locks, a cycle late
+    agent_comm_clock: bool = True
 
 
 @dataclass
@@ -422,6 +425,7 @@ def _controller_config(url: str, options: DemoOptions) -> ControllerConfig:
         epoch_discovery_s=0.2,
         policy=_policy_for(cycle_s),
         grid_smoothing=options.smoothing,
+        agent_comm_clock=options.agent_comm_clock,
     )
 
 
