@@ -118,6 +118,7 @@ def test_decision_point_counts_what_happened(bench: Bench, records: Records) -> 
     assert (f["resends"], f["acks_missing"], f["stale_nodes"], f["offline_nodes"]) == (0, 0, 0, 0)
     assert isinstance(f["cycle_s"], float) and f["cycle_s"] >= 0.0
     assert "site_ramp_w_per_s" not in f  # no previous cycle to compare with
+    assert f["clock_policy_gpus"] == result.counters.clock_policy_gpus == 0  # no job announced
 
 
 def test_decision_point_counts_stale_offline_failsafe_and_resends(
