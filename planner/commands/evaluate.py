@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from planner.commands.options import demand_options, placed_inputs, speed_options
+from planner.commands.options import demand_options, placed_inputs, replay_options, speed_options
 from planner.output import emit, format_option
 from powerd.cli.options import Fraction, Quantity
 
@@ -66,18 +66,7 @@ Examples:
 
 @click.command(help=HELP, short_help="Provisioning strategies compared on the same site power.")
 @placed_inputs("budgets")
-@click.option(
-    "--duration-s",
-    type=Quantity("s", 0, min_open=True),
-    default=600.0,
-    show_default=True,
-    help="How long to replay each strategy (profiles wrap around).",
-)
-@click.option(
-    "--synchronised",
-    is_flag=True,
-    help="Start every job at the start of its profile, together (the grid's worst case).",
-)
+@replay_options(600.0, "How long to replay each strategy (profiles wrap around).")
 @demand_options("(c): size each node for this quantile of its demand (the stated risk).")
 @click.option(
     "--static-cap-w",

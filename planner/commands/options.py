@@ -111,6 +111,26 @@ def placed_inputs(first: str) -> Decorator:
     )
 
 
+def replay_options(default_duration_s: float, duration_help: str) -> Decorator:
+    """``--duration-s`` and ``--synchronised``: how long a replay runs, and whether every
+    job starts at its profile's start, together (whatif, evaluate)."""
+    return compose(
+        click.option(
+            "--duration-s",
+            type=Quantity("s", 0, min_open=True),
+            default=default_duration_s,
+            show_default=True,
+            help=duration_help,
+        ),
+        click.option(
+            "--synchronised",
+            is_flag=True,
+            help="Start every job at the start of its profile, together (the grid's worst "
+            "case), instead of at a random offset.",
+        ),
+    )
+
+
 def demand_options(quantile_help: str) -> Decorator:
     """--quantile and --samples of the Monte Carlo demand (planner.sizing)."""
     return compose(

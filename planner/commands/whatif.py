@@ -6,10 +6,9 @@ from pathlib import Path
 
 import click
 
-from planner.commands.options import placed_inputs, speed_options
+from planner.commands.options import placed_inputs, replay_options, speed_options
 from planner.commands.progress import step_progress
 from planner.output import emit, format_option
-from powerd.cli.options import Quantity
 
 HELP = """Replay profiles through the controller's own policy at the budgets of BUDGETS.
 
@@ -78,19 +77,7 @@ Examples:
     help=HELP, short_help="Replay profiles through the controller's policies at given budgets."
 )
 @placed_inputs("budgets")
-@click.option(
-    "--duration-s",
-    type=Quantity("s", 0, min_open=True),
-    default=3600.0,
-    show_default=True,
-    help="How long to replay (profiles wrap around).",
-)
-@click.option(
-    "--synchronised",
-    is_flag=True,
-    help="Start every job at the start of its profile, together (the grid's worst case), "
-    "instead of at a random offset.",
-)
+@replay_options(3600.0, "How long to replay (profiles wrap around).")
 @click.option(
     "--smoothing",
     is_flag=True,
