@@ -124,7 +124,8 @@ def command(
 ) -> None:
     from planner.commands.progress import step_progress
     from planner.commands.size import load_inputs
-    from planner.evaluate import EvaluateError, EvaluateSettings, evaluate
+    from planner.evaluate import evaluate
+    from planner.evaluate_site import EvaluateError, EvaluateSettings
     from planner.output import column_mapping
     from planner.sizing import SizingError
     from planner.whatif import power_law_speed

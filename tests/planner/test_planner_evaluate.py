@@ -10,13 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import main
-from planner.evaluate import (
+from planner.evaluate import evaluate, provisioning_gain
+from planner.evaluate_site import (
     EvaluateSettings,
     built_topology,
-    evaluate,
     file_layout,
     largest_fitting,
-    provisioning_gain,
     rack_shape,
     racks_that_fit,
     sized_site,
