@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import powerd.demo
 from powerd.cli import main
+from tests.support.demo_process import run_demo
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -21,19 +22,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
     """One short run (the shortest the demo accepts) shared by the tests below."""
     where = tmp_path_factory.mktemp("demo")
-    result = subprocess.run(
-        [
-            sys.executable,
-            *("-m", "powerd", "demo", "--duration-s", "20", "--no-live"),
-            *("--summary-json", str(where / "summary.json"), "--plot", str(where / "power.png")),
-            *("--record", str(where / "telemetry.lp")),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=where,
-    )
-    return result, where
+    return run_demo(where, "--record", str(where / "telemetry.lp"), timeout_s=120), where
 
 
 def test_demo_exits_zero_and_writes_its_summary_and_plot(demo_run):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.demo_process import run_demo
 
 RAMP_LIMIT_W_PER_S = 20_000.0  # demo.toml's [site.grid]
 
@@ -18,18 +19,7 @@ def smoothing_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.CompletedProcess, Path]:
     where = tmp_path_factory.mktemp("demo-smoothing")
-    result = subprocess.run(
-        [
-            sys.executable,
-            *("-m", "powerd", "demo", "--duration-s", "20", "--no-live", "--smoothing"),
-            *("--summary-json", str(where / "summary.json"), "--plot", str(where / "power.png")),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        cwd=where,
-    )
-    return result, where
+    return run_demo(where, "--smoothing"), where
 
 
 def test_the_jobs_fill_their_waits_and_the_site_falls_slowly(smoothing_run):

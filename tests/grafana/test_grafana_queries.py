@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from powerd.recorder import open_recorder
 from powerd.telemetry_schema import decision_line, telemetry_lines
 from powerd.topology import Topology, load_budgets
 from tests.grafana.display import colour_of, text_of
+from tests.support.demo_process import run_demo
 from tests.support.grafana_queries import Selection, interpolate
 from tests.support.paths import REPO
 from tests.support.servers import running
@@ -106,19 +105,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
         server.create_database(DB)
         url = f"influx1+http://127.0.0.1:{server.port}?db={DB}"
         start_ms = int(time.time() * 1000) - 1000
-        done = subprocess.run(
-            [
-                *(sys.executable, "-m", "powerd", "demo", "--duration-s", "20", "--no-live"),
-                *("--record", url, "--plot", str(work / "demo.png")),
-                *("--summary-json", str(work / "demo.json")),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            cwd=work,
-        )
+        done = run_demo(work, "--record", url, timeout_s=180)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        demo = json.loads((work / "demo.json").read_text())
+        demo = json.loads((work / "summary.json").read_text())
         # a failover: another controller leads with a later epoch (epochs are at least the
         # wall clock in ms at takeover: this one took over now, after the demo's), under an
         # operator's temporary site limit (demand response; the demo sets none), while
