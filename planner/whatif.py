@@ -59,7 +59,6 @@ from policies import (
     decide,
 )
 from policies.causes import (
-    CAUSES,
     LOST_CAUSES,
     NOT_HELD,
     cap_causes,
@@ -67,6 +66,7 @@ from policies.causes import (
     initial_causes,
     job_causes,
     lost_column,
+    lost_index,
 )
 from policies.smoothing import (
     DEFAULT_MARGIN,
@@ -283,7 +283,7 @@ def replay(
             "comm_power_w",
         )
     }
-    job_lost = np.zeros((n_jobs, len(CAUSES) + 1))  # by cause; the last column: unexplained
+    job_lost = np.zeros((n_jobs, len(LOST_CAUSES)))  # by cause (policies.causes.lost_index)
     causes = initial_causes(tree.n_gpus)  # why each GPU's cap is where it is
     speed_gpu = np.ones(len(busy_idx))
     site_w = np.empty(n_steps)  # the site's measured power, for the grid
@@ -335,9 +335,7 @@ def replay(
         job_acc["held"] += np.maximum.reduceat(held, job_start)
         job_acc["gpus_held"] += np.add.reduceat(held, job_start) / placement.job_gpus
         job_cause = job_causes(speed_gpu, gpu_cause, job_start)
-        job_lost[all_jobs, np.where(job_cause == NOT_HELD, len(CAUSES), job_cause)] += (
-            1.0 - job_speed
-        )
+        job_lost[all_jobs, lost_index(job_cause)] += 1.0 - job_speed
         if settings.smoothing:  # held below its natural draw by the ramp-up rate
             short = power_w[busy_idx] < natural_w[busy_idx] - RAMP_HELD_TOLERANCE_W
             job_acc["ramp_held"] += np.maximum.reduceat(short, job_start)

@@ -299,6 +299,7 @@ def decide(
     # 4. uncapping, ramp-limited at every level, HIGH first
     below = node_power < tree.uncap_threshold_w
     between = np.zeros(n_nodes, dtype=bool)  # between the bands with GPUs held under it
+    held = np.zeros(n_gpus, dtype=bool)  # ... and those GPUs
     if settings.uncap_between_bands and pressed.any():
         # held on a measured draw: a GPU whose power is unknown (read as its failsafe cap,
         # rule 1) is not known to want more
@@ -311,7 +312,7 @@ def decide(
     server_of = tree.gpu_ancestor[SERVER]
     # under nodes all below their uncapping thresholds every GPU may ask; where some are
     # between their bands, only the GPUs held at their caps
-    may_ask = below[server_of] | (room[server_of] & pressed & np.isfinite(state.power_w))
+    may_ask = below[server_of] | (room[server_of] & held)
     asking = ctl & ~staged & ~waiting & ~shifted & may_ask & (cap < cap_max)
     if asking.any():
         i = np.flatnonzero(asking)

@@ -110,10 +110,15 @@ def lost_column(cause: str) -> str:
     return "lost_" + cause.replace(" ", "_")
 
 
+def lost_index(cause: np.ndarray) -> np.ndarray:
+    """Each cause's place in ``LOST_CAUSES``: ``NOT_HELD`` is the last, "unexplained"."""
+    index: np.ndarray = np.where(cause == NOT_HELD, len(CAUSES), cause)
+    return index
+
+
 def loss_by_cause(loss: np.ndarray, cause: np.ndarray) -> np.ndarray:
-    """Per entry of ``LOST_CAUSES``, the sum of ``loss`` charged to it (``NOT_HELD``: the
-    last, "unexplained")."""
-    index = np.where(cause == NOT_HELD, len(CAUSES), cause)
+    """Per entry of ``LOST_CAUSES``, the sum of ``loss`` charged to it."""
+    index = lost_index(cause)
     return np.bincount(index.ravel(), weights=loss.ravel(), minlength=len(LOST_CAUSES))
 
 
