@@ -328,7 +328,7 @@ def decide(
             drawn = tree.node_sum(at_caps) + overhead
         budget = np.minimum(tree.ramp_w_per_s * dt_s, tree.cap_target_w - drawn)
         np.minimum(budget, tree.limit_w - node_cap_sum, out=budget)
-        budget = np.where(room & (budget > 0), budget, 0.0)  # NaN (a bad tree): nothing
+        budget = np.where(room & (budget > NEGLIGIBLE_W), budget, 0.0)  # NaN (bad tree): none
         server = tree.gpu_ancestor[SERVER][i]
         classes = priority[i]
         for prio in range(HIGH, LOW - 1, -1):  # what HIGH leaves goes to NORMAL, then LOW
@@ -338,7 +338,10 @@ def decide(
             given = request[mine] * _ramp_grants(tree, server[mine], request[mine], budget)
             cap[i[mine]] = np.minimum(cap[i[mine]] + given, cap_max[i[mine]])
             used = np.bincount(server[mine], weights=given, minlength=n_nodes)
-            budget = np.maximum(budget - tree.fold_up(used.astype(float, copy=False)), 0.0)
+            budget = budget - tree.fold_up(used.astype(float, copy=False))
+            # rounding residue (1e-14 W) is nothing left: whether a node "has nothing left"
+            # must not depend on the order the GPUs' grants were summed in
+            budget[budget <= NEGLIGIBLE_W] = 0.0
             # nothing for lower classes under a node where this class is still held at
             # its caps: those watts would be shifted back to it next cycle (churn); but a
             # node below it with nothing left is what holds the GPU, and its ancestors'

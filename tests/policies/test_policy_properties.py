@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from policies import HIGH, LOW, NORMAL, SERVER, ClusterState, PolicySettings, decide
@@ -243,6 +243,32 @@ def test_capping_matches_a_plain_node_by_node_reference(seed):
 
 @many
 @given(seed=seeds, policy=policy_settings)
+# rounding residue (1e-14 W) left in one numbering and not the other decided whether a node
+# "had nothing left" for lower classes in rule 4 (CI, 2026-11-25; found again by a search
+# of 20,000 drawn cases: 41 failed before the fix, none after)
+@example(
+    seed=37200,
+    policy=PolicySettings(
+        uncap_step_fraction=0.25,
+        startup_cap_fraction=0.0,
+        uncap_min_step_w=0.0,
+        stage_headroom_fraction=0.25,
+        priority_shift=False,
+        uncap_between_bands=False,
+    ),
+)
+@example(
+    seed=2792309729,
+    policy=PolicySettings(
+        uncap_step_fraction=0.25,
+        startup_cap_fraction=0.01584980452605733,
+        comm_clock_lock=True,
+        uncap_min_step_w=0.0,
+        stage_headroom_fraction=0.25,
+        priority_shift=True,
+        uncap_between_bands=False,
+    ),
+)
 def test_the_order_gpus_are_numbered_in_does_not_matter(seed, policy):
     tree, state, dt_s = draw(seed)
     perm = np.random.default_rng(seed).permutation(tree.n_gpus)
