@@ -287,6 +287,9 @@ def replay(
     causes = initial_causes(tree.n_gpus)  # why each GPU's cap is where it is
     speed_gpu = np.ones(len(busy_idx))
     site_w = np.empty(n_steps)  # the site's measured power, for the grid
+    site_natural_w = site_w  # ... and what it would draw with no floor held (smoothing: below)
+    if settings.smoothing:
+        site_natural_w = np.empty(n_steps)
 
     for t in range(n_steps):
         col = (t + offsets) % lengths
@@ -312,6 +315,8 @@ def replay(
         decision = decide(tree, state, step_s, policy)
         node_w = decision.node_power_w
         site_w[t] = node_w[0]
+        if settings.smoothing:
+            site_natural_w[t] = node_w[0] - float((power_w - natural_w).sum())
         node_demand_w = tree.node_sum(demand_w) + overhead_w
         withheld = np.maximum(node_demand_w - node_w, 0.0)  # float noise below 0
         acc["capping"] += decision.node_capping
@@ -361,7 +366,9 @@ def replay(
     }
     jobs_j = float(job_acc["power_w"] @ placement.job_gpus) * step_s
     burnt = float(held_j_by_phase.sum()) if settings.smoothing else None
-    info["grid"] = grid_report(site_w, step_s, top.grid, jobs_j, smoothing_j=burnt)
+    info["grid"] = grid_report(
+        site_w, step_s, top.grid, jobs_j, smoothing_j=burnt, demand_w=site_natural_w
+    )
     if settings.smoothing:
         info["smoothing"] = {
             "gpu_ramp_up_w_per_s": ramps.up_w_per_s,
@@ -552,4 +559,9 @@ def grid_table(grid: dict[str, object]) -> pd.DataFrame:
                 None,
             )
         )
+    if "floor_least_kwh" in grid:  # no floor meets the ramp limits for less
+        least = "energy the least floor within the ramp limits burns"
+        rows.append((least, "kWh", grid["floor_least_kwh"], None, None))
+        share = grid["floor_least_share_of_jobs"]
+        rows.append((least, "share of jobs' energy", share, None, None))
     return pd.DataFrame(rows, columns=["what", "unit", "value", "limit", "s_outside"])

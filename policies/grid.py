@@ -37,6 +37,9 @@ What is measured
   ``window_s`` seconds (busy work during communication, NVIDIA's power
   smoothing floor) burns ``sum(max(floor - power, 0)) dt_s``: in kWh and as a
   share of a given (the jobs') energy.
+- **Least floor**: the lowest series above the power that meets the ramp
+  limits (``least_ramp_floor``); what it burns is the least any floor, busy
+  work or hardware smoothing can spend to meet them on that draw.
 """
 
 from __future__ import annotations
@@ -297,6 +300,47 @@ def floor_series(
         raise ValueError(f"running has shape {on.shape}, power_w {p.shape}")
     top = _trailing_max(np.where(on, p, -np.inf), window_steps(dt_s, window_s))
     return np.where(on, fraction * top, 0.0)
+
+
+def least_ramp_floor(
+    power_w: np.ndarray,
+    dt_s: float,
+    window_s: float,
+    up_w_per_s: float = math.inf,
+    down_w_per_s: float = math.inf,
+) -> np.ndarray:
+    """The lowest series at or above ``power_w`` whose every rise and fall over the window
+    (``ramp_rates``) is within the limits: what a floor must hold, at the least, for a site
+    drawing ``power_w`` to meet the ramp spec by burning power alone (no storage).
+
+    The window links step ``t`` only to ``t - w``, so each residue class of steps modulo
+    ``w`` is one chain, and on a chain the answer is exact: ``g[k] = max_j (p[j] -
+    cost(j, k))`` with ``cost = (k - j) * down * w * dt_s`` for ``j <= k`` (a fall after a
+    peak can be no faster) and ``(j - k) * up * w * dt_s`` for ``j >= k`` (a rise to a peak
+    must start early enough). It is feasible (the cost adds up along the chain) and no
+    feasible series is lower anywhere (chain the limits from the ``j`` that sets ``g[k]``).
+    Its energy above ``power_w`` is therefore a lower bound for any floor or ramp-down hold,
+    hardware smoothing included; it ignores the oscillation limit, which can only raise it.
+    """
+    p = _series(power_w)
+    w = window_steps(dt_s, window_s)
+    for name, value in (("up_w_per_s", up_w_per_s), ("down_w_per_s", down_w_per_s)):
+        if math.isnan(value) or value <= 0:
+            raise ValueError(f"{name} must be a positive W/s (inf: no limit), not {value}")
+    out = p.copy()
+    for r in range(min(w, len(p))):
+        chain = p[r::w]
+        k = np.arange(len(chain), dtype=float)
+        lifted = chain.copy()
+        if math.isfinite(down_w_per_s):  # falls: what a past peak still holds up
+            step_w = down_w_per_s * w * dt_s
+            np.maximum(lifted, np.maximum.accumulate(chain + k * step_w) - k * step_w, out=lifted)
+        if math.isfinite(up_w_per_s):  # rises: what a coming peak already holds up
+            step_w = up_w_per_s * w * dt_s
+            ahead = np.maximum.accumulate((chain - k * step_w)[::-1])[::-1]
+            np.maximum(lifted, ahead + k * step_w, out=lifted)
+        out[r::w] = lifted
+    return out
 
 
 @dataclass(frozen=True)

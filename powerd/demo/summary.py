@@ -309,7 +309,14 @@ def summarize(trace: RunRecord) -> Summary:
         peak_site_ramp_down_w_per_s=ramp.down_max_w_per_s,
         peak_site_cap_ramp_up_w_per_s=cap_ramp.up_max_w_per_s,
         site_ramp_limit_w_per_s=ramp_limit if np.isfinite(ramp_limit) else None,
-        grid=grid_report(site_reg, step, trace.grid, gpu_j, smoothing_j=_fill_j(trace)),
+        grid=grid_report(
+            site_reg,
+            step,
+            trace.grid,
+            gpu_j,
+            smoothing_j=_fill_j(trace),
+            demand_w=_natural_site(trace, site),
+        ),
         energy_gpu_wh=gpu_j / 3600.0,
         energy_site_wh=site_j / 3600.0,
         throughput_rel=throughput,
@@ -335,6 +342,18 @@ def _fill_j(trace: RunRecord) -> float | None:
     if fill is None or len(fill) < 2:
         return None if fill is None else 0.0
     return float(fill[-1] - fill[0])
+
+
+def _natural_site(trace: RunRecord, site_w: np.ndarray) -> np.ndarray | None:
+    """The site's draw without what smoothing burnt (each sample less the fill power since
+    the one before), on the regular steps the grid is measured at; None when it was off."""
+    fill = trace.gpu_fill_energy_j
+    if fill is None or len(fill) < 2:
+        return None
+    t = np.asarray(trace.t, dtype=float)
+    fill_w = np.zeros(len(fill))
+    fill_w[1:] = np.diff(fill) / np.maximum(np.diff(t), 1e-9)
+    return regular_series(t, site_w - fill_w)[0]
 
 
 def _progress_mask(phase: np.ndarray) -> np.ndarray:

@@ -513,7 +513,14 @@ def grid_rows(summary: Summary) -> list[tuple[str, str, str]]:
                 f"holding {g['floor_fraction']:.0%} of the recent peak would burn "
                 f"{g['floor_energy_kwh']:.3f} kWh"
             )
-        rows.append(("grid floor", what + of_gpus, ""))
+        what += of_gpus
+        if "floor_least_kwh" in g:  # the least any floor within the ramp limits burns
+            least = g["floor_least_share_of_jobs"]
+            what += (
+                f"; the least any floor within the ramp limits burns: "
+                f"{g['floor_least_kwh']:.3f} kWh" + ("" if least is None else f" ({least:.1%})")
+            )
+        rows.append(("grid floor", what, ""))
     if not has_spec:  # nothing to be outside of
         return rows
     outside = (

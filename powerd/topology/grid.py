@@ -119,6 +119,7 @@ def grid_report(
     spec: GridSpec | None,
     energy_j: float | None = None,
     smoothing_j: float | None = None,
+    demand_w: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """A site's regular power series (one value every ``step_s``) measured as the grid sees
     it (``policies.grid``), against ``spec`` when there is one: what ``powerplan whatif``
@@ -126,7 +127,10 @@ def grid_report(
     limit broken ('ramp up 12.3 s', ...), empty without a spec; ``energy_j``: the jobs'
     energy, what a floor's cost is a share of. ``smoothing_j``: the energy smoothing *burnt*
     holding floors and ramp-downs (``policies.smoothing``); given, it is reported instead of
-    what holding the spec's floor on this series would burn (``floor_source`` says which)."""
+    what holding the spec's floor on this series would burn (``floor_source`` says which).
+    ``demand_w``: what the site would draw with no floor held (default: ``site_w`` when
+    nothing was burnt); under a ramp limit, the least any floor must burn on it to meet the
+    limit is reported (``floor_least_*``, ``policies.grid.least_ramp_floor``)."""
     g = spec or GridSpec()
     out: dict[str, Any] = {"spec": NO_GRID_SPEC if spec is None else spec.describe()}
     out["step_s"] = step_s
@@ -182,6 +186,15 @@ def grid_report(
         )
         if seconds > 0
     ]
+    if demand_w is None and smoothing_j is None:
+        demand_w = site_w
+    if demand_w is not None and (math.isfinite(up) or math.isfinite(down)):
+        least = grid_measure.least_ramp_floor(demand_w, step_s, g.window_s, up, down)
+        least_cost = grid_measure.floor_cost(demand_w, least, step_s, energy_j)
+        out |= {
+            "floor_least_kwh": least_cost.energy_kwh,
+            "floor_least_share_of_jobs": _finite(least_cost.share_of_reference),
+        }
     if smoothing_j is not None:
         share = smoothing_j / energy_j if energy_j else math.nan
         out |= {

@@ -205,3 +205,24 @@ def _printed(summary) -> str:
     buf = io.StringIO()
     print_summary(Console(file=buf, width=300), summary, None)
     return buf.getvalue()
+
+
+def test_under_smoothing_the_least_floor_is_taken_on_the_draw_without_the_fill():
+    """A flat 100 W site whose GPUs filled a 1 s, 30 W dip: the least floor that meets
+    15 W/s each way is what policies.grid finds on the dip itself, not on the flat line."""
+    from policies.grid import least_ramp_floor
+
+    t = np.arange(N) * DT
+    dip = (t >= 20) & (t < 21)
+    natural = np.where(dip, 70.0, 100.0)
+    fill_w = np.full(N, 100.0) - natural
+    fill_j = np.concatenate([[0.0], np.cumsum(fill_w[1:] * DT)])  # the energy since the start
+    power = np.column_stack([np.full(N, 100.0), np.full(N, 50.0), np.full(N, 50.0)])
+    s = summarize(make_trace(power, t=t, grid=SPEC, gpu_fill_energy_j=fill_j))
+    assert s.grid["floor_source"] == "burnt by smoothing"
+    assert s.grid["floor_energy_kwh"] == pytest.approx(30.0 * 1.0 / 3.6e6)
+    least = least_ramp_floor(natural, DT, 1.0, 15.0, 15.0)
+    want_j = float((least - natural).sum()) * DT
+    assert want_j > 0 and s.grid["floor_least_kwh"] == pytest.approx(want_j / 3.6e6)
+    rows = dict((label, value) for label, value, _ in grid_rows(s))
+    assert "the least any floor within the ramp limits burns" in rows["grid floor"]

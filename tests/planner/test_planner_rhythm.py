@@ -16,7 +16,8 @@ from planner.cli import main
 from planner.mix import parse_mix, place
 from planner.rhythm import Rhythm, rhythm_profile, rhythm_series
 from planner.sizing import WorkloadTrace
-from planner.whatif import WhatifSettings, replay
+from planner.whatif import WhatifSettings, grid_table, replay
+from policies.grid import least_ramp_floor
 from policies.tree import PHASE_CODES
 from powerd.gpu.models import GPU_MODELS
 from powerd.topology import load_budgets, parse_budgets
@@ -170,3 +171,27 @@ def test_smoothing_needs_a_grid_spec_and_the_command_says_so(tmp_path: Path):
     assert ok.exit_code == 0, ok.output
     info = json.loads(ok.output)
     assert info["synchronised"] is True and info["grid"]["breaches"] == []
+
+
+def test_the_least_floor_is_measured_on_the_draw_with_no_floor_held():
+    """Without smoothing the site's own series is the draw; with it, the draw less what was
+    burnt and plus what the ramp-up held back. Either way the least floor meeting the grid's
+    ramps is policies.grid's on that series."""
+    raw, smooth = replay_sync(False), replay_sync(True)
+    spec = load_budgets(DEMO).grid
+    assert spec is not None
+    least = least_ramp_floor(
+        raw.site_power_w,
+        SHORT.step_s,
+        spec.window_s,
+        spec.ramp_up_w_per_s,
+        spec.ramp_down_w_per_s,
+    )
+    want_j = float((least - raw.site_power_w).sum()) * SHORT.step_s
+    g_raw, g_smooth = raw.info["grid"], smooth.info["grid"]
+    assert want_j > 0 and g_raw["floor_least_kwh"] == pytest.approx(want_j / 3.6e6)
+    # under smoothing the bound is on the draw without it: not the smoothed series, whose
+    # own least floor is nothing (it already meets the ramps)
+    assert 0 < g_smooth["floor_least_kwh"] < g_raw["floor_least_kwh"]
+    table = grid_table(g_smooth)
+    assert "energy the least floor within the ramp limits burns" in set(table["what"])

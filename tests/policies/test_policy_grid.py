@@ -171,3 +171,40 @@ def test_a_floor_never_exceeds_the_recent_peak_and_costs_nothing_when_held(
     lifted = np.maximum(power, floor)
     assert grid.floor_cost(lifted, floor, dt).energy_kwh == 0.0
     assert grid.floor_cost(power, floor, dt).energy_kwh >= 0.0
+
+
+def test_the_least_floor_of_a_short_dip_by_hand():
+    """10 W with a one-step dip to 2 W and a six-step trough, 0.5 s steps, 1 s window (two
+    steps): each chain of every other step falls 2 W a link (2 W/s) and rises 4 W a link
+    (4 W/s), so the dip is held at 8 W and the trough is let down to 6 W only as far as its
+    end allows: the rise back to 10 W must start 4 W early."""
+    power = np.array([10, 10, 10, 2, 10, 10, 10, 10, 2, 2, 2, 2, 2, 2, 10, 10], dtype=float)
+    least = grid.least_ramp_floor(power, 0.5, 1.0, up_w_per_s=4.0, down_w_per_s=2.0)
+    want = [10, 10, 10, 8, 10, 10, 10, 10, 8, 8, 6, 6, 6, 6, 10, 10]
+    np.testing.assert_allclose(least, want)
+    rates = grid.ramp_rates(least, 0.5, 1.0)
+    assert rates.max() == 4.0 and -rates.min() == 2.0
+    # with no limit at all nothing needs holding; one limit alone holds only its side
+    np.testing.assert_array_equal(grid.least_ramp_floor(power, 0.5, 1.0), power)
+    falls_only = grid.least_ramp_floor(power, 0.5, 1.0, down_w_per_s=2.0)
+    assert falls_only[13] == 4.0 and falls_only[3] == 8.0  # 10 W at step 7, 2 W a link down
+    with pytest.raises(ValueError, match="up_w_per_s"):
+        grid.least_ramp_floor(power, 0.5, 1.0, up_w_per_s=0.0)
+
+
+@many
+@given(powers, steps, windows, limits, limits)
+def test_the_least_floor_meets_the_ramps_and_no_lower_series_does(power, dt, window, up, down):
+    """Above the power, within both limits, and minimal: lowering any held step by a little
+    (staying above the power) breaks a limit."""
+    least = grid.least_ramp_floor(power, dt, window, up, down)
+    assert np.all(least >= power)
+    rates = grid.ramp_rates(least, dt, window)
+    slack = 1e-9 * max(1.0, float(np.abs(power).max(initial=0.0)))
+    if len(rates):
+        assert rates.max() <= up + slack and -rates.min() <= down + slack
+    for i in np.flatnonzero(least - power > 1e-3 * max(1.0, float(least.max(initial=0.0))))[:30]:
+        lower = least.copy()
+        lower[i] -= min(1e-4 * (least[i] - power[i]) + 1e-6 * abs(least[i]), least[i] - power[i])
+        r = grid.ramp_rates(lower, dt, window)
+        assert r.max() > up or -r.min() > down
