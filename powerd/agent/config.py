@@ -19,6 +19,7 @@ from powerd.configfile import (
     read_toml,
     with_overrides,
 )
+from powerd.gpu.base import PowerScope
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
 from powerd.protocol import MAX_TTL_S, NAME_PATTERN, ProtocolError, check_name
 from powerd.signing import KeyFileError, Verifier, load_verifier
@@ -64,6 +65,10 @@ class AgentConfig:
     # jobs on the node carry it out: they fill their waits as the agent's FillRequest says
     # (powerd.gpu.software_smoothing, powerd.jobhook.FillFollower)
     software_smoothing: bool = False
+    # "module": caps are applied as the module-scope power limit where a GPU has one (GB200),
+    # the rest of the module keeping its default allowance; the GPU limit elsewhere
+    # (powerd.gpu.module_scope)
+    power_limit_scope: PowerScope = PowerScope.GPU
     simulate: str | None = None  # "4xH100": simulated GPUs instead of NVML
     gpu_indices: tuple[int, ...] | None = None  # None: every GPU NVML finds
     broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
@@ -108,6 +113,7 @@ _KNOWN = {
         "failsafe_after_s",
         "on_exit",
         "software_smoothing",
+        "power_limit_scope",
         "simulate",
         "gpu_indices",
         "max_command_ttl_s",
@@ -167,6 +173,9 @@ def load_config(path: str | Path | None) -> AgentConfig:
         failsafe_after_s=get.number(agent, "agent.failsafe_after_s", 10.0),
         on_exit=get.text(agent, "agent.on_exit", "keep"),
         software_smoothing=get.flag(agent, "agent.software_smoothing", False),
+        power_limit_scope=power_scope(
+            get.text(agent, "agent.power_limit_scope", PowerScope.GPU.value), where
+        ),
         simulate=get.opt_str(agent, "agent.simulate", None),
         gpu_indices=tuple(indices) if indices is not None else None,
         broker=broker,
@@ -181,6 +190,17 @@ def load_config(path: str | Path | None) -> AgentConfig:
     )
     _validate(config, where)
     return config
+
+
+def power_scope(value: str, where: str) -> PowerScope:
+    """``agent.power_limit_scope`` as a ``PowerScope``; ``ConfigError`` naming the choices."""
+    try:
+        return PowerScope(value)
+    except ValueError:
+        choices = " or ".join(repr(scope.value) for scope in PowerScope)
+        raise ConfigError(
+            f"{where}: agent.power_limit_scope must be {choices}, not {value!r}"
+        ) from None
 
 
 def _validate(config: AgentConfig, where: str) -> None:
@@ -210,6 +230,7 @@ def _validate(config: AgentConfig, where: str) -> None:
         raise ConfigError(
             f"{where}: agent.mode must be 'controlled' or 'local', not {config.mode!r}"
         )
+    power_scope(config.power_limit_scope, where)
     if config.on_exit not in ("keep", "restore"):
         raise ConfigError(
             f"{where}: agent.on_exit must be 'keep' or 'restore', not {config.on_exit!r}"

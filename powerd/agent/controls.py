@@ -16,13 +16,10 @@ import msgspec
 from msgspec import UNSET
 
 from powerd.gpu import Gpu, GpuError, GpuNotSupportedError
-from powerd.gpu.base import SmoothingProfile
+from powerd.gpu.base import POWER_LIMIT_RESOLUTION_W, SmoothingProfile
 from powerd.protocol import AckError, GpuAck, GpuCommand, GpuSmoothing, GpuSmoothingState
 
 log = logging.getLogger("powerd.agent")
-
-# Watts closer than this count as the same setting: NVML stores limits in mW.
-_CAP_TOLERANCE_W = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +35,7 @@ def set_cap(gpu: Gpu, cap_w: float) -> tuple[float, bool]:
     """
     limits = gpu.power_limit_range()
     target_w = limits.clamp(cap_w)
-    if abs(gpu.power_limit_w() - target_w) > _CAP_TOLERANCE_W:
+    if abs(gpu.power_limit_w() - target_w) > POWER_LIMIT_RESOLUTION_W:
         gpu.set_power_limit_w(target_w)
     return target_w, target_w != cap_w
 

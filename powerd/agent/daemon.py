@@ -27,7 +27,8 @@ import aiomqtt
 from powerd.agent.config import AgentConfig
 from powerd.agent.core import AgentCore
 from powerd.backoff import Backoff
-from powerd.gpu import Gpu
+from powerd.gpu import Gpu, PowerScope
+from powerd.gpu.module_scope import with_module_scope
 from powerd.gpu.software_smoothing import with_software_smoothing
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.protocol import NodeState, Topics, encode
@@ -58,6 +59,8 @@ class AgentDaemon:
         ``controller_keys`` (ConfigError if they cannot be, before any GPU is touched)."""
         self.config = config
         self.topics = Topics(config.cluster, scope=config.controller_scope)
+        if config.power_limit_scope == PowerScope.MODULE:
+            gpus = with_module_scope(gpus)
         if config.software_smoothing:
             gpus = with_software_smoothing(gpus)
         self.core = AgentCore(

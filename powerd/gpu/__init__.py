@@ -1,6 +1,13 @@
 """GPU backends: one abstract interface, an NVML implementation and a simulator."""
 
-from powerd.gpu.base import ClockRange, Gpu, GpuSample, PowerLimitRange, PowerReading
+from powerd.gpu.base import (
+    ClockRange,
+    Gpu,
+    GpuSample,
+    PowerLimitRange,
+    PowerReading,
+    PowerScope,
+)
 from powerd.gpu.errors import (
     GpuError,
     GpuLibraryError,
@@ -24,4 +31,5 @@ __all__ = [
     "GpuValueError",
     "PowerLimitRange",
     "PowerReading",
+    "PowerScope",
 ]

@@ -8,9 +8,10 @@ Units are in the names: watts (``_w``), joules (``_j``), MHz (``_mhz``),
 watts per second (``_w_per_s``), milliseconds (``_ms``), percent (``_percent``).
 
 Every control a backend changes is put back by ``restore_defaults``: caps and
-clock locks to the device's defaults, hardware power smoothing to what it was
-before this backend first changed it (the "save and restore every control
-touched" model of Zeus and GEOPM). See ``docs/POWER_SMOOTHING.md``.
+clock locks to the device's defaults, hardware power smoothing and the
+module-scope power limit to what they were before this backend first changed
+them (the "save and restore every control touched" model of Zeus and GEOPM).
+See ``docs/POWER_SMOOTHING.md``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ SMOOTHING_MAX_PRESETS = 5
 # unsigned fields (as NVML's other counters), so it never writes more than they can hold.
 SMOOTHING_MAX_RAMP_W_PER_S = (2**32 - 1) / 1000
 SMOOTHING_MAX_HYSTERESIS_MS = float(2**32 - 1)
+# NVML stores power limits in mW: watts closer than this are the same setting.
+POWER_LIMIT_RESOLUTION_W = 0.001
 
 
 class PowerReading(enum.StrEnum):
@@ -41,6 +44,17 @@ class PowerReading(enum.StrEnum):
     INSTANT = "instant"  # NVML_FI_DEV_POWER_INSTANT through nvmlDeviceGetFieldValues
     AVERAGE_1S = "average_1s"  # nvmlDeviceGetPowerUsage on Ampere (not GA100) and newer
     SIMULATED = "simulated"
+
+
+class PowerScope(enum.StrEnum):
+    """What a power limit bounds: the GPU alone, or the whole module it sits on.
+
+    NVML's ``NVML_POWER_SCOPE_GPU`` and ``NVML_POWER_SCOPE_MODULE`` (GB200: the GPU
+    with its share of the module's other power); the agent's ``power_limit_scope``.
+    """
+
+    GPU = "gpu"
+    MODULE = "module"
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,12 +222,18 @@ class Gpu(abc.ABC):
     unsupported. A backend that has it overrides ``supports_smoothing``,
     ``smoothing_range``, ``smoothing`` and ``_write_smoothing``; ``set_smoothing``
     and ``restore_smoothing`` (validation, save, write, read-back) are shared.
+
+    The module-scope power limit is optional in the same way: a backend that has it
+    overrides ``supports_module_power_limit``, ``module_power_limit_range``,
+    ``module_power_limit_w`` and ``_write_module_power_limit_w``;
+    ``set_module_power_limit_w`` and ``restore_module_power_limit`` are shared.
     """
 
     index: int
     uuid: str
     name: str
     _smoothing_snapshot: _SmoothingSnapshot | None = None
+    _module_limit_saved_w: float | None = None  # before this backend first changed it
 
     @abc.abstractmethod
     def power_limit_range(self) -> PowerLimitRange: ...
@@ -374,15 +394,98 @@ class Gpu(abc.ABC):
         self._write_smoothing(snapshot.original, activate=True)
         self._smoothing_snapshot = None
 
+    # -- module-scope power limit (optional) ---------------------------------------------
+
+    def _module_limit_unsupported(self) -> GpuNotSupportedError:
+        return GpuNotSupportedError(
+            f"GPU {self.index} ({self.name}) has no module-scope power limit: it needs a "
+            "device that has one (GB200) and a driver whose NVML offers "
+            "NVML_POWER_SCOPE_MODULE; use the GPU power limit"
+        )
+
+    def _module_limit_not_taken(self, asked_w: float, read_w: float) -> GpuError:
+        """The error for a module limit written that the device does not read back."""
+        return GpuError(
+            f"GPU {self.index} ({self.name}): module power limit {asked_w:g} W was written "
+            f"but the device reads back {read_w:g} W"
+        )
+
+    def supports_module_power_limit(self) -> bool:
+        """Whether the device has a module-scope power limit through this backend."""
+        return False
+
+    def module_power_limit_range(self) -> PowerLimitRange:
+        """The module limits the device accepts and its default, in watts;
+        ``GpuNotSupportedError`` without module scope."""
+        raise self._module_limit_unsupported()
+
+    def module_power_limit_w(self) -> float:
+        """The module-scope power limit set now, read from the device, in watts."""
+        raise self._module_limit_unsupported()
+
+    def _write_module_power_limit_w(self, limit_w: float) -> None:
+        """Write the module limit. Backends check nothing: ``set_module_power_limit_w``
+        validated already and reads it back afterwards."""
+        raise self._module_limit_unsupported()
+
+    def set_module_power_limit_w(self, limit_w: float) -> float:
+        """Set the module-scope power limit; returns what the device reads back.
+
+        Refused with ``GpuValueError`` before anything is written outside
+        ``module_power_limit_range`` (clamp with ``PowerLimitRange.clamp``), with
+        ``GpuNotSupportedError`` where the device has no module scope. The limit before
+        the first change is saved and put back by ``restore_module_power_limit`` /
+        ``restore_defaults``. ``GpuError`` if the device does not read back the value.
+        """
+        where = f"GPU {self.index} ({self.name})"
+        if not _finite_real(limit_w):
+            raise GpuValueError(f"{where}: module power limit must be watts, got {limit_w!r}")
+        if not self.supports_module_power_limit():
+            raise self._module_limit_unsupported()
+        limits = self.module_power_limit_range()
+        if not limits.contains(limit_w):
+            raise GpuValueError(
+                f"{where}: module power limit {limit_w:g} W refused, nothing written: outside "
+                f"the range the device accepts, {limits.min_w:g}-{limits.max_w:g} W "
+                "(clamp with PowerLimitRange.clamp)"
+            )
+        if self._module_limit_saved_w is None:
+            self._module_limit_saved_w = self.module_power_limit_w()
+        return self._write_module_limit_checked(float(limit_w))
+
+    def _write_module_limit_checked(self, limit_w: float) -> float:
+        """Write the module limit and read it back: a write NVML refused may look like
+        one it took (nvidia-ml-py drops the return code of the setter)."""
+        self._write_module_power_limit_w(limit_w)
+        read_w = self.module_power_limit_w()
+        if abs(read_w - limit_w) > POWER_LIMIT_RESOLUTION_W:
+            raise self._module_limit_not_taken(limit_w, read_w)
+        return read_w
+
+    def restore_module_power_limit(self) -> None:
+        """Put the module limit back as it was before this backend first changed it.
+
+        Nothing happens if it was never changed; written only where it differs. The
+        saved value is kept if the write fails, so a later restore tries again.
+        """
+        saved_w = self._module_limit_saved_w
+        if saved_w is None:
+            return
+        if abs(self.module_power_limit_w() - saved_w) > POWER_LIMIT_RESOLUTION_W:
+            self._write_module_limit_checked(saved_w)
+        self._module_limit_saved_w = None
+
     def restore_defaults(self) -> None:
         """Put back the device's default power limit, remove any clock lock, and put
-        power smoothing back as it was before this backend changed it (if it did).
+        power smoothing and the module power limit back as they were before this
+        backend changed them (if it did).
 
-        All three are attempted even if one fails; the first failure is raised.
+        All four are attempted even if one fails; the first failure is raised.
         """
         first: GpuError | None = None
         for restore in (
             lambda: self.set_power_limit_w(self.power_limit_range().default_w),
+            self.restore_module_power_limit,
             self.unlock_sm_clock,
             self.restore_smoothing,
         ):

@@ -16,7 +16,11 @@ and MHz, with the unit in each name.
 Hardware power smoothing (Blackwell, driver R570+) is written with the three
 ``nvmlDevicePowerSmoothing*`` calls and read back through field values
 (``NVML_FI_PWR_SMOOTHING_*``); see ``docs/POWER_SMOOTHING.md`` for what is
-documented by NVIDIA and what this backend assumes.
+documented by NVIDIA and what this backend assumes. The module-scope power limit
+(GB200) is written with ``nvmlDeviceSetPowerManagementLimit_v2`` and read through
+the ``NVML_FI_DEV_POWER_*_LIMIT`` fields at ``NVML_POWER_SCOPE_MODULE``; that setter
+drops NVML's return code in nvidia-ml-py, so every write is read back (same page,
+"Module-scope power limits").
 """
 
 from __future__ import annotations
@@ -84,6 +88,11 @@ _SMOOTHING_FIELD_SKEW_HINT = (
     "field ids differ between NVML headers (251-268 in most, 256-273 in the CUDA 12.9 / "
     "R575 ones such as nvidia-ml-py 12.575.51); see docs/POWER_SMOOTHING.md"
 )
+_MODULE_LIMIT_HINT = (
+    "module-scope power limits need a device that has them (GB200) and a driver whose NVML "
+    "offers nvmlDeviceSetPowerManagementLimit_v2 with NVML_POWER_SCOPE_MODULE; the agent "
+    "uses the GPU power limit instead"
+)
 # ARGUMENT_VERSION_MISMATCH is newer than some nvidia-ml-py releases the project allows.
 _VERSION_MISMATCH = getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", None)
 
@@ -115,16 +124,16 @@ def _translate(err: pynvml.NVMLError, call: str, where: str) -> GpuError:
     code = getattr(err, "value", None)
     text = _nvml_error_text(err)
     smoothing = "PowerSmoothing" in call or "PWR_SMOOTHING" in call
+    module = "module scope" in call or "PowerManagementLimit_v2" in call
     if code == pynvml.NVML_ERROR_NO_PERMISSION:
         return GpuPermissionError(
             f"{call} on {where} was refused: insufficient permissions "
             f"(NVML_ERROR_NO_PERMISSION); {_ROOT_HINT}"
         )
     if code in _NOT_SUPPORTED_ERRORS:
-        if smoothing:
-            return GpuNotSupportedError(
-                f"{call} is not supported on {where} ({text}): {_SMOOTHING_HINT}"
-            )
+        if smoothing or module:
+            hint = _SMOOTHING_HINT if smoothing else _MODULE_LIMIT_HINT
+            return GpuNotSupportedError(f"{call} is not supported on {where} ({text}): {hint}")
         return GpuNotSupportedError(
             f"{call} is not supported on {where} by this GPU or driver ({text})"
         )
@@ -198,6 +207,27 @@ _SMOOTHING_PARAMS = (
 )
 
 
+# The module-scope power limit: the v2 setter and the power scope, absent from older
+# nvidia-ml-py releases, and the limit fields read at that scope (values in mW).
+_POWER_SCOPE_MODULE: int | None = getattr(pynvml, "NVML_POWER_SCOPE_MODULE", None)
+_FI_POWER_LIMIT: dict[str, int | None] = {
+    name: getattr(pynvml, f"NVML_FI_DEV_POWER_{name}_LIMIT", None)
+    for name in ("MIN", "MAX", "DEFAULT", "CURRENT")
+}
+_HAS_MODULE_LIMIT_BINDINGS = (
+    _POWER_SCOPE_MODULE is not None
+    and all(v is not None for v in _FI_POWER_LIMIT.values())
+    and hasattr(pynvml, "nvmlDeviceSetPowerManagementLimit_v2")
+)
+_MODULE_LIMIT_NOT_TAKEN_WHY = (
+    "nvidia-ml-py's nvmlDeviceSetPowerManagementLimit_v2 drops NVML's return code, so a "
+    "refused write looks like a successful one. Likely causes: the agent is not root "
+    f"({_ROOT_HINT}); the driver refused the structure version nvidia-ml-py passes "
+    "(install the nvidia-ml-py release of the driver's branch); an out-of-band limit "
+    'holds the module. See docs/POWER_SMOOTHING.md, "Module-scope power limits"'
+)
+
+
 def _field_value(field: Any) -> float:
     """The number in a ``c_nvmlFieldValue_t``, read from the union member its valueType names."""
     member = _VALUE_MEMBERS.get(int(field.valueType))
@@ -227,6 +257,7 @@ class NvmlGpu(Gpu):
         self.uuid = _as_text(self._call("nvmlDeviceGetUUID"))
         self._locked_max_mhz: int | None = None
         self._smoothing_supported: bool | None = None  # asked on first use, then remembered
+        self._module_limit_supported: bool | None = None  # the same
         self._power_reading = self._probe_power()
         self._has_energy = self._probe_energy()
         self._clock_range, self._clock_range_error = self._probe_clock_range()
@@ -379,30 +410,38 @@ class NvmlGpu(Gpu):
         """GPU core temperature in degrees Celsius."""
         return float(self._call("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU))
 
-    # -- hardware power smoothing ------------------------------------------------------------
+    # -- field values ------------------------------------------------------------------------
 
-    def _smoothing_fields(self, *wanted: tuple[str, int | None]) -> list[float]:
-        """Read ``NVML_FI_PWR_SMOOTHING_<name>`` fields, each with its scope (a preset) or None.
+    def _read_fields(self, wanted: Sequence[tuple[str, int | tuple[int, int]]]) -> list[float]:
+        """Read field values, each given as (its name for messages, field id or (id, scopeId)).
 
-        A field that fails on its own raises its translated error, named after the field.
+        A field that fails on its own (its per-field ``nvmlReturn``) raises its translated
+        error, named after the field.
         """
-        ids: list[int | tuple[int, int]] = []
-        for name, scope in wanted:
-            field_id = _FI_SMOOTHING[name]
-            assert field_id is not None  # callers check _HAS_SMOOTHING_BINDINGS
-            ids.append(field_id if scope is None else (field_id, scope))
-        names = ", ".join(f"NVML_FI_PWR_SMOOTHING_{name}" for name, _ in wanted)
+        names = ", ".join(name for name, _ in wanted)
         with _nvml_errors(f"nvmlDeviceGetFieldValues({names})", self._where):
-            fields = self._nvml.nvmlDeviceGetFieldValues(self._handle, ids)
+            fields = self._nvml.nvmlDeviceGetFieldValues(self._handle, [i for _, i in wanted])
         values = []
-        for (name, scope), field in zip(wanted, fields, strict=True):
-            call = f"nvmlDeviceGetFieldValues(NVML_FI_PWR_SMOOTHING_{name}"
-            call += ")" if scope is None else f", preset {scope})"
-            with _nvml_errors(call, self._where):
+        for (name, _), field in zip(wanted, fields, strict=True):
+            with _nvml_errors(f"nvmlDeviceGetFieldValues({name})", self._where):
                 if field.nvmlReturn != pynvml.NVML_SUCCESS:  # per-field status
                     raise pynvml.NVMLError(field.nvmlReturn)
                 values.append(_field_value(field))
         return values
+
+    # -- hardware power smoothing ------------------------------------------------------------
+
+    def _smoothing_fields(self, *wanted: tuple[str, int | None]) -> list[float]:
+        """Read ``NVML_FI_PWR_SMOOTHING_<name>`` fields, each with its scope (a preset) or None."""
+        fields: list[tuple[str, int | tuple[int, int]]] = []
+        for name, scope in wanted:
+            field_id = _FI_SMOOTHING[name]
+            assert field_id is not None  # callers check _HAS_SMOOTHING_BINDINGS
+            if scope is None:
+                fields.append((f"NVML_FI_PWR_SMOOTHING_{name}", field_id))
+            else:
+                fields.append((f"NVML_FI_PWR_SMOOTHING_{name}, preset {scope}", (field_id, scope)))
+        return self._read_fields(fields)
 
     def _smoothing_nonsense(self, what: str) -> GpuError:
         return GpuError(
@@ -518,6 +557,87 @@ class NvmlGpu(Gpu):
             pynvml.NVML_FEATURE_ENABLED if profile.enabled else pynvml.NVML_FEATURE_DISABLED
         )
         self._call("nvmlDevicePowerSmoothingSetState", ctypes.byref(state))
+
+    # -- module-scope power limit ------------------------------------------------------------
+
+    def _module_limit_fields_mw(self, *names: str) -> list[float]:
+        """Read ``NVML_FI_DEV_POWER_<name>_LIMIT`` at module scope, in mW."""
+        assert _POWER_SCOPE_MODULE is not None  # callers check _HAS_MODULE_LIMIT_BINDINGS
+        fields: list[tuple[str, int | tuple[int, int]]] = []
+        for name in names:
+            field_id = _FI_POWER_LIMIT[name]
+            assert field_id is not None
+            label = f"NVML_FI_DEV_POWER_{name}_LIMIT, module scope"
+            fields.append((label, (field_id, _POWER_SCOPE_MODULE)))
+        return self._read_fields(fields)
+
+    def supports_module_power_limit(self) -> bool:
+        """Whether NVML answers the module-scope limit fields on this GPU (asked once)."""
+        if self._module_limit_supported is None:
+            if not _HAS_MODULE_LIMIT_BINDINGS:
+                logger.info(
+                    "%s: this nvidia-ml-py has no module-scope power limit calls", self._where
+                )
+                self._module_limit_supported = False
+            else:
+                try:
+                    self._module_limit_fields_mw("MIN", "MAX", "DEFAULT", "CURRENT")
+                except (GpuNotSupportedError, GpuValueError) as err:
+                    # Devices without module scope answer NOT_SUPPORTED, old drivers
+                    # INVALID_ARGUMENT.
+                    logger.info("%s: no module-scope power limit: %s", self._where, err)
+                    self._module_limit_supported = False
+                else:
+                    self._module_limit_supported = True
+        return self._module_limit_supported
+
+    def _module_limit_unsupported(self) -> GpuNotSupportedError:
+        if not _HAS_MODULE_LIMIT_BINDINGS:
+            return GpuNotSupportedError(
+                f"{self._where}: module-scope power limits are not supported by the installed "
+                "nvidia-ml-py (no nvmlDeviceSetPowerManagementLimit_v2 or "
+                "NVML_POWER_SCOPE_MODULE); install a newer nvidia-ml-py, of the driver's branch"
+            )
+        return super()._module_limit_unsupported()
+
+    def _module_limit_not_taken(self, asked_w: float, read_w: float) -> GpuError:
+        return GpuError(
+            f"{self._where}: module power limit {asked_w:g} W not taken: the device reads "
+            f"back {read_w:g} W (NVML_FI_DEV_POWER_CURRENT_LIMIT, module scope). "
+            f"{_MODULE_LIMIT_NOT_TAKEN_WHY}"
+        )
+
+    def module_power_limit_range(self) -> PowerLimitRange:
+        """Min, max and default module limit (NVML_FI_DEV_POWER_MIN/MAX/DEFAULT_LIMIT)."""
+        if not self.supports_module_power_limit():
+            raise self._module_limit_unsupported()
+        min_mw, max_mw, default_mw = self._module_limit_fields_mw("MIN", "MAX", "DEFAULT")
+        if not 0 < min_mw <= max_mw:
+            raise GpuError(
+                f"{self._where}: module power limit range reads back nonsense "
+                f"({min_mw:g}-{max_mw:g} mW); are nvidia-ml-py and the driver from the same "
+                "branch?"
+            )
+        return PowerLimitRange(
+            min_w=min_mw / 1000, max_w=max_mw / 1000, default_w=default_mw / 1000
+        )
+
+    def module_power_limit_w(self) -> float:
+        """The module limit set now (NVML_FI_DEV_POWER_CURRENT_LIMIT, module scope), in W."""
+        if not self.supports_module_power_limit():
+            raise self._module_limit_unsupported()
+        (current_mw,) = self._module_limit_fields_mw("CURRENT")
+        return current_mw / 1000
+
+    def _write_module_power_limit_w(self, limit_w: float) -> None:
+        """``nvmlDeviceSetPowerManagementLimit_v2`` at module scope, in mW (pynvml fills the
+        structure and its version). It raises only when the call cannot be made at all: the
+        base class reads the limit back."""
+        if not self.supports_module_power_limit():
+            raise self._module_limit_unsupported()
+        self._call(
+            "nvmlDeviceSetPowerManagementLimit_v2", _POWER_SCOPE_MODULE, round(limit_w * 1000)
+        )
 
     # -- setters -----------------------------------------------------------------------------
 

@@ -33,16 +33,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from powerd.gpu.base import (
-    SMOOTHING_MAX_PRESETS,
-    ClockRange,
-    Gpu,
-    PowerLimitRange,
-    PowerReading,
-    SmoothingProfile,
-    SmoothingRange,
-)
+from powerd.gpu.base import SMOOTHING_MAX_PRESETS, Gpu, SmoothingProfile, SmoothingRange
 from powerd.gpu.errors import GpuError
+from powerd.gpu.wrapped import WrappedGpu
 
 log = logging.getLogger("powerd.gpu")
 
@@ -66,7 +59,7 @@ class FillTarget:
     hysteresis_s: float
 
 
-class SoftwareSmoothing(Gpu):
+class SoftwareSmoothing(WrappedGpu):
     """A GPU without hardware smoothing, with smoothing carried out by its job."""
 
     mechanism = "software"
@@ -74,10 +67,7 @@ class SoftwareSmoothing(Gpu):
     def __init__(self, gpu: Gpu) -> None:
         if gpu.supports_smoothing():
             raise ValueError(f"GPU {gpu.index} has hardware power smoothing: use it")
-        self.inner = gpu
-        self.index = gpu.index
-        self.uuid = gpu.uuid
-        self.name = gpu.name
+        super().__init__(gpu)
         self._presets = [_default_preset(p) for p in range(SMOOTHING_MAX_PRESETS)]
         self._active = 0
         self._on = False
@@ -107,6 +97,23 @@ class SoftwareSmoothing(Gpu):
         if activate:
             self._active, self._on = profile.preset, profile.enabled
 
+    # the shared save, write and read-back of ``Gpu``, on the presets above (not the inner
+    # GPU's, which has none)
+    set_smoothing = Gpu.set_smoothing
+    restore_smoothing = Gpu.restore_smoothing
+
+    def restore_defaults(self) -> None:
+        """The wrapped GPU's restore (caps, clocks, module limit), then this smoothing's:
+        both attempted, the first failure raised."""
+        first: GpuError | None = None
+        for restore in (self.inner.restore_defaults, self.restore_smoothing):
+            try:
+                restore()
+            except GpuError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
     def fill_target(self, power_w: float, cap_w: float) -> FillTarget | None:
         """What the job needs to hold this GPU up (module docstring); None while smoothing
         is off or the profile limits nothing (no ramp-down rate and no floor)."""
@@ -123,56 +130,6 @@ class SoftwareSmoothing(Gpu):
             ramp_down_w_per_s=profile.ramp_down_w_per_s,
             hysteresis_s=profile.ramp_down_hysteresis_ms / 1000.0,
         )
-
-    # -- everything else is the GPU's own -----------------------------------------------
-
-    def power_limit_range(self) -> PowerLimitRange:
-        return self.inner.power_limit_range()
-
-    def sm_clock_range(self) -> ClockRange:
-        return self.inner.sm_clock_range()
-
-    def power_reading(self) -> PowerReading:
-        return self.inner.power_reading()
-
-    def power_w(self) -> float:
-        return self.inner.power_w()
-
-    def energy_j(self) -> float | None:
-        return self.inner.energy_j()
-
-    def power_limit_w(self) -> float:
-        return self.inner.power_limit_w()
-
-    def enforced_cap_w(self) -> float:
-        return self.inner.enforced_cap_w()
-
-    def sm_clock_mhz(self) -> int:
-        return self.inner.sm_clock_mhz()
-
-    def locked_max_sm_clock_mhz(self) -> int | None:
-        return self.inner.locked_max_sm_clock_mhz()
-
-    def util_pct(self) -> float:
-        return self.inner.util_pct()
-
-    def temp_c(self) -> float:
-        return self.inner.temp_c()
-
-    def set_power_limit_w(self, cap_w: float) -> None:
-        self.inner.set_power_limit_w(cap_w)
-
-    def lock_max_sm_clock_mhz(self, max_mhz: int) -> None:
-        self.inner.lock_max_sm_clock_mhz(max_mhz)
-
-    def unlock_sm_clock(self) -> None:
-        self.inner.unlock_sm_clock()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def __repr__(self) -> str:
-        return f"SoftwareSmoothing({self.inner!r})"
 
 
 def with_software_smoothing(gpus: Sequence[Gpu]) -> list[Gpu]:

@@ -46,7 +46,19 @@ It behaves like NVML where the backend depends on it:
   the hysteresis in ms, the floor in percent, applied ceiling and floor in W). While
   smoothing is on and the workload demands more than idle, the draw is held at or above
   the floor, ``floor %`` of the enforced limit (ramp rates are not modelled here; the
-  simulator models them).
+  simulator models them);
+* a module-scope power limit on models listed in ``MODULE_LIMITS_W`` (GB200), held in
+  ``FakeDevice.module`` (None: the device has none): ``NVML_FI_DEV_POWER_MIN/MAX/DEFAULT/
+  CURRENT_LIMIT`` read at scopeId ``NVML_POWER_SCOPE_MODULE`` answer it in mW, and with a
+  per-field NOT_SUPPORTED on devices without one. ``nvmlDeviceSetPowerManagementLimit_v2``
+  has pynvml's signature and, like pynvml, DROPS the C return code: it raises only what
+  pynvml itself raises (NVML_ERROR_UNINITIALIZED before ``nvmlInit``, an injected
+  NVML_ERROR_FUNCTION_NOT_FOUND: a driver without the function; a float limit's
+  ``TypeError``), and returns NVML_SUCCESS whatever the "driver" said. A refused write
+  (``require_root``, out of range, no module scope, a structure version other than
+  pynvml's, a lost GPU, any other injected code) leaves the limit unchanged: only the
+  read-back shows it. At scope ``NVML_POWER_SCOPE_GPU`` it sets the GPU limit, as the v1
+  setter does. The module limit does not change the draw (not modelled).
 
 Simplifications: ``nvmlDeviceGetPowerUsage`` returns the current draw (no 1 s
 averaging); temperature and utilisation follow the draw unless set explicitly.
@@ -87,7 +99,17 @@ SETTERS = frozenset(
         "nvmlDevicePowerSmoothingActivatePresetProfile",
         "nvmlDevicePowerSmoothingUpdatePresetProfileParam",
         "nvmlDevicePowerSmoothingSetState",
+        "nvmlDeviceSetPowerManagementLimit_v2",
     }
+)
+
+# Module-scope power limits (min, max, default) in W, by model key. Illustrative figures
+# chosen for the tests (a GPU's default limit plus 150 W for its share of the rest of the
+# module), not measured on a GB200: NVML reports each device's own.
+MODULE_LIMITS_W: dict[str, tuple[float, float, float]] = {"GB200": (400.0, 1350.0, 1350.0)}
+# What pynvml's v2 setter raises itself (before the C call); every other code is dropped.
+_RAISED_BY_PYNVML_V2 = frozenset(
+    {pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
 )
 
 # Preset parameters modelled: paramId -> (lowest, highest) value; the floor's comes
@@ -110,6 +132,34 @@ _VALUE_MEMBERS = {
     pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: ("sllVal", int),
     pynvml.NVML_VALUE_TYPE_SIGNED_INT: ("siVal", int),
     pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: ("usVal", int),
+}
+
+
+@dataclass(slots=True)
+class ModuleLimit:
+    """A device's module-scope power limit, in mW (NVML's units)."""
+
+    min_mw: int
+    max_mw: int
+    default_mw: int
+    current_mw: int
+
+    @classmethod
+    def of_model(cls, model: GpuModel) -> ModuleLimit | None:
+        """The limit a model's devices start with (at its default); None without one."""
+        figures = MODULE_LIMITS_W.get(model.key)
+        if figures is None:
+            return None
+        low, high, default = (round(w * 1000) for w in figures)
+        return cls(low, high, default, default)
+
+
+# NVML_FI_DEV_POWER_*_LIMIT -> the ModuleLimit attribute it reads at module scope.
+_MODULE_LIMIT_FIELDS = {
+    pynvml.NVML_FI_DEV_POWER_MIN_LIMIT: "min_mw",
+    pynvml.NVML_FI_DEV_POWER_MAX_LIMIT: "max_mw",
+    pynvml.NVML_FI_DEV_POWER_DEFAULT_LIMIT: "default_mw",
+    pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT: "current_mw",
 }
 
 
@@ -155,6 +205,7 @@ class FakeDevice:
         SMOOTHING_FLOOR_MIN_PERCENT,
         SMOOTHING_FLOOR_MAX_PERCENT,
     )
+    module: ModuleLimit | None = None  # the module-scope power limit; None: no module scope
 
     @property
     def min_limit_mw(self) -> int:
@@ -262,6 +313,7 @@ class FakeNvml:
                 ]
                 if m.has_power_smoothing
                 else [],
+                module=ModuleLimit.of_model(m),
             )
             for i, m in enumerate(models)
         ]
@@ -486,6 +538,10 @@ class FakeNvml:
         uint, double = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_DOUBLE
         if field_id == pynvml.NVML_FI_DEV_POWER_INSTANT and dev.model.has_instant_power:
             return self.power_value_type, round(dev.draw_w * 1000)
+        if field_id in _MODULE_LIMIT_FIELDS and scope == pynvml.NVML_POWER_SCOPE_MODULE:
+            if dev.module is None:
+                return pynvml.NVML_ERROR_NOT_SUPPORTED
+            return uint, getattr(dev.module, _MODULE_LIMIT_FIELDS[field_id])
         if not dev.smoothing_presets:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
         unscoped: dict[int, tuple[int, Any]] = {
@@ -557,6 +613,39 @@ class FakeNvml:
         if not dev.min_limit_mw <= limit_mw <= dev.max_limit_mw:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dev.limit_mw = limit_mw
+
+    def nvmlDeviceSetPowerManagementLimit_v2(
+        self,
+        device: Any,
+        powerScope: int,
+        powerLimit: int,
+        version: int = pynvml.nvmlPowerValue_v2,
+    ) -> int:
+        """pynvml's binding: the C return code is dropped (module docstring)."""
+        scope, limit_mw = ctypes.c_uint(powerScope).value, _uint(powerLimit)  # as pynvml
+        try:
+            self._set_limit_v2(device, scope, limit_mw, _uint(version))
+        except pynvml.NVMLError as err:
+            if err.value in _RAISED_BY_PYNVML_V2:
+                raise
+        return pynvml.NVML_SUCCESS
+
+    def _set_limit_v2(self, handle: Any, scope: int, limit_mw: int, version: int) -> None:
+        """What the driver does with the v2 structure; its error codes never reach pynvml's
+        caller."""
+        dev = self._dev("nvmlDeviceSetPowerManagementLimit_v2", handle)
+        if version != pynvml.nvmlPowerValue_v2:
+            raise nvml_error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if scope == pynvml.NVML_POWER_SCOPE_GPU:
+            if not dev.min_limit_mw <= limit_mw <= dev.max_limit_mw:
+                raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            dev.limit_mw = limit_mw
+            return
+        if scope != pynvml.NVML_POWER_SCOPE_MODULE or dev.module is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not dev.module.min_mw <= limit_mw <= dev.module.max_mw:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        dev.module.current_mw = limit_mw
 
     # -- clocks ----------------------------------------------------------------------------
 
