@@ -22,6 +22,7 @@ import enum
 import logging
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from powerd.gpu.errors import GpuError, GpuNotSupportedError, GpuPermissionError, GpuValueError
@@ -70,6 +71,15 @@ class PowerLimitRange:
 
     def contains(self, cap_w: float) -> bool:
         return self.min_w <= cap_w <= self.max_w
+
+    def check(self, value_w: float, what: str, where: str) -> None:
+        """``GpuValueError`` naming ``what`` (and ``where``) when ``value_w`` is outside;
+        the setter's check before anything is written."""
+        if not self.contains(value_w):
+            raise GpuValueError(
+                f"{where}: {what} {value_w!r} W refused, nothing written: outside the range "
+                f"{self.min_w:g}-{self.max_w:g} W (clamp with PowerLimitRange.clamp)"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +220,19 @@ class _SmoothingSnapshot:
 
     original: SmoothingProfile  # the active preset and the switch, as they were
     presets: dict[int, SmoothingProfile]  # every preset written since, as it was
+
+
+def attempt_all(*restores: Callable[[], None]) -> None:
+    """Call every one of ``restores`` even if some fail; then raise the first ``GpuError``:
+    putting controls back must not stop at the first that cannot be."""
+    first: GpuError | None = None
+    for restore in restores:
+        try:
+            restore()
+        except GpuError as exc:
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 class Gpu(abc.ABC):
@@ -442,13 +465,7 @@ class Gpu(abc.ABC):
             raise GpuValueError(f"{where}: module power limit must be watts, got {limit_w!r}")
         if not self.supports_module_power_limit():
             raise self._module_limit_unsupported()
-        limits = self.module_power_limit_range()
-        if not limits.contains(limit_w):
-            raise GpuValueError(
-                f"{where}: module power limit {limit_w:g} W refused, nothing written: outside "
-                f"the range the device accepts, {limits.min_w:g}-{limits.max_w:g} W "
-                "(clamp with PowerLimitRange.clamp)"
-            )
+        self.module_power_limit_range().check(limit_w, "module power limit", where)
         if self._module_limit_saved_w is None:
             self._module_limit_saved_w = self.module_power_limit_w()
         return self._write_module_limit_checked(float(limit_w))
@@ -482,19 +499,12 @@ class Gpu(abc.ABC):
 
         All four are attempted even if one fails; the first failure is raised.
         """
-        first: GpuError | None = None
-        for restore in (
+        attempt_all(
             lambda: self.set_power_limit_w(self.power_limit_range().default_w),
             self.restore_module_power_limit,
             self.unlock_sm_clock,
             self.restore_smoothing,
-        ):
-            try:
-                restore()
-            except GpuError as exc:
-                first = first or exc
-        if first is not None:
-            raise first
+        )
 
     def sample(self) -> GpuSample:
         return GpuSample(

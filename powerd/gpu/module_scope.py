@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from powerd.gpu.base import POWER_LIMIT_RESOLUTION_W, Gpu, PowerLimitRange
-from powerd.gpu.errors import GpuError, GpuValueError
+from powerd.gpu.errors import GpuError
 from powerd.gpu.wrapped import WrappedGpu
 
 log = logging.getLogger("powerd.gpu")
@@ -82,12 +82,8 @@ class ModuleScopeCap(WrappedGpu):
         """Write the module limit for ``cap_w`` (if it differs), then put the GPU's own limit
         at its default (if it is not): lowered first, raised after."""
         limits = self.power_limit_range()
-        if not limits.contains(cap_w):
-            raise GpuValueError(
-                f"GPU {self.index} ({self.name}): cap {cap_w!r} W is outside the caps the "
-                f"module limit can enforce, {limits.min_w:g}-{limits.max_w:g} W "
-                "(clamp with PowerLimitRange.clamp)"
-            )
+        where = f"GPU {self.index} ({self.name})"
+        limits.check(cap_w, "cap (through the module limit)", where)
         module_w = self.module_limit_for(cap_w)
         try:
             if abs(self.inner.module_power_limit_w() - module_w) > POWER_LIMIT_RESOLUTION_W:

@@ -33,7 +33,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from powerd.gpu.base import SMOOTHING_MAX_PRESETS, Gpu, SmoothingProfile, SmoothingRange
+from powerd.gpu.base import (
+    SMOOTHING_MAX_PRESETS,
+    Gpu,
+    SmoothingProfile,
+    SmoothingRange,
+    attempt_all,
+)
 from powerd.gpu.errors import GpuError
 from powerd.gpu.wrapped import WrappedGpu
 
@@ -105,14 +111,7 @@ class SoftwareSmoothing(WrappedGpu):
     def restore_defaults(self) -> None:
         """The wrapped GPU's restore (caps, clocks, module limit), then this smoothing's:
         both attempted, the first failure raised."""
-        first: GpuError | None = None
-        for restore in (self.inner.restore_defaults, self.restore_smoothing):
-            try:
-                restore()
-            except GpuError as exc:
-                first = first or exc
-        if first is not None:
-            raise first
+        attempt_all(self.inner.restore_defaults, self.restore_smoothing)
 
     def fill_target(self, power_w: float, cap_w: float) -> FillTarget | None:
         """What the job needs to hold this GPU up (module docstring); None while smoothing

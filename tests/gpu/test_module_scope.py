@@ -12,24 +12,14 @@ from powerd.gpu.base import PowerLimitRange
 from powerd.gpu.errors import GpuError, GpuNotSupportedError, GpuValueError
 from powerd.gpu.models import gpu_model
 from powerd.gpu.module_scope import ModuleScopeCap, with_module_scope
-from powerd.gpu.nvml import NvmlGpu, open_nvml
-from tests.support.fakes.fake_pynvml import FakeNvml, ModuleLimit
+from powerd.gpu.nvml import open_nvml
+from tests.gpu.test_nvml_module_limit import module_of, open_fake
+from tests.support.fakes.fake_pynvml import FakeNvml
 
 SETTER = "nvmlDeviceSetPowerManagementLimit_v2"
 # The fake GB200 (illustrative figures): GPU 200-1200 W, default 1200 W; module
 # 400-1350 W, default 1350 W; the rest of the module's allowance is 150 W.
 ALLOWANCE_W = 150.0
-
-
-def open_fake(*keys: str) -> tuple[FakeNvml, list[NvmlGpu]]:
-    fake = FakeNvml([gpu_model(k) for k in keys])
-    return fake, open_nvml(fake)
-
-
-def module_of(fake: FakeNvml, index: int = 0) -> ModuleLimit:
-    module = fake.device(index).module
-    assert module is not None
-    return module
 
 
 def test_the_cap_becomes_the_module_limit_plus_the_rest_of_the_module() -> None:
