@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from planner.commands.options import placed_inputs, replay_options, speed_options
 from planner.commands.progress import step_progress
 from planner.output import emit, format_option
+from powerd.cli.options import Fraction, Quantity
+
+if TYPE_CHECKING:
+    from planner.whatif import StorageSizing
 
 HELP = """Replay profiles through the controller's own policy at the budgets of BUDGETS.
 
@@ -49,6 +55,18 @@ runs (policies/smoothing.py): the site then moves within the spec. Power it
 holds above demand is burnt; power the ramp-up holds below demand slows the job
 (ramp_held_share per job). --synchronised starts every job at its profile's
 start, together: with `powerplan rhythm` profiles, the grid's worst case.
+With --storage-kj-per-rack and --storage-kw-per-rack, rack energy storage
+(NVIDIA's GB300 NVL72 power supplies) is dispatched over the replayed site
+power (policies/storage.py): every rack's storage as one pool, the grid draw
+heading for the demand's mean over the last --storage-horizon-s (default 20 s)
+plus a pull back to half charge, moved within 0.9 x [site.grid]'s ramp limits;
+storage takes what the draw holds above demand and gives what it lacks, at a
+--storage-efficiency round trip (default 0.9, assumed). What it cannot take is
+burnt (a floor), what it cannot give is held back (GPUs capped): the grid draw
+keeps the spec. Reported under "storage": the grid draw measured as the site
+is, energy burnt, lost in conversion and held back (kWh, share of the jobs'
+energy), beside the least floor without storage, and the charge's range. The
+replay itself is unchanged; --smoothing is its alternative, not a companion.
 Per job: held_share (steps with any GPU drawing below its demand),
 gpus_held_share (the mean share of its GPUs held), throughput_lost, and the
 loss split by cause, adding up to it (policies/causes.py): capping (a node over
@@ -70,7 +88,17 @@ Examples:
   powerplan whatif powerd/data/budgets/demo.toml tests/data/profiles/train.csv \\
       tests/data/profiles/telemetry.lp --workload untagged --mix examples/planning/mix.toml \\
       --duration-s 600 --synchronised --smoothing --format json
+  powerplan whatif powerd/data/budgets/demo.toml tests/data/profiles/train.csv \\
+      tests/data/profiles/telemetry.lp --workload untagged --mix examples/planning/mix.toml \\
+      --duration-s 600 --synchronised --storage-kj-per-rack 30 --storage-kw-per-rack 5
 """
+
+STORAGE_ONLY_WITH = "--storage-efficiency and --storage-horizon-s need --storage-kj-per-rack"
+STORAGE_NOT_WITH_SMOOTHING = (
+    "--storage-* and --smoothing are alternatives in this model: storage is dispatched over "
+    "the site's power as replayed without smoothing (a floor held under storage is not "
+    "modelled); run one, then the other"
+)
 
 
 @click.command(
@@ -83,6 +111,33 @@ Examples:
     is_flag=True,
     help="Every GPU moves within its share of [site.grid]'s ramp limits and holds its floor "
     "(hardware power smoothing, or the software floor): reports the energy it burns.",
+)
+@click.option(
+    "--storage-kj-per-rack",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Rack energy storage, kJ per rack, dispatched over the replayed site power to keep "
+    "[site.grid]'s ramp limits: reports what the grid then sees and what it costs.",
+)
+@click.option(
+    "--storage-kw-per-rack",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="The storage's power, kW per rack, charge and discharge (needed with "
+    "--storage-kj-per-rack).",
+)
+@click.option(
+    "--storage-efficiency",
+    type=Fraction(0, 1, min_open=True),
+    default=None,
+    help="The storage's round-trip efficiency (default 0.9, assumed).",
+)
+@click.option(
+    "--storage-horizon-s",
+    type=Quantity("s", 0, min_open=True),
+    default=None,
+    help="The grid draw heads for the demand's mean over this many seconds (default 20: "
+    "two periods of the oscillation band's 0.1 Hz).",
 )
 @speed_options("A cap sweep CSV (as `powerplan caps` reads) for the speed under a cap.")
 @click.option(
@@ -99,6 +154,10 @@ def command(
     duration_s: float,
     synchronised: bool,
     smoothing: bool,
+    storage_kj_per_rack: float | None,
+    storage_kw_per_rack: float | None,
+    storage_efficiency: float | None,
+    storage_horizon_s: float | None,
     step_s: float,
     seed: int,
     speed_exponent: float,
@@ -114,17 +173,30 @@ def command(
     from planner.output import column_mapping
     from planner.whatif import (
         WhatifSettings,
+        check_storage,
         grid_table,
         lost_table,
         power_law_speed,
         replay,
+        storage_report,
+        storage_table,
         sweep_speed,
     )
     from policies.causes import LOST_CAUSES, lost_column
 
+    sizing = storage_sizing(
+        storage_kj_per_rack, storage_kw_per_rack, storage_efficiency, storage_horizon_s
+    )
+    if sizing is not None and smoothing:
+        raise click.UsageError(STORAGE_NOT_WITH_SMOOTHING)
     inputs = load_inputs(
         budgets, profiles, mix_path, step_s, column_mapping(column_pairs), workload
     )
+    if sizing is not None:
+        try:
+            check_storage(inputs.top, sizing)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
     speed = power_law_speed(speed_exponent)
     if sweep_paths:
         from planner.sweep import load_sweeps
@@ -145,11 +217,21 @@ def command(
             )
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+    if sizing is not None:
+        result.info["storage"] = storage_report(inputs.top, result, sizing)
     extra = {"budgets": str(budgets), **result.info}
     if fmt == "table":
         extra.pop("throughput_lost_site_by_cause")  # its own table below
         grid = extra.pop("grid")
         assert isinstance(grid, dict)
+        storage = extra.pop("storage", None)
+        stored: dict[str, object] = {}
+        if isinstance(storage, dict):
+            extra["storage assumptions"] = "; ".join(storage["assumptions"])
+            stored = {
+                "rack energy storage (policies/storage.py)": storage_table(storage),
+                "grid draw with the storage vs the grid spec": grid_table(storage["grid"]),
+            }
         extra["grid spec"] = grid["spec"]
         if grid["oscillation_note"]:
             extra["grid band"] = grid["oscillation_note"]
@@ -165,6 +247,7 @@ def command(
                 "jobs": result.jobs.drop(columns=[lost_column(c) for c in LOST_CAUSES]),
                 "throughput lost, by cause (of each job's throughput)": lost_table(result),
                 "site power vs the grid spec": grid_table(grid),
+                **stored,
             },
             fmt,
             extra=extra,
@@ -173,3 +256,30 @@ def command(
         emit(
             {"nodes": result.nodes, "levels": result.levels, "jobs": result.jobs}, fmt, extra=extra
         )
+
+
+def storage_sizing(
+    kj_per_rack: float | None,
+    kw_per_rack: float | None,
+    round_trip: float | None,
+    horizon_s: float | None,
+) -> StorageSizing | None:
+    """The storage the options ask for; None without --storage-kj-per-rack."""
+    from planner.whatif import StorageSizing
+
+    if kj_per_rack is None:
+        if kw_per_rack is not None:
+            raise click.UsageError("--storage-kw-per-rack needs --storage-kj-per-rack")
+        if round_trip is not None or horizon_s is not None:
+            raise click.UsageError(STORAGE_ONLY_WITH)
+        return None
+    if kw_per_rack is None:
+        raise click.UsageError(
+            "--storage-kj-per-rack needs --storage-kw-per-rack: the storage's power per rack"
+        )
+    sizing = StorageSizing(kj_per_rack, kw_per_rack)
+    if round_trip is not None:
+        sizing = dataclasses.replace(sizing, round_trip=round_trip)
+    if horizon_s is not None:
+        sizing = dataclasses.replace(sizing, horizon_s=horizon_s)
+    return sizing
