@@ -234,9 +234,11 @@ def _grid_section(doc: Document, grid: dict[str, object]) -> None:
         f"The replayed site power against the budgets file's grid spec ({grid['spec']}),"
         " measured as in docs/BUDGETS.md (policies.grid): the ramp over the spec's window,"
         f" the share of the power's variance in the oscillation band ({note}), the seconds"
-        " outside each limit, and what holding the spec's floor would burn."
+        " outside each limit, what holding the spec's floor would burn, and the least any"
+        " floor could burn to keep the ramp limits (policies.grid.least_ramp_floor)."
         " `powerplan whatif --synchronised --smoothing` replays the same with the GPUs"
-        " held to their share of the limits, and says what that burns."
+        " held to their share of the limits, and says what that burns; with"
+        " --storage-kj-per-rack, what rack energy storage would take instead."
     )
     breaches = grid.get("breaches")
     if isinstance(breaches, list) and breaches:
