@@ -65,12 +65,13 @@ def _check_step(dt_s: float) -> None:
         raise ValueError(f"dt_s must be a positive number, not {dt_s}")
 
 
-def _series(power_w: np.ndarray) -> np.ndarray:
-    p = np.asarray(power_w, dtype=float)
+def as_series(values: np.ndarray, name: str = "power_w") -> np.ndarray:
+    """``values`` as one finite float series; ValueError naming ``name`` otherwise."""
+    p = np.asarray(values, dtype=float)
     if p.ndim != 1:
-        raise ValueError(f"power_w must be one series (1-d), not shape {p.shape}")
+        raise ValueError(f"{name} must be one series (1-d), not shape {p.shape}")
     if not np.all(np.isfinite(p)):
-        raise ValueError("power_w must be finite")
+        raise ValueError(f"{name} must be finite")
     return p
 
 
@@ -79,7 +80,7 @@ def _series(power_w: np.ndarray) -> np.ndarray:
 
 def ramp_rates(power_w: np.ndarray, dt_s: float, window_s: float) -> np.ndarray:
     """W/s over the window at every step that has a full window behind it (may be empty)."""
-    p = _series(power_w)
+    p = as_series(power_w)
     w = window_steps(dt_s, window_s)
     if len(p) <= w:
         return np.zeros(0)
@@ -205,13 +206,13 @@ def oscillation_bands(
 
 def oscillation_share(power_w: np.ndarray, dt_s: float, band_hz: tuple[float, float]) -> float:
     """Share of one series' variance (mean removed) in the part of the band it can see."""
-    return float(oscillation_shares(_series(power_w)[None, :], dt_s, band_hz)[0])
+    return float(oscillation_shares(as_series(power_w)[None, :], dt_s, band_hz)[0])
 
 
 def windows(power_w: np.ndarray, dt_s: float, window_s: float) -> np.ndarray:
     """Non-overlapping windows (rows) of ``window_s``; the whole series if it is shorter;
     a last partial window is left out."""
-    p = _series(power_w)
+    p = as_series(power_w)
     w = min(window_steps(dt_s, window_s, least=2), len(p))
     if w == 0:
         return np.zeros((0, 0))
@@ -242,7 +243,7 @@ def oscillation_stats(
     """``min_rms_w``: a window whose oscillation in the band is smaller than this (RMS, W)
     is within the limit whatever its share: a ripple of a few watts on a steady site is
     all in the band and harmless."""
-    p = _series(power_w)
+    p = as_series(power_w)
     band = visible_band(dt_s, band_hz)
     rows = windows(p, dt_s, window_s)
     if not rows.size:
@@ -267,7 +268,7 @@ def oscillation_stats(
 
 def running_max(power_w: np.ndarray, dt_s: float, window_s: float) -> np.ndarray:
     """Maximum of the last ``window_s`` seconds (this step included) at every step."""
-    return _trailing_max(_series(power_w), window_steps(dt_s, window_s))
+    return _trailing_max(as_series(power_w), window_steps(dt_s, window_s))
 
 
 def _trailing_max(y: np.ndarray, w: int) -> np.ndarray:
@@ -294,7 +295,7 @@ def floor_series(
     ``window_s`` seconds; 0 where ``running`` (bool per step, default all) is False."""
     if not (math.isfinite(fraction) and 0 < fraction < 1):
         raise ValueError(f"floor fraction must be in (0, 1), not {fraction}")
-    p = _series(power_w)
+    p = as_series(power_w)
     on = np.ones(len(p), dtype=bool) if running is None else np.asarray(running, dtype=bool)
     if on.shape != p.shape:
         raise ValueError(f"running has shape {on.shape}, power_w {p.shape}")
@@ -322,7 +323,7 @@ def least_ramp_floor(
     Its energy above ``power_w`` is therefore a lower bound for any floor or ramp-down hold,
     hardware smoothing included; it ignores the oscillation limit, which can only raise it.
     """
-    p = _series(power_w)
+    p = as_series(power_w)
     w = window_steps(dt_s, window_s)
     for name, value in (("up_w_per_s", up_w_per_s), ("down_w_per_s", down_w_per_s)):
         if math.isnan(value) or value <= 0:
@@ -355,7 +356,7 @@ def floor_cost(
     """Energy to lift ``power_w`` to ``floor_w`` wherever it is below: kWh and a share of
     ``reference_j`` (the jobs' energy, say)."""
     _check_step(dt_s)
-    p, f = _series(power_w), _series(floor_w)
+    p, f = as_series(power_w), as_series(floor_w, "floor_w")
     if p.shape != f.shape:
         raise ValueError(f"floor_w has shape {f.shape}, power_w {p.shape}")
     joules = float(np.maximum(f - p, 0.0).sum()) * dt_s

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.grid import window_steps
+from policies.grid import as_series, window_steps
 
 DEFAULT_ROUND_TRIP = 0.9  # assumed: a joule stored and given back returns 0.9 J
 DEFAULT_REFERENCE = 0.5  # the charge it starts at and is pulled back to, of capacity
@@ -134,15 +134,6 @@ class Dispatch:
         return float(max(self.initial_charge_j, self.charge_j.max(initial=-math.inf)))
 
 
-def _demand(demand_w: np.ndarray) -> np.ndarray:
-    d = np.asarray(demand_w, dtype=float)
-    if d.ndim != 1:
-        raise ValueError(f"demand_w must be one series (1-d), not shape {d.shape}")
-    if not np.all(np.isfinite(d)):
-        raise ValueError("demand_w must be finite")
-    return d
-
-
 def _check_limits(dt_s: float, up_w_per_s: float, down_w_per_s: float, horizon_s: float) -> None:
     if not (math.isfinite(dt_s) and dt_s > 0):
         raise ValueError(f"dt_s must be a positive number, not {dt_s}")
@@ -155,7 +146,7 @@ def _check_limits(dt_s: float, up_w_per_s: float, down_w_per_s: float, horizon_s
 
 def trailing_mean(demand_w: np.ndarray, dt_s: float, horizon_s: float) -> np.ndarray:
     """Mean of the last ``horizon_s`` (this step included; fewer steps at the start)."""
-    d = _demand(demand_w)
+    d = as_series(demand_w, "demand_w")
     w = window_steps(dt_s, horizon_s)
     total = np.concatenate([[0.0], np.cumsum(d)])
     t = np.arange(len(d))
@@ -175,7 +166,7 @@ def dispatch(
     """The grid draw, step by step, with ``storage`` taking up the difference (module
     docstring); ``inf`` ramp: no limit that way."""
     _check_limits(dt_s, ramp_up_w_per_s, ramp_down_w_per_s, horizon_s)
-    d = _demand(demand_w)
+    d = as_series(demand_w, "demand_w")
     n = len(d)
     grid_w, charge_j = np.empty(n), np.empty(n)
     burnt_w, loss_w, held_w = np.zeros(n), np.zeros(n), np.zeros(n)
