@@ -617,14 +617,16 @@ def rack_count(top: Topology) -> int:
     return racks
 
 
-def check_storage(top: Topology, sizing: StorageSizing) -> None:
-    """Everything ``storage_report`` needs, checked before a long replay (ValueError)."""
-    storage_spec(top)
-    sizing.pool(rack_count(top))
+def check_storage(top: Topology, sizing: StorageSizing) -> tuple[GridSpec, Storage]:
+    """Everything ``storage_report`` needs, checked before a long replay (ValueError): the
+    spec it dispatches to and the site's pool."""
+    spec = storage_spec(top)
+    pool = sizing.pool(rack_count(top))
     if not (math.isfinite(sizing.horizon_s) and sizing.horizon_s > 0):
         raise ValueError(f"the storage horizon must be positive, not {sizing.horizon_s} s")
     if not 0 < sizing.margin <= 1:
         raise ValueError(f"the storage margin must be in (0, 1], not {sizing.margin}")
+    return spec, pool
 
 
 def _kwh_and_share(name: str, joules: float, jobs_j: float) -> dict[str, float | None]:
@@ -637,10 +639,8 @@ def storage_report(top: Topology, result: WhatifResult, sizing: StorageSizing) -
     draw it leaves measured as the site is (``grid_report``, without its floor costs: the
     storage's own are here), and where the energy went, each in kWh and as a share of the
     jobs' energy, beside the least floor without storage (``info["grid"]``)."""
-    check_storage(top, sizing)
-    spec = storage_spec(top)
+    spec, pool = check_storage(top, sizing)
     racks = rack_count(top)
-    pool = sizing.pool(racks)
     step_s = float(result.info["step_s"])  # type: ignore[arg-type]
     up, down = (sizing.margin * spec.ramp_up_w_per_s, sizing.margin * spec.ramp_down_w_per_s)
     run = dispatch(result.site_power_w, step_s, pool, up, down, sizing.horizon_s)
