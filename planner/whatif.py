@@ -318,15 +318,17 @@ def replay(
                 drawn_w, falling_s = want, np.zeros(tree.n_gpus)
             else:
                 drawn_w, falling_s = ramp_toward(drawn_w, want, cap_w, ramps, step_s, falling_s)
-            above = np.maximum(drawn_w - natural_w, 0.0)
+            moved_w = drawn_w - natural_w  # above: burnt; below: held back by the ramp-up
+            above = np.maximum(moved_w, 0.0)
             held_j_by_phase += np.bincount(phase, weights=above, minlength=n_phases) * step_s
+            moved_sum_w = float(moved_w.sum())
             power_w = drawn_w
         state = ClusterState(power_w, cap_w, priority, floor_w, phase, controllable)
         decision = decide(tree, state, step_s, policy)
         node_w = decision.node_power_w
         site_w[t] = node_w[0]
         if settings.smoothing:
-            site_natural_w[t] = node_w[0] - float((power_w - natural_w).sum())
+            site_natural_w[t] = node_w[0] - moved_sum_w
         node_demand_w = tree.node_sum(demand_w) + overhead_w
         withheld = np.maximum(node_demand_w - node_w, 0.0)  # float noise below 0
         acc["capping"] += decision.node_capping
