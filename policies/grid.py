@@ -60,6 +60,12 @@ def window_steps(dt_s: float, window_s: float, least: int = 1) -> int:
     return max(least, round(window_s / dt_s))
 
 
+def check_ramp_limit(name: str, value_w_per_s: float) -> None:
+    """ValueError naming ``name`` unless the ramp limit is a positive W/s (inf: no limit)."""
+    if math.isnan(value_w_per_s) or value_w_per_s <= 0:
+        raise ValueError(f"{name} must be a positive W/s (inf: no limit), not {value_w_per_s}")
+
+
 def _check_step(dt_s: float) -> None:
     if not (math.isfinite(dt_s) and dt_s > 0):
         raise ValueError(f"dt_s must be a positive number, not {dt_s}")
@@ -325,9 +331,8 @@ def least_ramp_floor(
     """
     p = as_series(power_w)
     w = window_steps(dt_s, window_s)
-    for name, value in (("up_w_per_s", up_w_per_s), ("down_w_per_s", down_w_per_s)):
-        if math.isnan(value) or value <= 0:
-            raise ValueError(f"{name} must be a positive W/s (inf: no limit), not {value}")
+    check_ramp_limit("up_w_per_s", up_w_per_s)
+    check_ramp_limit("down_w_per_s", down_w_per_s)
     out = p.copy()
     for r in range(min(w, len(p))):
         chain = p[r::w]

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.capping import PolicySettings
+from policies.grid import check_ramp_limit
 from policies.tree import SITE, Tree
 
 DEFAULT_MARGIN = 0.9  # of the site's ramp limit given to the GPUs; the rest for noise and hosts
@@ -97,9 +98,8 @@ def gpu_ramps(
         raise ValueError(f"a site has at least one GPU, not {site_gpus}")
     if not 0 < margin <= 1:
         raise ValueError(f"margin must be in (0, 1], not {margin}")
-    for name, value in (("ramp_up", ramp_up_w_per_s), ("ramp_down", ramp_down_w_per_s)):
-        if math.isnan(value) or value <= 0:
-            raise ValueError(f"{name} must be positive (inf: no limit), not {value}")
+    check_ramp_limit("ramp_up", ramp_up_w_per_s)
+    check_ramp_limit("ramp_down", ramp_down_w_per_s)
     if floor_fraction is not None and not 0 <= floor_fraction < 1:
         raise ValueError(f"floor_fraction must be in [0, 1), not {floor_fraction}")
     if not (math.isfinite(hysteresis_s) and hysteresis_s >= 0):

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.grid import as_series, window_steps
+from policies.grid import as_series, check_ramp_limit, window_steps
 
 DEFAULT_ROUND_TRIP = 0.9  # assumed: a joule stored and given back returns 0.9 J
 DEFAULT_REFERENCE = 0.5  # the charge it starts at and is pulled back to, of capacity
@@ -137,9 +137,8 @@ class Dispatch:
 def _check_limits(dt_s: float, up_w_per_s: float, down_w_per_s: float, horizon_s: float) -> None:
     if not (math.isfinite(dt_s) and dt_s > 0):
         raise ValueError(f"dt_s must be a positive number, not {dt_s}")
-    for name, value in (("ramp_up_w_per_s", up_w_per_s), ("ramp_down_w_per_s", down_w_per_s)):
-        if math.isnan(value) or value <= 0:
-            raise ValueError(f"{name} must be a positive W/s (inf: no limit), not {value}")
+    check_ramp_limit("ramp_up_w_per_s", up_w_per_s)
+    check_ramp_limit("ramp_down_w_per_s", down_w_per_s)
     if not (math.isfinite(horizon_s) and horizon_s > 0):
         raise ValueError(f"horizon_s must be a positive number of seconds, not {horizon_s}")
 
