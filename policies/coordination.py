@@ -11,9 +11,10 @@ period, slower than the leaves' cycle. Three pure functions:
     cannot command at what they are counted, every commandable GPU's minimum
     cap); by priority class, ``demand_w`` (commandable GPUs' predicted power
     above their minimum caps) and ``held_w`` (for GPUs held at their caps, the
-    caps' distance to the maximum, as far as their racks' and nodes' own bands
-    would hand it back, up to their uncapping thresholds: what they would draw
-    more under a larger grant).
+    lower of the cap in force and the one decided, the caps' distance to the
+    maximum, as far as their racks' and nodes' own bands would hand it back, up
+    to their uncapping thresholds: what they would draw more under a larger
+    grant).
 
 ``allocate(leaves, site)``
     The grants, in *budget* watts: a leaf granted ``B`` caps above
@@ -108,8 +109,14 @@ def summarise(
     overhead = float(tree.overhead_below_w[0])
     fixed = overhead + float(predicted[~ctl].sum()) + float(cap_min[ctl].sum())
     above = np.where(ctl, np.maximum(predicted - cap_min, 0.0), 0.0)
-    held = held_at_cap(ctl, power, cap, cap_max, cap_max - cap_min, settings)
-    gap = np.where(held, cap_max - cap, 0.0)
+    # A GPU drawing at the cap it holds is held even where this decision raises its cap:
+    # it has not drawn the watts handed back yet, and reported at what it draws it would
+    # seem to want no more (a leaf handing back its caps, or a standby that just took
+    # over, would be granted less than its GPUs are about to draw: found by
+    # tests/fleet/test_tree_of_controllers.py). Its cap is the lower of the two.
+    lower_cap = np.fmin(cap, np.asarray(state.cap_w, dtype=float))
+    held = held_at_cap(ctl, power, lower_cap, cap_max, cap_max - cap_min, settings)
+    gap = np.where(held, cap_max - lower_cap, 0.0)
     # only what the racks' and nodes' own bands let them be handed back (up to their
     # uncapping thresholds): a grant cannot lift those bands
     for lvl in (SERVER, RACK):

@@ -287,3 +287,34 @@ def test_summarise_splits_the_scope_by_class_and_counts_held_gpus():
     assert leaf.held_w[2] == pytest.approx(min(float((700 - cap).sum()), room))
     assert leaf.measured_w == pytest.approx(decision.node_power_w[0])
     assert NORMAL == 1 and LOW == 0
+
+
+def test_summarise_counts_gpus_handed_back_this_cycle_as_held_until_they_draw_it():
+    """A leaf that hands its caps back reports its GPUs still held: they draw their old caps
+    and want the new ones. Reported at what they draw, with nothing held, the coordinator
+    would grant the leaf less than its GPUs are about to draw (a standby's first cycle
+    after it took over, seen in tests/fleet/test_tree_of_controllers.py)."""
+    topology = scoped(parse_budgets(three_rows()), parse_scope("r1"))
+    tree = topology.tree
+    n = tree.n_gpus  # 8 H100 (200-700 W) on 2 nodes, every one held at 450 W
+    state = ClusterState(
+        power_w=np.full(n, 449.0),
+        cap_w=np.full(n, 450.0),
+        priority=np.full(n, NORMAL, dtype=np.int8),
+        floor_w=tree.cap_min_w.copy(),
+        phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
+        controllable=np.ones(n, dtype=bool),
+    )
+    fast = PolicySettings(uncap_step_fraction=1.0)
+    decision = decide(tree, state, 1.0, fast)
+    assert (decision.cap_w > 450.0 + 1.0).all()  # handed back this cycle
+    leaf = summarise(tree, state, decision, fast)
+    assert leaf.demand_w[NORMAL] == pytest.approx(n * (449.0 - 200.0))
+    # each node's GPUs want 4 x 250 W more, as far as the node's band hands back
+    room = [
+        min(4 * 250.0, float(tree.uncap_threshold_w[node] - tree.overhead_w[node] - 4 * 449.0))
+        for node in tree.server_nodes
+    ]
+    assert min(room) > 0
+    assert leaf.held_w[NORMAL] == pytest.approx(sum(room))
+    assert leaf.held_w[HIGH] == leaf.held_w[LOW] == 0.0
