@@ -40,6 +40,10 @@ What is measured
 - **Least floor**: the lowest series above the power that meets the ramp
   limits (``least_ramp_floor``); what it burns is the least any floor, busy
   work or hardware smoothing can spend to meet them on that draw.
+- **Least ready floor**: the same, but never more than one window's rise below
+  what the site would draw were every waiting job to resume at once
+  (``least_ready_floor``): the least a floor must burn when it cannot know
+  when a wait ends. The gap between the two is the value of knowing it.
 """
 
 from __future__ import annotations
@@ -347,6 +351,39 @@ def least_ramp_floor(
             np.maximum(lifted, ahead + k * step_w, out=lifted)
         out[r::w] = lifted
     return out
+
+
+def least_ready_floor(
+    power_w: np.ndarray,
+    resume_w: np.ndarray,
+    dt_s: float,
+    window_s: float,
+    up_w_per_s: float = math.inf,
+    down_w_per_s: float = math.inf,
+) -> np.ndarray:
+    """The lowest series at or above ``power_w`` that meets the ramp limits
+    (``least_ramp_floor``) and is, at every step, ready for every waiting job to resume:
+    no lower than ``resume_w`` (what the site would draw were they all to resume at that
+    step; ``power_w`` where none waits) less one window's allowed rise, ``up_w_per_s *
+    w * dt_s``.
+
+    ``least_ramp_floor`` knows the future: it lets a wait fall as far as the falls allow
+    whenever the resumption is far enough ahead, or is met by another job's wait starting
+    at the same moment. A floor that does not know when a wait ends must assume it ends
+    at the next step, so what this one burns is the least such a floor burns. It is still
+    a bound, not a schedule: rises other than resumptions (a job's start, caps handed
+    back) it meets with the same foresight as ``least_ramp_floor``.
+    """
+    p = as_series(power_w)
+    r = as_series(resume_w, "resume_w")
+    if r.shape != p.shape:
+        raise ValueError(f"resume_w has shape {r.shape}, power_w {p.shape}")
+    check_ramp_limit("up_w_per_s", up_w_per_s)
+    ready = p
+    if math.isfinite(up_w_per_s):
+        allowed_rise_w = up_w_per_s * window_steps(dt_s, window_s) * dt_s
+        ready = np.maximum(p, r - allowed_rise_w)
+    return least_ramp_floor(ready, dt_s, window_s, up_w_per_s, down_w_per_s)
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,8 @@ class _Sampler:
         self.throughput: list[np.ndarray] = []
         self.energy: list[float] = []
         self.fill_energy: list[float] = []
+        self.gpu_power: list[np.ndarray] = []
+        self.gpu_fill_energy: list[np.ndarray] = []
         # throughput_rel is deterministic in (phase, cap, lock) and costs an operating point
         self._speed: list[tuple[tuple, float]] = [((), 0.0)] * len(gpus)
 
@@ -145,7 +147,8 @@ class _Sampler:
         locked = np.zeros(n, dtype=bool)
         phase = np.empty(n, dtype=np.int8)
         speed = np.empty(n)
-        energy = fill = 0.0
+        fill = np.empty(n)
+        energy = 0.0
         for i, gpu in enumerate(self.gpus):
             power[i] = gpu.power_w()
             cap[i] = gpu.enforced_cap_w()
@@ -159,7 +162,7 @@ class _Sampler:
                 self._speed[i] = cached
             speed[i] = cached[1]
             energy += gpu.energy_j() or 0.0
-            fill += gpu.fill_energy_j()
+            fill[i] = gpu.fill_energy_j()
         node_power = self.tree.node_sum(power) + self.overhead
         self.t.append(t)
         self.power.append(node_power)
@@ -168,7 +171,9 @@ class _Sampler:
         self.phase.append(phase)
         self.throughput.append(speed)
         self.energy.append(energy)
-        self.fill_energy.append(fill)
+        self.fill_energy.append(float(fill.sum()))
+        self.gpu_power.append(power)
+        self.gpu_fill_energy.append(fill)
         return node_power, cap, locked
 
 
@@ -638,6 +643,10 @@ def _trace(
         ],
         duration_s=duration_s,
         gpu_fill_energy_j=np.array(sampler.fill_energy) if options.smoothing else None,
+        gpu_power_w=stack(sampler.gpu_power, n_gpus),
+        gpu_fill_energy_each_j=stack(sampler.gpu_fill_energy, n_gpus)
+        if options.smoothing
+        else None,
         gpu_row=np.asarray(tree.gpu_ancestor[ROW], dtype=int),
         grid=topology.grid,
     )

@@ -78,6 +78,7 @@ from typing import Any
 import numpy as np
 
 from policies import grid as grid_measure
+from policies.capping import WAITING_PHASES
 from policies.causes import CLOCK_LOCK, FAILSAFE, LOST_CAUSES, NOT_HELD, loss_by_cause
 from policies.tree import LEVEL_NAMES, PHASE_CODES
 from powerd.topology.grid import GridSpec, grid_report
@@ -150,6 +151,10 @@ class RunRecord:
     # grid smoothing on: the GPUs' energy above their phases' own draw (floors, ramp-downs,
     # the jobs' busy work), (n_samples,) cumulative; None: smoothing off
     gpu_fill_energy_j: np.ndarray | None = None
+    # per GPU: what each drew, (n_samples, n_gpus); and its fill energy, cumulative, with
+    # smoothing on. None: not recorded (no least ready floor)
+    gpu_power_w: np.ndarray | None = None
+    gpu_fill_energy_each_j: np.ndarray | None = None
     # (n_cycles, n_gpus) int8: after each cycle, the rule that last lowered each GPU's cap
     # (policies.causes); None: not recorded (every GPU then counts as at its failsafe cap)
     cycle_cause: np.ndarray | None = None
@@ -316,6 +321,7 @@ def summarize(trace: RunRecord) -> Summary:
             gpu_j,
             smoothing_j=_fill_j(trace),
             demand_w=_natural_site(trace, site),
+            resume_w=_resume_site(trace, site),
         ),
         energy_gpu_wh=gpu_j / 3600.0,
         energy_site_wh=site_j / 3600.0,
@@ -344,6 +350,15 @@ def _fill_j(trace: RunRecord) -> float | None:
     return float(fill[-1] - fill[0])
 
 
+def _fill_power_w(t: np.ndarray, fill_j: np.ndarray) -> np.ndarray:
+    """Fill power at each sample from cumulative fill energy (rows: samples): the energy
+    since the sample before over the time since it; 0 at the first."""
+    fill_w = np.zeros(np.shape(fill_j))
+    step_s = np.maximum(np.diff(t), 1e-9)
+    fill_w[1:] = np.diff(fill_j, axis=0) / (step_s if np.ndim(fill_j) == 1 else step_s[:, None])
+    return fill_w
+
+
 def _natural_site(trace: RunRecord, site_w: np.ndarray) -> np.ndarray | None:
     """The site's draw without what smoothing burnt (each sample less the fill power since
     the one before), on the regular steps the grid is measured at; None when it was off."""
@@ -351,9 +366,31 @@ def _natural_site(trace: RunRecord, site_w: np.ndarray) -> np.ndarray | None:
     if fill is None or len(fill) < 2:
         return None
     t = np.asarray(trace.t, dtype=float)
-    fill_w = np.zeros(len(fill))
-    fill_w[1:] = np.diff(fill) / np.maximum(np.diff(t), 1e-9)
-    return regular_series(t, site_w - fill_w)[0]
+    return regular_series(t, site_w - _fill_power_w(t, fill))[0]
+
+
+def _resume_site(trace: RunRecord, site_w: np.ndarray) -> np.ndarray | None:
+    """What the site would draw at each sample, with no fill, were every GPU waiting (in a
+    ``WAITING_PHASES`` phase) to resume at once: its draw with no fill, plus each waiting
+    GPU's shortfall from its own draw (no fill) at its last sample in a progress phase. On
+    the regular steps the grid is measured at; None without per-GPU samples."""
+    power = trace.gpu_power_w
+    if power is None or len(power) < 2:
+        return None
+    t = np.asarray(trace.t, dtype=float)
+    natural = np.asarray(power, dtype=float).copy()
+    site = np.asarray(site_w, dtype=float).copy()
+    if trace.gpu_fill_energy_each_j is not None:
+        fill_w = _fill_power_w(t, np.asarray(trace.gpu_fill_energy_each_j, dtype=float))
+        natural -= fill_w
+        site -= fill_w.sum(axis=1)
+    working = _progress_mask(trace.gpu_phase)
+    waiting = np.isin(trace.gpu_phase, [PHASE_CODES[p] for p in WAITING_PHASES])
+    # each GPU's draw at its last sample in a progress phase (NaN before its first)
+    last = np.maximum.accumulate(np.where(working, np.arange(len(t))[:, None], -1), axis=0)
+    resume = np.take_along_axis(natural, np.maximum(last, 0), axis=0)
+    shortfall = np.where(waiting & (last >= 0), np.maximum(resume - natural, 0.0), 0.0)
+    return regular_series(t, site + shortfall.sum(axis=1))[0]
 
 
 def _progress_mask(phase: np.ndarray) -> np.ndarray:

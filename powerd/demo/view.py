@@ -503,6 +503,7 @@ def grid_rows(summary: Summary) -> list[tuple[str, str, str]]:
         + f"; peak-to-peak {g['peak_to_peak_max_w'] / 1e3:.1f} kW"
     )
     rows.append(("site oscillation", osc, ""))
+    floor = []
     if "floor_energy_kwh" in g:
         share_floor = g["floor_energy_share_of_jobs"]
         of_gpus = "" if share_floor is None else f" ({share_floor:.1%} of the GPUs' energy)"
@@ -513,14 +514,19 @@ def grid_rows(summary: Summary) -> list[tuple[str, str, str]]:
                 f"holding {g['floor_fraction']:.0%} of the recent peak would burn "
                 f"{g['floor_energy_kwh']:.3f} kWh"
             )
-        what += of_gpus
-        if "floor_least_kwh" in g:  # the least any floor within the ramp limits burns
-            least = g["floor_least_share_of_jobs"]
-            what += (
-                f"; the least any floor within the ramp limits burns: "
-                f"{g['floor_least_kwh']:.3f} kWh" + ("" if least is None else f" ({least:.1%})")
+        floor.append(what + of_gpus)
+    for key, what in (
+        ("least", "the least any floor within the ramp limits burns"),
+        ("ready", "one that cannot know when waits end"),
+    ):
+        if f"floor_{key}_kwh" in g:
+            share = g[f"floor_{key}_share_of_jobs"]
+            floor.append(
+                f"{what}: {g[f'floor_{key}_kwh']:.3f} kWh"
+                + ("" if share is None else f" ({share:.1%})")
             )
-        rows.append(("grid floor", what, ""))
+    if floor:
+        rows.append(("grid floor", "; ".join(floor), ""))
     if not has_spec:  # nothing to be outside of
         return rows
     outside = (

@@ -120,6 +120,7 @@ def grid_report(
     energy_j: float | None = None,
     smoothing_j: float | None = None,
     demand_w: np.ndarray | None = None,
+    resume_w: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """A site's regular power series (one value every ``step_s``) measured as the grid sees
     it (``policies.grid``), against ``spec`` when there is one: what ``powerplan whatif``
@@ -130,7 +131,10 @@ def grid_report(
     what holding the spec's floor on this series would burn (``floor_source`` says which).
     ``demand_w``: what the site would draw with no floor held (default: ``site_w`` when
     nothing was burnt); under a ramp limit, the least any floor must burn on it to meet the
-    limit is reported (``floor_least_*``, ``policies.grid.least_ramp_floor``)."""
+    limit is reported (``floor_least_*``, ``policies.grid.least_ramp_floor``). ``resume_w``:
+    what the site would draw were every waiting job to resume at once; given, the least a
+    floor that cannot know when waits end must burn is reported too (``floor_ready_*``,
+    ``policies.grid.least_ready_floor``)."""
     g = spec or GridSpec()
     out: dict[str, Any] = {"spec": NO_GRID_SPEC if spec is None else spec.describe()}
     out["step_s"] = step_s
@@ -195,6 +199,13 @@ def grid_report(
             "floor_least_kwh": least_cost.energy_kwh,
             "floor_least_share_of_jobs": _finite(least_cost.share_of_reference),
         }
+        if resume_w is not None:
+            ready = grid_measure.least_ready_floor(demand_w, resume_w, step_s, g.window_s, up, down)
+            ready_cost = grid_measure.floor_cost(demand_w, ready, step_s, energy_j)
+            out |= {
+                "floor_ready_kwh": ready_cost.energy_kwh,
+                "floor_ready_share_of_jobs": _finite(ready_cost.share_of_reference),
+            }
     if smoothing_j is not None:
         share = smoothing_j / energy_j if energy_j else math.nan
         out |= {

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from policies.tree import PHASE_CODES
 from powerd.demo.report import print_outcome
 from powerd.demo.summary import regular_series, summarize
 from powerd.demo.view import grid_breach_line, grid_rows, print_summary
@@ -226,3 +227,40 @@ def test_under_smoothing_the_least_floor_is_taken_on_the_draw_without_the_fill()
     assert want_j > 0 and s.grid["floor_least_kwh"] == pytest.approx(want_j / 3.6e6)
     rows = dict((label, value) for label, value, _ in grid_rows(s))
     assert "the least any floor within the ramp limits burns" in rows["grid floor"]
+
+
+def test_the_least_ready_floor_holds_each_wait_one_window_under_its_resumption():
+    """Two GPUs: one computes at 40 W throughout; the other at 50 W, but waits 3 s (from 20
+    s) at 20 W while filling 15 W. Were it to resume, the site (10 W of overhead) would
+    draw 100 W; 15 W/s over 1 s windows lets the wait be 15 W under that, so a floor that
+    cannot know when the wait ends holds 85 W for all 3 s (45 J over the 70 W it draws);
+    the least floor knows the end is 2 s away and lets the middle second down (30 J)."""
+    t = np.arange(N) * DT
+    wait = (t >= 20) & (t < 23)
+    natural = np.column_stack([np.where(wait, 20.0, 50.0), np.full(N, 40.0)])
+    fill_w = np.column_stack([np.where(wait, 15.0, 0.0), np.zeros(N)])
+    fill_j = np.concatenate([np.zeros((1, 2)), np.cumsum(fill_w[1:] * DT, axis=0)])
+    drawn = natural + fill_w
+    site = 10.0 + drawn.sum(axis=1)
+    power = np.column_stack([site, site, site])
+    phase = np.full((N, 2), PHASE_CODES["compute"], dtype=np.int8)
+    phase[wait, 0] = PHASE_CODES["communication"]
+    s = summarize(
+        make_trace(
+            power,
+            t=t,
+            grid=SPEC,
+            gpu_phase=phase,
+            gpu_fill_energy_j=fill_j.sum(axis=1),
+            gpu_power_w=drawn,
+            gpu_fill_energy_each_j=fill_j,
+        )
+    )
+    assert s.grid["floor_energy_kwh"] == pytest.approx(45.0 / 3.6e6)  # what the fill burnt
+    assert s.grid["floor_ready_kwh"] == pytest.approx(45.0 / 3.6e6)
+    assert s.grid["floor_least_kwh"] == pytest.approx(30.0 / 3.6e6)
+    rows = dict((label, value) for label, value, _ in grid_rows(s))
+    assert "one that cannot know when waits end: 0.000 kWh" in rows["grid floor"]
+    # without per-GPU samples there is nothing to be ready for: no such figure
+    bare = summarize(make_trace(power, t=t, grid=SPEC, gpu_fill_energy_j=fill_j.sum(axis=1)))
+    assert "floor_ready_kwh" not in bare.grid and "floor_least_kwh" in bare.grid

@@ -192,6 +192,48 @@ def test_the_least_floor_of_a_short_dip_by_hand():
         grid.least_ramp_floor(power, 0.5, 1.0, up_w_per_s=0.0)
 
 
+def test_the_least_ready_floor_of_a_long_wait_by_hand():
+    """10 W, then a six-step wait at 4 W whose job would resume to 10 W; 0.5 s steps, 1 s
+    window, 4 W/s each way: 4 W a window. The least floor lets the middle of the wait down
+    to 4 W (the rise back is two windows away); a floor that cannot know when the wait
+    ends holds it 4 W under 10 W throughout, ready for a resumption at any step."""
+    power = np.array([10, 10, 10, 4, 4, 4, 4, 4, 4, 10, 10], dtype=float)
+    resume = np.where(power < 10, 10.0, power)
+    least = grid.least_ramp_floor(power, 0.5, 1.0, 4.0, 4.0)
+    np.testing.assert_allclose(least, [10, 10, 10, 6, 6, 4, 4, 6, 6, 10, 10])
+    ready = grid.least_ready_floor(power, resume, 0.5, 1.0, 4.0, 4.0)
+    np.testing.assert_allclose(ready, [10, 10, 10, 6, 6, 6, 6, 6, 6, 10, 10])
+    # nobody waiting: nothing to be ready for, the least floor itself
+    np.testing.assert_array_equal(grid.least_ready_floor(power, power, 0.5, 1.0, 4.0, 4.0), least)
+    # no rise limit: a resumption may come at once, nothing to be ready for
+    np.testing.assert_array_equal(
+        grid.least_ready_floor(power, resume, 0.5, 1.0, down_w_per_s=4.0),
+        grid.least_ramp_floor(power, 0.5, 1.0, down_w_per_s=4.0),
+    )
+    with pytest.raises(ValueError, match="resume_w has shape"):
+        grid.least_ready_floor(power, resume[:-1], 0.5, 1.0, 4.0, 4.0)
+
+
+@many
+@given(powers, steps, windows, limits, limits, st.data())
+def test_the_least_ready_floor_is_ready_meets_the_ramps_and_is_above_the_least_floor(
+    power, dt, window, up, down, data
+):
+    lift = np.array(
+        data.draw(st.lists(st.floats(0, 1e4), min_size=len(power), max_size=len(power)))
+    )
+    resume = power + lift
+    ready = grid.least_ready_floor(power, resume, dt, window, up, down)
+    least = grid.least_ramp_floor(power, dt, window, up, down)
+    slack = 1e-9 * max(1.0, float(np.abs(resume).max(initial=0.0)))
+    assert np.all(ready >= least - slack)
+    allowed_rise = up * grid.window_steps(dt, window) * dt
+    assert np.all(ready >= resume - allowed_rise - slack)
+    rates = grid.ramp_rates(ready, dt, window)
+    if len(rates):
+        assert rates.max() <= up + slack and -rates.min() <= down + slack
+
+
 @many
 @given(powers, steps, windows, limits, limits)
 def test_the_least_floor_meets_the_ramps_and_no_lower_series_does(power, dt, window, up, down):
