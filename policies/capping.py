@@ -61,7 +61,10 @@ A node's measured power is the measured power of every GPU under it plus its
    ``min(gap, max(uncap_step_fraction * gap, uncap_min_step_w))``, with
    ``gap = cap_max - cap``. Every node grants at most
    ``min(ramp_w_per_s * dt_s, cap_target_w - predicted)`` in total (0 if it
-   is not below its uncapping threshold): the ramp limit, and the headroom
+   is not below its uncapping threshold; ``ramp_w_per_s`` less
+   ``startup_rise_w_per_s`` for every controllable GPU in ``startup`` under
+   it, which rises on its own under software grid smoothing, never below 0):
+   the ramp limit, and the headroom
    that keeps a node from being uncapped into capping again (that assumes
    every granted watt is drawn, so it is conservative). It also grants at
    most ``limit_w - cap_sum``, ``cap_sum`` being the sum of the caps under the
@@ -124,6 +127,7 @@ _STAGED_CODES = np.array([PHASE_CODES[p] for p in STAGED_PHASES])
 _WAITING_CODES = np.array([PHASE_CODES[p] for p in WAITING_PHASES])
 _COMM_CODE = PHASE_CODES["communication"]
 _IDLE_CODE = PHASE_CODES["idle"]
+_STARTUP_CODE = PHASE_CODES["startup"]
 # Needs below this are rounding, not overload (a site sums ~1e8 W: ~1e-8 W of float noise).
 NEGLIGIBLE_W = 1e-7
 
@@ -168,6 +172,11 @@ class PolicySettings:
     # there with its jobs held (found by `powerplan evaluate` on the 150 MW site: 129 MW of
     # a 149 MW demand, 21 MW of the feed unused, 6 % of the throughput lost).
     uncap_between_bands: bool = True
+    # W/s each controllable GPU in `startup` may rise by on its own (software grid
+    # smoothing: the job fills up at its GPUs' ramp-up share while it starts): every node's
+    # uncapping ramp is less that for each such GPU under it, so a start and the caps
+    # handed back elsewhere share one ramp. controller.grid_smoothing sets it to the share.
+    startup_rise_w_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.uncap_step_fraction <= 1.0:
@@ -182,6 +191,8 @@ class PolicySettings:
             raise ValueError(
                 f"stage_headroom_fraction must be in [0, 1], not {self.stage_headroom_fraction}"
             )
+        if not (np.isfinite(self.startup_rise_w_per_s) and self.startup_rise_w_per_s >= 0.0):
+            raise ValueError(f"startup_rise_w_per_s must be >= 0, not {self.startup_rise_w_per_s}")
         if not (np.isfinite(self.uncap_min_step_w) and self.uncap_min_step_w >= 0.0):
             raise ValueError(f"uncap_min_step_w must be >= 0, not {self.uncap_min_step_w}")
         if self.hold_floor_w_per_gpu is not None and not (
@@ -326,7 +337,11 @@ def decide(
         if settings.uncap_within_caps:  # GPUs at their caps; idle ones at what they draw
             at_caps = np.where(phase == _IDLE_CODE, power, held)
             drawn = tree.node_sum(at_caps) + overhead
-        budget = np.minimum(tree.ramp_w_per_s * dt_s, tree.cap_target_w - drawn)
+        ramp = np.asarray(tree.ramp_w_per_s, dtype=float)
+        if settings.startup_rise_w_per_s > 0:  # what starting GPUs take of it on their own
+            starting = (ctl & (phase == _STARTUP_CODE)).astype(float)
+            ramp = np.maximum(ramp - settings.startup_rise_w_per_s * tree.node_sum(starting), 0)
+        budget = np.minimum(ramp * dt_s, tree.cap_target_w - drawn)
         np.minimum(budget, tree.limit_w - node_cap_sum, out=budget)
         budget = np.where(room & (budget > NEGLIGIBLE_W), budget, 0.0)  # NaN (bad tree): none
         server = tree.gpu_ancestor[SERVER][i]

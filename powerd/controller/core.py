@@ -656,15 +656,7 @@ class ControllerCore:
             self._infer_phases(now)
         state, live = self.cluster_state(now, counters, heard)
         self._track_holdings(now, live, counters)
-        policy = self.settings.policy
-        if dt_s < self.settings.cycle_s:  # an early cycle: hand back no more watts per second
-            scale = dt_s / self.settings.cycle_s
-            policy = dataclasses.replace(
-                policy,
-                uncap_step_fraction=policy.uncap_step_fraction * scale,
-                uncap_min_step_w=policy.uncap_min_step_w * scale,
-            )
-        decision = decide(self.tree, state, dt_s, policy)
+        decision = decide(self.tree, state, dt_s, self.cycle_policy(dt_s))
         self._last_node_power_w = decision.node_power_w
         commands = self._commands(decision, live, now, counters)
         if counters.telemetry_dropped or counters.telemetry_lost:
@@ -678,6 +670,25 @@ class ControllerCore:
                 counters.telemetry_waiting,
             )
         return CycleResult(decision, commands, counters, time.perf_counter() - started, state)
+
+    def cycle_policy(self, dt_s: float) -> PolicySettings:
+        """The policy a cycle ``dt_s`` after the last decides under: the configured one;
+        under grid smoothing, starting GPUs rise on their own at their share of the grid's
+        ramp-up (software smoothing fills a start up at it), so it is taken out of the ramp
+        the caps are handed back under; an early cycle hands back no more watts per second."""
+        policy = self.settings.policy
+        smoothing = self.settings.smoothing
+        if smoothing is not None and smoothing.enabled:
+            rise = max(policy.startup_rise_w_per_s, smoothing.ramp_up_w_per_s)
+            policy = dataclasses.replace(policy, startup_rise_w_per_s=rise)
+        if dt_s < self.settings.cycle_s:
+            scale = dt_s / self.settings.cycle_s
+            policy = dataclasses.replace(
+                policy,
+                uncap_step_fraction=policy.uncap_step_fraction * scale,
+                uncap_min_step_w=policy.uncap_min_step_w * scale,
+            )
+        return policy
 
     def _track_holdings(self, now: float, live: np.ndarray, counters: CycleCounters) -> None:
         """What each node holds, as far as commands go.

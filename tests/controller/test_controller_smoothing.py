@@ -204,3 +204,17 @@ def test_without_grid_smoothing_no_command_carries_a_profile() -> None:
     for _ in range(3):
         result = bench.cycle(1.0)
         assert all(s is None for ss in smoothing_of(result.commands).values() for s in ss)
+
+
+def test_under_grid_smoothing_starting_gpus_take_their_share_out_of_the_uncapping_ramp() -> None:
+    """Software smoothing fills a starting job up at each GPU's ramp-up share by itself; the
+    controller hands caps back under what is left of the ramp (found by `powerd demo
+    --smoothing --duration-s 20`: a start filling up while another job's caps came back
+    moved the site +21.7 kW/s against its 20 kW/s limit)."""
+    bench = smoothing_bench()
+    profile = bench.core.settings.smoothing
+    assert profile is not None
+    policy = bench.core.cycle_policy(bench.core.settings.cycle_s)
+    assert policy.startup_rise_w_per_s == profile.ramp_up_w_per_s == pytest.approx(90.0)
+    plain = smoothing_bench(smoothing=None)
+    assert plain.core.cycle_policy(plain.core.settings.cycle_s).startup_rise_w_per_s == 0.0

@@ -117,6 +117,28 @@ def test_checkpoint_resume_is_ramp_limited():
     assert unstaged[resume] - unstaged[resume - 1] == pytest.approx(16 * 750.0)
 
 
+def test_gpus_starting_on_their_own_take_their_rise_out_of_the_ramp_handed_back():
+    """Under software grid smoothing a starting job fills up at its GPUs' ramp-up share by
+    itself: 8 GPUs computing and 4 starting under a 1000 W/s site ramp, each start rising
+    50 W/s, leave 800 W/s for the caps handed back; 300 W/s each would leave nothing."""
+    tree = with_ramp(uncapping_everywhere(uniform_tree(1, 1, 3, 4)), [0], 1000.0)
+    state = make_state(tree, 400.0, 400.0)  # caps at 400 W of 200-1200 W, drawing them
+    state.phase[8:] = STARTUP
+    alone = decide(tree, state, 1.0, PolicySettings(uncap_step_fraction=1.0))
+    assert alone.cap_w[:8].sum() - 8 * 400.0 == pytest.approx(1000.0)
+    shared = decide(
+        tree, state, 1.0, PolicySettings(uncap_step_fraction=1.0, startup_rise_w_per_s=50.0)
+    )
+    assert shared.cap_w[:8].sum() - 8 * 400.0 == pytest.approx(1000.0 - 4 * 50.0)
+    np.testing.assert_array_equal(shared.cap_w[8:], alone.cap_w[8:])  # the starts as before
+    none_left = decide(
+        tree, state, 1.0, PolicySettings(uncap_step_fraction=1.0, startup_rise_w_per_s=300.0)
+    )
+    np.testing.assert_allclose(none_left.cap_w[:8], 400.0)
+    with pytest.raises(ValueError, match="startup_rise_w_per_s"):
+        PolicySettings(startup_rise_w_per_s=-1.0)
+
+
 # --- power floor cost ------------------------------------------------------------------------
 
 

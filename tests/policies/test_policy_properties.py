@@ -30,6 +30,7 @@ policy_settings = st.builds(
     stage_headroom_fraction=st.floats(0.0, 0.5),
     priority_shift=st.booleans(),
     uncap_between_bands=st.booleans(),
+    startup_rise_w_per_s=st.just(0.0) | st.floats(0.0, 500.0),
 )
 many = settings(max_examples=150, deadline=None)
 
