@@ -56,6 +56,8 @@ def summary(info: dict) -> dict:
             "floor_energy_share_of_jobs",
             "floor_least_kwh",
             "floor_least_share_of_jobs",
+            "floor_ready_kwh",
+            "floor_ready_share_of_jobs",
         )
     }
     out["s_above_limit_max"] = max(level["s_above_limit_max"] for level in info["levels"])

@@ -65,6 +65,7 @@ from policies import (
     Tree,
     decide,
 )
+from policies.capping import WAITING_PHASES
 from policies.causes import (
     LOST_CAUSES,
     NOT_HELD,
@@ -75,7 +76,7 @@ from policies.causes import (
     lost_column,
     lost_index,
 )
-from policies.grid import J_PER_KWH
+from policies.grid import J_PER_KWH, ResumeLevels
 from policies.smoothing import (
     DEFAULT_MARGIN,
     NO_SMOOTHING,
@@ -87,10 +88,11 @@ from policies.smoothing import (
     with_grid_ramp,
 )
 from policies.storage import DEFAULT_HORIZON_S, DEFAULT_ROUND_TRIP, Storage, dispatch
-from policies.tree import LEVEL_NAMES, RACK
+from policies.tree import LEVEL_NAMES, RACK, phase_lookup
 from powerd.gpu.models import GPU_MODELS
 from powerd.topology import Topology
 from powerd.topology.grid import GridSpec, grid_report
+from powerd.vocabulary import PROGRESS_PHASES
 
 DEFAULT_SPEED_EXPONENT = 0.28  # ln(0.95) / ln(1000 / 1200): docs/DOMAIN.md, Meta's GB200
 
@@ -300,6 +302,11 @@ def replay(
     site_natural_w = site_w  # ... and what it would draw with no floor held (smoothing: below)
     if settings.smoothing:
         site_natural_w = np.empty(n_steps)
+    # ... and were every waiting GPU to resume at once (policies.grid.least_ready_floor)
+    site_resume_w = np.empty(n_steps)
+    resume_levels = ResumeLevels(tree.n_gpus)
+    is_progress = phase_lookup(PROGRESS_PHASES)
+    is_waiting = phase_lookup(WAITING_PHASES)
 
     for t in range(n_steps):
         col = (t + offsets) % lengths
@@ -329,6 +336,10 @@ def replay(
         site_w[t] = node_w[0]
         if settings.smoothing:
             site_natural_w[t] = node_w[0] - moved_sum_w
+        shortfall_w = resume_levels.step(
+            natural_w, busy & is_progress[phase], busy & is_waiting[phase]
+        )
+        site_resume_w[t] = site_natural_w[t] + shortfall_w
         node_demand_w = tree.node_sum(demand_w) + overhead_w
         withheld = np.maximum(node_demand_w - node_w, 0.0)  # float noise below 0
         acc["capping"] += decision.node_capping
@@ -379,7 +390,13 @@ def replay(
     jobs_j = float(job_acc["power_w"] @ placement.job_gpus) * step_s
     burnt = float(held_j_by_phase.sum()) if settings.smoothing else None
     info["grid"] = grid_report(
-        site_w, step_s, top.grid, jobs_j, smoothing_j=burnt, demand_w=site_natural_w
+        site_w,
+        step_s,
+        top.grid,
+        jobs_j,
+        smoothing_j=burnt,
+        demand_w=site_natural_w,
+        resume_w=site_resume_w,
     )
     if settings.smoothing:
         info["smoothing"] = {
@@ -572,11 +589,14 @@ def grid_table(grid: dict[str, object]) -> pd.DataFrame:
                 None,
             )
         )
-    if "floor_least_kwh" in grid:  # no floor meets the ramp limits for less
-        least = "energy the least floor within the ramp limits burns"
-        rows.append((least, "kWh", grid["floor_least_kwh"], None, None))
-        share = grid["floor_least_share_of_jobs"]
-        rows.append((least, "share of jobs' energy", share, None, None))
+    for key, what in (
+        ("least", "energy the least floor within the ramp limits burns"),
+        ("ready", "energy the least floor that cannot know when waits end burns"),
+    ):
+        if f"floor_{key}_kwh" in grid:  # no floor (that knows so much) meets the limits for less
+            rows.append((what, "kWh", grid[f"floor_{key}_kwh"], None, None))
+            share = grid[f"floor_{key}_share_of_jobs"]
+            rows.append((what, "share of jobs' energy", share, None, None))
     return pd.DataFrame(rows, columns=["what", "unit", "value", "limit", "s_outside"])
 
 

@@ -386,6 +386,24 @@ def least_ready_floor(
     return least_ramp_floor(ready, dt_s, window_s, up_w_per_s, down_w_per_s)
 
 
+class ResumeLevels:
+    """What each GPU would draw were its job to resume now, step by step: its draw (with no
+    floor held) at its last step in a phase that does training work. ``step`` gives the
+    waiting GPUs' total shortfall from that, so the site's draw plus it is the
+    ``resume_w`` of ``least_ready_floor``."""
+
+    def __init__(self, n_gpus: int) -> None:
+        self.resume_w = np.full(n_gpus, -np.inf)  # -inf: not worked yet, nothing to resume to
+
+    def step(self, natural_w: np.ndarray, working: np.ndarray, waiting: np.ndarray) -> float:
+        """How far below their resume levels the waiting GPUs draw, in all (W); then the
+        working GPUs' levels move to what they draw."""
+        gap = self.resume_w[waiting] - natural_w[waiting]
+        total = float(gap[gap > 0].sum())
+        np.copyto(self.resume_w, natural_w, where=working)
+        return total
+
+
 @dataclass(frozen=True)
 class FloorCost:
     energy_kwh: float  # burnt holding the floor

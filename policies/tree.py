@@ -10,7 +10,7 @@ tests' generators.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -29,6 +29,14 @@ PRIORITY_CODES = {name: len(PRIORITIES) - 1 - rank for rank, name in enumerate(P
 
 # Phase codes, per GPU: PHASES[code] names it.
 PHASE_CODES = {name: code for code, name in enumerate(PHASES)}
+
+
+def phase_lookup(phases: Iterable[str]) -> np.ndarray:
+    """A bool per phase code, True for ``phases``: ``phase_lookup(p)[codes]`` marks the
+    GPUs in one of them (several times faster than ``np.isin`` on a site's GPUs)."""
+    table = np.zeros(len(PHASES), dtype=bool)
+    table[[PHASE_CODES[p] for p in phases]] = True
+    return table
 
 
 @dataclass(frozen=True, eq=False)

@@ -82,9 +82,8 @@ from policies.capping import WAITING_PHASES
 from policies.causes import CLOCK_LOCK, FAILSAFE, LOST_CAUSES, NOT_HELD, loss_by_cause
 from policies.tree import LEVEL_NAMES, PHASE_CODES
 from powerd.topology.grid import GridSpec, grid_report
-from powerd.vocabulary import PHASES
+from powerd.vocabulary import PHASES, PROGRESS_PHASES
 
-PROGRESS_PHASES = ("compute", "eval")
 RAMP_WINDOW_S = 1.0
 EXIT_OK, EXIT_LIMIT_VIOLATED = 0, 1
 
@@ -386,11 +385,9 @@ def _resume_site(trace: RunRecord, site_w: np.ndarray) -> np.ndarray | None:
         site -= fill_w.sum(axis=1)
     working = _progress_mask(trace.gpu_phase)
     waiting = np.isin(trace.gpu_phase, [PHASE_CODES[p] for p in WAITING_PHASES])
-    # each GPU's draw at its last sample in a progress phase (NaN before its first)
-    last = np.maximum.accumulate(np.where(working, np.arange(len(t))[:, None], -1), axis=0)
-    resume = np.take_along_axis(natural, np.maximum(last, 0), axis=0)
-    shortfall = np.where(waiting & (last >= 0), np.maximum(resume - natural, 0.0), 0.0)
-    return regular_series(t, site + shortfall.sum(axis=1))[0]
+    levels = grid_measure.ResumeLevels(natural.shape[1])
+    shortfall = [levels.step(natural[k], working[k], waiting[k]) for k in range(len(t))]
+    return regular_series(t, site + np.array(shortfall))[0]
 
 
 def _progress_mask(phase: np.ndarray) -> np.ndarray:

@@ -195,3 +195,15 @@ def test_the_least_floor_is_measured_on_the_draw_with_no_floor_held():
     assert 0 < g_smooth["floor_least_kwh"] < g_raw["floor_least_kwh"]
     table = grid_table(g_smooth)
     assert "energy the least floor within the ramp limits burns" in set(table["what"])
+
+
+def test_the_least_ready_floor_is_above_the_least_floor_and_reported():
+    """A floor that cannot know when a communication wait ends holds every wait within one
+    window's rise of where the job would resume: no less than the least floor, which may
+    let a wait down when it knows the resumption is far enough ahead."""
+    for run in (replay_sync(False), replay_sync(True)):
+        g = run.info["grid"]
+        assert g["floor_ready_kwh"] >= g["floor_least_kwh"] * (1 - 1e-9)
+        assert g["floor_ready_share_of_jobs"] >= g["floor_least_share_of_jobs"] * (1 - 1e-9)
+        what = set(grid_table(g)["what"])
+        assert "energy the least floor that cannot know when waits end burns" in what

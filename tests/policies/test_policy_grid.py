@@ -214,6 +214,17 @@ def test_the_least_ready_floor_of_a_long_wait_by_hand():
         grid.least_ready_floor(power, resume[:-1], 0.5, 1.0, 4.0, 4.0)
 
 
+def test_resume_levels_are_each_gpus_last_working_draw():
+    """GPU 0 works at 100 W, then waits at 40 W: 60 W short of where it would resume. GPU 1
+    keeps working (its level follows it). GPU 2 waits before it ever worked: nothing to
+    resume to. A waiting GPU drawing above its level is short of nothing."""
+    levels = grid.ResumeLevels(3)
+    yes, no = True, False
+    assert levels.step(np.array([100.0, 200.0, 30.0]), [yes, yes, no], [no, no, no]) == 0.0
+    assert levels.step(np.array([40.0, 250.0, 50.0]), [no, yes, no], [yes, no, yes]) == 60.0
+    assert levels.step(np.array([120.0, 90.0, 50.0]), [no, no, no], [yes, yes, yes]) == 160.0
+
+
 @many
 @given(powers, steps, windows, limits, limits, st.data())
 def test_the_least_ready_floor_is_ready_meets_the_ramps_and_is_above_the_least_floor(
