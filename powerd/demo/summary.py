@@ -298,6 +298,7 @@ def summarize(trace: RunRecord) -> Summary:
     site_j = gpu_j + trace.overhead_total_w * elapsed
 
     jobs, throughput, lost_by_cause = _jobs(trace, dt)
+    natural = _natural_site(trace, site)  # None: nothing burnt
     ramp_limit = float(trace.site_ramp_limit_w_per_s)
     return Summary(
         duration_s=float(trace.duration_s),
@@ -319,8 +320,8 @@ def summarize(trace: RunRecord) -> Summary:
             trace.grid,
             gpu_j,
             smoothing_j=_fill_j(trace),
-            demand_w=_natural_site(trace, site),
-            resume_w=_resume_site(trace, site),
+            demand_w=None if natural is None else regular_series(trace.t, natural)[0],
+            resume_w=_resume_site(trace, site if natural is None else natural),
         ),
         energy_gpu_wh=gpu_j / 3600.0,
         energy_site_wh=site_j / 3600.0,
@@ -359,35 +360,32 @@ def _fill_power_w(t: np.ndarray, fill_j: np.ndarray) -> np.ndarray:
 
 
 def _natural_site(trace: RunRecord, site_w: np.ndarray) -> np.ndarray | None:
-    """The site's draw without what smoothing burnt (each sample less the fill power since
-    the one before), on the regular steps the grid is measured at; None when it was off."""
+    """The site's draw at each sample without what smoothing burnt (each sample less the
+    fill power since the one before); None when it was off."""
     fill = trace.gpu_fill_energy_j
     if fill is None or len(fill) < 2:
         return None
     t = np.asarray(trace.t, dtype=float)
-    return regular_series(t, site_w - _fill_power_w(t, fill))[0]
+    return site_w - _fill_power_w(t, fill)
 
 
-def _resume_site(trace: RunRecord, site_w: np.ndarray) -> np.ndarray | None:
+def _resume_site(trace: RunRecord, natural_site_w: np.ndarray) -> np.ndarray | None:
     """What the site would draw at each sample, with no fill, were every GPU waiting (in a
-    ``WAITING_PHASES`` phase) to resume at once: its draw with no fill, plus each waiting
-    GPU's shortfall from its own draw (no fill) at its last sample in a progress phase. On
-    the regular steps the grid is measured at; None without per-GPU samples."""
+    ``WAITING_PHASES`` phase) to resume at once: ``natural_site_w`` plus each waiting GPU's
+    shortfall from its own draw (no fill) at its last sample in a progress phase. On the
+    regular steps the grid is measured at; None without per-GPU samples."""
     power = trace.gpu_power_w
     if power is None or len(power) < 2:
         return None
     t = np.asarray(trace.t, dtype=float)
-    natural = np.asarray(power, dtype=float).copy()
-    site = np.asarray(site_w, dtype=float).copy()
+    natural = np.asarray(power, dtype=float)
     if trace.gpu_fill_energy_each_j is not None:
-        fill_w = _fill_power_w(t, np.asarray(trace.gpu_fill_energy_each_j, dtype=float))
-        natural -= fill_w
-        site -= fill_w.sum(axis=1)
+        natural = natural - _fill_power_w(t, np.asarray(trace.gpu_fill_energy_each_j, float))
     working = _progress_mask(trace.gpu_phase)
     waiting = np.isin(trace.gpu_phase, [PHASE_CODES[p] for p in WAITING_PHASES])
     levels = grid_measure.ResumeLevels(natural.shape[1])
     shortfall = [levels.step(natural[k], working[k], waiting[k]) for k in range(len(t))]
-    return regular_series(t, site + np.array(shortfall))[0]
+    return regular_series(t, natural_site_w + np.array(shortfall))[0]
 
 
 def _progress_mask(phase: np.ndarray) -> np.ndarray:
