@@ -88,7 +88,7 @@ from policies.smoothing import (
     with_grid_ramp,
 )
 from policies.storage import DEFAULT_HORIZON_S, DEFAULT_ROUND_TRIP, Storage, dispatch
-from policies.tree import LEVEL_NAMES, RACK, phase_lookup
+from policies.tree import LEVEL_NAMES, RACK, in_codes, phase_codes
 from powerd.gpu.models import GPU_MODELS
 from powerd.topology import Topology
 from powerd.topology.grid import GridSpec, grid_report
@@ -305,8 +305,8 @@ def replay(
     # ... and were every waiting GPU to resume at once (policies.grid.least_ready_floor)
     site_resume_w = np.empty(n_steps)
     resume_levels = ResumeLevels(tree.n_gpus)
-    is_progress = phase_lookup(PROGRESS_PHASES)
-    is_waiting = phase_lookup(WAITING_PHASES)
+    progress_codes = phase_codes(PROGRESS_PHASES)
+    waiting_codes = phase_codes(WAITING_PHASES)
 
     for t in range(n_steps):
         col = (t + offsets) % lengths
@@ -337,7 +337,7 @@ def replay(
         if settings.smoothing:
             site_natural_w[t] = node_w[0] - moved_sum_w
         shortfall_w = resume_levels.step(
-            natural_w, busy & is_progress[phase], busy & is_waiting[phase]
+            natural_w, busy & in_codes(phase, progress_codes), busy & in_codes(phase, waiting_codes)
         )
         site_resume_w[t] = site_natural_w[t] + shortfall_w
         node_demand_w = tree.node_sum(demand_w) + overhead_w

@@ -117,14 +117,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.tree import HIGH, LOW, PHASE_CODES, RACK, ROW, SERVER, SITE, ClusterState, Tree
+from policies.tree import (
+    HIGH,
+    LOW,
+    PHASE_CODES,
+    RACK,
+    ROW,
+    SERVER,
+    SITE,
+    ClusterState,
+    Tree,
+    in_codes,
+    phase_codes,
+)
 
 N_PRIORITIES = HIGH - LOW + 1
 LEVELS_BOTTOM_UP = (SERVER, RACK, ROW, SITE)
 STAGED_PHASES = ("startup", "checkpoint")
 WAITING_PHASES = ("communication", "checkpoint")
-_STAGED_CODES = np.array([PHASE_CODES[p] for p in STAGED_PHASES])
-_WAITING_CODES = np.array([PHASE_CODES[p] for p in WAITING_PHASES])
+_STAGED_CODES = phase_codes(STAGED_PHASES)
+_WAITING_CODES = phase_codes(WAITING_PHASES)
 _COMM_CODE = PHASE_CODES["communication"]
 _IDLE_CODE = PHASE_CODES["idle"]
 _STARTUP_CODE = PHASE_CODES["startup"]
@@ -254,7 +266,7 @@ def decide(
     capping = node_power > tree.cap_threshold_w
 
     # 2. staged phases: caps follow the GPU down, not below the staged start cap
-    staged = ctl & _in_codes(phase, _STAGED_CODES)
+    staged = ctl & in_codes(phase, _STAGED_CODES)
     if staged.any():
         i = np.flatnonzero(staged)
         span = cap_max[i] - cap_min[i]
@@ -263,7 +275,7 @@ def decide(
         cap[i] = np.minimum(cap[i], stage_cap)
 
     # held at its cap (rule 3b): judged on the caps before this cycle's cuts
-    waiting = _in_codes(phase, _WAITING_CODES)
+    waiting = in_codes(phase, _WAITING_CODES)
     span = cap_max - cap_min
     pressed = ~staged & ~waiting & held_at_cap(ctl, power, cap, cap_max, span, settings)
 
@@ -379,7 +391,7 @@ def decide(
     # 6. what holding a power floor would cost
     floor_energy = 0.0
     if settings.hold_floor_w_per_gpu is not None:
-        waiting = ctl & _in_codes(phase, _WAITING_CODES)
+        waiting = ctl & in_codes(phase, _WAITING_CODES)
         shortfall = np.maximum(settings.hold_floor_w_per_gpu - power[waiting], 0.0)
         floor_energy = float(shortfall.sum() * dt_s)
 
@@ -519,13 +531,6 @@ def _cut(
     taken = tree.fold_up(took)  # in place: the level's own values stay, ancestors gain
     node_pred -= taken  # ancestors (and the nodes) lose what was taken
     return idx, taken
-
-
-def _in_codes(phase: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    out: np.ndarray = phase == codes[0]
-    for code in codes[1:]:
-        out |= phase == code
-    return out
 
 
 def _finite_or(

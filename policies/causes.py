@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from policies.capping import STAGED_PHASES, Decision
-from policies.tree import PHASE_CODES
+from policies.tree import in_codes, phase_codes
 
 CAUSES = (
     "capping",
@@ -48,7 +48,7 @@ NOT_HELD = -1
 LOST_CAUSES = (*CAUSES, "unexplained")
 HELD_TOLERANCE_W = 1e-6  # float noise: a draw any further below its demand is held
 _LOWERED_W = 1e-6
-_STAGED_CODES = np.array([PHASE_CODES[p] for p in STAGED_PHASES])
+_STAGED_CODES = phase_codes(STAGED_PHASES)
 
 
 def initial_causes(n_gpus: int) -> np.ndarray:
@@ -67,7 +67,7 @@ def cap_causes(
     out = causes.copy()
     if not lowered.any():
         return out
-    out[lowered & np.isin(phase, _STAGED_CODES)] = STAGED
+    out[lowered & in_codes(phase, _STAGED_CODES)] = STAGED
     if len(decision.shifted):
         out[lowered & decision.shifted] = PRIORITY_SHIFT
     if len(decision.cut_levels):

@@ -80,7 +80,7 @@ import numpy as np
 from policies import grid as grid_measure
 from policies.capping import WAITING_PHASES
 from policies.causes import CLOCK_LOCK, FAILSAFE, LOST_CAUSES, NOT_HELD, loss_by_cause
-from policies.tree import LEVEL_NAMES, PHASE_CODES
+from policies.tree import LEVEL_NAMES, PHASE_CODES, in_codes, phase_codes
 from powerd.topology.grid import GridSpec, grid_report
 from powerd.vocabulary import PHASES, PROGRESS_PHASES
 
@@ -382,14 +382,14 @@ def _resume_site(trace: RunRecord, natural_site_w: np.ndarray) -> np.ndarray | N
     if trace.gpu_fill_energy_each_j is not None:
         natural = natural - _fill_power_w(t, np.asarray(trace.gpu_fill_energy_each_j, float))
     working = _progress_mask(trace.gpu_phase)
-    waiting = np.isin(trace.gpu_phase, [PHASE_CODES[p] for p in WAITING_PHASES])
+    waiting = in_codes(np.asarray(trace.gpu_phase), phase_codes(WAITING_PHASES))
     levels = grid_measure.ResumeLevels(natural.shape[1])
     shortfall = [levels.step(natural[k], working[k], waiting[k]) for k in range(len(t))]
     return regular_series(t, natural_site_w + np.array(shortfall))[0]
 
 
 def _progress_mask(phase: np.ndarray) -> np.ndarray:
-    return np.isin(phase, [PHASE_CODES[p] for p in PROGRESS_PHASES])
+    return in_codes(np.asarray(phase), phase_codes(PROGRESS_PHASES))
 
 
 def sample_causes(trace: RunRecord) -> np.ndarray:
