@@ -140,7 +140,7 @@ def read_back(
     cap_w: float | None = None
     lock_mhz: int | None = None
     try:
-        cap_w = gpu.enforced_cap_w()
+        cap_w = gpu.cap_in_force_w()
         lock_mhz = gpu.locked_max_sm_clock_mhz()
     except GpuError as exc:
         errors.append(AckError(index=gpu.index, message=f"reading back: {exc}"))

@@ -48,6 +48,10 @@ _M = TypeVar("_M", Telemetry, Status, Ack)
 RISE_FRACTION = 0.01
 # A node found holding other caps than commanded is commanded again at most this often.
 DRIFT_RETRY_S = 10.0
+# Caps a node reads back in a sample taken less than this after its ack may be the old ones: a
+# GPU enforces a new power limit ~0.1 s after it is set (an H200 on driver 580: 27-92 ms,
+# docs/HARDWARE.md). Such a sample's power counts; its caps are neither taken nor drift.
+CAP_SETTLE_S = 0.5
 # A jump in an agent's telemetry seq larger than this is a restart (or nonsense), not a loss.
 MAX_SEQ_GAP = 3600
 # Plausibility of a node's telemetry (issue 12). A node whose telemetry says what a GPU
@@ -324,8 +328,9 @@ class ControllerCore:
                     self.implausible[server] = False
                     log.info("node %s: telemetry plausible again", node)
             # Caps read back in a sample taken before the node acked our last command are
-            # older than the ack's (they come on another connection): power only.
-            current = sample.ts >= acked_ts[server]
+            # older than the ack's (they come on another connection), and those of one taken
+            # just after it may not be enforced yet (CAP_SETTLE_S): power only.
+            current = sample.ts >= acked_ts[server] + CAP_SETTLE_S
             for g in sample.gpus:
                 if g.index >= n_gpus:
                     self._log.warning(
@@ -725,7 +730,7 @@ class ControllerCore:
     def _check_drift(self, now: float, candidates: np.ndarray, counters: CycleCounters) -> None:
         pending = np.zeros(len(candidates), dtype=bool)
         pending[list(self.pending)] = True
-        settled = candidates & ~pending & (self._sample_ts > self._acked_ts)
+        settled = candidates & ~pending & (self._sample_ts >= self._acked_ts + CAP_SETTLE_S)
         settled &= now >= self._drift_retry_at
         if not settled.any():
             return

@@ -216,3 +216,26 @@ def test_exactly_max_errors_are_not_truncated(node: Node) -> None:
     unknown = list(range(100, 100 + MAX_ACK_ERRORS))
     ack = core.on_command(command(1, 1, *[cap(i, 300.0) for i in unknown]))
     assert [e.index for e in ack.errors] == unknown
+
+
+def test_the_ack_of_a_cut_reports_the_cut_though_the_device_enforces_it_later() -> None:
+    """Seen on an H200 (driver 580): NVML's enforced limit shows a new cap 27-92 ms after it
+    is set. An ack read back at once reported the old cap (700 W for a 450 W cut), so the
+    controller counted the GPU above what it had just cut it to."""
+    from powerd.gpu.models import gpu_model
+    from powerd.gpu.nvml import open_nvml
+    from tests.support.agent_core_harness import core_following
+    from tests.support.fakes.fake_pynvml import FakeNvml
+
+    clock = core_clock()
+    fake = FakeNvml([gpu_model("H100")] * 2, clock=clock.monotonic, enforce_delay_s=0.092)
+    gpus = open_nvml(fake)
+    core = core_following(clock, gpus)  # started: the failsafe caps (500 W) are on their way
+    clock.advance(1.0)
+    ack = core.on_command(command(1, 1, cap(0, 450.0), cap(1, 650.0)))
+    assert ack.result == "applied"
+    assert [g.enforced_cap_w() for g in gpus] == [FAILSAFE_W, FAILSAFE_W]  # not yet
+    # the cut counts at once; the raise once the device enforces it
+    assert by_index(ack) == {0: (450.0, None, False), 1: (FAILSAFE_W, None, False)}
+    clock.advance(0.1)
+    assert [s.cap_w for s in core.telemetry().gpus] == [450.0, 650.0]

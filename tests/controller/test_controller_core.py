@@ -508,8 +508,10 @@ def test_node_back_from_silence_is_commanded_only_where_it_holds_other_caps() ->
     assert silent.commands == [] and silent.counters.stale_nodes == len(NODES)
     bench.clock.advance(1.0)
     # all back; k2-n1 restarted meanwhile and holds its failsafe caps, the rest what they held
+    # (sampled 7 s after their acks: caps read back that late are settled, CAP_SETTLE_S)
     for node in NODES:
-        bench.report(node, 300.0, **({"cap_w": FAILSAFE_W} if node == "k2-n1" else {}))
+        caps = {"cap_w": FAILSAFE_W} if node == "k2-n1" else {}
+        bench.report(node, 300.0, ts=WALL0 + 7.0, **caps)
     result = bench.cycle()
     # what each holds is read from its telemetry: only the one that differs is commanded
     assert [node for node, _ in result.commands] == ["k2-n1"]
@@ -533,7 +535,7 @@ def test_node_heard_but_not_yet_decoded_after_silence_is_not_commanded() -> None
     assert result.commands == []
     k1n1 = bench.gpus("k1-n1")
     assert not result.decision.cap_w[k1n1.start] < FAILSAFE_W  # counted at what it may hold
-    bench.report("k1-n1", 300.0, cap_w=FAILSAFE_W)  # decoded now: it restarted
+    bench.report("k1-n1", 300.0, cap_w=FAILSAFE_W, ts=WALL0 + 7.0)  # decoded now: restarted
     assert [node for node, _ in bench.cycle(advance_s=1.0).commands] == ["k1-n1"]
 
 

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from powerd.controller.core import DRIFT_RETRY_S
+from powerd.controller.core import CAP_SETTLE_S, DRIFT_RETRY_S
 from tests.controller.test_controller_core import (
     CAP_MAX_W,
     NODES,
@@ -85,3 +85,18 @@ def test_a_node_that_keeps_refusing_is_retried_once_per_retry_period(bench: Benc
         ts += 1.0
     assert 3 <= len(sent_at) <= 4
     assert all(b - a >= DRIFT_RETRY_S for a, b in itertools.pairwise(sent_at))
+
+
+@pytest.mark.parametrize("after_ack_s", [0.0, 0.05, CAP_SETTLE_S - 0.01])
+def test_caps_read_back_just_after_the_ack_are_neither_drift_nor_taken(
+    bench: Bench, after_ack_s: float
+) -> None:
+    """A GPU enforces a new limit ~0.1 s after it is set (an H200: 27-92 ms), so a sample
+    taken right after the ack may still show the old cap: that is no drift."""
+    report(bench, 450.0, ts=WALL0 + after_ack_s)
+    result = bench.cycle(advance_s=1.0)
+    assert result.commands == [] and result.counters.nodes_drifted == 0
+    gpus = bench.gpus(NODE)
+    assert list(bench.core.cap_w[gpus.start : gpus.stop]) == [CAP_MAX_W, CAP_MAX_W]
+    report(bench, 450.0, ts=WALL0 + CAP_SETTLE_S)  # settled: it holds other caps
+    assert [node for node, _ in bench.cycle(advance_s=1.0).commands] == [NODE]

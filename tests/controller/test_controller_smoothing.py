@@ -55,10 +55,15 @@ def smoothing_bench(**settings) -> Bench:
 
 
 def report(
-    bench: Bench, node: str, state: GpuSmoothingState | None, power_w: float = 300.0
+    bench: Bench,
+    node: str,
+    state: GpuSmoothingState | None,
+    power_w: float = 300.0,
+    ts: float = WALL0,
 ) -> None:
-    """Telemetry from ``node`` whose GPUs report smoothing ``state`` (None: they have none)."""
-    sample = decode(Telemetry, telemetry_payload(node, power_w), node)
+    """Telemetry from ``node`` whose GPUs report smoothing ``state`` (None: they have none),
+    sampled at ``ts``."""
+    sample = decode(Telemetry, telemetry_payload(node, power_w, ts=ts), node)
     gpus = [msgspec.structs.replace(g, smoothing=state) for g in sample.gpus]
     bench.core.on_telemetry(node, encode(msgspec.structs.replace(sample, gpus=gpus)))
 
@@ -152,7 +157,7 @@ def test_a_gpu_found_without_our_profile_is_asked_again() -> None:
     bench.core.on_ack("k1-n1", applied_ack("k1-n1", command))
     report(bench, "k1-n1", held(profile))
     assert "k1-n1" not in dict(bench.cycle(1.0).commands)
-    report(bench, "k1-n1", OFF)  # restarted
+    report(bench, "k1-n1", OFF, ts=WALL0 + 2.0)  # restarted, sampled 2 s after its ack
     again = smoothing_of(bench.cycle(1.0).commands)
     assert again["k1-n1"] == [profile, profile]
 

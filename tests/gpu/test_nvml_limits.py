@@ -92,3 +92,38 @@ def test_restore_defaults_puts_default_limit_back_and_unlocks() -> None:
     assert gpu.enforced_cap_w() == 400.0
     assert gpu.locked_max_sm_clock_mhz() is None
     assert fake.device(0).locked_clocks_mhz is None
+
+
+H200_ENFORCE_DELAY_S = 0.092  # the longest seen on an H200, driver 580 (docs/HARDWARE.md)
+
+
+def test_a_new_limit_is_enforced_only_after_the_devices_delay_and_energy_follows() -> None:
+    """As on a real H200: the limit set reads back at once, the enforced one ~0.1 s later,
+    and the draw follows the enforced one."""
+    fake = FakeNvml([gpu_model("H100")], enforce_delay_s=H200_ENFORCE_DELAY_S)
+    (gpu,) = open_nvml(fake)
+    fake.set_demand(0, 680.0)
+    gpu.set_power_limit_w(300.0)
+    assert (gpu.power_limit_w(), gpu.enforced_cap_w(), gpu.power_w()) == (300.0, 700.0, 680.0)
+    before_j = gpu.energy_j()
+    fake.advance(0.2)  # 0.092 s more at 680 W, then 0.108 s at 300 W
+    assert (gpu.enforced_cap_w(), gpu.power_w()) == (300.0, 300.0)
+    after_j = gpu.energy_j()
+    assert before_j is not None and after_j is not None
+    assert after_j - before_j == pytest.approx(0.092 * 680 + 0.108 * 300)
+
+
+def test_the_cap_in_force_is_the_lower_of_the_limit_set_and_the_limit_enforced() -> None:
+    """Lowered: counts at once. Raised: counts once enforced. Another limiter: counts."""
+    fake = FakeNvml([gpu_model("H100")], enforce_delay_s=H200_ENFORCE_DELAY_S)
+    (gpu,) = open_nvml(fake)
+    gpu.set_power_limit_w(450.0)
+    assert gpu.cap_in_force_w() == 450.0  # the device still enforces 700 W for a moment
+    fake.advance(0.1)
+    gpu.set_power_limit_w(650.0)
+    assert gpu.cap_in_force_w() == 450.0  # not raised until enforced
+    assert gpu.sample().cap_w == 450.0
+    fake.advance(0.1)
+    assert gpu.cap_in_force_w() == gpu.sample().cap_w == 650.0
+    fake.set_external_limit(0, 350_000)
+    assert gpu.cap_in_force_w() == 350.0

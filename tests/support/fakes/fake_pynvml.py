@@ -18,6 +18,10 @@ It behaves like NVML where the backend depends on it:
 * setters feed getters: ``SetPowerManagementLimit`` -> ``GetPowerManagementLimit`` and
   ``GetEnforcedPowerLimit``; ``set_external_limit`` adds an out-of-band limiter, and
   the enforced limit is the minimum of both;
+* ``enforce_delay_s``: a new power limit reads back at once from
+  ``GetPowerManagementLimit`` but is enforced (``GetEnforcedPowerLimit`` and the draw)
+  only that long after it was set, as on a real H200 (driver 580: 27-92 ms, bench/RESULTS.md
+  "NVML on a real GPU"); 0 (the default) enforces it at once;
 * out-of-range power limits and clock locks (min > max, or outside the supported
   clocks) raise NVML_ERROR_INVALID_ARGUMENT and change nothing; a bad device index
   raises NVML_ERROR_INVALID_ARGUMENT;
@@ -206,6 +210,13 @@ class FakeDevice:
         SMOOTHING_FLOOR_MAX_PERCENT,
     )
     module: ModuleLimit | None = None  # the module-scope power limit; None: no module scope
+    # the limit the device enforces (limit_mw once a set takes effect) and a set on its
+    # way: (its limit, the fake time it takes effect); see FakeNvml's enforce_delay_s
+    enforcing_mw: int = 0
+    pending_limit: tuple[int, float] | None = None
+
+    def __post_init__(self) -> None:
+        self.enforcing_mw = self.enforcing_mw or self.limit_mw
 
     @property
     def min_limit_mw(self) -> int:
@@ -222,8 +233,8 @@ class FakeDevice:
     @property
     def enforced_limit_mw(self) -> int:
         if self.external_limit_mw is None:
-            return self.limit_mw
-        return min(self.limit_mw, self.external_limit_mw)
+            return self.enforcing_mw
+        return min(self.enforcing_mw, self.external_limit_mw)
 
     @property
     def applied_ceiling_w(self) -> float:
@@ -293,6 +304,7 @@ class FakeNvml:
         start_energy_mj: float = 0.0,
         power_value_type: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT,
         names_as_bytes: bool = False,
+        enforce_delay_s: float = 0.0,
     ) -> None:
         self.devices: list[FakeDevice] = [
             FakeDevice(
@@ -318,6 +330,7 @@ class FakeNvml:
             for i, m in enumerate(models)
         ]
         self.require_root = False
+        self.enforce_delay_s = enforce_delay_s
         self.power_value_type = power_value_type
         self.names_as_bytes = names_as_bytes
         self.injections: list[Injection] = []
@@ -411,11 +424,24 @@ class FakeNvml:
     def _sync(self) -> None:
         """Integrate every device's draw into its energy counter up to now."""
         now = self._now()
-        dt = now - self._last_s
-        if dt > 0:
-            for dev in self.devices:
-                dev.energy_mj += dev.draw_w * dt * 1000  # W * s = J; counter in mJ
+        for dev in self.devices:
+            since = self._last_s
+            if dev.pending_limit is not None and dev.pending_limit[1] <= now:
+                limit_mw, effect_s = dev.pending_limit
+                effect_s = max(effect_s, since)  # the draw changes there
+                dev.energy_mj += dev.draw_w * (effect_s - since) * 1000
+                dev.enforcing_mw, dev.pending_limit, since = limit_mw, None, effect_s
+            if now > since:
+                dev.energy_mj += dev.draw_w * (now - since) * 1000  # W * s = J; counter in mJ
         self._last_s = max(now, self._last_s)
+
+    def _set_gpu_limit(self, dev: FakeDevice, limit_mw: int) -> None:
+        """The GPU-scope limit: read back at once, enforced ``enforce_delay_s`` later."""
+        dev.limit_mw = limit_mw
+        if self.enforce_delay_s <= 0:
+            dev.enforcing_mw, dev.pending_limit = limit_mw, None
+        else:
+            dev.pending_limit = (limit_mw, self._now() + self.enforce_delay_s)
 
     def _enter(
         self, call: str, handle: Any = None, *, needs_init: bool = True
@@ -612,7 +638,7 @@ class FakeNvml:
         limit_mw = _uint(limit)
         if not dev.min_limit_mw <= limit_mw <= dev.max_limit_mw:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        dev.limit_mw = limit_mw
+        self._set_gpu_limit(dev, limit_mw)
 
     def nvmlDeviceSetPowerManagementLimit_v2(
         self,
@@ -639,7 +665,7 @@ class FakeNvml:
         if scope == pynvml.NVML_POWER_SCOPE_GPU:
             if not dev.min_limit_mw <= limit_mw <= dev.max_limit_mw:
                 raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-            dev.limit_mw = limit_mw
+            self._set_gpu_limit(dev, limit_mw)
             return
         if scope != pynvml.NVML_POWER_SCOPE_MODULE or dev.module is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
