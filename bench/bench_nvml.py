@@ -248,7 +248,6 @@ def settings(gpu: Gpu) -> dict[str, Any]:
     held: dict[str, Any] = {
         "power_limit_w": gpu.power_limit_w(),
         "enforced_cap_w": gpu.enforced_cap_w(),
-        "cap_in_force_w": gpu.cap_in_force_w(),
         "locked_max_sm_clock_mhz": gpu.locked_max_sm_clock_mhz(),
         "sm_clock_mhz": gpu.sm_clock_mhz(),
     }
@@ -314,6 +313,17 @@ def agent_steps(gpu: Gpu) -> dict[str, Any]:
         "ack": unsigned.result,
         "ack_errors": [e.message for e in unsigned.errors],
         "nvml_reads": settings(gpu),
+    }
+    time.sleep(0.2)  # the cut enforced first (~0.1 s on an H200), so the raise shows its own lag
+    steps["0.2 s later"] = settings(gpu)
+    raise_to = GpuCommand(index=gpu.index, cap_w=limits.max_w)
+    body = encode(Command(v=1, epoch=1, seq=3, ts=time.time(), ttl_s=30.0, gpus=[raise_to]))
+    raised = core.on_command(signer.sign(TOPICS.command(NODE), body))
+    steps["signed command raising the cap to the maximum"] = {
+        "ack": raised.result,
+        "ack_gpus": [_ack_gpu(g) for g in raised.gpus],
+        "nvml_reads": settings(gpu),
+        "telemetry_cap_w": [g.cap_w for g in core.telemetry().gpus],
     }
     start = time.perf_counter()
     core.stop("restore")

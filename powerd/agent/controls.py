@@ -135,12 +135,16 @@ def read_back(
 ) -> GpuAck:
     """What the device holds now; a failed read is reported as null plus an error.
 
+    The cap is the power limit the device took, read back (``power_limit_w``), not the
+    limit it enforces (telemetry's ``cap_w``): a real GPU enforces a new limit only
+    ~0.1 s after it is set, so read at once the enforced limit is still the old one
+    (docs/HARDWARE.md), and an ack of a cut would report the cap it replaced.
     With ``smoothing``, the active smoothing profile too (null where the device has none).
     """
     cap_w: float | None = None
     lock_mhz: int | None = None
     try:
-        cap_w = gpu.cap_in_force_w()
+        cap_w = gpu.power_limit_w()
         lock_mhz = gpu.locked_max_sm_clock_mhz()
     except GpuError as exc:
         errors.append(AckError(index=gpu.index, message=f"reading back: {exc}"))

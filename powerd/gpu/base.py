@@ -102,7 +102,7 @@ class GpuSample:
     power_w: float
     power_reading: PowerReading
     energy_j: float | None  # None where the device has no energy counter
-    cap_w: float  # the cap in force now, read back (Gpu.cap_in_force_w)
+    cap_w: float  # the limit the device enforces now, read back
     sm_clock_mhz: int
     max_sm_clock_mhz: int | None  # the lock this backend set, None when unlocked
     util_pct: float
@@ -277,22 +277,16 @@ class Gpu(abc.ABC):
 
     @abc.abstractmethod
     def power_limit_w(self) -> float:
-        """The power management limit set on the device (what we control)."""
+        """The power management limit set on the device (what we control).
+
+        It reads back at once; the device enforces it a little later (an H200 on driver
+        580: 27-92 ms, docs/HARDWARE.md), and ``enforced_cap_w`` shows the old limit
+        meanwhile.
+        """
 
     @abc.abstractmethod
     def enforced_cap_w(self) -> float:
         """The limit actually enforced: the minimum over every limiter, out-of-band ones too."""
-
-    def cap_in_force_w(self) -> float:
-        """The cap to report as in force: the lower of the limit set and the limit enforced.
-
-        A real GPU enforces a new power limit about 0.1 s after it is set, and
-        ``enforced_cap_w`` shows the old one meanwhile (an H200 on driver 580: 27-92 ms,
-        docs/HARDWARE.md). Read back at once, a cap just lowered then counts as lowered
-        and one just raised as not yet raised: never above what may hold the GPU, which
-        keeps the controller's ramp and budget accounting on the safe side.
-        """
-        return min(self.power_limit_w(), self.enforced_cap_w())
 
     @abc.abstractmethod
     def sm_clock_mhz(self) -> int: ...
@@ -524,7 +518,7 @@ class Gpu(abc.ABC):
             power_w=self.power_w(),
             power_reading=self.power_reading(),
             energy_j=self.energy_j(),
-            cap_w=self.cap_in_force_w(),
+            cap_w=self.enforced_cap_w(),
             sm_clock_mhz=self.sm_clock_mhz(),
             max_sm_clock_mhz=self.locked_max_sm_clock_mhz(),
             util_pct=self.util_pct(),

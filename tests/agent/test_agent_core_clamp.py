@@ -98,14 +98,14 @@ def test_clamped_flag_is_per_gpu(node: Node) -> None:
     }
 
 
-def test_read_back_is_the_enforced_cap_not_the_request(node: Node) -> None:
+def test_the_ack_reads_back_the_limit_taken_and_telemetry_the_limit_enforced(node: Node) -> None:
     core, gpus = node
     gpus[0].set_external_limit_w(450.0)  # an out-of-band limiter (BMC, power brake)
+    gpus[1].inject_error("set_power_limit_w", GpuPermissionError("no"))  # not taken
     ack = core.on_command(command(1, 1, cap(0, 600.0), cap(1, 600.0)))
-    assert gpus[0].power_limit_w() == 600.0  # what we set ...
-    assert by_index(ack)[0] == (450.0, None, False)  # ... is not what the device enforces
-    assert by_index(ack)[1] == (600.0, None, False)
-    assert [g.cap_w for g in ack.gpus] == [gpus[0].enforced_cap_w(), gpus[1].enforced_cap_w()]
+    assert by_index(ack)[0] == (600.0, None, False)  # the limit the device took ...
+    assert by_index(ack)[1] == (FAILSAFE_W, None, False)  # ... read back, not the request
+    assert [g.cap_w for g in core.telemetry().gpus][:2] == [450.0, FAILSAFE_W]  # enforced
 
 
 @settings(max_examples=60, deadline=None)
@@ -172,10 +172,10 @@ def test_failing_clock_lock_still_applies_the_cap(node: Node) -> None:
 
 def test_failing_read_back_reports_null_and_an_error(node: Node) -> None:
     core, gpus = node
-    gpus[3].inject_error("enforced_cap_w", GpuNotSupportedError("no enforced limit"))
+    gpus[3].inject_error("locked_max_sm_clock_mhz", GpuNotSupportedError("lock unknown"))
     ack = round_trip(core.on_command(command(1, 1, cap(3, 333.0))))
     assert ack.result == "partial"
-    assert by_index(ack) == {3: (None, None, False)}
+    assert by_index(ack) == {3: (333.0, None, False)}  # what was read; the lock as null
     assert [e.index for e in ack.errors] == [3]
     assert "reading back" in ack.errors[0].message
     assert gpus[3].power_limit_w() == 333.0  # the write itself went through
@@ -220,8 +220,8 @@ def test_exactly_max_errors_are_not_truncated(node: Node) -> None:
 
 def test_the_ack_of_a_cut_reports_the_cut_though_the_device_enforces_it_later() -> None:
     """Seen on an H200 (driver 580): NVML's enforced limit shows a new cap 27-92 ms after it
-    is set. An ack read back at once reported the old cap (700 W for a 450 W cut), so the
-    controller counted the GPU above what it had just cut it to."""
+    is set. An ack read back from it at once reported the old cap (700 W for a 450 W cut),
+    so the controller counted the GPU above what it had just cut it to."""
     from powerd.gpu.models import gpu_model
     from powerd.gpu.nvml import open_nvml
     from tests.support.agent_core_harness import core_following
@@ -234,8 +234,8 @@ def test_the_ack_of_a_cut_reports_the_cut_though_the_device_enforces_it_later() 
     clock.advance(1.0)
     ack = core.on_command(command(1, 1, cap(0, 450.0), cap(1, 650.0)))
     assert ack.result == "applied"
-    assert [g.enforced_cap_w() for g in gpus] == [FAILSAFE_W, FAILSAFE_W]  # not yet
-    # the cut counts at once; the raise once the device enforces it
-    assert by_index(ack) == {0: (450.0, None, False), 1: (FAILSAFE_W, None, False)}
+    assert by_index(ack) == {0: (450.0, None, False), 1: (650.0, None, False)}
+    # telemetry says what holds the GPUs as they draw: the old limit, for a moment
+    assert [s.cap_w for s in core.telemetry().gpus] == [FAILSAFE_W, FAILSAFE_W]
     clock.advance(0.1)
     assert [s.cap_w for s in core.telemetry().gpus] == [450.0, 650.0]

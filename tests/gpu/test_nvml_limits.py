@@ -113,17 +113,16 @@ def test_a_new_limit_is_enforced_only_after_the_devices_delay_and_energy_follows
     assert after_j - before_j == pytest.approx(0.092 * 680 + 0.108 * 300)
 
 
-def test_the_cap_in_force_is_the_lower_of_the_limit_set_and_the_limit_enforced() -> None:
-    """Lowered: counts at once. Raised: counts once enforced. Another limiter: counts."""
+def test_a_sample_shows_the_limit_enforced_and_a_draw_within_it_while_a_new_one_waits() -> None:
+    """Telemetry's cap is what holds the GPU as it draws: the old limit for a moment after
+    a cut, so that the sample's power is never over its own cap (the controller doubts a
+    node whose GPUs draw over their caps)."""
     fake = FakeNvml([gpu_model("H100")], enforce_delay_s=H200_ENFORCE_DELAY_S)
     (gpu,) = open_nvml(fake)
+    fake.set_demand(0, 680.0)
     gpu.set_power_limit_w(450.0)
-    assert gpu.cap_in_force_w() == 450.0  # the device still enforces 700 W for a moment
+    sample = gpu.sample()
+    assert (gpu.power_limit_w(), sample.cap_w, sample.power_w) == (450.0, 700.0, 680.0)
     fake.advance(0.1)
-    gpu.set_power_limit_w(650.0)
-    assert gpu.cap_in_force_w() == 450.0  # not raised until enforced
-    assert gpu.sample().cap_w == 450.0
-    fake.advance(0.1)
-    assert gpu.cap_in_force_w() == gpu.sample().cap_w == 650.0
-    fake.set_external_limit(0, 350_000)
-    assert gpu.cap_in_force_w() == 350.0
+    sample = gpu.sample()
+    assert (sample.cap_w, sample.power_w) == (450.0, 450.0)
