@@ -114,14 +114,14 @@ STORAGE_NOT_WITH_SMOOTHING = (
 )
 @click.option(
     "--storage-kj-per-rack",
-    type=click.FloatRange(min=0),
+    type=Quantity("kJ", min=0),
     default=None,
     help="Rack energy storage, kJ per rack, dispatched over the replayed site power to keep "
     "[site.grid]'s ramp limits: reports what the grid then sees and what it costs.",
 )
 @click.option(
     "--storage-kw-per-rack",
-    type=click.FloatRange(min=0),
+    type=Quantity("kW", min=0),
     default=None,
     help="The storage's power, kW per rack, charge and discharge (needed with "
     "--storage-kj-per-rack).",

@@ -95,6 +95,15 @@ def command(
     from powerd.demo.report import print_outcome, save_plot, write_summary_json
     from powerd.topology import BudgetError
 
+    if budgets_path is not None:  # the shipped file is in proportion (a test says so)
+        from powerd.topology import load_budgets
+        from powerd.topology.checks import budget_warnings
+
+        try:
+            for warning in budget_warnings(load_budgets(budgets_path)):
+                click.echo(f"warning: budgets: {warning}", err=True)
+        except BudgetError as exc:
+            raise click.ClickException(f"the demo could not run: {exc}") from None
     if not MIN_DURATION_S <= duration_s <= 3600:
         raise click.BadParameter(
             f"at least {MIN_DURATION_S:g} s (to see every phase) and at most 3600 s",

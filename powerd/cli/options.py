@@ -135,9 +135,13 @@ def old_spelling(old: str, new: str, dest: str) -> Decorator:
 # `powerd limit` (120MW, 15m) and the hints for options named for their unit.
 WATTS_PER: dict[str, float] = {"w": 1.0, "kw": 1e3, "mw": 1e6, "gw": 1e9}
 SECONDS_PER: dict[str, float] = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+KILOWATTS_PER: dict[str, float] = {unit: w / 1e3 for unit, w in WATTS_PER.items()}
+KILOJOULES_PER: dict[str, float] = {"j": 1e-3, "kj": 1.0, "mj": 1e3, "kwh": 3600.0}
 UNITS: dict[str, tuple[str, dict[str, float]]] = {
     "W": ("watts", WATTS_PER),
     "s": ("seconds", SECONDS_PER),
+    "kW": ("kilowatts", KILOWATTS_PER),
+    "kJ": ("kilojoules", KILOJOULES_PER),
 }
 _NUMBER_AND_UNIT = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
 
@@ -171,7 +175,8 @@ def option_name(param: click.Parameter | None) -> str:
 
 class Quantity(click.FloatRange):
     """A number in the unit the option's name ends in (``--overhead-w``: watts,
-    ``--duration-s``: seconds), optionally within a range. A value written with a unit
+    ``--duration-s``: seconds, ``--storage-kj-per-rack``: kilojoules), optionally within a
+    range. A value written with a unit
     (``1.2kW``, ``15m``) is refused with the number to write instead, in plain words."""
 
     def __init__(

@@ -392,6 +392,7 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
         for name, j in s.jobs.items()
     )
     table.add_row("throughput vs uncapped", f"{thr} ({per_job})")
+    table.add_row("held below full speed", held_line(s))
     c = s.commands
     table.add_row(
         "commands",
@@ -402,7 +403,7 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
     capped = ", ".join(f"{k} {len(v)}" for k, v in cap["nodes_capping"].items() if v)
     table.add_row(
         "capping",
-        f"{cap['cycles_capping']} cycles capped somewhere (tree nodes that capped: "
+        f"{cap['cycles_capping']} cycles with a tree node over its capping threshold (nodes: "
         f"{capped or 'none'}); {cap['gpus_cut']} GPUs cut; caps "
         + (
             f"{cap['min_cap_w']:.0f}-{cap['max_cap_w']:.0f} W"
@@ -415,6 +416,19 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
     if plot_path:
         table.add_row("plot", plot_path)
     console.print(table)
+
+
+def held_line(summary: Summary) -> str:
+    """'pretrain 41% of its compute GPU-time, finetune 87%': how much of each job's work ran
+    below full speed, whatever held it (capping is only one cause: see the lost line)."""
+    return (
+        ", ".join(
+            f"{name} {j['held_share']:.0%} of its compute GPU-time"
+            for name, j in summary.jobs.items()
+            if j["throughput_rel"] is not None
+        )
+        or "n/a"
+    )
 
 
 def clock_locks_line(summary: Summary) -> str:

@@ -13,6 +13,7 @@ from powerd.fleet.runner import FleetRunner, RunOptions
 from powerd.mqtt_url import parse_broker_url
 from powerd.signing import load_verifier
 from powerd.topology import load_budgets
+from powerd.topology.checks import log_budget_warnings
 from powerd.topology.scope import parse_scope, scoped
 
 log = logging.getLogger("powerd.fleet")
@@ -63,8 +64,9 @@ def run_fleet(
     ValueError, if none can be used). ``scope`` (``ROW`` or ``NAME:ROW,ROW``): simulate
     only those rows' nodes, following that scope's leaf controllers.
     """
-    verifier = load_verifier(trust)
     topology = load_budgets(budgets_path)
+    log_budget_warnings(topology, log)
+    verifier = load_verifier(trust)
     scope_name = None
     if scope is not None:
         parsed = parse_scope(scope)

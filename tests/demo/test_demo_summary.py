@@ -315,6 +315,10 @@ def test_throughput_lost_is_split_by_the_cause_the_cycles_recorded():
     assert sum(lost.values()) == pytest.approx(1.0 - s.jobs["job"]["throughput_rel"])
     assert s.throughput_lost_by_cause == pytest.approx(lost)
     assert s.jobs["job"]["held_share"] == pytest.approx(6 / 8)
+    # the printed summary says so beside the throughput, whatever held them
+    from powerd.demo.view import held_line
+
+    assert held_line(s) == "job 75% of its compute GPU-time"
 
 
 def test_the_outcome_names_the_causes_of_lost_throughput_and_a_cap_ramp_over_its_limit():

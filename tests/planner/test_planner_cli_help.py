@@ -27,7 +27,7 @@ from planner.profiles import read_profiles
 from planner.sizing import WorkloadTrace, traces_from_profiles
 from planner.whatif import WhatifSettings, replay
 from powerd.cli import main as powerd
-from powerd.cli.options import Quantity
+from powerd.cli.options import UNITS, Quantity
 from powerd.topology import Topology, load_budgets
 from tests.support.paths import REPO, TEST_DATA
 
@@ -35,7 +35,7 @@ GROUPS = {"powerd": powerd, "powerplan": powerplan}
 TINY = REPO / "powerd" / "data" / "budgets" / "tiny.toml"
 TRAIN = TEST_DATA / "profiles" / "train.csv"
 ZEUS_A40 = TEST_DATA / "zeus-power-limit" / "summary_power_a40.csv"
-UNIT_SUFFIXES = {"-w": "W", "-s": "s"}
+UNIT_SUFFIXES = {"-w": "W", "-s": "s", "-kw": "kW", "-kj": "kJ"}  # before any -per-THING
 UNSET = getattr(click.core, "UNSET", None)  # click >= 8.3: an option given no default
 
 
@@ -161,7 +161,7 @@ def test_the_agent_shows_what_on_exit_does_by_default():
 def test_a_quantity_is_named_for_its_unit_and_its_unit_for_it(path: str, option: click.Option):
     """--duration-s takes seconds, --overhead-w watts; an option named so takes a number in
     that unit (with the hints of powerd.cli.options.Quantity)."""
-    long = [o for o in option.opts if o.startswith("--")]
+    long = [re.sub(r"-per-[a-z]+$", "", o) for o in option.opts if o.startswith("--")]
     suffix = next((s for s in UNIT_SUFFIXES if long and long[0].endswith(s)), None)
     if isinstance(option.type, Quantity):
         assert suffix is not None and UNIT_SUFFIXES[suffix] == option.type.unit, (path, long)
@@ -203,6 +203,16 @@ def test_report_with_a_sweep_asks_for_the_overhead(tmp_path: Path):
         (powerplan, ["whatif", TINY, TRAIN, "--mix", "m.toml", "--duration-s", "1h"], "3600"),
         (powerplan, ["size", TINY, TRAIN, "--mix", "m", "-o", "o", "--node-w", "1.5kW"], "1500"),
         (powerplan, ["rhythm", "r.csv", "--run-s", "10m"], "write 600 for 10m"),
+        (
+            powerplan,
+            ["whatif", TINY, TRAIN, "--mix", "m", "--storage-kj-per-rack", "0.5MJ"],
+            "takes kilojoules as a number: write 500 for 0.5MJ",
+        ),
+        (
+            powerplan,
+            ["whatif", TINY, TRAIN, "--mix", "m", "--storage-kw-per-rack", "5000W"],
+            "takes kilowatts as a number: write 5 for 5000W",
+        ),
         (powerd, ["agent", "--period-s", "500ms"], "write 0.5 for 500ms"),
         (powerd, ["fleet", "--budgets", TINY, "--trust", TINY, "--duration-s", "2min"], "120"),
     ],
@@ -213,9 +223,12 @@ def test_a_quantity_written_with_a_unit_gets_the_number_to_write(
 ):
     result = invoke(group, *args)
     assert result.exit_code == 2
-    flag = next(a for a in args if str(a).startswith("--") and str(a).endswith(("-w", "-s")))
-    unit = "watts" if str(flag).endswith("-w") else "seconds"
-    assert f"Error: {flag} takes {unit} as a number: write" in result.output
+    flag = str(args[-2])  # each case ends with the option and its value
+    suffix = max(
+        (x for x in UNIT_SUFFIXES if re.sub(r"-per-[a-z]+$", "", flag).endswith(x)), key=len
+    )
+    words = UNITS[UNIT_SUFFIXES[suffix]][0]
+    assert f"Error: {flag} takes {words} as a number: write" in result.output
     assert hint in result.output
     assert "valid float" not in result.output
 

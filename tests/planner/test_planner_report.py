@@ -19,6 +19,7 @@ from planner.profiles import read_profiles
 from planner.report_doc import Document, to_html, to_markdown
 from planner.sizing import SizingSettings, size, traces_from_profiles
 from planner.whatif import WhatifSettings, replay
+from policies.causes import largest_causes
 from powerd.topology import load_budgets
 from tests.planner.test_planner_whatif import square_wave_frames
 from tests.support.paths import REPO
@@ -159,6 +160,24 @@ def test_markdown_report_has_every_plot_and_the_sizing_numbers(
     assert up["value"] == cell_text(grid["ramp_up_max_w_per_s"])
     assert up["limit"] == cell_text(20_000.0)
     assert up["s_outside"] == cell_text(grid["s_outside_ramp_up"])
+
+    # what lost throughput, by cause: each job's row and the summary are the replay's own
+    # figures, as percentages, and the causes add up to the loss
+    jobs = md_table(text, "jobs").set_index("job")
+    lost_columns = [c for c in jobs.columns if c.startswith("lost_") and c.endswith("_pct")]
+    assert lost_columns and "throughput_lost_pct" in jobs.columns
+    for row in whatif.jobs.itertuples(index=False):
+        shown = jobs.loc[row.job]
+        assert shown["throughput_lost_pct"] == cell_text(100 * row.throughput_lost)
+        for column in lost_columns:
+            assert shown[column] == cell_text(100 * getattr(row, column.removesuffix("_pct")))
+        causes = [getattr(row, c.removesuffix("_pct")) for c in lost_columns]
+        assert sum(causes) == pytest.approx(row.throughput_lost, abs=1e-9)
+    site_lost = float(str(whatif.info["throughput_lost_site"]))
+    by_cause = whatif.info["throughput_lost_site_by_cause"]
+    assert isinstance(by_cause, dict) and sum(by_cause.values()) == pytest.approx(site_lost)
+    said = ", ".join(f"{c} {v * 100:.3g} %" for c, v in largest_causes(by_cause))
+    assert f"throughput lost site-wide {site_lost * 100:.3g} % ({said});" in text
 
 
 def test_cap_curve_summary_is_the_brute_force_optimum_of_the_sweep(

@@ -50,6 +50,13 @@ failsafe_cap_w = 700
 """
 
 
+def slipped_demo_file(tmp_path: Path) -> Path:
+    slipped = tmp_path / "slipped.toml"
+    text = (DATA / "demo.toml").read_text()
+    slipped.write_text(text.replace("limit_kw = 215 ", "limit_kw = 215000 ", 1))
+    return slipped
+
+
 @pytest.mark.parametrize("name", ["tiny", "demo", "tree-3rows", "site-150mw"])
 def test_the_shipped_examples_are_in_proportion(name: str):
     assert budget_warnings(load_budgets(DATA / f"{name}.toml")) == []
@@ -57,9 +64,7 @@ def test_the_shipped_examples_are_in_proportion(name: str):
 
 def test_a_site_limit_in_the_wrong_unit_loads_and_is_named(tmp_path: Path):
     """The issue's case: demo.toml's limit_kw = 215 written as 215000 (840 kW a GPU)."""
-    text = (DATA / "demo.toml").read_text()
-    slipped = tmp_path / "slipped.toml"
-    slipped.write_text(text.replace("limit_kw = 215 ", "limit_kw = 215000 ", 1))
+    slipped = slipped_demo_file(tmp_path)
     top = load_budgets(slipped)  # not refused: a warning
     assert top.limit_w[0] == 215e6
     [warning] = budget_warnings(top)
@@ -99,10 +104,30 @@ def test_the_controller_logs_the_warnings_of_the_file_it_loads(tmp_path: Path, c
     from powerd.controller.app import load_for
     from powerd.controller.config import ControllerConfig
 
-    text = (DATA / "demo.toml").read_text()
-    slipped = tmp_path / "slipped.toml"
-    slipped.write_text(text.replace("limit_kw = 215 ", "limit_kw = 215000 ", 1))
+    slipped = slipped_demo_file(tmp_path)
     with caplog.at_level("WARNING", logger="powerd.controller"):
         load_for(ControllerConfig(), slipped)
     [record] = [r for r in caplog.records if r.name == "powerd.controller"]
+    assert record.getMessage().startswith(f"budgets: {slipped}: site 'demo': limit_w")
+
+
+def test_the_demo_warns_about_a_budgets_file_it_is_given_before_it_starts(tmp_path: Path):
+    from click.testing import CliRunner
+
+    from powerd.cli import main
+
+    slipped = slipped_demo_file(tmp_path)
+    # the duration is refused after the file is read: nothing starts, the warning is out
+    result = CliRunner().invoke(main, ["demo", "--budgets", str(slipped), "--duration-s", "1"])
+    assert result.exit_code == 2 and "--duration-s" in result.output
+    assert f"warning: budgets: {slipped}: site 'demo': limit_w" in result.stderr
+
+
+def test_the_fleet_simulator_logs_the_warnings_of_the_file_it_loads(tmp_path: Path, caplog):
+    from powerd.fleet.app import run_fleet
+
+    slipped = slipped_demo_file(tmp_path)
+    with caplog.at_level("WARNING", logger="powerd.fleet"), pytest.raises(ValueError):
+        run_fleet(slipped, "mqtt://127.0.0.1:1", "default")  # no key to trust: stops there
+    [record] = [r for r in caplog.records if r.name == "powerd.fleet"]
     assert record.getMessage().startswith(f"budgets: {slipped}: site 'demo': limit_w")
