@@ -31,9 +31,18 @@ COMPUTE, COMM = PHASE_CODES["compute"], PHASE_CODES["communication"]
 EVERYONE = parse_mix('[[jobs]]\nworkload = "w"\nshare = 1.0\n')
 
 
-def site(gpu: str, node_w: float, rack_w: float, limit_w: float, racks: int, per_row: int):
+def site(
+    gpu: str,
+    node_w: float,
+    rack_w: float,
+    limit_w: float,
+    racks: int,
+    per_row: int,
+    grid: str = "",
+):
     """``racks`` racks of one node of 4 ``gpu`` (overheads ``node_w``, ``rack_w``), ``per_row``
-    racks a row, a site limit of ``limit_w``; rack and row limits leave room to spare."""
+    racks a row, a site limit of ``limit_w``; rack and row limits leave room to spare.
+    ``grid``: the lines of a ``[site.grid]`` table, if any."""
     rows = []
     for r in range(racks // per_row):
         rows.append(
@@ -62,6 +71,7 @@ overhead_w = {node_w}
 name = "s"
 limit_w = {limit_w}
 budget_w = {0.95 * limit_w}
+{"[site.grid]" + chr(10) + grid if grid else ""}
 [models.{gpu}]
 comm_clock_mhz = 1485
 {"".join(rows)}""",
@@ -215,6 +225,25 @@ def test_the_communication_clock_saves_energy_in_waits_and_costs_iteration_time(
     assert t.loc["d", "s_above_limit"] == 0.0
 
 
+def test_grid_smoothing_hosts_the_oversubscribed_site_and_keeps_its_ramp_within_the_share():
+    """(e) is (c)'s site under the grid policy: the same racks; the site rises at most the
+    sum of the GPUs' shares of the ramp limit (0.9 x 1 kW/s), where (c) swings every GPU
+    by 300 W at each wait's start and end; the floor's watts cost energy per work."""
+    grid = "ramp_up_kw_per_s = 1\nramp_down_kw_per_s = 1\nwindow_s = 1\nfloor_fraction = 0.5"
+    top = site(**SMALL, grid=grid)
+    ev = evaluate(top, EVERYONE, flat(500.0, comm_w=200.0), EvaluateSettings(duration_s=100))
+    t = ev.table.set_index("strategy")
+    assert (t.loc["e", "gpus"], t.loc["e", "racks"]) == (t.loc["c", "gpus"], t.loc["c", "racks"])
+    assert t.loc["e", "ramp_up_max_mw_per_s"] == pytest.approx(0.9 * 1_000 / 1e6)
+    assert t.loc["e", "ramp_down_max_mw_per_s"] <= 1_000 / 1e6
+    assert t.loc["e", "s_outside_ramp"] == 0.0 and t.loc["e", "s_above_limit"] == 0.0
+    # (c): each 2 s wait drops every GPU by 300 W at once, and its end raises them
+    assert t.loc["c", "ramp_down_max_mw_per_s"] == pytest.approx(t.loc["c", "gpus"] * 300 / 1e6)
+    assert t.loc["c", "ramp_down_max_mw_per_s"] > 1_000 / 1e6
+    assert t.loc["c", "s_outside_ramp"] > 0
+    assert t.loc["e", "kwh_per_gpu_hour"] > t.loc["c", "kwh_per_gpu_hour"]
+
+
 def test_meta_gb200_static_cap_gain_is_reproduced_within_a_point():
     """Meta: 1200 -> 1000 W costs ~5 % per GPU and gives ~+9 % cluster throughput in the same
     power, which docs/PLANNER.md turns into o = 360 W of overhead per GPU. A GPU that draws
@@ -306,3 +335,31 @@ def test_tdp_and_static_caps_have_no_controller_to_stage_a_checkpoint():
     assert t.loc["a", "throughput_lost_pct"] == 0.0
     assert t.loc["a", "throughput_gpus"] == t.loc["a", "busy_gpus"]
     assert t.loc["c", "throughput_lost_pct"] > 0.0  # the controller's staged caps
+
+
+@pytest.mark.parametrize("as_html", [False, True], ids=["markdown", "html"])
+def test_the_report_holds_every_strategy_its_assumptions_and_a_drawn_plot(tmp_path, as_html):
+    import matplotlib.image
+
+    out = tmp_path / "evaluation"
+    args = [
+        *("evaluate", str(REPO / "powerd" / "data" / "budgets" / "demo.toml")),
+        *(str(TEST_DATA / "profiles" / "telemetry.lp"), str(TEST_DATA / "profiles" / "train.csv")),
+        *("--workload", "untagged", "--mix", str(REPO / "examples" / "planning" / "mix.toml")),
+        *("--duration-s", "60", "-o", str(out), *(["--html"] if as_html else [])),
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    name = "evaluation.html" if as_html else "evaluation.md"
+    assert sorted(p.name for p in out.iterdir()) == sorted([name, "evaluation.png"])
+    text = (out / name).read_text()
+    for strategy in ("TDP provisioning", "static caps", "oversubscription (powerd)"):
+        assert strategy in text
+    assert "Assumptions" in text and "evaluation.png" in text
+    if as_html:
+        assert "<table" in text and "`" not in text
+    else:
+        assert "\n| strategy |" in text
+    assert (out / "evaluation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = matplotlib.image.imread(out / "evaluation.png")
+    assert pixels.shape[0] > 200 and pixels.shape[1] > 400 and pixels.std() > 0.01
