@@ -403,7 +403,8 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
     capped = ", ".join(f"{k} {len(v)}" for k, v in cap["nodes_capping"].items() if v)
     table.add_row(
         "capping",
-        f"{cap['cycles_capping']} cycles with a tree node over its capping threshold (nodes: "
+        f"{cap['cycles_capping']} cycle{'' if cap['cycles_capping'] == 1 else 's'} with a tree "
+        "node over its capping threshold (nodes: "
         f"{capped or 'none'}); {cap['gpus_cut']} GPUs cut; caps "
         + (
             f"{cap['min_cap_w']:.0f}-{cap['max_cap_w']:.0f} W"
