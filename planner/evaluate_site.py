@@ -293,7 +293,9 @@ def built_topology(
             lines += [f"gpus = {gpus}", f"model = {json.dumps(model)}"]
             lines += [*layout.servers[k].lines(), *_overhead(shape.server_overhead_w[k])]
     built = parse_budgets("\n".join(lines) + "\n", source=f"{top.source} ({label})")
-    return dataclasses.replace(built, grid=top.grid, comm_clock_mhz=top.comm_clock_mhz)
+    return dataclasses.replace(
+        built, grid=top.grid, comm_clock_mhz=top.comm_clock_mhz, clock_tables=top.clock_tables
+    )
 
 
 def static_topology(

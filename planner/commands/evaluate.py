@@ -79,7 +79,8 @@ Examples:
     "clock_table_path",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     default=None,
-    help="(d): a clock table CSV (`powerplan clocks -o`) [default: the model's shipped one].",
+    help="(d): a clock table CSV (`powerplan clocks -o`) [default: the one the budgets file "
+    "chose its clock from, else the model's shipped one].",
 )
 @click.option(
     "--gpu-bound-share",
@@ -184,9 +185,9 @@ def _sweep_speed(paths: tuple[Path, ...]):
 
 
 def _clock_tables(top: Topology, path: Path | None) -> dict[str, ClockTable]:
-    """Per GPU model of the site, its clock table: ``path`` (for its model), else the
-    model's shipped one where there is one."""
-    from powerd.gpu.clock_table import ClockTableError, load_clock_table, shipped_clock_table
+    """Per GPU model of the site, its clock table: ``path`` (for its model), else the one
+    the budgets file chose its communication clock from, else the model's shipped one."""
+    from powerd.gpu.clock_table import ClockTableError, load_clock_table
 
     out: dict[str, ClockTable] = {}
     try:
@@ -194,10 +195,9 @@ def _clock_tables(top: Topology, path: Path | None) -> dict[str, ClockTable]:
             table = load_clock_table(path)
             out[table.model] = table
         for model in dict.fromkeys(top.server_model):
-            if model not in out:
-                shipped = shipped_clock_table(model)
-                if shipped is not None:
-                    out[model] = shipped
+            chosen = out.get(model) or top.clock_table(model)
+            if chosen is not None:
+                out[model] = chosen
     except (ClockTableError, KeyError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     return out

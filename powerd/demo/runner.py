@@ -286,13 +286,16 @@ class _Cycles:
 
 
 def _all_gpus(topology: Topology, seed: int) -> dict[str, list[_AccountedGpu]]:
-    """Each node's simulated GPUs (as ``open_simulated`` makes them), with their books."""
+    """Each node's simulated GPUs (as ``open_simulated`` makes them), with their books; a
+    clock lock acts on them as the budgets file's clock table says."""
     out = {}
     for k, name in enumerate(topology.servers):
         server = topology.server(name)
         count, model = parse_spec(f"{server.gpus}x{server.model}")
+        table = topology.clock_table(model.key)  # as the controller chose its clock from
         out[name] = [
-            _AccountedGpu(model, i, phase="idle", seed=seed * 100_003 + k) for i in range(count)
+            _AccountedGpu(model, i, phase="idle", seed=seed * 100_003 + k, clock_table=table)
+            for i in range(count)
         ]
     return out
 

@@ -47,7 +47,7 @@ import numpy as np
 from msgspec import UNSET
 
 from policies.tree import RACK
-from powerd.gpu.clock_table import shipped_clock_table
+from powerd.gpu.clock_table import ClockTable
 from powerd.gpu.models import GPU_MODELS
 from powerd.gpu.workload_model import lock_response
 from powerd.protocol import (
@@ -75,9 +75,9 @@ _STATIC_SHARE = 0.3
 _CLOCK_EXPONENT = 2.5
 
 
-def locked_power_share(model: str, lock_mhz: float) -> float:
-    """The share of its unlocked draw a GPU of ``model`` draws at ``lock_mhz``."""
-    table = shipped_clock_table(model)
+def locked_power_share(model: str, lock_mhz: float, table: ClockTable | None) -> float:
+    """The share of its unlocked draw a GPU of ``model`` draws at ``lock_mhz``, by its clock
+    ``table`` (``Topology.clock_table``) where it has one."""
     if table is not None:
         return min(1.0, lock_response(table, lock_mhz)[1])
     share = min(1.0, lock_mhz / GPU_MODELS[model].sm_clock_max_mhz)
@@ -260,7 +260,8 @@ class FleetModel:
                 key = (model[g], lock)
                 share = lock_share.get(key)
                 if share is None:
-                    share = lock_share[key] = locked_power_share(model[g], lock)
+                    table = self.topology.clock_table(model[g])
+                    share = lock_share[key] = locked_power_share(model[g], lock, table)
                 power *= share
             cap = cap_w[g]
             if power > cap:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from policies.tree import LEVEL_NAMES, RACK, ROW, SERVER, Tree
+from powerd.gpu.clock_table import ClockTable, shipped_clock_table
 from powerd.gpu.models import GPU_MODELS
 from powerd.topology.grid import GridSpec
 
@@ -69,6 +70,17 @@ class Topology:
     server_failsafe_cap_w: np.ndarray  # per server (all its GPUs)
     comm_clock_mhz: Mapping[str, float] = field(default_factory=dict)  # per model, NaN: none
     grid: GridSpec | None = None  # the site's [site.grid]; None: no grid limits
+    # per model, the clock table its comm clock was chosen from (comm_max_slowdown with the
+    # file's clock_table, or the shipped one); see clock_table()
+    clock_tables: Mapping[str, ClockTable] = field(default_factory=dict)
+
+    def clock_table(self, model: str) -> ClockTable | None:
+        """How a clock lock acts on a GPU of ``model``: the table the file chose its
+        communication clock from, else the model's shipped table; None where there is
+        neither (the parametric clock model). The controller's clock and every simulated
+        GPU's answer to it (demo, fleet, planner) come from the same table."""
+        table = self.clock_tables.get(model)
+        return table if table is not None else shipped_clock_table(model)
 
     # --- names and structure ---
     @property

@@ -206,6 +206,7 @@ class _Models:
 
     failsafe_cap_w: dict[str, float]
     comm_clock_mhz: dict[str, float]  # NaN: configured, no clock
+    clock_tables: dict[str, ClockTable]  # the table a comm_max_slowdown chose from
 
 
 def _read_models(reader: _Reader, models: Any) -> _Models:
@@ -213,6 +214,7 @@ def _read_models(reader: _Reader, models: Any) -> _Models:
         raise reader.fail("[models]", "must be a table of [models.<GPU model>] tables")
     failsafe: dict[str, float] = {}
     clocks: dict[str, float] = {}
+    tables: dict[str, ClockTable] = {}
     for key, table in models.items():
         where = f"[models.{key}]"
         model = find_model(key)
@@ -229,13 +231,17 @@ def _read_models(reader: _Reader, models: Any) -> _Models:
             if problem:
                 raise reader.fail(where, problem)
             failsafe[model.key] = cap
-        clocks[model.key] = _comm_clock(reader, table, model, where)
-    return _Models(failsafe, clocks)
+        clocks[model.key], chosen_from = _comm_clock(reader, table, model, where)
+        if chosen_from is not None:
+            tables[model.key] = chosen_from
+    return _Models(failsafe, clocks, tables)
 
 
-def _comm_clock(reader: _Reader, table: dict[str, Any], model: GpuModel, where: str) -> float:
-    """``comm_clock_mhz`` as given, or the clock table's best within ``comm_max_slowdown``;
-    NaN for neither (no clock lock)."""
+def _comm_clock(
+    reader: _Reader, table: dict[str, Any], model: GpuModel, where: str
+) -> tuple[float, ClockTable | None]:
+    """``comm_clock_mhz`` as given, or the clock table's best within ``comm_max_slowdown``
+    (and that table); NaN for neither (no clock lock)."""
     if "comm_clock_mhz" in table and "comm_max_slowdown" in table:
         raise reader.fail(
             where,
@@ -249,9 +255,9 @@ def _comm_clock(reader: _Reader, table: dict[str, Any], model: GpuModel, where: 
     if "comm_clock_mhz" in table:
         clock = reader.number(table, "comm_clock_mhz", where)
         _check_clock(reader, clock, "comm_clock_mhz", model, where)
-        return clock
+        return clock, None
     if "comm_max_slowdown" not in table:
-        return math.nan
+        return math.nan, None
     slowdown = reader.number(table, "comm_max_slowdown", where, zero_ok=True)
     if slowdown >= 1:
         hint = f"; a percentage? write {slowdown / 100:g}" if slowdown < 100 else ""
@@ -262,7 +268,7 @@ def _comm_clock(reader: _Reader, table: dict[str, Any], model: GpuModel, where: 
     clock_table = _clock_table(reader, table, model, where)
     clock, _ = best_clock(clock_table, slowdown)
     _check_clock(reader, clock, f"the clock table's best ({clock_table.source})", model, where)
-    return clock
+    return clock, clock_table
 
 
 def _check_clock(reader: _Reader, clock: float, what: str, model: GpuModel, where: str) -> None:
@@ -788,6 +794,7 @@ def _topology(draft: checks.Draft, models: _Models, grid: GridSpec | None = None
         a.setflags(write=False)
     used = sorted(set(draft.server_model))
     clocks = MappingProxyType({m: models.comm_clock_mhz.get(m, math.nan) for m in used})
+    tables = MappingProxyType({m: models.clock_tables[m] for m in used if m in models.clock_tables})
     return Topology(
         source=draft.source,
         names=draft.names,
@@ -806,4 +813,5 @@ def _topology(draft: checks.Draft, models: _Models, grid: GridSpec | None = None
         server_failsafe_cap_w=draft.server_failsafe_cap_w,
         comm_clock_mhz=clocks,
         grid=grid,
+        clock_tables=tables,
     )

@@ -228,7 +228,25 @@ def test_a_locked_gpu_draws_its_clock_tables_share():
 
     table = shipped_clock_table("GB200")
     assert table is not None
-    assert locked_power_share("GB200", 1887) == lock_response(table, 1887)[1] < 1.0
-    assert locked_power_share("GB200", 2062) == 1.0
+    assert locked_power_share("GB200", 1887, table) == lock_response(table, 1887)[1] < 1.0
+    assert locked_power_share("GB200", 2062, table) == 1.0
     assert shipped_clock_table("A40") is None
-    assert 0.3 < locked_power_share("A40", 1000) < 1.0
+    assert 0.3 < locked_power_share("A40", 1000, None) < 1.0
+
+
+def test_a_locked_gpu_answers_from_the_table_its_budgets_file_chose_the_clock_from(tmp_path):
+    from powerd.gpu.clock_table import shipped_table
+    from powerd.gpu.workload_model import lock_response
+    from powerd.topology import load_budgets
+    from tests.topology.test_topology_clock_table import bloom_site
+
+    top = load_budgets(bloom_site(tmp_path))
+    mine, shipped = top.clock_tables["H100"], shipped_table("h100-gpt3-175b")
+    assert lock_response(mine, 1500)[1] != lock_response(shipped, 1500)[1]
+    m = fleet(top, FleetOptions(noise=0.0))
+    m.new_round()
+    assert m.on_heartbeat(beat(1), now=1.0, wall=WALL)
+    assert ack(m, command(1, 1, [700.0] * 4, lock=1500.0)).result == "applied"
+    want_w = 0.6 * 700.0  # the base load, unlocked
+    expected = want_w * lock_response(mine, 1500)[1]
+    assert [g.power_w for g in telemetry(m).gpus] == pytest.approx([expected] * 4, abs=0.05)

@@ -85,6 +85,38 @@ def test_a_table_file_is_found_beside_the_budgets_file(tmp_path: Path) -> None:
     assert load_budgets(path).comm_clock_mhz["H100"] == best_clock(table, 0.01)[0] == 1896
 
 
+def bloom_site(tmp_path: Path) -> Path:
+    """A site whose file chooses the H100's clock from its own table (BLOOM on the A100,
+    scaled), not the shipped GPT-3 175B one."""
+    table = shipped_table("a100-bloom").scaled_to("H100")
+    (tmp_path / "mine.csv").write_text(clock_table_csv(table))
+    path = tmp_path / "budgets.toml"
+    path.write_text(budgets('comm_max_slowdown = 0.01\nclock_table = "mine.csv"'))
+    return path
+
+
+def test_every_simulator_answers_a_lock_from_the_table_the_file_chose_its_clock_from(
+    tmp_path: Path,
+) -> None:
+    """One table for the controller's clock and for how the GPUs answer it: the demo's
+    simulated GPUs, the fleet's and the planner's (d) take ``Topology.clock_table``."""
+    from planner.commands.evaluate import _clock_tables
+    from powerd.demo.runner import _all_gpus
+
+    top = load_budgets(bloom_site(tmp_path))
+    mine = top.clock_table("H100")
+    assert mine is not None and mine is top.clock_tables["H100"]
+    assert np.array_equal(mine.power_rel, shipped_table("a100-bloom").power_rel)
+    assert all(g.clock_table is mine for gpus in _all_gpus(top, 0).values() for g in gpus)
+    assert _clock_tables(top, None) == {"H100": mine}
+    # a file that gives a clock (or none) leaves the GPUs with their model's shipped table
+    for keys in ("comm_clock_mhz = 1100", "failsafe_cap_w = 500"):
+        plain = parse_budgets(budgets(keys))
+        shipped = plain.clock_table("H100")
+        assert plain.clock_tables == {} and shipped is not None
+        assert shipped.source == shipped_table("h100-gpt3-175b").source
+
+
 def test_an_explicit_clock_still_works_and_neither_means_no_lock() -> None:
     assert comm_clock("comm_clock_mhz = 1100") == 1100
     assert math.isnan(comm_clock("failsafe_cap_w = 500"))
