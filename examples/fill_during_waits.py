@@ -6,7 +6,7 @@
 On GPUs without hardware power smoothing (H100, A100), the node's agent
 (``agent.software_smoothing = true``) tells the jobs on its node how far to
 hold each GPU up (``powerd.jobhook.FillFollower``). This example is the job's
-side: a ``DutyCycleFiller`` per GPU runs a matmul for a share of every short
+side: a ``DutyCycleFiller`` per GPU runs a matmul for a share of every 10 ms
 period, and moves the share until NVML's power reading meets the target. The
 training loop tells the follower when it waits (a collective, a checkpoint),
 works and stops; at its end it keeps filling down the ramp before it exits.
@@ -40,6 +40,11 @@ log = logging.getLogger("fill_during_waits")
 class DutyCycleFiller:
     """Holds one GPU near a target power with a kernel run for a share of each period.
 
+    The period is short, 10 ms: on an H200 the draw follows a kernel within tens of
+    milliseconds, so a 50 ms period swings it between idle and full load (a 250 W target
+    drew up to 411 W on average, ±295 W) where 10 ms holds it within about 2 % (bench/RESULTS.md,
+    "The job's busy work on a real GPU").
+
     Every ``period_s``: run the kernel for ``share × period_s``, rest for the rest,
     then read the power and move the share by ``gain × (target − power)`` (a
     proportional controller on the duty cycle; clipped to 0..1). A target of 0 (or
@@ -53,8 +58,8 @@ class DutyCycleFiller:
         run_kernel: Callable[[float], None],
         read_power_w: Callable[[], float],
         sleep: Callable[[float], None] = time.sleep,
-        period_s: float = 0.05,
-        gain_per_w: float = 0.002,
+        period_s: float = 0.01,
+        gain_per_w: float = 0.0004,
     ) -> None:
         self.run_kernel, self.read_power_w, self.sleep = run_kernel, read_power_w, sleep
         self.period_s, self.gain_per_w = period_s, gain_per_w
@@ -85,21 +90,38 @@ def cuda_kernel(index: int) -> Callable[[float], None]:  # pragma: no cover - ne
     stream = torch.cuda.Stream(device=device)
 
     def run(seconds: float) -> None:
+        # one matmul (~0.2 ms on an H200) at a time: kernels queued faster than the GPU
+        # runs them would keep it busy long after ``seconds`` (seen on an H200: a 250 W
+        # target drew 510 W on average)
         end = time.monotonic() + seconds
         with torch.cuda.stream(stream):
             while time.monotonic() < end:
                 a @ a  # the work is the point
-            stream.synchronize()
+                stream.synchronize()
 
     return run
 
 
 def nvml_power(index: int) -> Callable[[], float]:  # pragma: no cover - needs a GPU
+    """The GPU's instantaneous power (``NVML_FI_DEV_POWER_INSTANT``) where it has it, as the
+    agent reads it: ``nvmlDeviceGetPowerUsage`` is a 1 s average on Ampere and newer, too slow
+    for a 50 ms duty cycle (bench/RESULTS.md, "The job's busy work on a real GPU")."""
     import pynvml
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-    return lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+
+    def instant_w() -> float:
+        (field,) = pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_POWER_INSTANT])
+        if field.nvmlReturn != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(field.nvmlReturn)
+        return float(field.value.uiVal) / 1000.0
+
+    try:
+        instant_w()
+    except pynvml.NVMLError:
+        return lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+    return instant_w
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs a GPU

@@ -41,11 +41,12 @@ class ModelGpu:
 
 @pytest.mark.parametrize("target_w", [250.0, 400.0, 600.0])
 def test_the_filler_settles_at_the_target(target_w):
-    gpu = ModelGpu()
+    gpu = ModelGpu(period_s=0.01)  # the filler's default period
     filler = example().DutyCycleFiller(gpu.run, gpu.power_w, sleep=gpu.rest)
+    assert filler.period_s == gpu.period_s
     filler.set_target(target_w)
     seen = []
-    for _ in range(200):
+    for _ in range(1000):  # 10 s
         filler.step()
         seen.append(gpu.idle_w + filler.share * (gpu.full_w - gpu.idle_w))
     assert seen[-1] == pytest.approx(target_w, abs=5.0)
@@ -53,16 +54,16 @@ def test_the_filler_settles_at_the_target(target_w):
 
 
 def test_a_target_below_the_draw_or_zero_runs_nothing():
-    gpu = ModelGpu()
+    gpu = ModelGpu(period_s=0.01)
     filler = example().DutyCycleFiller(gpu.run, gpu.power_w, sleep=gpu.rest)
     filler.set_target(500.0)
-    for _ in range(100):
+    for _ in range(500):
         filler.step()
     assert filler.share > 0.5
     filler.set_target(0.0)
     filler.step()
     assert filler.share == 0.0
     filler.set_target(50.0)  # below idle: the share runs down to nothing
-    for _ in range(100):
+    for _ in range(500):
         filler.step()
     assert filler.share == 0.0
