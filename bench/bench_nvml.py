@@ -294,9 +294,8 @@ def agent_steps(gpu: Gpu) -> dict[str, Any]:
             ramp_down_hysteresis_ms=500.0,
         ),
     )
-    body = encode(Command(v=1, epoch=1, seq=1, ts=time.time(), ttl_s=30.0, gpus=[wanted]))
     start = time.perf_counter()
-    ack = core.on_command(signer.sign(TOPICS.command(NODE), body))
+    ack = core.on_command(command_payload(1, wanted, signer))
     took_ms = (time.perf_counter() - start) * 1e3
     steps["signed command"] = {
         "asked": {"cap_w": cap_w, "max_sm_clock_mhz": lock_mhz, "smoothing floor %": 30.0},
@@ -307,8 +306,7 @@ def agent_steps(gpu: Gpu) -> dict[str, Any]:
         "nvml_reads": settings(gpu),
     }
     forged = GpuCommand(index=gpu.index, cap_w=limits.min_w)
-    body = encode(Command(v=1, epoch=1, seq=2, ts=time.time(), ttl_s=30.0, gpus=[forged]))
-    unsigned = core.on_command(body)
+    unsigned = core.on_command(command_payload(2, forged, signer=None))
     steps["unsigned command"] = {
         "ack": unsigned.result,
         "ack_errors": [e.message for e in unsigned.errors],
@@ -317,8 +315,7 @@ def agent_steps(gpu: Gpu) -> dict[str, Any]:
     time.sleep(0.2)  # the cut enforced first (~0.1 s on an H200), so the raise shows its own lag
     steps["0.2 s later"] = settings(gpu)
     raise_to = GpuCommand(index=gpu.index, cap_w=limits.max_w)
-    body = encode(Command(v=1, epoch=1, seq=3, ts=time.time(), ttl_s=30.0, gpus=[raise_to]))
-    raised = core.on_command(signer.sign(TOPICS.command(NODE), body))
+    raised = core.on_command(command_payload(3, raise_to, signer))
     steps["signed command raising the cap to the maximum"] = {
         "ack": raised.result,
         "ack_gpus": [_ack_gpu(g) for g in raised.gpus],
@@ -331,6 +328,12 @@ def agent_steps(gpu: Gpu) -> dict[str, Any]:
         "took_ms": round((time.perf_counter() - start) * 1e3, 2)
     }
     return steps
+
+
+def command_payload(seq: int, gpu: GpuCommand, signer: Signer | None) -> bytes:
+    """A command of epoch 1 for the bench's node, signed by ``signer`` (None: unsigned)."""
+    body = encode(Command(v=1, epoch=1, seq=seq, ts=time.time(), ttl_s=30.0, gpus=[gpu]))
+    return body if signer is None else signer.sign(TOPICS.command(NODE), body)
 
 
 def _ack_gpu(ack: GpuAck) -> dict[str, Any]:
