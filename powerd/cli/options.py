@@ -176,8 +176,8 @@ def option_name(param: click.Parameter | None) -> str:
 class Quantity(click.FloatRange):
     """A number in the unit the option's name ends in (``--overhead-w``: watts,
     ``--duration-s``: seconds, ``--storage-kj-per-rack``: kilojoules), optionally within a
-    range. A value written with a unit
-    (``1.2kW``, ``15m``) is refused with the number to write instead, in plain words."""
+    range. A value written with a unit (``1.2kW``, ``15m``) is refused with the number to
+    write instead, in plain words."""
 
     def __init__(
         self,
