@@ -8,9 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from powerd.controller.core import PLAUSIBLE_TO_CLEAR
+from powerd.controller.core import CAP_SETTLE_S, PLAUSIBLE_TO_CLEAR
 from powerd.protocol import Status, encode
 from tests.controller.test_controller_core import (
+    CAP_MIN_W,
     FAILSAFE_W,
     NODES,
     WALL0,
@@ -107,6 +108,28 @@ def test_telemetry_no_gpu_could_send_makes_its_node_counted_at_its_caps_and_left
             bench.report(other, 300.0)
     assert bench.cycle(advance_s=1.0).counters.nodes_implausible == 0
     assert not bench.core.implausible.any()
+
+
+@pytest.mark.parametrize(
+    ("after_ack_s", "power_w", "doubted"),
+    [
+        (0.1, 600.0, False),  # cut to 200 W, the draw not there yet: as an H200 does
+        (CAP_SETTLE_S, 600.0, True),  # half a second on, it should be
+        (0.1, 900.0, True),  # more than the GPU's maximum cap allows, even at once
+    ],
+)
+def test_a_draw_above_a_cap_just_cut_is_doubted_only_once_the_gpu_had_time(
+    after_ack_s: float, power_w: float, doubted: bool
+) -> None:
+    """A GPU's draw follows a cut within 66-144 ms (an H200, docs/HARDWARE.md), while its
+    enforced limit may read the cut sooner: a sample between the two is no lie."""
+    bench = make_bench()
+    bench.report_all(300.0)
+    bench.apply(bench.cycle())  # acked at WALL0
+    node = "k2-n1"
+    payload = telemetry_payload(node, power_w, cap_w=CAP_MIN_W, seq=10, ts=WALL0 + after_ack_s)
+    bench.core.on_telemetry(node, payload)
+    assert bench.core.implausible[bench.core.tree.server_ordinal[node]] == doubted
 
 
 @pytest.mark.parametrize(
