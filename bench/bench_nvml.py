@@ -46,6 +46,7 @@ from bench.common import machine, report
 from powerd.agent.config import FailsafeConfig
 from powerd.agent.core import AgentCore
 from powerd.gpu import Gpu, GpuError
+from powerd.gpu.check import timed_ms, wait_enforced
 from powerd.protocol import (
     Command,
     GpuAck,
@@ -158,17 +159,10 @@ def _limit_range(gpu: Gpu) -> dict[str, float]:
 
 
 def latency_us(fn: Callable[[], object], runs: int) -> dict[str, float]:
-    times: list[float] = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e6)
-    times.sort()
-    return {
-        "runs": runs,
-        "median_us": round(statistics.median(times), 1),
-        "p99_us": round(times[min(len(times) - 1, int(0.99 * len(times)))], 1),
-        "max_us": round(times[-1], 1),
+    """``powerd.gpu.check.timed_ms``, in microseconds."""
+    timed = timed_ms(fn, runs)
+    return {"runs": runs} | {
+        key.replace("_ms", "_us"): round(value * 1e3, 1) for key, value in timed.items()
     }
 
 
@@ -217,24 +211,13 @@ def enforced_lag(gpu: Gpu, targets_w: list[float], timeout_s: float = 5.0) -> li
     rows = []
     for target_w in targets_w:
         gpu.set_power_limit_w(target_w)
-        start = time.perf_counter()
         limit_w = gpu.power_limit_w()
-        reads = 0
-        while True:
-            enforced_w = gpu.enforced_cap_w()
-            reads += 1
-            elapsed_s = time.perf_counter() - start
-            if abs(enforced_w - target_w) <= 1.0 or elapsed_s > timeout_s:
-                break
-            time.sleep(0.0005)
+        lag_ms = wait_enforced(gpu, target_w, timeout_s)
         rows.append(
             {
                 "set_w": target_w,
                 "power_management_limit_w_at_once": limit_w,
-                "enforced_shows_it_after_ms": (
-                    round(elapsed_s * 1e3, 2) if abs(enforced_w - target_w) <= 1.0 else None
-                ),
-                "reads": reads,
+                "enforced_shows_it_after_ms": None if lag_ms is None else round(lag_ms, 2),
             }
         )
     return rows

@@ -49,7 +49,7 @@ RISE_FRACTION = 0.01
 # A node found holding other caps than commanded is commanded again at most this often.
 DRIFT_RETRY_S = 10.0
 # Caps a node reads back in a sample taken less than this after its ack may be the old ones: a
-# GPU enforces a new power limit ~0.1 s after it is set (an H200 on driver 580: 27-92 ms,
+# GPU enforces a new power limit ~0.1 s after it is set (an H200 on driver 580: up to 92 ms,
 # docs/HARDWARE.md). Such a sample's power counts; its caps are neither taken nor drift.
 CAP_SETTLE_S = 0.5
 # A jump in an agent's telemetry seq larger than this is a restart (or nonsense), not a loss.
@@ -434,7 +434,7 @@ class ControllerCore:
 
         A sample taken less than ``CAP_SETTLE_S`` after the node's ack (not ``settled``) may
         catch a GPU between a cut and its draw following it (an H200: the enforced limit
-        reads the cut after 27-92 ms, the draw is within 2 % of it after 66-144 ms,
+        reads the cut after up to 92 ms, the draw is within 2 % of it after 66-144 ms,
         docs/HARDWARE.md): its power is held to the GPU's maximum cap, not to the cap it
         reports."""
         if SEQ_RESTART_MAX < sample.seq <= previous_seq:

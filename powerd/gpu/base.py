@@ -280,7 +280,7 @@ class Gpu(abc.ABC):
         """The power management limit set on the device (what we control).
 
         It reads back at once; the device enforces it a little later (an H200 on driver
-        580: 27-92 ms, docs/HARDWARE.md), and ``enforced_cap_w`` shows the old limit
+        580: up to 92 ms, docs/HARDWARE.md), and ``enforced_cap_w`` shows the old limit
         meanwhile.
         """
 

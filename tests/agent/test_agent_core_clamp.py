@@ -219,7 +219,7 @@ def test_exactly_max_errors_are_not_truncated(node: Node) -> None:
 
 
 def test_the_ack_of_a_cut_reports_the_cut_though_the_device_enforces_it_later() -> None:
-    """Seen on an H200 (driver 580): NVML's enforced limit shows a new cap 27-92 ms after it
+    """Seen on an H200 (driver 580): NVML's enforced limit shows a new cap up to 92 ms after it
     is set. An ack read back from it at once reported the old cap (700 W for a 450 W cut),
     so the controller counted the GPU above what it had just cut it to."""
     from powerd.gpu.models import gpu_model

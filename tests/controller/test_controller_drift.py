@@ -91,7 +91,7 @@ def test_a_node_that_keeps_refusing_is_retried_once_per_retry_period(bench: Benc
 def test_caps_read_back_just_after_the_ack_are_neither_drift_nor_taken(
     bench: Bench, after_ack_s: float
 ) -> None:
-    """A GPU enforces a new limit ~0.1 s after it is set (an H200: 27-92 ms), so a sample
+    """A GPU enforces a new limit ~0.1 s after it is set (an H200: up to 92 ms), so a sample
     taken right after the ack may still show the old cap: that is no drift."""
     report(bench, 450.0, ts=WALL0 + after_ack_s)
     result = bench.cycle(advance_s=1.0)

@@ -20,7 +20,7 @@ It behaves like NVML where the backend depends on it:
   the enforced limit is the minimum of both;
 * ``enforce_delay_s``: a new power limit reads back at once from
   ``GetPowerManagementLimit`` but is enforced (``GetEnforcedPowerLimit`` and the draw)
-  only that long after it was set, as on a real H200 (driver 580: 27-92 ms, bench/RESULTS.md
+  only that long after it was set, as on a real H200 (driver 580: up to 92 ms, bench/RESULTS.md
   "NVML on a real GPU"); 0 (the default) enforces it at once;
 * out-of-range power limits and clock locks (min > max, or outside the supported
   clocks) raise NVML_ERROR_INVALID_ARGUMENT and change nothing; a bad device index
