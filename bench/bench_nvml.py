@@ -44,14 +44,14 @@ import msgspec
 
 from bench.common import machine, report
 from powerd.agent.config import FailsafeConfig
+from powerd.agent.controls import smoothing_wire
 from powerd.agent.core import AgentCore
 from powerd.gpu import Gpu, GpuError
-from powerd.gpu.check import timed_ms, wait_enforced
+from powerd.gpu.check import CHECK_PROFILE, timed_ms, wait_enforced
 from powerd.protocol import (
     Command,
     GpuAck,
     GpuCommand,
-    GpuSmoothing,
     Heartbeat,
     Topics,
     encode,
@@ -268,20 +268,17 @@ def agent_steps(gpu: Gpu) -> dict[str, Any]:
         index=gpu.index,
         cap_w=cap_w,
         max_sm_clock_mhz=lock_mhz,
-        smoothing=GpuSmoothing(
-            preset=0,
-            enabled=True,
-            floor_percent=30.0,
-            ramp_up_w_per_s=200.0,
-            ramp_down_w_per_s=200.0,
-            ramp_down_hysteresis_ms=500.0,
-        ),
+        smoothing=smoothing_wire(CHECK_PROFILE),
     )
     start = time.perf_counter()
     ack = core.on_command(command_payload(1, wanted, signer))
     took_ms = (time.perf_counter() - start) * 1e3
     steps["signed command"] = {
-        "asked": {"cap_w": cap_w, "max_sm_clock_mhz": lock_mhz, "smoothing floor %": 30.0},
+        "asked": {
+            "cap_w": cap_w,
+            "max_sm_clock_mhz": lock_mhz,
+            "smoothing floor %": CHECK_PROFILE.floor_percent,
+        },
         "ack": ack.result,
         "ack_gpus": [_ack_gpu(g) for g in ack.gpus],
         "ack_errors": [e.message for e in ack.errors],

@@ -27,7 +27,15 @@ READ_RUNS = 50  # each read timed this many times
 ENFORCE_TIMEOUT_S = 2.0  # a new cap not enforced after this is a failure
 ENFORCE_POLL_S = 0.001
 CLOCK_LOCK_SHARE = 0.6  # the check locks the SM clock at this share of its maximum
-SMOOTHING_FLOOR_PERCENT = 30.0  # the profile the check applies where the device has it
+# the profile the check applies where the device has smoothing (clamped into its range)
+CHECK_PROFILE = SmoothingProfile(
+    preset=0,
+    enabled=True,
+    floor_percent=30.0,
+    ramp_up_w_per_s=200.0,
+    ramp_down_w_per_s=200.0,
+    ramp_down_hysteresis_ms=500.0,
+)
 
 
 @dataclass
@@ -162,15 +170,7 @@ def _check_smoothing(gpu: Gpu) -> ControlResult:
         if not gpu.supports_smoothing():
             gpu.smoothing_range()  # raises the message an operator can act on
             return ControlResult("power smoothing", None, "not supported")
-        wanted = SmoothingProfile(
-            preset=0,
-            enabled=True,
-            floor_percent=SMOOTHING_FLOOR_PERCENT,
-            ramp_up_w_per_s=200.0,
-            ramp_down_w_per_s=200.0,
-            ramp_down_hysteresis_ms=500.0,
-        )
-        applied = gpu.set_smoothing(gpu.smoothing_range().clamp(wanted))
+        applied = gpu.set_smoothing(gpu.smoothing_range().clamp(CHECK_PROFILE))
         gpu.restore_smoothing()
     except GpuNotSupportedError as exc:
         return ControlResult("power smoothing", None, f"not supported: {exc}")
