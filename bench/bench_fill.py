@@ -94,26 +94,23 @@ VARIANTS: tuple[tuple[str, str, float, float], ...] = (
 def real_gpu(
     index: int, reading: str, period_s: float, gain_per_w: float
 ) -> tuple[Any, Callable[[], float]]:
-    """The example's filler on GPU ``index``, driven by the ``reading`` power; the instant
-    reading is what the benchmark samples."""
+    """The example's filler on GPU ``index``, driven by the ``reading`` power; the
+    benchmark samples the draw with the example's own reader (instantaneous where the GPU
+    has it: ``nvml_power``)."""
     import pynvml
 
     fill = example()
-    pynvml.nvmlInit()
+    sample_w = fill.nvml_power(index)  # initialises NVML
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-
-    def instant_w() -> float:
-        (field,) = pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_POWER_INSTANT])
-        return float(field.value.uiVal) / 1000.0
 
     def average_w() -> float:
         return float(pynvml.nvmlDeviceGetPowerUsage(handle)) / 1000.0
 
-    drive = fill.nvml_power(index) if reading == "example" else average_w
+    drive = sample_w if reading == "example" else average_w
     filler = fill.DutyCycleFiller(
         fill.cuda_kernel(index), drive, period_s=period_s, gain_per_w=gain_per_w
     )
-    return filler, instant_w
+    return filler, sample_w
 
 
 class _ModelledGpu:
