@@ -340,17 +340,30 @@ def least_ramp_floor(
     out = p.copy()
     for r in range(min(w, len(p))):
         chain = p[r::w]
-        k = np.arange(len(chain), dtype=float)
         lifted = chain.copy()
         if math.isfinite(down_w_per_s):  # falls: what a past peak still holds up
-            step_w = down_w_per_s * w * dt_s
-            np.maximum(lifted, np.maximum.accumulate(chain + k * step_w) - k * step_w, out=lifted)
+            np.maximum(lifted, _held_by_past_peaks(chain, down_w_per_s * w * dt_s), out=lifted)
         if math.isfinite(up_w_per_s):  # rises: what a coming peak already holds up
-            step_w = up_w_per_s * w * dt_s
-            ahead = np.maximum.accumulate((chain - k * step_w)[::-1])[::-1]
-            np.maximum(lifted, ahead + k * step_w, out=lifted)
+            ahead = _held_by_past_peaks(chain[::-1], up_w_per_s * w * dt_s)[::-1]
+            np.maximum(lifted, ahead, out=lifted)
         out[r::w] = lifted
     return out
+
+
+def _held_by_past_peaks(chain: np.ndarray, step_w: float) -> np.ndarray:
+    """``max over j <= k of chain[j] - (k - j) * step_w`` at every ``k``.
+
+    Taken from the index of the peak that sets it, not as ``running max of (chain + k *
+    step_w) - k * step_w``: adding and taking back a large ``k * step_w`` loses the low
+    digits of the chain (a 26 MW/s limit over 0.15 W lifted a step 2e-11 W above itself,
+    and the rise to it broke a 1 W/s limit by 2e-9 W/s). A step that is its own peak is
+    returned exactly."""
+    k = np.arange(len(chain))
+    score = chain + k * step_w
+    is_peak = score >= np.maximum.accumulate(score)
+    peak_at = np.maximum.accumulate(np.where(is_peak, k, 0))
+    held: np.ndarray = chain[peak_at] - (k - peak_at) * step_w
+    return held
 
 
 def least_ready_floor(

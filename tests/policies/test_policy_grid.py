@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from policies import grid
@@ -247,6 +247,8 @@ def test_the_least_ready_floor_is_ready_meets_the_ramps_and_is_above_the_least_f
 
 @many
 @given(powers, steps, windows, limits, limits)
+# found by CI: a huge fall limit added and taken back lost the low digits of a small draw
+@example(np.array([0.0, 0.15]), 0.01, 0.01171875, 1.0, 26214400.0)
 def test_the_least_floor_meets_the_ramps_and_no_lower_series_does(power, dt, window, up, down):
     """Above the power, within both limits, and minimal: lowering any held step by a little
     (staying above the power) breaks a limit."""
