@@ -223,4 +223,10 @@ def _b64(raw: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    """``_b64`` undone, strictly: base64 can spell the same bytes more than one way (the
+    unused low bits of the last character), and a signature that does not read back as
+    written is refused, so no two payloads carry one signature (ValueError)."""
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(raw) != text:
+        raise ValueError("not the canonical base64 of its bytes")
+    return raw
