@@ -20,6 +20,7 @@ import pandas as pd
 
 from planner.sizing import Sizing, SizingError
 from policies.tree import SERVER
+from powerd.gpu.clock_table import COLUMNS, ClockTable
 from powerd.topology import Topology, parse_budgets
 from powerd.topology.grid import GridSpec
 
@@ -61,6 +62,16 @@ def _grid_keys(grid: GridSpec) -> list[str]:
 
 def _str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _comm_clock_lines(top: Topology, model: str) -> list[str]:
+    """The keys that chose ``model``'s communication clock, as the input gave them: a
+    ``comm_max_slowdown`` keeps its clock table, which the simulators answer a lock from."""
+    keys = top.comm_clock_keys.get(model)
+    if keys:
+        return [f"{k} = {_str(v) if isinstance(v, str) else _num(v)}" for k, v in keys.items()]
+    clock = float(top.comm_clock_mhz.get(model, math.nan))
+    return [f"comm_clock_mhz = {_num(clock)}"] if math.isfinite(clock) else []
 
 
 class _Writer:
@@ -114,9 +125,7 @@ class _Writer:
             lines += ["", "[site.grid]", *_grid_keys(top.grid)]
         for model, cap in self.s.failsafe_cap_w.items():
             lines += ["", f"[models.{model}]", f"failsafe_cap_w = {_num(cap)}"]
-            clock = float(top.comm_clock_mhz.get(model, math.nan))
-            if math.isfinite(clock):
-                lines.append(f"comm_clock_mhz = {_num(clock)}")
+            lines += _comm_clock_lines(top, model)
         for row in self.children[0]:
             lines += ["", self.comment(row), "[[rows]]", f"name = {_str(top.names[row])}"]
             lines += self.power_keys(row)
@@ -202,3 +211,20 @@ def check_round_trip(text: str, top: Topology, sizing: Sizing) -> None:
         raise SizingError("the budgets file written does not load back the same GPU models")
     if back.grid != top.grid:
         raise SizingError("the budgets file written does not load back the same [site.grid]")
+    for model in sorted(set(top.server_model)):
+        clocks = [t.comm_clock_mhz.get(model, math.nan) for t in (top, back)]
+        same_table = _same_table(top.clock_table(model), back.clock_table(model))
+        if not np.array_equal(clocks[0], clocks[1], equal_nan=True) or not same_table:
+            raise SizingError(
+                f"the budgets file written does not load back the same {model} communication "
+                "clock and clock table"
+            )
+
+
+def _same_table(a: ClockTable | None, b: ClockTable | None) -> bool:
+    """The same numbers (wherever read from: a path written absolute reads the same file)."""
+    if a is None or b is None:
+        return a is b
+    return a.model == b.model and all(
+        np.array_equal(getattr(a, column), getattr(b, column)) for column in COLUMNS
+    )

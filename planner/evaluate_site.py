@@ -294,7 +294,11 @@ def built_topology(
             lines += [*layout.servers[k].lines(), *_overhead(shape.server_overhead_w[k])]
     built = parse_budgets("\n".join(lines) + "\n", source=f"{top.source} ({label})")
     return dataclasses.replace(
-        built, grid=top.grid, comm_clock_mhz=top.comm_clock_mhz, clock_tables=top.clock_tables
+        built,
+        grid=top.grid,
+        comm_clock_mhz=top.comm_clock_mhz,
+        clock_tables=top.clock_tables,
+        comm_clock_keys=top.comm_clock_keys,
     )
 
 

@@ -73,6 +73,10 @@ class Topology:
     # per model, the clock table its comm clock was chosen from (comm_max_slowdown with the
     # file's clock_table, or the shipped one); see clock_table()
     clock_tables: Mapping[str, ClockTable] = field(default_factory=dict)
+    # per model, the [models.<key>] keys that chose its comm clock (comm_clock_mhz, or
+    # comm_max_slowdown and clock_table, a path made absolute), for a file written from this
+    # topology to choose the same clock from the same table; absent: no comm clock
+    comm_clock_keys: Mapping[str, Mapping[str, float | str]] = field(default_factory=dict)
 
     def clock_table(self, model: str) -> ClockTable | None:
         """How a clock lock acts on a GPU of ``model``: the table the file chose its

@@ -207,6 +207,7 @@ class _Models:
     failsafe_cap_w: dict[str, float]
     comm_clock_mhz: dict[str, float]  # NaN: configured, no clock
     clock_tables: dict[str, ClockTable]  # the table a comm_max_slowdown chose from
+    comm_clock_keys: dict[str, dict[str, float | str]]  # the keys that chose the clock
 
 
 def _read_models(reader: _Reader, models: Any) -> _Models:
@@ -215,6 +216,7 @@ def _read_models(reader: _Reader, models: Any) -> _Models:
     failsafe: dict[str, float] = {}
     clocks: dict[str, float] = {}
     tables: dict[str, ClockTable] = {}
+    keys: dict[str, dict[str, float | str]] = {}
     for key, table in models.items():
         where = f"[models.{key}]"
         model = find_model(key)
@@ -234,7 +236,26 @@ def _read_models(reader: _Reader, models: Any) -> _Models:
         clocks[model.key], chosen_from = _comm_clock(reader, table, model, where)
         if chosen_from is not None:
             tables[model.key] = chosen_from
-    return _Models(failsafe, clocks, tables)
+        keys[model.key] = _comm_clock_keys(reader, table, clocks[model.key])
+    return _Models(failsafe, clocks, tables, keys)
+
+
+def _comm_clock_keys(
+    reader: _Reader, table: dict[str, Any], clock_mhz: float
+) -> dict[str, float | str]:
+    """The keys that chose a model's communication clock, as a writer must repeat them for
+    the file it writes to choose the same clock from the same table (a ``clock_table``
+    path made absolute: the written file may live elsewhere). Empty: no clock."""
+    if "comm_max_slowdown" not in table:
+        return {"comm_clock_mhz": clock_mhz} if math.isfinite(clock_mhz) else {}
+    keys: dict[str, float | str] = {"comm_max_slowdown": float(table["comm_max_slowdown"])}
+    name = table.get("clock_table")
+    if isinstance(name, str):
+        is_path = name.lower().endswith(".csv")
+        keys["clock_table"] = (
+            str((Path(reader.source).parent / name).resolve()) if is_path else name
+        )
+    return keys
 
 
 def _comm_clock(
@@ -795,6 +816,13 @@ def _topology(draft: checks.Draft, models: _Models, grid: GridSpec | None = None
     used = sorted(set(draft.server_model))
     clocks = MappingProxyType({m: models.comm_clock_mhz.get(m, math.nan) for m in used})
     tables = MappingProxyType({m: models.clock_tables[m] for m in used if m in models.clock_tables})
+    clock_keys = MappingProxyType(
+        {
+            m: MappingProxyType(models.comm_clock_keys[m])
+            for m in used
+            if models.comm_clock_keys.get(m)
+        }
+    )
     return Topology(
         source=draft.source,
         names=draft.names,
@@ -814,4 +842,5 @@ def _topology(draft: checks.Draft, models: _Models, grid: GridSpec | None = None
         comm_clock_mhz=clocks,
         grid=grid,
         clock_tables=tables,
+        comm_clock_keys=clock_keys,
     )
