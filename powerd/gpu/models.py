@@ -3,7 +3,8 @@
 Used by the simulated backend and by the test suite's fake of the pynvml API,
 so that both behave like the real device. Figures from ``docs/DOMAIN.md``
 (NVML limits seen: H100 SXM 200–700 W, A100 SXM 100–400 W, GB200 1200 W
-TDP) and vendor data sheets for clocks; where a figure is assumed it says so.
+TDP), ``docs/HARDWARE.md`` (the H200, measured by this project) and vendor
+data sheets for clocks; where a figure is assumed it says so.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ GPU_MODELS: dict[str, GpuModel] = {
     m.key: m
     for m in (
         GpuModel("H100", "NVIDIA H100 80GB HBM3", 200.0, 700.0, 700.0, 345, 1980, 70.0, True, True),
+        # H200: what NVML reported on one (docs/HARDWARE.md, 2026-11-25): 200-700 W, default
+        # 700 W, 345-1980 MHz, 79 W idle when cold, instantaneous power, no smoothing.
+        GpuModel("H200", "NVIDIA H200", 200.0, 700.0, 700.0, 345, 1980, 79.0, True, True),
         GpuModel(
             "A100", "NVIDIA A100-SXM4-80GB", 100.0, 400.0, 400.0, 210, 1410, 55.0, False, True
         ),

@@ -5,8 +5,8 @@ the Zeus power-limit sweeps (``powerd/data/workload_curves.json``), scaled to
 the simulated GPU's maximum power limit. Under a clock lock they follow the
 model's measured clock table instead (``powerd/data/clocks/``, the one the
 budgets file's ``comm_max_slowdown`` picks the controller's clock from; see
-``workload_model.table_operating_point``); a model without one (A40, V100,
-P100) keeps the parametric clock response. What the GPU is doing is set from
+``workload_model.table_operating_point``); a model without one (H200, A40,
+V100, P100) keeps the parametric clock response. What the GPU is doing is set from
 outside: ``set_phase`` (the protocol's job phases) and ``set_workload``.
 
 Like NVML, setters reject values outside the device's ranges with

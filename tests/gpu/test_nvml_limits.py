@@ -100,7 +100,7 @@ H200_ENFORCE_DELAY_S = 0.092  # the longest seen on an H200, driver 580 (docs/HA
 def test_a_new_limit_is_enforced_only_after_the_devices_delay_and_energy_follows() -> None:
     """As on a real H200: the limit set reads back at once, the enforced one ~0.1 s later,
     and the draw follows the enforced one."""
-    fake = FakeNvml([gpu_model("H100")], enforce_delay_s=H200_ENFORCE_DELAY_S)
+    fake = FakeNvml([gpu_model("H200")], enforce_delay_s=H200_ENFORCE_DELAY_S)
     (gpu,) = open_nvml(fake)
     fake.set_demand(0, 680.0)
     gpu.set_power_limit_w(300.0)
@@ -117,7 +117,7 @@ def test_a_sample_shows_the_limit_enforced_and_a_draw_within_it_while_a_new_one_
     """Telemetry's cap is what holds the GPU as it draws: the old limit for a moment after
     a cut, so that the sample's power is never over its own cap (the controller doubts a
     node whose GPUs draw over their caps)."""
-    fake = FakeNvml([gpu_model("H100")], enforce_delay_s=H200_ENFORCE_DELAY_S)
+    fake = FakeNvml([gpu_model("H200")], enforce_delay_s=H200_ENFORCE_DELAY_S)
     (gpu,) = open_nvml(fake)
     fake.set_demand(0, 680.0)
     gpu.set_power_limit_w(450.0)

@@ -254,8 +254,8 @@ CASES = [
     # --- models, keys, structure ---
     Case(
         "unknown-gpu-model",
-        sub('model = "H100"', 'model = "H200"'),
-        ("node 'r1-k1-n1'", "unknown GPU model 'H200'", "GB200"),
+        sub('model = "H100"', 'model = "H300"'),
+        ("node 'r1-k1-n1'", "unknown GPU model 'H300'", "GB200"),
     ),
     Case(
         "unknown-model-table",
