@@ -59,6 +59,13 @@ MAX_SEQ_GAP = 3600
 # least its failsafe caps), never commanded, so never handed watts back on its word.
 POWER_OVER_CAP_RATIO = 1.15  # power may exceed the cap by this share (limiter lag, noise)
 POWER_OVER_CAP_W = 25.0  # and by this many watts
+# ... and by more while a load steps up: a GPU's limiter lets the first ~0.1-0.2 s through (an
+# H200 read 911 W under its 700 W limit, and 648 W under 476 W, docs/HARDWARE.md). So a draw
+# over that bound is doubted once it has lasted this long (by the controller's clock: a
+# sample's own ts could be held still), and at once only beyond this multiple of the model's
+# maximum cap, which no GPU draws.
+POWER_OVER_CAP_FOR_S = 1.0
+POWER_ABSURD_RATIO = 2.0
 RANGE_TOLERANCE_W = 1.0  # a cap outside [cap_min, cap_max], or a range not the model's
 SEQ_RESTART_MAX = 16  # seq back to this or below is an agent that restarted, not a replay
 PLAUSIBLE_TO_CLEAR = 5  # consecutive plausible samples before a node is believed again
@@ -219,6 +226,8 @@ class ControllerCore:
         self._plausible_streak = [0] * tree.n_servers
         self._gpu_cap_min = tree.cap_min_w.tolist()  # lists: read per message, per GPU
         self._gpu_cap_max = tree.cap_max_w.tolist()
+        # per GPU, when (monotonic) its draw went over the plausibility bound; NaN: it is not
+        self._over_cap_since = [math.nan] * n_gpus
         self.power_w = tree.failsafe_cap_w.astype(float).copy()
         self.cap_w = tree.failsafe_cap_w.astype(float).copy()  # read back from the devices
         self.clock_mhz = np.full(n_gpus, np.nan)  # locks in force, read back
@@ -323,7 +332,9 @@ class ControllerCore:
             # older than the ack's (they come on another connection), and those of one taken
             # just after it may not be enforced yet (CAP_SETTLE_S): power only.
             current = sample.ts >= acked_ts[server] + CAP_SETTLE_S
-            doubt = self._doubt(sample, start, n_gpus, last_seq[server], settled=current)
+            doubt = self._doubt(
+                sample, start, n_gpus, last_seq[server], settled=current, arrived=arrived
+            )
             if doubt is not None:
                 self._disbelieve(server, node, doubt)
             elif self.implausible[server]:
@@ -428,36 +439,57 @@ class ControllerCore:
             )
 
     def _doubt(
-        self, sample: Telemetry, start: int, n_gpus: int, previous_seq: int, settled: bool
+        self,
+        sample: Telemetry,
+        start: int,
+        n_gpus: int,
+        previous_seq: int,
+        settled: bool,
+        arrived: float,
     ) -> str | None:
         """Why this sample cannot be true, or None. Cheap: a few comparisons per GPU.
 
-        A sample taken less than ``CAP_SETTLE_S`` after the node's ack (not ``settled``) may
-        catch a GPU between a cut and its draw following it (an H200: the enforced limit
-        reads the cut after up to 92 ms, the draw is within 2 % of it after 66-144 ms,
-        docs/HARDWARE.md): its power is held to the GPU's maximum cap, not to the cap it
-        reports."""
+        A GPU's draw may pass 1.15 x its cap + 25 W for a moment: its limiter lets the first
+        ~0.1-0.2 s of a load step through (``POWER_OVER_CAP_FOR_S``). A sample taken less
+        than ``CAP_SETTLE_S`` after the node's ack (not ``settled``) may also catch a GPU
+        between a cut and its draw following it (an H200: the enforced limit reads the cut
+        after up to 92 ms, the draw is within 2 % of it after 66-144 ms, docs/HARDWARE.md):
+        its power is held to the GPU's maximum cap, not to the cap it reports. ``arrived``:
+        when the sample was received (monotonic)."""
         if SEQ_RESTART_MAX < sample.seq <= previous_seq:
             return f"seq went back from {previous_seq} to {sample.seq}"
-        cap_min, cap_max = self._gpu_cap_min, self._gpu_cap_max
+        cap_min, cap_max, over_since = self._gpu_cap_min, self._gpu_cap_max, self._over_cap_since
+        why: str | None = None
         for g in sample.gpus:
             if g.index >= n_gpus:
                 continue  # logged where the sample is taken in
             k = start + g.index
+            if g.power_w > cap_max[k] * POWER_ABSURD_RATIO:
+                return (
+                    f"gpu {g.index} draws {g.power_w:.0f} W, over {POWER_ABSURD_RATIO:g} x its "
+                    f"model's {cap_max[k]:.0f} W maximum cap"
+                )
             bound_w = g.cap_w if settled else max(g.cap_w, cap_max[k])
-            if g.power_w > bound_w * POWER_OVER_CAP_RATIO + POWER_OVER_CAP_W:
-                return f"gpu {g.index} draws {g.power_w:.0f} W over its {bound_w:.0f} W cap"
-            if (
+            if g.power_w <= bound_w * POWER_OVER_CAP_RATIO + POWER_OVER_CAP_W:
+                over_since[k] = math.nan
+            elif math.isnan(over_since[k]):
+                over_since[k] = arrived  # a load step, perhaps: doubted if it lasts
+            elif why is None and arrived - over_since[k] >= POWER_OVER_CAP_FOR_S:
+                why = (
+                    f"gpu {g.index} draws {g.power_w:.0f} W over its {bound_w:.0f} W cap, "
+                    f"over it for {arrived - over_since[k]:.1f} s"
+                )
+            if why is None and (
                 abs(g.cap_min_w - cap_min[k]) > RANGE_TOLERANCE_W
                 or abs(g.cap_max_w - cap_max[k]) > RANGE_TOLERANCE_W
                 or not g.cap_min_w - RANGE_TOLERANCE_W <= g.cap_w <= g.cap_max_w + RANGE_TOLERANCE_W
             ):
-                return (
+                why = (
                     f"gpu {g.index} reports cap {g.cap_w:.0f} W in [{g.cap_min_w:.0f}, "
                     f"{g.cap_max_w:.0f}] W; its model's range is [{cap_min[k]:.0f}, "
                     f"{cap_max[k]:.0f}] W"
                 )
-        return None
+        return why
 
     def _disbelieve(self, server: int, node: str, why: str) -> None:
         self.implausible[server] = True

@@ -225,8 +225,9 @@ class Bench:
     def report(self, node: str, power_w: float | Sequence[float], **kw) -> Telemetry | None:
         """Telemetry from ``node``; caps default to what the node was last commanded. A
         power the GPU could not draw under its cap (beyond the controller's plausibility
-        bound) is what its power limiter makes of it: the cap. Real GPUs report no more,
-        and the controller doubts a node whose telemetry says otherwise."""
+        bound) is what its power limiter makes of it: the cap. Real GPUs report more only
+        for a moment at a load step (docs/HARDWARE.md), and the controller doubts a node
+        whose telemetry says otherwise for longer."""
         kw.setdefault("cap_w", self.caps.get(node, CAP_MAX_W))
         powers = _per_gpu(power_w, kw.get("n_gpus", 2))
         caps = _per_gpu(kw["cap_w"], len(powers))

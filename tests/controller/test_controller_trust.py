@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from powerd.controller.core import CAP_SETTLE_S, PLAUSIBLE_TO_CLEAR
+from powerd.controller.core import CAP_SETTLE_S, PLAUSIBLE_TO_CLEAR, POWER_OVER_CAP_FOR_S
 from powerd.protocol import Status, encode
 from tests.controller.test_controller_core import (
     CAP_MIN_W,
@@ -90,8 +90,11 @@ def test_telemetry_no_gpu_could_send_makes_its_node_counted_at_its_caps_and_left
     bench.apply(bench.cycle())
     node = "k2-n1"
     gpus = bench.gpus(node)
-    # far above the cap it reports: 900 W under a 500 W cap
-    bench.core.on_telemetry(node, telemetry_payload(node, 900.0, cap_w=500.0, seq=10, ts=WALL0 + 1))
+    # far above the cap it reports, for longer than a load step lasts: 900 W under 500 W
+    bench.core.on_telemetry(node, telemetry_payload(node, 900.0, cap_w=500.0, seq=9, ts=WALL0 + 1))
+    assert not bench.core.implausible.any()  # once is a load step the limiter let through
+    bench.clock.advance(POWER_OVER_CAP_FOR_S)
+    bench.core.on_telemetry(node, telemetry_payload(node, 900.0, cap_w=500.0, seq=10, ts=WALL0 + 2))
     for other in NODES:
         if other != node:
             bench.report(other, 300.0)
@@ -102,7 +105,7 @@ def test_telemetry_no_gpu_could_send_makes_its_node_counted_at_its_caps_and_left
     assert np.all(result.decision.cap_w[gpus.start : gpus.stop] >= FAILSAFE_W)
     # plausible again for PLAUSIBLE_TO_CLEAR samples in a row: believed and commanded again
     for k in range(PLAUSIBLE_TO_CLEAR):
-        bench.core.on_telemetry(node, telemetry_payload(node, 300.0, seq=11 + k, ts=WALL0 + 2 + k))
+        bench.core.on_telemetry(node, telemetry_payload(node, 300.0, seq=11 + k, ts=WALL0 + 3 + k))
     for other in NODES:
         if other != node:
             bench.report(other, 300.0)
@@ -115,21 +118,69 @@ def test_telemetry_no_gpu_could_send_makes_its_node_counted_at_its_caps_and_left
     [
         (0.1, 600.0, False),  # cut to 200 W, the draw not there yet: as an H200 does
         (CAP_SETTLE_S, 600.0, True),  # half a second on, it should be
-        (0.1, 900.0, True),  # more than the GPU's maximum cap allows, even at once
+        (0.1, 900.0, True),  # more than the GPU's maximum cap allows
     ],
 )
 def test_a_draw_above_a_cap_just_cut_is_doubted_only_once_the_gpu_had_time(
     after_ack_s: float, power_w: float, doubted: bool
 ) -> None:
     """A GPU's draw follows a cut within 66-144 ms (an H200, docs/HARDWARE.md), while its
-    enforced limit may read the cut sooner: a sample between the two is no lie."""
+    enforced limit may read the cut sooner: a sample between the two is no lie. (Each draw
+    is reported for longer than a load step lasts, which is the next test's case.)"""
     bench = make_bench()
     bench.report_all(300.0)
     bench.apply(bench.cycle())  # acked at WALL0
     node = "k2-n1"
-    payload = telemetry_payload(node, power_w, cap_w=CAP_MIN_W, seq=10, ts=WALL0 + after_ack_s)
-    bench.core.on_telemetry(node, payload)
+    for seq in (10, 11):
+        ts = WALL0 + after_ack_s + (seq - 10) * 0.01  # both taken just after the ack ...
+        payload = telemetry_payload(node, power_w, cap_w=CAP_MIN_W, seq=seq, ts=ts)
+        bench.core.on_telemetry(node, payload)
+        bench.clock.advance(POWER_OVER_CAP_FOR_S)  # ... and heard a second apart
     assert bench.core.implausible[bench.core.tree.server_ordinal[node]] == doubted
+
+
+@pytest.mark.parametrize(
+    ("cap_w", "power_w"),
+    [(700.0, 910.7), (476.0, 648.3)],  # what an H200 read 0.1 s into a load step
+)
+def test_a_load_step_over_the_cap_is_no_lie_unless_it_lasts(cap_w: float, power_w: float) -> None:
+    """An H200's limiter let the first ~0.1 s of a load step through: 911 W under its 700 W
+    limit and 648 W under 476 W (docs/HARDWARE.md, bench/results/loop_h200_trace_2.csv).
+    A sample of that is believed; the same draw heard again a second later is not."""
+    bench = make_bench()
+    node = "k2-n1"
+    server = bench.core.tree.server_ordinal[node]
+    bench.core.on_telemetry(node, telemetry_payload(node, 117.0, cap_w=cap_w, seq=1))
+    bench.clock.advance(1.0)
+    bench.core.on_telemetry(node, telemetry_payload(node, power_w, cap_w=cap_w, seq=2))
+    assert not bench.core.implausible[server]
+    bench.clock.advance(POWER_OVER_CAP_FOR_S / 2)  # at 2 Hz: still within the step
+    bench.core.on_telemetry(node, telemetry_payload(node, cap_w, cap_w=cap_w, seq=3))
+    bench.clock.advance(POWER_OVER_CAP_FOR_S / 2)
+    bench.core.on_telemetry(node, telemetry_payload(node, power_w, cap_w=cap_w, seq=4))
+    assert not bench.core.implausible[server]  # two steps, each as short: no lie
+    bench.clock.advance(POWER_OVER_CAP_FOR_S)
+    bench.core.on_telemetry(node, telemetry_payload(node, power_w, cap_w=cap_w, seq=5))
+    assert bench.core.implausible[server]  # over it for a second: no limiter does that
+
+
+def test_a_draw_no_gpu_could_reach_is_doubted_at_once() -> None:
+    bench = make_bench()
+    node = "k2-n1"
+    bench.core.on_telemetry(node, telemetry_payload(node, 1500.0, cap_w=700.0, seq=1))
+    assert bench.core.implausible[bench.core.tree.server_ordinal[node]]
+
+
+def test_a_held_timestamp_does_not_make_a_lasting_draw_a_step() -> None:
+    """The duration is the controller's clock: a liar keeping its samples' ts still is
+    doubted all the same."""
+    bench = make_bench()
+    node = "k2-n1"
+    for seq in (1, 2):
+        payload = telemetry_payload(node, 900.0, cap_w=500.0, seq=seq, ts=WALL0)
+        bench.core.on_telemetry(node, payload)
+        bench.clock.advance(POWER_OVER_CAP_FOR_S)
+    assert bench.core.implausible[bench.core.tree.server_ordinal[node]]
 
 
 @pytest.mark.parametrize(
