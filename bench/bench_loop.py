@@ -188,9 +188,11 @@ budget_w = {budget_w:g}
 """
 
 
-def agent_toml(broker_url: str, trust: Path, failsafe_cap_w: float, failsafe_after_s: float) -> str:
+def agent_toml(
+    broker_url: str, trust: Path, failsafe_cap_w: float, failsafe_after_s: float, period_s: float
+) -> str:
     return f"""[agent]
-period_s = 0.5
+period_s = {period_s:g}
 failsafe_after_s = {failsafe_after_s:g}
 on_exit = "restore"
 [trust]
@@ -369,7 +371,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             (work / "budgets.toml").write_text(budgets_toml(node.model, node.gpus, failsafe_w))
             (work / "agent.toml").write_text(
-                agent_toml(url, work / "ctl.pub", failsafe_w, failsafe_after_s)
+                agent_toml(url, work / "ctl.pub", failsafe_w, failsafe_after_s, args.agent_period_s)
             )
             simulate = ["--simulate", args.simulate] if args.simulate else []
             t_agent = mark("agent started")
@@ -431,6 +433,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "s_over_budget": over_s(series, budget_w, t_load, t_end),
                 "s_over_limit": over_s(series, limit_w, t_load, t_end),
                 "max_1s_mean_draw_w": max_window_mean(series, 1.0),
+                "max_telemetry_draw_over_caps_w": max(
+                    (
+                        g.power_w - g.cap_w
+                        for t, tel in list(bus.telemetry)
+                        if t_load <= t <= t_end
+                        for g in tel.gpus
+                    ),
+                    default=None,
+                ),
             }
             checks["the node's 1 s mean draw within its limit"] = (
                 steps["3 under load"]["max_1s_mean_draw_w"] or 0.0
@@ -500,6 +511,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f["power_limit_w"] for f in node.found
                 ]
             result["ran_s"] = round(time.monotonic() - t_agent, 1)
+            doubted = (work / "controller.log").read_text(errors="replace").count("implausible")
+            result["controller_log_implausible_lines"] = doubted
+            checks["the controller believed the node throughout"] = doubted == 0
     except TimeoutError as exc:
         checks[str(exc)] = False
     finally:
@@ -611,6 +625,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--broker", metavar="URL", help="a running broker (default: embedded)")
     parser.add_argument("--quick", action="store_true", help="1 s holds, failsafe after 2 s")
     parser.add_argument("--keep", action="store_true", help="keep the logs and files")
+    parser.add_argument(
+        "--agent-period-s", type=float, default=0.5, help="the agent's telemetry period (0.5)"
+    )
     parser.add_argument("--json", type=Path, help="write the result here too")
     parser.add_argument("--trace", type=Path, help="real GPUs: the NVML samples here (CSV)")
     args = parser.parse_args(argv)

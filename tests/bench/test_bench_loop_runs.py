@@ -30,7 +30,7 @@ def test_the_loop_benchmark_passes_every_step_on_simulated_gpus(
     report = json.loads(out.read_text())
     assert result.returncode == 0, (report["checks"], report["logs_tail"])
     assert report["gpus"] == "2xH200 (simulated)"
-    assert len(report["checks"]) == 6 and all(report["checks"].values())
+    assert len(report["checks"]) == 7 and all(report["checks"].values())
     steps = report["steps"]
     assert steps["1 agent alone"]["caps_w"] == [report["failsafe_cap_w"]] * 2
     assert steps["1 agent alone"]["mode"] == "failsafe"
