@@ -41,6 +41,6 @@ def test_the_loop_benchmark_passes_every_step_on_simulated_gpus(
     assert held["max_draw_over_caps_w"] <= 0  # a simulated GPU never draws above its cap
     assert steps["4 communication"]["mean_draw_w_locked"] < held["max_1s_mean_draw_w"]
     killed = steps["5 controller killed"]
-    assert killed["failsafe_after_s"] - 0.1 <= killed["failsafe_in_telemetry_after_s"] < 10
+    assert killed["failsafe_after_s"] - 1.1 <= killed["failsafe_in_telemetry_after_s"] < 10
     assert steps["6 agent stopped"]["exit_status"] == 0
     assert report["put_back_errors"] == []
