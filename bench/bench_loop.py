@@ -49,6 +49,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from bench.common import machine, report
 from powerd.gpu import Gpu, GpuError
+from powerd.gpu.models import gpu_model
 from powerd.jobhook import PhaseReporter
 from powerd.jobhook.publisher import connect_async
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
@@ -166,7 +167,10 @@ def budgets_toml(model: str, gpus: int, failsafe_cap_w: float) -> str:
     """One node whose own budget is below what its GPUs draw under load (the site, row and
     rack have room: a 1-GPU rack of 500 W is not a plausible rack)."""
     budget_w, limit_w = gpus * BUDGET_W_PER_GPU, gpus * LIMIT_W_PER_GPU
-    room = "limit_kw = 10\nbudget_kw = 9"
+    # room above the node, in proportion (a site is at least 1 kW; 10 x what it can draw is
+    # a unit slip, powerd.topology.checks)
+    room_w = max(1000.0, 1.5 * gpus * gpu_model(model).cap_max_w)
+    room = f"limit_w = {room_w / 0.9:g}\nbudget_w = {room_w:g}"
     return f"""version = 1
 [site]
 name = "loop"
