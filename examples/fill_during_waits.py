@@ -48,7 +48,15 @@ class DutyCycleFiller:
     Every ``period_s``: run the kernel for ``share × period_s``, rest for the rest,
     then read the power and move the share by ``gain × (target − power)`` (a
     proportional controller on the duty cycle; clipped to 0..1). A target of 0 (or
-    below the GPU's own draw) runs nothing. ``run_kernel(seconds)``,
+    below the GPU's own draw) runs nothing.
+
+    A target that rises (a wait begins: the job's compute stops and the filler must
+    take over at once) starts the share at its estimate, ``(target − low) / (high −
+    low)`` from the lowest and highest draws read so far (idle, and the job's own
+    compute, which the filler reads while it waits on a target of 0). On an H200 the
+    draw fell to 112 W for ~0.1 s at every wait while the share climbed from 0 (a
+    350 W dip, 0.15-0.3 s outside a 300 W/s ramp: bench/RESULTS.md, "Software
+    smoothing, the whole loop, on an H200"). ``run_kernel(seconds)``,
     ``read_power_w()`` and ``sleep(seconds)`` are injected: CUDA, NVML and the clock
     in ``main``, a model of a GPU in the tests.
     """
@@ -65,9 +73,16 @@ class DutyCycleFiller:
         self.period_s, self.gain_per_w = period_s, gain_per_w
         self.target_w = 0.0
         self.share = 0.0
+        self.low_w: float | None = None  # the lowest and highest draws read
+        self.high_w: float | None = None
 
     def set_target(self, watts: float) -> None:
-        self.target_w = max(0.0, float(watts))
+        target_w = max(0.0, float(watts))
+        low, high = self.low_w, self.high_w
+        if target_w > self.target_w and low is not None and high is not None and high > low:
+            guess = (target_w - low) / (high - low)
+            self.share = min(1.0, max(self.share, guess))
+        self.target_w = target_w
 
     def step(self) -> None:
         busy_s = self.share * self.period_s
@@ -75,7 +90,10 @@ class DutyCycleFiller:
             self.run_kernel(busy_s)
         if self.period_s > busy_s:
             self.sleep(self.period_s - busy_s)
-        error_w = self.target_w - self.read_power_w()
+        power_w = self.read_power_w()
+        self.low_w = power_w if self.low_w is None else min(self.low_w, power_w)
+        self.high_w = power_w if self.high_w is None else max(self.high_w, power_w)
+        error_w = self.target_w - power_w
         if self.target_w <= 0:
             self.share = 0.0
         else:
