@@ -79,6 +79,8 @@ class Job:
         self._fillers: dict[int, Any] = {}
         self._threads: list[threading.Thread] = []
         self.follower: FillFollower | None = None
+        self._running: list[Any] = []  # the matmul loops computing now
+        self._next: list[Any] = []  # those of the next step, made during the wait
         if smoothing:
             self.follower = FillFollower(url, [NODE], self._on_fill)
             if node.nvml is not None:
@@ -107,26 +109,39 @@ class Job:
         while not self._stop.is_set():
             filler.step()
 
+    def _new_loops(self) -> list[Any]:
+        if self.node.nvml is None:
+            return []
+        from bench.bench_nvml import MatmulLoad
+
+        return [MatmulLoad(g.index) for g in self.node.nvml]
+
     def compute(self, seconds: float) -> None:
+        """Compute resumes, then the filler stands down, as a training loop would order
+        them (the loops are made beforehand: allocating them takes ~0.1 s)."""
+        self._running = self._next or self._new_loops()
+        self._next = []
+        for loop in self._running:
+            loop.start()
         if self.follower is not None:
             self.follower.working()
         self.reporter.set_phase("compute")
-        loops = []
-        if self.node.nvml is not None:
-            from bench.bench_nvml import MatmulLoad
-
-            loops = [MatmulLoad(g.index) for g in self.node.nvml]
-        for loop in loops:
-            loop.start()
         time.sleep(seconds)
-        for loop in loops:
-            loop.stop()
 
     def wait(self, seconds: float) -> None:
-        self.reporter.set_phase("communication", expected_s=seconds)
+        """The filler takes over, then compute stops; the next step's loops are made now."""
+        t_end = time.monotonic() + seconds
         if self.follower is not None:
             self.follower.waiting()
-        time.sleep(seconds)
+        self.reporter.set_phase("communication", expected_s=seconds)
+        self._stop_running()
+        self._next = self._new_loops()
+        time.sleep(max(0.0, t_end - time.monotonic()))
+
+    def _stop_running(self) -> None:
+        for loop in self._running:
+            loop.stop()
+        self._running = []
 
     def run(self, marks: list[tuple[float, str]]) -> None:
         marks.append((time.monotonic(), "startup"))
@@ -134,7 +149,9 @@ class Job:
         self.reporter.startup(expected_s=r["startup_s"])
         if self.follower is not None:
             self.follower.starting()
-        time.sleep(r["startup_s"])
+        t_end = time.monotonic() + r["startup_s"]
+        self._next = self._new_loops()  # loading the model
+        time.sleep(max(0.0, t_end - time.monotonic()))
         for step in range(int(r["steps"])):
             marks.append((time.monotonic(), f"compute {step + 1}"))
             self.compute(r["compute_s"])
@@ -143,14 +160,17 @@ class Job:
         marks.append((time.monotonic(), "last compute"))
         self.compute(r["compute_s"])
         marks.append((time.monotonic(), "shutdown"))
-        self.reporter.shutdown(2.0)
         if self.follower is not None:
             self.follower.stopping()
+        self._stop_running()
+        self.reporter.shutdown(2.0)
+        if self.follower is not None:
             # an H200 idles at 79-126 W (docs/HARDWARE.md): done within 130 W a GPU
             self.follower.wait_ramped(done_w=130.0, timeout_s=30.0)
         marks.append((time.monotonic(), "ramped down"))
 
     def close(self) -> None:
+        self._stop_running()
         self._stop.set()
         for thread in self._threads:
             thread.join(5)

@@ -34,6 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from powerd.jobhook import FillFollower
 
+# A target rising at least this much at once starts at its estimated share, when the draws
+# read so far span at least this much (below, a span of noise would estimate anything).
+JUMP_W = 100.0
+
 log = logging.getLogger("fill_during_waits")
 
 
@@ -50,13 +54,14 @@ class DutyCycleFiller:
     proportional controller on the duty cycle; clipped to 0..1). A target of 0 (or
     below the GPU's own draw) runs nothing.
 
-    A target that rises (a wait begins: the job's compute stops and the filler must
-    take over at once) starts the share at its estimate, ``(target − low) / (high −
-    low)`` from the lowest and highest draws read so far (idle, and the job's own
-    compute, which the filler reads while it waits on a target of 0). On an H200 the
-    draw fell to 112 W for ~0.1 s at every wait while the share climbed from 0 (a
-    350 W dip, 0.15-0.3 s outside a 300 W/s ramp: bench/RESULTS.md, "Software
-    smoothing, the whole loop, on an H200"). ``run_kernel(seconds)``,
+    A target that jumps up by ``JUMP_W`` or more (a wait begins: the job's compute
+    stops and the filler must take over at once) starts the share at its estimate,
+    ``(target − low) / (high − low)`` from the lowest and highest draws read so far
+    (idle, and the job's own compute, which the filler reads while its target is 0).
+    A ramping target moves a few watts a sample and is left to the controller. On an
+    H200 the draw fell to 112 W for ~0.1 s at every wait while the share climbed
+    from 0 (a 350 W dip, 0.15-0.3 s outside a 300 W/s ramp: bench/RESULTS.md,
+    "Software smoothing, the whole loop, on an H200"). ``run_kernel(seconds)``,
     ``read_power_w()`` and ``sleep(seconds)`` are injected: CUDA, NVML and the clock
     in ``main``, a model of a GPU in the tests.
     """
@@ -79,7 +84,12 @@ class DutyCycleFiller:
     def set_target(self, watts: float) -> None:
         target_w = max(0.0, float(watts))
         low, high = self.low_w, self.high_w
-        if target_w > self.target_w and low is not None and high is not None and high > low:
+        if (
+            target_w - self.target_w >= JUMP_W
+            and low is not None
+            and high is not None
+            and high - low >= JUMP_W
+        ):
             guess = (target_w - low) / (high - low)
             self.share = min(1.0, max(self.share, guess))
         self.target_w = target_w

@@ -87,3 +87,21 @@ def test_a_wait_is_filled_from_its_first_period():
     filler.step()
     first_w = gpu.idle_w + filler.share * (gpu.full_w - gpu.idle_w)
     assert filler.share > 0.6 and first_w >= 0.9 * 470.0
+
+
+def test_a_ramping_target_is_followed_not_jumped_to():
+    """A start raises the target a few watts a sample (the ramp-up rate): the filler, which
+    has seen only idle draws (a span of noise), must not estimate from them and burst."""
+    gpu = ModelGpu(period_s=0.01)
+    filler = example().DutyCycleFiller(gpu.run, gpu.power_w, sleep=gpu.rest)
+    for k in range(20):
+        gpu.idle_w = 100.0 + (k % 3)  # noise of a few watts
+        filler.step()
+    gpu.idle_w = 100.0
+    target_w, drawn = 100.0, []
+    for _ in range(100):  # 1 s, the target rising 270 W/s in steps of 2.7 W
+        target_w += 2.7
+        filler.set_target(target_w)
+        filler.step()
+        drawn.append(gpu.idle_w + filler.share * (gpu.full_w - gpu.idle_w))
+    assert max(drawn) <= target_w + 30.0  # no burst to full power
