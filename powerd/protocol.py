@@ -644,11 +644,8 @@ class Topics:
             return parts[2], check_name(parts[1], "scope")
         if len(parts) == 3 and parts[0] == "nodes" and parts[2] in _NODE_KINDS:
             return parts[2], check_name(parts[1], "node")
-        if len(parts) == 3 and parts[0] == "jobs" and parts[2] == "phase":
-            return "phase", check_name(parts[1], "job")
-        if len(parts) == 4 and parts[0] == "jobs" and parts[3] == "phase":
-            check_name(parts[1], "owner")
-            return "phase", check_name(parts[2], "job")
+        if len(parts) in (3, 4) and parts[0] == "jobs" and parts[-1] == "phase":
+            return "phase", self.job_of(topic)[1]  # owned or not
         raise ProtocolError(f"topic {topic!r} is not a powerd v1 topic")
 
 

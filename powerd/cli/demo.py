@@ -95,15 +95,17 @@ def command(
     from powerd.demo.report import print_outcome, save_plot, write_summary_json
     from powerd.topology import BudgetError
 
+    topology = None
     if budgets_path is not None:  # the shipped file is in proportion (a test says so)
         from powerd.topology import load_budgets
         from powerd.topology.checks import budget_warnings
 
         try:
-            for warning in budget_warnings(load_budgets(budgets_path)):
-                click.echo(f"warning: budgets: {warning}", err=True)
+            topology = load_budgets(budgets_path)  # read once: the run takes it as it is
         except BudgetError as exc:
             raise click.ClickException(f"the demo could not run: {exc}") from None
+        for warning in budget_warnings(topology):
+            click.echo(f"warning: budgets: {warning}", err=True)
     if not MIN_DURATION_S <= duration_s <= 3600:
         raise click.BadParameter(
             f"at least {MIN_DURATION_S:g} s (to see every phase) and at most 3600 s",
@@ -112,7 +114,11 @@ def command(
     setup_logging("error")  # the demo shows what happens itself
     console = demo_console()
     options = DemoOptions(
-        duration_s=duration_s, budgets=budgets_path, record=record, smoothing=smoothing
+        duration_s=duration_s,
+        budgets=budgets_path,
+        topology=topology,
+        record=record,
+        smoothing=smoothing,
     )
     try:
         run = run_in_console(options, console, live)

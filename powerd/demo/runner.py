@@ -69,6 +69,8 @@ def default_budgets_path() -> Path:
 class DemoOptions:
     duration_s: float = DEFAULT_DURATION_S
     budgets: Path | None = None  # None: powerd/data/budgets/demo.toml
+    # that file already loaded (the CLI reads it first, to warn before anything starts)
+    topology: Topology | None = None
     cluster: str = "demo"
     agent_period_s: float = 0.5
     cycle_s: float = 0.5
@@ -311,7 +313,7 @@ async def run_demo(
     or the event log when there is none).
     """
     wall0 = time.monotonic()
-    topology = load_budgets(options.budgets or default_budgets_path())
+    topology = options.topology or load_budgets(options.budgets or default_budgets_path())
     plans = default_jobs(topology, options.duration_s, staged_starts=options.smoothing)
     gpus_by_node = _all_gpus(topology, options.seed)
     gpus = [g for name in topology.servers for g in gpus_by_node[name]]
