@@ -163,6 +163,21 @@ class ThreadedBroker:
         self._thread.join(10)
 
 
+def open_broker(url: str | None) -> tuple[ThreadedBroker | None, str]:
+    """``url``, a running broker; else an embedded one, started for the run (close it)."""
+    broker = ThreadedBroker() if url is None else None
+    return broker, url or (broker.url if broker else "")
+
+
+def generate_keys(prefix: Path) -> None:
+    """The controller role's key pair, as an operator makes it: PREFIX.key, PREFIX.pub."""
+    subprocess.run(
+        [sys.executable, "-m", "powerd", "keys", "generate", str(prefix)],
+        check=True,
+        capture_output=True,
+    )
+
+
 def budgets_toml(model: str, gpus: int, failsafe_cap_w: float) -> str:
     """One node whose own budget is below what its GPUs draw under load (the site, row and
     rack have room: a 1-GPU rack of 500 W is not a plausible rack)."""
@@ -361,19 +376,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     result["steps"], result["checks"] = steps, checks
     work = Path(tempfile.mkdtemp(prefix="bench-loop-"))
-    broker = ThreadedBroker() if args.broker is None else None
-    url = args.broker or (broker.url if broker else "")
+    broker, url = open_broker(args.broker)
     nvml = NvmlWatch(node.nvml) if node.nvml is not None else None
     load = Load(node)
     bus = BusWatch(url)
     reporter = PhaseReporter(url, JOB, [NODE], flush_timeout_s=2.0)
     try:
         with processes() as start:
-            subprocess.run(
-                [sys.executable, "-m", "powerd", "keys", "generate", str(work / "ctl")],
-                check=True,
-                capture_output=True,
-            )
+            generate_keys(work / "ctl")
             (work / "budgets.toml").write_text(budgets_toml(node.model, node.gpus, failsafe_w))
             (work / "agent.toml").write_text(
                 agent_toml(url, work / "ctl.pub", failsafe_w, failsafe_after_s, args.agent_period_s)

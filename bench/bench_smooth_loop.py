@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,9 +37,10 @@ from bench.bench_loop import (
     BusWatch,
     Node,
     NvmlWatch,
-    ThreadedBroker,
     agent_toml,
     budgets_toml,
+    generate_keys,
+    open_broker,
     open_node,
     processes,
     put_back,
@@ -182,8 +182,7 @@ class Job:
 def one_run(args: argparse.Namespace, node: Node, smoothing: bool) -> dict[str, Any]:
     failsafe_w = round(FAILSAFE_FRACTION * node.max_w)
     work = Path(tempfile.mkdtemp(prefix="bench-smooth-"))
-    broker = ThreadedBroker() if args.broker is None else None
-    url = args.broker or (broker.url if broker else "")
+    broker, url = open_broker(args.broker)
     nvml = NvmlWatch(node.nvml) if node.nvml is not None else None
     bus = BusWatch(url)
     job = Job(url, node, smoothing, QUICK if args.quick else RHYTHM)
@@ -191,11 +190,7 @@ def one_run(args: argparse.Namespace, node: Node, smoothing: bool) -> dict[str, 
     out: dict[str, Any] = {"smoothing": smoothing}
     try:
         with processes() as start:
-            subprocess.run(
-                [sys.executable, "-m", "powerd", "keys", "generate", str(work / "ctl")],
-                check=True,
-                capture_output=True,
-            )
+            generate_keys(work / "ctl")
             (work / "budgets.toml").write_text(grid_budgets(node, failsafe_w))
             agent_text = agent_toml(url, work / "ctl.pub", failsafe_w, 10.0, 0.1)
             if smoothing:

@@ -13,43 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.budgets_toml import budgets_toml, check_round_trip
-from planner.mix import parse_mix, place
-from planner.sizing import Sizing, SizingError, SizingSettings, WorkloadTrace, size
-from policies.tree import PHASE_CODES
+from planner.budgets_toml import check_round_trip
+from planner.sizing import SizingError
 from powerd.gpu.clock_table import clock_table_csv, shipped_table
 from powerd.topology import Topology, load_budgets
-
-BUDGETS = """
-[site]
-name = "s"
-limit_kw = 20
-budget_kw = 18
-[[rows]]
-name = "r"
-limit_kw = 20
-budget_kw = 18
-[[rows.racks]]
-name = "k"
-limit_kw = 10
-budget_kw = 9
-[rows.racks.nodes]
-count = 2
-name = "{{rack}}-n{{i}}"
-gpus = 4
-model = "H100"
-[models.H100]
-{clock}
-"""
-
-
-def _sized(top: Topology) -> tuple[str, Sizing]:
-    t = np.arange(2_000)
-    power = np.where((t % 10) < 5, 500.0, 250.0)
-    trace = WorkloadTrace("w", power, np.full(len(t), PHASE_CODES["compute"], np.int8), 1.0, 8)
-    placement = place(top, parse_mix('[[jobs]]\nworkload = "w"\nshare = 1.0'))
-    sized = size(top, placement, {"w": trace}, settings=SizingSettings(samples=2_000))
-    return budgets_toml(top, sized, ["a header"]), sized
+from tests.planner.test_budgets_toml_grid import SMALL_SITE, _sized_text
 
 
 def _own_table(folder: Path) -> Path:
@@ -69,7 +37,7 @@ def _load(tmp_path: Path, clock: str) -> Topology:
     folder = tmp_path / "in"
     folder.mkdir(exist_ok=True)
     path = folder / "budgets.toml"
-    path.write_text(BUDGETS.format(clock=clock))
+    path.write_text(SMALL_SITE.format(extra=f"[models.H100]\n{clock}"))
     return load_budgets(path)
 
 
@@ -78,7 +46,7 @@ def test_a_files_own_clock_table_is_kept_wherever_the_output_is_written(tmp_path
     top = _load(tmp_path, 'comm_max_slowdown = 0.05\nclock_table = "own.csv"')
     own = top.clock_table("H100")
     assert own is not None and own.source == "measured here"
-    text, _ = _sized(top)
+    text, _ = _sized_text(top, "share = 1.0")
     assert "comm_max_slowdown = 0.05" in text
     assert f'clock_table = "{(tmp_path / "in" / "own.csv").resolve()}"' in text
     out = tmp_path / "elsewhere" / "sized.toml"  # not beside own.csv
@@ -103,21 +71,21 @@ def test_a_files_own_clock_table_is_kept_wherever_the_output_is_written(tmp_path
 )
 def test_the_clock_keys_are_written_as_given(tmp_path: Path, clock: str, written: str):
     top = _load(tmp_path, clock)
-    text, _ = _sized(top)
+    text, _ = _sized_text(top, "share = 1.0")
     assert written in text
     assert ("comm_clock_mhz" in text) == ("comm_clock_mhz" in clock)
 
 
 def test_no_clock_writes_none(tmp_path: Path):
     top = _load(tmp_path, "failsafe_cap_w = 500")
-    text, _ = _sized(top)
+    text, _ = _sized_text(top, "share = 1.0")
     assert "comm_" not in text and "clock_table" not in text
 
 
 def test_the_round_trip_check_catches_a_file_that_drops_the_clock_table(tmp_path: Path):
     _own_table(tmp_path / "in")
     top = _load(tmp_path, 'comm_max_slowdown = 0.05\nclock_table = "own.csv"')
-    text, sized = _sized(top)
+    text, sized = _sized_text(top, "share = 1.0")
     check_round_trip(text, top, sized)  # as written: the same
     clock = top.comm_clock_mhz["H100"]
     lines = [

@@ -20,6 +20,30 @@ from tests.support.paths import REPO
 DATA = REPO / "powerd" / "data" / "budgets"
 
 
+# One row, one rack of two 4-GPU H100 nodes; ``extra``: tables to add (a [site.grid], a
+# [models.H100]), at the end, where TOML lets them be.
+SMALL_SITE = """
+[site]
+name = "s"
+limit_kw = 20
+budget_kw = 18
+[[rows]]
+name = "r"
+limit_kw = 20
+budget_kw = 18
+[[rows.racks]]
+name = "k"
+limit_kw = 10
+budget_kw = 9
+[rows.racks.nodes]
+count = 2
+name = "{{rack}}-n{{i}}"
+gpus = 4
+model = "H100"
+{extra}
+"""
+
+
 def _trace() -> WorkloadTrace:
     t = np.arange(2_000)
     power = np.where((t % 10) < 5, 500.0, 250.0)
@@ -46,27 +70,6 @@ def test_the_written_file_keeps_the_inputs_grid_spec(tmp_path: Path, name: str):
 
 
 def test_every_grid_key_round_trips_including_fractions_and_no_floor():
-    base = """
-[site]
-name = "s"
-limit_kw = 20
-budget_kw = 18
-[site.grid]
-{grid}
-[[rows]]
-name = "r"
-limit_kw = 20
-budget_kw = 18
-[[rows.racks]]
-name = "k"
-limit_kw = 10
-budget_kw = 9
-[rows.racks.nodes]
-count = 2
-name = "{{rack}}-n{{i}}"
-gpus = 4
-model = "H100"
-"""
     for grid in (
         "",  # an empty table: measured with the defaults, no limits; still a GridSpec
         "ramp_up_kw_per_s = 1.5\nwindow_s = 0.25",  # no ramp down: stays unlimited
@@ -74,7 +77,7 @@ model = "H100"
         "oscillation_band_hz = [0.2, 3]\noscillation_max_share = 0.15\n"
         "oscillation_window_s = 30",
     ):
-        top = parse_budgets(base.format(grid=grid), source="in.toml")
+        top = parse_budgets(SMALL_SITE.format(extra=f"[site.grid]\n{grid}"), source="in.toml")
         assert top.grid is not None
         text, _ = _sized_text(top, "share = 1.0")
         back = parse_budgets(text, source="out.toml")
