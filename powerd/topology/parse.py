@@ -252,10 +252,13 @@ def _comm_clock_keys(
     name = table.get("clock_table")
     if isinstance(name, str):
         is_path = name.lower().endswith(".csv")
-        keys["clock_table"] = (
-            str((Path(reader.source).parent / name).resolve()) if is_path else name
-        )
+        keys["clock_table"] = str(_clock_table_path(reader, name).resolve()) if is_path else name
     return keys
+
+
+def _clock_table_path(reader: _Reader, name: str) -> Path:
+    """A ``clock_table`` path as written: relative to the budgets file."""
+    return Path(reader.source).parent / name
 
 
 def _comm_clock(
@@ -322,7 +325,7 @@ def _clock_table(reader: _Reader, table: dict[str, Any], model: GpuModel, where:
         raise reader.fail(where, f"clock_table must be a name or a .csv path, got {name!r}")
     try:
         if name.lower().endswith(".csv"):
-            found = load_clock_table(Path(reader.source).parent / name)
+            found = load_clock_table(_clock_table_path(reader, name))
         else:
             found = shipped_table(name)
     except ClockTableError as exc:
