@@ -22,6 +22,10 @@ It behaves like NVML where the backend depends on it:
   ``GetPowerManagementLimit`` but is enforced (``GetEnforcedPowerLimit`` and the draw)
   only that long after it was set, as on a real H200 (driver 580: up to 92 ms, bench/RESULTS.md
   "NVML on a real GPU"); 0 (the default) enforces it at once;
+* ``limiter_lag_s``: when the workload's demand steps up, the limiter lets it through
+  whole for that long before it clips the draw to the enforced limit, as on a real H200
+  (~0.1 s: 648 W under a 476 W limit, 911 W under 700 W; bench/RESULTS.md, "A load step
+  under a power limit"); 0 (the default) clips at once;
 * out-of-range power limits and clock locks (min > max, or outside the supported
   clocks) raise NVML_ERROR_INVALID_ARGUMENT and change nothing; a bad device index
   raises NVML_ERROR_INVALID_ARGUMENT;
@@ -214,6 +218,8 @@ class FakeDevice:
     # way: (its limit, the fake time it takes effect); see FakeNvml's enforce_delay_s
     enforcing_mw: int = 0
     pending_limit: tuple[int, float] | None = None
+    # a demand step the limiter has not caught yet: the fake time it clips again
+    unclipped_until: float | None = None
 
     def __post_init__(self) -> None:
         self.enforcing_mw = self.enforcing_mw or self.limit_mw
@@ -251,6 +257,8 @@ class FakeDevice:
 
     @property
     def draw_w(self) -> float:
+        if self.unclipped_until is not None:  # a load step, before the limiter acts
+            return max(0.0, self.demand_w)
         draw = max(0.0, min(self.demand_w, self.enforced_limit_mw / 1000))
         if self.smoothing_enabled and self.demand_w > self.model.idle_power_w:
             draw = max(draw, self.applied_floor_w)  # never above the limit: a share of it
@@ -305,6 +313,7 @@ class FakeNvml:
         power_value_type: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT,
         names_as_bytes: bool = False,
         enforce_delay_s: float = 0.0,
+        limiter_lag_s: float = 0.0,
     ) -> None:
         self.devices: list[FakeDevice] = [
             FakeDevice(
@@ -331,6 +340,7 @@ class FakeNvml:
         ]
         self.require_root = False
         self.enforce_delay_s = enforce_delay_s
+        self.limiter_lag_s = limiter_lag_s
         self.power_value_type = power_value_type
         self.names_as_bytes = names_as_bytes
         self.injections: list[Injection] = []
@@ -365,7 +375,10 @@ class FakeNvml:
     def set_demand(self, index: int, watts: float) -> None:
         """The power the workload would draw without any limit."""
         self._sync()
-        self.devices[index].demand_w = watts
+        dev = self.devices[index]
+        if self.limiter_lag_s > 0 and watts > dev.demand_w:
+            dev.unclipped_until = self._now() + self.limiter_lag_s
+        dev.demand_w = watts
 
     def set_external_limit(self, index: int, mw: int | None) -> None:
         """An out-of-band limiter (BMC, power brake) in mW; None removes it."""
@@ -431,6 +444,10 @@ class FakeNvml:
                 effect_s = max(effect_s, since)  # the draw changes there
                 dev.energy_mj += dev.draw_w * (effect_s - since) * 1000
                 dev.enforcing_mw, dev.pending_limit, since = limit_mw, None, effect_s
+            if dev.unclipped_until is not None and dev.unclipped_until <= now:
+                clipped_s = max(dev.unclipped_until, since)  # the limiter acts there
+                dev.energy_mj += dev.draw_w * (clipped_s - since) * 1000
+                dev.unclipped_until, since = None, clipped_s
             if now > since:
                 dev.energy_mj += dev.draw_w * (now - since) * 1000  # W * s = J; counter in mJ
         self._last_s = max(now, self._last_s)
