@@ -7,10 +7,20 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from powerd.controller.core import CAP_SETTLE_S, PLAUSIBLE_TO_CLEAR, POWER_OVER_CAP_FOR_S
+from powerd.controller.core import (
+    CAP_SETTLE_S,
+    PLAUSIBLE_TO_CLEAR,
+    POWER_ABSURD_RATIO,
+    POWER_OVER_CAP_FOR_S,
+    POWER_OVER_CAP_RATIO,
+    POWER_OVER_CAP_W,
+)
 from powerd.protocol import Status, encode
 from tests.controller.test_controller_core import (
+    CAP_MAX_W,
     CAP_MIN_W,
     FAILSAFE_W,
     NODES,
@@ -162,6 +172,49 @@ def test_a_load_step_over_the_cap_is_no_lie_unless_it_lasts(cap_w: float, power_
     bench.clock.advance(POWER_OVER_CAP_FOR_S)
     bench.core.on_telemetry(node, telemetry_payload(node, power_w, cap_w=cap_w, seq=5))
     assert bench.core.implausible[server]  # over it for a second: no limiter does that
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            # seconds since the last sample; no sum of them is exactly 1 s (6k + 9m = 20 has
+            # no solution), so float rounding cannot decide which side of the rule it falls
+            st.sampled_from([0.3, 0.45, 1.3, 2.1]),
+            st.sampled_from([300.0, 600.0, 601.0, 650.0, 911.0, 1400.0, 1401.0]),  # its draw
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_draw_over_its_cap_is_doubted_exactly_when_it_lasts_or_is_absurd(
+    samples: list[tuple[float, float]],
+) -> None:
+    """The rule as a specification, under a 500 W cap (bound 600 W), H100 maximum 700 W: a
+    node is doubted at the first sample that draws over twice the maximum (1400 W), or over
+    the bound with every sample since one at least POWER_OVER_CAP_FOR_S earlier over it too
+    (time by the controller's clock, as heard)."""
+    bench = make_bench()
+    node = "k2-n1"
+    server = bench.core.tree.server_ordinal[node]
+    bound_w = 500.0 * POWER_OVER_CAP_RATIO + POWER_OVER_CAP_W
+    over_since: float | None = None
+    t = 0.0
+    for seq, (gap_s, power_w) in enumerate(samples, start=1):
+        bench.clock.advance(gap_s)
+        t += gap_s
+        if power_w > POWER_ABSURD_RATIO * CAP_MAX_W:
+            expected = True
+        elif power_w > bound_w:
+            over_since = t if over_since is None else over_since
+            expected = t - over_since >= POWER_OVER_CAP_FOR_S
+        else:
+            over_since, expected = None, False
+        payload = telemetry_payload(node, power_w, cap_w=500.0, seq=seq, ts=WALL0 + t)
+        bench.core.on_telemetry(node, payload)
+        assert bench.core.implausible[server] == expected, (seq, samples)
+        if expected:
+            return  # doubted: from here on it is the plausible streak's rule
 
 
 def test_a_draw_no_gpu_could_reach_is_doubted_at_once() -> None:
