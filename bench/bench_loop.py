@@ -469,7 +469,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "the clock lock", lambda: _locked(bus) == COMM_CLOCK_MHZ, 30, agent, controller
             )
             time.sleep(hold_s)
-            lock_nvml = _nvml_clock_within(nvml, COMM_CLOCK_MHZ, t_comm)
+            lock_nvml = _nvml_first(
+                nvml, t_comm, lambda _, clocks: all(c <= COMM_CLOCK_MHZ for c in clocks)
+            )
             t_back = mark("compute announced")
             reporter.set_phase("compute")
             took_back = wait_for(
@@ -498,7 +500,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 failsafe_after_s + 30,
                 agent,
             )
-            nvml_took = _nvml_limits_at(nvml, failsafe_w, t_kill)
+            nvml_took = _nvml_first(
+                nvml, t_kill, lambda limits, _: all(w == failsafe_w for w in limits)
+            )
             steps["5 controller killed"] = {
                 "failsafe_in_telemetry_after_s": round(took, 2),
                 "failsafe_in_nvml_after_s": nvml_took,
@@ -608,12 +612,14 @@ def _locked(bus: BusWatch) -> float | None:
     return None if last is None or not last.gpus else last.gpus[0].max_sm_clock_mhz
 
 
-def _nvml_clock_within(nvml: NvmlWatch | None, lock_mhz: int, since: float) -> float | None:
-    """Seconds after ``since`` until NVML read every SM clock at or below the lock."""
+def _nvml_first(
+    nvml: NvmlWatch | None, since: float, ok: Callable[[list[float], list[int]], bool]
+) -> float | None:
+    """Seconds after ``since`` until the first NVML sample whose (limits, clocks) are ``ok``."""
     if nvml is None:
         return None
-    for t, _, _, clocks in list(nvml.samples):
-        if t >= since and all(c <= lock_mhz for c in clocks):
+    for t, _, limits, clocks in list(nvml.samples):
+        if t >= since and ok(limits, clocks):
             return round(t - since, 3)
     return None
 
@@ -624,16 +630,6 @@ def _nvml_clocks(nvml: NvmlWatch | None, t0: float, t1: float) -> list[int] | No
         return None
     inside = [clocks for t, _, _, clocks in list(nvml.samples) if t0 <= t <= t1]
     return [max(column) for column in zip(*inside, strict=True)] if inside else None
-
-
-def _nvml_limits_at(nvml: NvmlWatch | None, cap_w: float, since: float) -> float | None:
-    """Seconds after ``since`` until NVML read every power limit at ``cap_w``."""
-    if nvml is None:
-        return None
-    for t, _, limits, _ in list(nvml.samples):
-        if t >= since and all(limit == cap_w for limit in limits):
-            return round(t - since, 3)
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,7 @@ from bench.bench_fill import example
 from bench.bench_loop import (
     NODE,
     BusWatch,
+    Load,
     Node,
     NvmlWatch,
     agent_toml,
@@ -79,8 +80,8 @@ class Job:
         self._fillers: dict[int, Any] = {}
         self._threads: list[threading.Thread] = []
         self.follower: FillFollower | None = None
-        self._running: list[Any] = []  # the matmul loops computing now
-        self._next: list[Any] = []  # those of the next step, made during the wait
+        self._running: Load | None = None  # the matmul loops computing now
+        self._next: Load | None = None  # those of the next step, made during the wait
         if smoothing:
             self.follower = FillFollower(url, [NODE], self._on_fill)
             if node.nvml is not None:
@@ -109,20 +110,11 @@ class Job:
         while not self._stop.is_set():
             filler.step()
 
-    def _new_loops(self) -> list[Any]:
-        if self.node.nvml is None:
-            return []
-        from bench.bench_nvml import MatmulLoad
-
-        return [MatmulLoad(g.index) for g in self.node.nvml]
-
     def compute(self, seconds: float) -> None:
         """Compute resumes, then the filler stands down, as a training loop would order
         them (the loops are made beforehand: allocating them takes ~0.1 s)."""
-        self._running = self._next or self._new_loops()
-        self._next = []
-        for loop in self._running:
-            loop.start()
+        self._running, self._next = self._next or Load(self.node), None
+        self._running.start()
         if self.follower is not None:
             self.follower.working()
         self.reporter.set_phase("compute")
@@ -135,13 +127,13 @@ class Job:
             self.follower.waiting()
         self.reporter.set_phase("communication", expected_s=seconds)
         self._stop_running()
-        self._next = self._new_loops()
+        self._next = Load(self.node)
         time.sleep(max(0.0, t_end - time.monotonic()))
 
     def _stop_running(self) -> None:
-        for loop in self._running:
-            loop.stop()
-        self._running = []
+        if self._running is not None:
+            self._running.stop()
+        self._running = None
 
     def run(self, marks: list[tuple[float, str]]) -> None:
         marks.append((time.monotonic(), "startup"))
@@ -150,7 +142,7 @@ class Job:
         if self.follower is not None:
             self.follower.starting()
         t_end = time.monotonic() + r["startup_s"]
-        self._next = self._new_loops()  # loading the model
+        self._next = Load(self.node)  # loading the model
         time.sleep(max(0.0, t_end - time.monotonic()))
         for step in range(int(r["steps"])):
             marks.append((time.monotonic(), f"compute {step + 1}"))
