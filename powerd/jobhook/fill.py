@@ -15,19 +15,23 @@ tells it when it waits and works, because only the job knows:
     follower.starting()      # loading the model: raise the draw slowly to the cap
     follower.waiting()       # a collective, a checkpoint: hold the draw, let it fall slowly
     follower.working()       # compute again: nothing to fill above the floor
-    follower.stopping()      # the last step is done: fall slowly, no floor
+    follower.stopping()      # the last step is done: fall slowly at once, no floor
     follower.wait_ramped(done_w=100.0, timeout_s=120.0)   # fill down the ramp, then exit
     follower.close()
 
-The target of a GPU: starting since ``t_s``, ``min(cap, max(floor, P + ramp_up
-× (t - t_s)))``, so that the first step of compute does not jump from a
-starting GPU's draw to its cap; working, its floor; waiting since ``t_w`` (or stopping),
-``max(floor, P - ramp_down × max(0, t - t_w - hysteresis))`` with ``P`` the
-draw last sampled while it worked (no floor once stopping). When no request has
-come for ``stale_after_s`` (the agent stopped, switched smoothing off or lost
-the broker), the follower acts as if the job were stopping from then on: it
-lets the draw fall at the last rate, without the floor, rather than fill for
-ever on an order nobody repeats. The callback,
+The target of a GPU, with ``H`` where the GPU stood when the job entered its
+state (the draw last sampled while it worked, when it leaves work; its target
+then, otherwise: so a change of state never raises a target at once):
+starting since ``t_s``, ``min(cap, max(floor, H + ramp_up × (t - t_s)))``, so
+that the first step of compute does not jump from a starting GPU's draw to its
+cap; working, its floor; waiting since ``t_w``, ``max(floor, H - ramp_down ×
+max(0, t - t_w - hysteresis))``; stopping since ``t_e``, ``max(0, H - ramp_down
+× (t - t_e))``: no floor, and no hysteresis, which only guards against a
+wait ending at once (a job that stops will not resume, and only the job knows
+it). When no request has come for ``stale_after_s`` (the agent stopped,
+switched smoothing off or lost the broker), the follower lets the draw fall
+from where it was, after what is left of the hysteresis, at the last rate and
+without the floor, rather than fill for ever on an order nobody repeats. The callback,
 ``on_fill(node, {gpu index: watts})``, is called at every sample, at every
 change of state, and every ``refresh_s`` while the job starts, waits or stops
 (the target moves with time, between the agent's samples too).
@@ -70,6 +74,7 @@ class _Gpu:
     __slots__ = (
         "cap_w",
         "floor_w",
+        "held_w",
         "hysteresis_s",
         "power_w",
         "rate_w_per_s",
@@ -78,7 +83,7 @@ class _Gpu:
     )
 
     def __init__(self) -> None:
-        self.power_w = self.worked_w = self.floor_w = self.cap_w = 0.0
+        self.power_w = self.worked_w = self.held_w = self.floor_w = self.cap_w = 0.0
         self.rate_w_per_s = self.up_w_per_s = self.hysteresis_s = 0.0
 
 
@@ -161,7 +166,8 @@ class FillFollower:
         self._enter("working")
 
     def stopping(self) -> None:
-        """The job's work is done: fall as when waiting, without the floor."""
+        """The job's work is done: fall at the rate from where each GPU is, at once (no
+        hysteresis: the job will not resume) and without the floor."""
         self._enter("stopping")
 
     def targets(self, node: str) -> dict[int, float]:
@@ -214,7 +220,12 @@ class FillFollower:
         with self._cond:
             if state == self._state:
                 return
-            now = self._clock()  # a wait holds worked_w: the last draw sampled while working
+            now = self._clock()
+            worked = self._state == "working" and not self._stale(now)
+            for node, gpus in self._gpus.items():  # go on from where each GPU is: no jump up
+                held = self._targets(node, now)
+                for index, g in gpus.items():  # leaving work: its last draw sampled at work
+                    g.held_w = g.worked_w if worked else held[index]
             self._state, self._since = state, now
             self._cond.notify_all()
             calls = [(n, self._targets(n, now)) for n in self.nodes if self._gpus[n]]
@@ -227,30 +238,36 @@ class FillFollower:
         stale_at = None if last is None or not self._stale(now) else last + self.stale_after_s
         out = {}
         for index, g in self._gpus[node].items():
-            if stale_at is not None:  # nobody repeats the order: fall from where it was, no floor
-                if state == "waiting" or state == "stopping":
-                    top, fall_from = g.worked_w, since  # already falling: go on
-                elif state == "starting":  # from as high as it had risen
-                    top, fall_from = self._risen(g, since, stale_at), stale_at
-                else:
-                    top, fall_from = g.worked_w, stale_at
-                out[index] = self._fallen(g, top, fall_from, now)
-            elif state == "working":
-                out[index] = g.floor_w
+            if stale_at is None:
+                out[index] = self._level(g, state, since, now)
+                continue
+            # nobody repeats the order: fall from where it was, no floor, at the last rate
+            if state == "working":
+                top, pause_s = g.worked_w, g.hysteresis_s
             elif state == "starting":
-                out[index] = self._risen(g, since, now)
-            else:
-                held = self._fallen(g, g.worked_w, since, now)
-                out[index] = held if state == "stopping" else max(held, g.floor_w)
+                top, pause_s = self._level(g, state, since, stale_at), g.hysteresis_s
+            elif state == "waiting":  # what is left of its hysteresis, if any
+                top = self._level(g, state, since, stale_at)
+                pause_s = max(0.0, since + g.hysteresis_s - stale_at)
+            else:  # stopping: already falling
+                top, pause_s = self._level(g, state, since, stale_at), 0.0
+            out[index] = self._fallen(g, top, stale_at + pause_s, now)
         return out
 
     @staticmethod
-    def _risen(g: _Gpu, since: float, now: float) -> float:
-        return min(g.cap_w, max(g.floor_w, g.worked_w + g.up_w_per_s * max(0.0, now - since)))
+    def _level(g: _Gpu, state: str, since: float, now: float) -> float:
+        """The target in ``state``, entered at ``since`` holding ``g.held_w``."""
+        if state == "working":
+            return g.floor_w
+        if state == "starting":
+            return min(g.cap_w, max(g.floor_w, g.held_w + g.up_w_per_s * max(0.0, now - since)))
+        if state == "waiting":  # it may end at any moment: hold for the hysteresis first
+            return max(g.floor_w, FillFollower._fallen(g, g.held_w, since + g.hysteresis_s, now))
+        return FillFollower._fallen(g, g.held_w, since, now)  # stopping: it will not resume
 
     @staticmethod
-    def _fallen(g: _Gpu, top_w: float, since: float, now: float) -> float:
-        return max(0.0, top_w - g.rate_w_per_s * max(0.0, now - since - g.hysteresis_s))
+    def _fallen(g: _Gpu, top_w: float, from_s: float, now: float) -> float:
+        return max(0.0, top_w - g.rate_w_per_s * max(0.0, now - from_s))
 
     def _stale(self, now: float) -> bool:
         last = self._last_request_s
@@ -293,7 +310,7 @@ class FillFollower:
                 g = gpus.get(f.index)
                 if g is None:
                     g = gpus[f.index] = _Gpu()
-                    g.worked_w = f.power_w
+                    g.worked_w = g.held_w = f.power_w
                 g.power_w, g.floor_w, g.cap_w = f.power_w, f.floor_w, f.cap_w
                 g.rate_w_per_s, g.hysteresis_s = f.ramp_down_w_per_s, f.hysteresis_s
                 g.up_w_per_s = f.ramp_up_w_per_s

@@ -90,12 +90,14 @@ async def test_working_holds_the_floor_waiting_holds_the_draw_then_falls(mosquit
         assert fill.targets(NODE) == {0: 100.0, 1: 100.0}
         await agent.publish(TOPIC, request(3, 550.0), qos=0)  # a sample while working
         calls.received(fill, 3)
-        fill.stopping()  # the end: the same fall from the last worked draw, no floor
+        fill.stopping()  # the end: the fall from the last worked draw, no floor
         assert fill.targets(NODE) == {0: 550.0, 1: 551.0}
         await agent.publish(TOPIC, request(4, 580.0), qos=0)  # while stopping: changes nothing
         calls.received(fill, 4)
         assert fill.targets(NODE) == {0: 550.0, 1: 551.0}
-        clock.advance(1.0 + 10.0)
+        clock.advance(1.0)  # no hysteresis: the job will not resume
+        assert fill.targets(NODE) == {0: 500.0, 1: 501.0}
+        clock.advance(9.0)
         assert fill.targets(NODE) == {0: 50.0, 1: 51.0}  # below the floor now: none held
         assert not fill.wait_ramped(done_w=50.0, timeout_s=0.0)
         clock.advance(0.02)
@@ -109,7 +111,7 @@ async def test_the_refresh_hands_the_falling_target_over_between_samples(mosquit
         await agent.publish(TOPIC, request(1, 400.0, floor_w=0.0), qos=0)
         calls.wait(1)
         fill.stopping()
-        clock.advance(3.0)  # 1 s hysteresis, then 2 s at 50 W/s: 300 W
+        clock.advance(2.0)  # 2 s at 50 W/s: 300 W
         n = len(calls.seen)
         assert calls.wait(n + 2) == {0: 300.0, 1: 301.0}  # no new request: the refresh
         assert not fill.wait_ramped(done_w=10.0, timeout_s=0.0)
@@ -203,3 +205,33 @@ async def test_going_stale_while_starting_falls_from_where_it_had_risen(mosquitt
     assert fill.targets(NODE)[0] == 520.0  # the hysteresis first
     clock.advance(1.0 + 2.0)  # then 50 W/s
     assert fill.targets(NODE)[0] == pytest.approx(520.0 - 50.0 * 2.5)
+
+
+async def test_a_change_of_state_goes_on_from_where_the_gpu_is(mosquitto, follower):
+    """A job that ends in a checkpoint, or waits while it starts, never has a target jump up
+    (a rise at once) or down (a fall at once) when it tells the follower what it does next."""
+    fill, calls, clock = follower
+    async with MqttProbe(mosquitto.port, []) as agent:
+        await agent.publish(TOPIC, request(1, 600.0), qos=0)
+        calls.received(fill, 1)
+        fill.waiting()  # a final checkpoint
+        clock.advance(1.0 + 4.0)  # held, then 4 s at 50 W/s
+        assert fill.targets(NODE) == {0: 400.0, 1: 401.0}
+        fill.stopping()  # it ends there: from 400 W down, not from the 600 W it worked at
+        assert fill.targets(NODE) == {0: 400.0, 1: 401.0}
+        clock.advance(2.0)
+        assert fill.targets(NODE) == {0: 300.0, 1: 301.0}
+        fill.working()
+        await agent.publish(TOPIC, request(2, 120.0, floor_w=0.0), qos=0)  # idle again
+        calls.received(fill, 2)
+        fill.starting()
+        clock.advance(3.0)  # risen 240 W at 80 W/s
+        assert fill.targets(NODE) == {0: 360.0, 1: 361.0}
+        fill.waiting()  # a wait while it starts: hold where it had risen to, not its idle draw
+        assert fill.targets(NODE) == {0: 360.0, 1: 361.0}
+        clock.advance(1.0 + 1.0)
+        assert fill.targets(NODE) == {0: 310.0, 1: 311.0}
+        fill.starting()  # and on from there, not from the idle draw
+        assert fill.targets(NODE) == {0: 310.0, 1: 311.0}
+        clock.advance(1.0)
+        assert fill.targets(NODE) == {0: 390.0, 1: 391.0}
