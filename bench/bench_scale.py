@@ -65,6 +65,7 @@ class Scenario:
     period_s: float = 1.0
     ingest_share: float | None = None  # None: the controller's default
     bare: bool = True  # run the yardstick beside it
+    grid_smoothing: bool = False  # the controller's controller.grid_smoothing
 
 
 def budgets_for(rows: int, out: Path) -> Path:
@@ -74,12 +75,16 @@ def budgets_for(rows: int, out: Path) -> Path:
     return path
 
 
-def controller_config(broker: Mosquitto, out: Path, ingest_share: float | None) -> Path:
+def controller_config(
+    broker: Mosquitto, out: Path, ingest_share: float | None, grid_smoothing: bool = False
+) -> Path:
     """The controller's config, signing with ``out/controller.key`` (made here; the fleet
     trusts ``out/controller.pub``): the signing cost is part of what is measured."""
     path = out / "controller.toml"
     generate_key_files(out / "controller")
     share = "" if ingest_share is None else f"ingest_share = {ingest_share}\n"
+    if grid_smoothing:
+        share += "grid_smoothing = true\n"
     path.write_text(
         f'[controller]\nname = "bench"\ncluster = "{CLUSTER}"\n{share}'
         f'[broker]\nurl = "{broker.url}"\n'
@@ -122,16 +127,23 @@ def decisions(lp: Path, start_wall: float, end_wall: float) -> list[dict]:
     return out
 
 
-def run_scenario(s: Scenario, warmup_s: float, window_s: float, push_every_s: float) -> dict:
+def run_scenario(
+    s: Scenario, warmup_s: float, window_s: float, push_every_s: float, keep: Path | None = None
+) -> dict:
+    """One scenario; its files (logs, the controller's records) go to a temporary directory,
+    or are kept under ``keep``."""
     with tempfile.TemporaryDirectory(prefix=f"bench-scale-{s.name}-") as tmp:
         out = Path(tmp)
+        if keep is not None:
+            out = keep / re.sub(r"[^A-Za-z0-9.-]+", "-", s.name)
+            out.mkdir(parents=True, exist_ok=True)
         budgets = budgets_for(s.rows, out)
         broker = Mosquitto(out, extra_config=BROKER_CONFIG)
         broker.start()
         procs: dict[str, subprocess.Popen] = {}
         try:
             ctl_log = out / "controller.log"
-            config = controller_config(broker, out, s.ingest_share)
+            config = controller_config(broker, out, s.ingest_share, s.grid_smoothing)
             procs["controller"] = spawn(
                 ["-m", "powerd", "controller", "--config", str(config), "--budgets", str(budgets)],
                 ctl_log,
@@ -269,6 +281,9 @@ def summarise(
         "pushes_brought_back": len(pushes),
         "fleet_failsafe_entries": summary["failsafe_entries"],
         "acks": summary["acks"],
+        "grid_smoothing": s.grid_smoothing,
+        "gpu_power_w_per_s": summary["gpu_power_w_per_s"],
+        "smoothing": summary["smoothing"],
     }
     if not points:
         result["controller_log_tail"] = log_tail
@@ -287,6 +302,26 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=15.0)
     parser.add_argument("--window-s", type=float, default=40.0)
     parser.add_argument("--push-every-s", type=float, default=2.0)
+    parser.add_argument(
+        "--grid-smoothing",
+        action="store_true",
+        help="the controller with grid_smoothing: every GB200 asked for its share of [site.grid]",
+    )
+    parser.add_argument(
+        "--ingest-share",
+        type=float,
+        help="the controller's ingest_share in every run but the 2x-budget one [default: its own]",
+    )
+    parser.add_argument(
+        "--no-bare",
+        action="store_true",
+        help="leave out the bare subscriber (the yardstick): its CPU for the others",
+    )
+    parser.add_argument(
+        "--keep-dir",
+        type=Path,
+        help="keep each run's files (logs, the controller's records) in a folder under this",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     scenarios = []
@@ -295,24 +330,61 @@ def main() -> None:
             continue
         nodes = int(text)
         rows = max(1, round(nodes / NODES_PER_ROW))
-        scenarios.append(Scenario(f"{rows * NODES_PER_ROW} nodes", rows, args.period_s))
+        name = f"{rows * NODES_PER_ROW} nodes" + (", grid smoothing" if args.grid_smoothing else "")
+        scenarios.append(
+            Scenario(
+                name,
+                rows,
+                args.period_s,
+                args.ingest_share,
+                bare=not args.no_bare,
+                grid_smoothing=args.grid_smoothing,
+            )
+        )
     if args.overload and not any(s.rows == 16 for s in scenarios):
-        scenarios.append(Scenario(f"{16 * NODES_PER_ROW} nodes", 16, args.period_s))
+        scenarios.append(
+            Scenario(
+                f"{16 * NODES_PER_ROW} nodes",
+                16,
+                args.period_s,
+                args.ingest_share,
+                bare=not args.no_bare,
+                grid_smoothing=args.grid_smoothing,
+            )
+        )
     results = []
     for s in scenarios:
         print(f"running {s.name} ...", file=sys.stderr, flush=True)
-        results.append(run_scenario(s, args.warmup_s, args.window_s, args.push_every_s))
+        results.append(
+            run_scenario(s, args.warmup_s, args.window_s, args.push_every_s, args.keep_dir)
+        )
     if args.overload:
         site = next(r for r in results if r["nodes"] == 16 * NODES_PER_ROW)
         # the decode budget that takes half of what the whole site sends: 2x its capacity
         share = 0.5 * site["telemetry_received_per_s"] * site["decode_us_per_message"] * 1e-6
         share = round(min(max(share, 0.005), 1.0), 4)
         for s in (
-            Scenario("overload: 2x its decode budget", 16, args.period_s, share, bare=False),
-            Scenario("overload: 2x the telemetry rate", 16, args.period_s / 2, bare=False),
+            Scenario(
+                "overload: 2x its decode budget",
+                16,
+                args.period_s,
+                share,
+                bare=False,
+                grid_smoothing=args.grid_smoothing,
+            ),
+            Scenario(
+                "overload: 2x the telemetry rate",
+                16,
+                args.period_s / 2,
+                args.ingest_share,
+                bare=False,
+                grid_smoothing=args.grid_smoothing,
+            ),
         ):
             print(f"running {s.name} ...", file=sys.stderr, flush=True)
-            results.append(run_scenario(s, args.warmup_s, args.window_s, args.push_every_s))
+            results.append(
+                run_scenario(s, args.warmup_s, args.window_s, args.push_every_s, args.keep_dir)
+            )
     report(
         {
             "benchmark": "scale",

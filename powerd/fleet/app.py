@@ -114,7 +114,10 @@ def run_fleet(
     except OSError as exc:
         raise ConnectionError(f"broker {runner.broker.display}: {exc.strerror or exc}") from None
     summary = report.summary()
-    text = json.dumps({"summary": summary, "pushes": report.pushes}, indent=2)
+    text = json.dumps(
+        {"summary": summary, "pushes": report.pushes, "heartbeat_gaps": report.late_heartbeats()},
+        indent=2,
+    )
     if report_json is not None:
         report_json.write_text(text + "\n")
     else:

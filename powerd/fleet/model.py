@@ -14,6 +14,13 @@ messages the way ``powerd.agent.core.AgentCore`` does, in bulk:
   after the last applied ``(epoch, seq)``; else every cap clamped into
   ``[cap_min, cap_max]``, clocks locked (clamped) or unlocked, and the ack
   reads back what is held. The next telemetry shows the new caps.
+- **Power smoothing** (a command's ``smoothing``), on the models that have it
+  (GB200): the floor clamped into the simulated device's range, the preset
+  written and activated, the switch set, the ack reading the active profile
+  back; refused as unsupported on the others (the ack's ``partial``, with no
+  profile), as ``powerd.agent.controls`` and ``powerd.gpu.simulated`` answer.
+  Telemetry carries each such GPU's state (switch, preset, floor); while it is
+  on, the draw ramps as the simulated GPU's does (rates, hysteresis, the floor).
 - **Heartbeats** (``on_heartbeat``): verified too (one verification per
   distinct payload: every node receives the same one); a live leader's keeps every node
   controlled; none for ``failsafe_after_s`` puts every node in failsafe
@@ -33,13 +40,18 @@ messages the way ``powerd.agent.core.AgentCore`` does, in bulk:
   on collectives); the controller may lock their clocks meanwhile.
 
 Not simulated: the agents' command TTL (refreshed by every live heartbeat,
-so it only matters when heartbeats stop, which failsafe covers already) and
+so it only matters when heartbeats stop, which failsafe covers already);
+clock policies (a command's ``comm_clock``: the ack leaves it out, as an agent
+that does not know them, and the controller locks the clocks itself); software
+smoothing (``agent.software_smoothing``: its GPUs report no smoothing); and
 per-GPU workload curves (``powerd.gpu.simulated`` has those, at ~100 times
-the cost per sample).
+the cost per sample). ``tests/fleet/test_fleet_conformance.py`` holds the
+simulated answers to a real ``AgentCore``'s on the same messages.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -47,14 +59,24 @@ import numpy as np
 from msgspec import UNSET
 
 from policies.tree import RACK
+from powerd.agent.controls import profile_of, smoothing_wire
+from powerd.gpu.base import SmoothingProfile, SmoothingRange
 from powerd.gpu.clock_table import ClockTable
+from powerd.gpu.errors import GpuValueError
 from powerd.gpu.models import GPU_MODELS
+from powerd.gpu.simulated import (
+    SMOOTHING_FLOOR_MAX_PERCENT,
+    SMOOTHING_FLOOR_MIN_PERCENT,
+    SMOOTHING_PRESETS,
+    default_smoothing_preset,
+)
 from powerd.gpu.workload_model import lock_response
 from powerd.protocol import (
     Ack,
     AckError,
     Command,
     GpuAck,
+    GpuSmoothing,
     Heartbeat,
     PhaseEvent,
     ProtocolError,
@@ -156,6 +178,7 @@ class FleetModel:
         self.verifier = verifier
         self.topics = Topics(cluster, scope=scope)
         self._verified_heartbeat: tuple[bytes, Heartbeat] | None = None
+        self.heartbeat_ts = math.nan  # the sender's wall time in the last live heartbeat
         self.options = options
         self.tree = tree = topology.tree
         servers = list(topology.servers)
@@ -219,6 +242,26 @@ class FleetModel:
             int(r): order[a:b].tolist()
             for r, a, b in zip(self.racks, bounds, [*bounds[1:], self.n_gpus], strict=True)
         }
+        # Hardware power smoothing, on the models that have it (GB200), as the simulated GPU
+        # offers it: SMOOTHING_PRESETS presets a GPU, one active, and the switch. None: a
+        # GPU without it. Presets are tuples shared until a GPU's are written.
+        fresh = tuple(default_smoothing_preset(i) for i in range(SMOOTHING_PRESETS))
+        has = np.repeat([m.has_power_smoothing for m in models], self.gpu_count).tolist()
+        self._presets: list[tuple[SmoothingProfile, ...] | None] = [
+            fresh if h else None for h in has
+        ]
+        self._smooth_preset: list[int] = [0] * n_gpus
+        self._smooth_on: list[bool] = [False] * n_gpus
+        self._falling_s: list[float] = [0.0] * n_gpus  # how long each has wanted to fall
+        # for the hot loop, per GPU: the active profile's (floor share of the cap, ramp up
+        # W/s, ramp down W/s, hysteresis s) while it is on, else None; telemetry's state
+        self._smooth_ramps: list[tuple[float, float, float, float] | None] = [None] * n_gpus
+        self._smooth_json: dict[tuple[bool, int, float], str] = {}
+        self._smooth_state: list[str | None] = [
+            None if h is None else self._state_json(False, 0, h[0].floor_percent)
+            for h in self._presets
+        ]
+        self.smoothing_gpus = sum(has)
         self.reported_w = list(self.power_w)  # what the last telemetry of each GPU said
         self.pushes: list[Push] = []
         self._pushed: dict[int, Push] = {}  # rack -> its open push
@@ -253,6 +296,7 @@ class FleetModel:
         want, cap_w, lock_mhz, energy = self._want, self.cap_w, self.lock_mhz, self.energy_j
         clock_max, cap_max, power_w = self._clock_max, self._cap_max, self.power_w
         model, lock_share = self._model, self._lock_share
+        ramps, states, falling = self._smooth_ramps, self._smooth_state, self._falling_s
         for g in range(start, start + self._n_gpus[node]):
             lock = lock_mhz[g]
             power = want[g]
@@ -268,12 +312,31 @@ class FleetModel:
                 power = cap
             elif power < 0.0:
                 power = 0.0
+            ramp = ramps[g]
+            if ramp is not None:  # smoothing on: as powerd.gpu.simulated moves the draw
+                floor_share, up_w_per_s, down_w_per_s, hysteresis_s = ramp
+                target = max(power, cap * floor_share)  # every fleet GPU runs a job
+                if target > cap:
+                    target = cap
+                was = power_w[g]
+                if was > cap:  # a lower cap bites at once
+                    was = cap
+                if target >= was:
+                    falling[g] = 0.0
+                    power = min(target, was + up_w_per_s * dt_s)
+                else:
+                    wanted_for = falling[g] = falling[g] + dt_s
+                    may_fall_s = min(dt_s, max(0.0, wanted_for - hysteresis_s))
+                    power = max(target, was - down_w_per_s * may_fall_s)
             power_w[g] = power
             used = energy[g] = energy[g] + power * dt_s
             if lock is None:
                 values += (power, used, cap, clock_max[g], "null", 100.0 * power / cap_max[g])
             else:
                 values += (power, used, cap, lock, lock, 100.0 * power / cap_max[g])
+            state = states[g]
+            if state is not None:
+                values.append(state)
         values.append("null" if self.newest_epoch < 0 else self.newest_epoch)
         self.counters.telemetry += 1
         if self._pushed:
@@ -315,10 +378,11 @@ class FleetModel:
             self._verified_heartbeat = (bytes(payload), beat)
         if beat.state != "leader" or beat.epoch < self.newest_epoch:
             return False
+        self.newest_epoch = beat.epoch  # its leader exists, live or not: older ones are deposed
         deadline = now + self.options.failsafe_after_s - max(0.0, wall - beat.ts)
         if deadline <= now:
             return False
-        self.newest_epoch = beat.epoch
+        self.heartbeat_ts = beat.ts
         self.heartbeat_deadline = max(self.heartbeat_deadline, deadline)
         self.failsafe = False
         return True
@@ -372,12 +436,18 @@ class FleetModel:
                 clamped |= not low <= lock <= high
                 self.lock_mhz[g] = min(max(lock, low), high)
                 self.counters.clock_locks += 1
+            smoothing: GpuSmoothing | None = None
+            if entry.smoothing is not UNSET:
+                clamped |= self._set_smoothing(g, entry.index, entry.smoothing, errors)
+                active = self._active_smoothing(g)
+                smoothing = None if active is None else smoothing_wire(active)
             acks.append(
                 GpuAck(
                     index=entry.index,
                     cap_w=float(self.cap_w[g]),
                     max_sm_clock_mhz=self.lock_mhz[g],
                     clamped=clamped,
+                    smoothing=smoothing,
                 )
             )
         self.last_applied[node] = order
@@ -416,7 +486,8 @@ class FleetModel:
     def rack_real_w(self, rack: int) -> float:
         """What the rack draws when its GPUs draw what they want under the caps they hold."""
         gpus = self._rack_gpus[rack]
-        real = sum(min(self.demand_w[g], self.cap_w[g]) for g in gpus)
+        on, drawn = self._smooth_on, self.power_w  # under smoothing: as it ramped, last sampled
+        real = sum(min(drawn[g] if on[g] else self.demand_w[g], self.cap_w[g]) for g in gpus)
         return float(real) + self._rack_overhead_w[rack]
 
     # --- jobs -----------------------------------------------------------------------------
@@ -483,6 +554,85 @@ class FleetModel:
             self.counters.phase_events += 1
             out.append((job.name, payload))
         return out
+
+    # --- power smoothing ---------------------------------------------------------------------
+
+    _SMOOTHING_RANGE = SmoothingRange(
+        SMOOTHING_FLOOR_MIN_PERCENT, SMOOTHING_FLOOR_MAX_PERCENT, SMOOTHING_PRESETS
+    )
+
+    def smoothing_on(self) -> int:
+        """How many GPUs have power smoothing switched on now."""
+        return sum(self._smooth_on)
+
+    def _active_smoothing(self, g: int) -> SmoothingProfile | None:
+        """What the agent's ``Gpu.smoothing()`` reads back: the active preset, with the switch;
+        None on a GPU without smoothing."""
+        presets = self._presets[g]
+        if presets is None:
+            return None
+        active = presets[self._smooth_preset[g]]
+        return (
+            active
+            if active.enabled == self._smooth_on[g]
+            else _with_switch(active, self._smooth_on[g])
+        )
+
+    def _set_smoothing(self, g: int, index: int, wire: GpuSmoothing, errors: list[str]) -> bool:
+        """A command's profile for GPU ``g``, as ``powerd.agent.controls.set_smoothing`` and the
+        simulated GPU take it: the floor clamped into the device's range, the preset written
+        and activated, the switch set. Returns whether the floor was clamped."""
+        presets = self._presets[g]
+        if presets is None:
+            model = self._model[g]
+            errors.append(
+                f"GPU {index}: power smoothing not supported on this GPU: "
+                f"{model} has no power smoothing"
+            )
+            return False
+        try:
+            wanted = profile_of(wire)
+        except GpuValueError as exc:
+            errors.append(f"GPU {index}: power smoothing: {exc}")
+            return False
+        target = self._SMOOTHING_RANGE.clamp(wanted)
+        problems = self._SMOOTHING_RANGE.problems(target)
+        if problems:  # a preset beyond the device's: refused, nothing written
+            errors.append(f"GPU {index}: power smoothing: {'; '.join(problems)}")
+            return False
+        active = self._active_smoothing(g)
+        if active is None or not active.close_to(target):
+            written = _with_switch(target, False)
+            self._presets[g] = (*presets[: target.preset], written, *presets[target.preset + 1 :])
+            self._smooth_preset[g] = target.preset
+            self._smooth_on[g] = target.enabled
+            self._falling_s[g] = 0.0
+            self._smooth_ramps[g] = (
+                (
+                    target.floor_percent / 100.0,
+                    target.ramp_up_w_per_s,
+                    target.ramp_down_w_per_s,
+                    target.ramp_down_hysteresis_ms / 1000.0,
+                )
+                if target.enabled
+                else None
+            )
+            self._smooth_state[g] = self._state_json(
+                target.enabled, target.preset, target.floor_percent
+            )
+        return target.floor_percent != wanted.floor_percent
+
+    def _state_json(self, enabled: bool, preset: int, floor_percent: float) -> str:
+        """Telemetry's ``smoothing`` (switch, active preset, floor) as JSON; one string for
+        each distinct state, shared by every GPU in it."""
+        key = (enabled, preset, floor_percent)
+        state = self._smooth_json.get(key)
+        if state is None:
+            state = self._smooth_json[key] = (
+                '{"enabled":%s,"preset":%d,"floor_percent":%s}'  # noqa: UP031
+                % ("true" if enabled else "false", preset, repr(float(floor_percent)))
+            )
+        return state
 
     # --- internals --------------------------------------------------------------------------
 
@@ -552,7 +702,8 @@ class FleetModel:
                 + '"power_w":%.1f,"energy_j":%.1f,"cap_w":%.1f,'
                 + f'"cap_min_w":{self.cap_min_w[g]:.1f},"cap_max_w":{self.cap_max_w[g]:.1f},'
                 + '"sm_clock_mhz":%d,"max_sm_clock_mhz":%s,"util_pct":%.1f,'
-                + '"temp_c":60.0,"power_reading":"simulated"}'
+                + '"temp_c":60.0,"power_reading":"simulated"'
+                + (',"smoothing":%s}' if self._presets[g] is not None else "}")
             )
         return (
             '{"v":1,"node":"'
@@ -561,3 +712,7 @@ class FleetModel:
             + ",".join(gpus)
             + '],"epoch":%s}'
         )
+
+
+def _with_switch(profile: SmoothingProfile, enabled: bool) -> SmoothingProfile:
+    return dataclasses.replace(profile, enabled=enabled)

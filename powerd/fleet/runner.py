@@ -70,10 +70,19 @@ class FleetReport:
     heartbeats: int = 0
     epochs: list[int] = field(default_factory=list)  # live leader epochs, in order seen
     heartbeat_gaps_s: list[float] = field(default_factory=list)
+    heartbeat_at_s: list[float] = field(default_factory=list)  # when each gap ended, from start
+    # the same gaps between the heartbeats' own timestamps: how late the leader sent them
+    # (the rest of a gap is the broker's and this process's)
+    heartbeat_sent_gaps_s: list[float] = field(default_factory=list)
     failsafe_entries: int = 0
     clock_locks: int = 0
     phase_events: int = 0
     pushes: list[dict[str, float | None]] = field(default_factory=list)
+    period_s: float = 1.0  # the telemetry period: the simulated time one round stands for
+    smoothing_gpus: int = 0  # GPUs with hardware power smoothing
+    # per telemetry round, as it closes: (seconds since start, the site's GPUs' draw W,
+    # GPUs with smoothing switched on)
+    rounds: list[tuple[float, float, int]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         gaps = np.array(self.heartbeat_gaps_s or [math.nan])
@@ -91,6 +100,9 @@ class FleetReport:
             "heartbeats": self.heartbeats,
             "epochs": sorted(set(self.epochs)),
             "heartbeat_gap_s": _percentiles(gaps),
+            "heartbeat_sent_gap_s": _percentiles(
+                np.array(self.heartbeat_sent_gaps_s or [math.nan])
+            ),
             "failsafe_entries": self.failsafe_entries,
             "clock_locks": self.clock_locks,
             "phase_events": self.phase_events,
@@ -98,6 +110,46 @@ class FleetReport:
             "pushes_brought_back": len(from_push),
             "reaction_s": _percentiles(np.array(from_push or [math.nan])),
             "reaction_from_visible_s": _percentiles(np.array(from_seen or [math.nan])),
+            "gpu_power_w_per_s": self._ramps(),
+            "smoothing": self._smoothing(),
+        }
+
+    def late_heartbeats(self, over_s: float = 1.2) -> list[tuple[float, float, float]]:
+        """(seconds since the start, gap, gap between their timestamps) of every heartbeat
+        that came over ``over_s`` after the one before: when in the run the agents heard
+        their leader late, and how much of it the leader sent late."""
+        return [
+            (round(t, 2), round(gap, 3), round(sent, 3))
+            for t, gap, sent in zip(
+                self.heartbeat_at_s, self.heartbeat_gaps_s, self.heartbeat_sent_gaps_s, strict=True
+            )
+            if gap > over_s
+        ]
+
+    def _ramps(self) -> dict[str, float | None]:
+        """How fast the simulated GPUs' summed draw moved from one round to the next, W/s: as
+        the grid would see the site's GPUs. A round stands for one period of simulated time
+        (each GPU's draw moves by one ``period_s`` a sample), whether the fleet sent it on
+        time or caught up after falling behind."""
+        if len(self.rounds) < 2:
+            return {"up_max": None, "down_max": None}
+        rate = np.diff(np.array([r[1] for r in self.rounds])) / self.period_s
+        return {"up_max": round(float(rate.max()), 1), "down_max": round(float(rate.min()), 1)}
+
+    def _smoothing(self) -> dict[str, Any]:
+        """When 50 %, 99 % and all of the GPUs with hardware smoothing first had it on
+        (seconds since the start; None: never in the run)."""
+
+        def first(share: float) -> float | None:
+            need = share * self.smoothing_gpus
+            return next((round(t, 1) for t, _, on in self.rounds if on >= need), None)
+
+        on = self.rounds[-1][2] if self.rounds else 0
+        held = {"p50_s": first(0.5), "p99_s": first(0.99), "all_s": first(1.0)}
+        return {
+            "gpus": self.smoothing_gpus,
+            "on_at_end": on,
+            **(held if self.smoothing_gpus else {}),
         }
 
 
@@ -139,7 +191,10 @@ class FleetRunner:
         self._unsubscribed: dict[int, int] = {}
         self._messages = 0
         self._last_beat: float | None = None
-        self.report = FleetReport(nodes=len(model.names), reporting_nodes=len(reporting))
+        self._started = 0.0
+        self.report = FleetReport(
+            nodes=len(model.names), reporting_nodes=len(reporting), period_s=options.period_s
+        )
         self._pushable = self._pushable_racks()
 
     # --- connections --------------------------------------------------------------------
@@ -200,7 +255,7 @@ class FleetRunner:
         """Run until ``duration_s`` (or ``stopping()``); what was measured."""
         self._connect()
         model, period = self.model, self.options.period_s
-        start = self._monotonic()
+        start = self._started = self._monotonic()
         model.start(start)
         ts = self._wall()
         for stopped in np.flatnonzero(model.offline).tolist():
@@ -239,6 +294,7 @@ class FleetRunner:
                     ts = self._wall()
                     for _ in range(burst):
                         if sent % n == 0:
+                            self._close_round(now - start)
                             model.new_round()
                         node = int(self._order[sent % n])
                         wire = self._wires[node % len(self._wires)]
@@ -267,6 +323,13 @@ class FleetRunner:
             self.report.duration_s = self._monotonic() - start
             self._finish()
         return self.report
+
+    def _close_round(self, since_start_s: float) -> None:
+        """A round of telemetry is complete: the site's draw and smoothing, as it ends."""
+        if self.model.counters.telemetry:  # not before the first round
+            self.report.rounds.append(
+                (since_start_s, sum(self.model.power_w), self.model.smoothing_on())
+            )
 
     def _io(self, timeout_s: float) -> None:
         socks: dict[Any, mqtt.Client | WirePublisher] = {
@@ -305,9 +368,12 @@ class FleetRunner:
         topic = message.topic
         payload = bytes(message.payload)
         if topic == self.topics.heartbeat:
+            sent_before = self.model.heartbeat_ts
             if self.model.on_heartbeat(payload, now, wall):
                 if self._last_beat is not None:
                     self.report.heartbeat_gaps_s.append(now - self._last_beat)
+                    self.report.heartbeat_at_s.append(now - self._started)
+                    self.report.heartbeat_sent_gaps_s.append(self.model.heartbeat_ts - sent_before)
                 self._last_beat = now
                 self.report.epochs.append(self.model.newest_epoch)
             return
@@ -334,6 +400,7 @@ class FleetRunner:
         report.telemetry_sent, report.commands, report.acks = c.telemetry, c.commands, c.acks
         report.heartbeats, report.failsafe_entries = c.heartbeats, c.failsafe_entries
         report.clock_locks, report.phase_events = c.clock_locks, c.phase_events
+        report.smoothing_gpus = model.smoothing_gpus
         for push in model.pushes:
             back = None if push.back_at is None else push.back_at - push.at
             seen = None

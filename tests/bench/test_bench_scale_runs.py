@@ -42,3 +42,7 @@ def test_scale_benchmark_runs(tmp_path: Path) -> None:
     for key in ("heartbeat_gap_s", "reaction_s", "reaction_from_visible_s"):
         assert set(run[key]) == {"p50", "p99", "max", "count"}
     assert run["heartbeat_gap_s"]["count"] > 0
+    # the fleet's GB200s report their smoothing state; without grid_smoothing none is asked
+    assert run["grid_smoothing"] is False
+    assert run["smoothing"]["gpus"] == 1296 * 4 and run["smoothing"]["on_at_end"] == 0
+    assert set(run["gpu_power_w_per_s"]) == {"up_max", "down_max"}

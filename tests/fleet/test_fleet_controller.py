@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from powerd.fleet.app import fleet_argv
 from powerd.topology import parse_budgets
 from tests.support.brokers import Mosquitto
@@ -148,3 +150,32 @@ async def test_fleet_jobs_announce_phases_and_get_clock_locks_in_communication(m
     assert summary["phase_events"] >= 2 * 4  # startup, compute, communication, compute...
     # the controller locked the clocks of GPUs in communication (a command per lock)
     assert summary["clock_locks"] > 0 and summary["failsafe_entries"] == 0
+
+
+async def test_grid_smoothing_reaches_every_gb200_and_their_draw_rises_at_its_rate(
+    mosquitto, tmp_path
+):
+    """The controller's profile, rolled out over a real broker to simulated GB200 agents that
+    take it as agents do: every GPU holds it, and their draw then rises to the profile's
+    floor no faster than the ramp-up rate each was given."""
+    budgets = tmp_path / "site.toml"
+    # 72 nodes, 288 GB200, under a grid ramp of 20 kW/s: each GPU's share (0.9 x 20 kW/s /
+    # 288 = 62.5 W/s) takes seconds to cover the 240 W up to the floor
+    site = small_site(racks=4).replace("ramp_up_mw_per_s = 1 ", "ramp_up_mw_per_s = 0.02 ")
+    budgets.write_text(site)
+    topology = parse_budgets(site)
+    config = controller_config(mosquitto, grid_smoothing=True)
+    async with running_controller(mosquitto, topology, config) as ctl:
+        fleet = await run_fleet(mosquitto, budgets, tmp_path, "--period-s=0.25", "--duration-s=6")
+        profile = ctl.service.core.settings.smoothing
+    assert profile is not None and profile.enabled and profile.floor_percent > 60.0
+    summary = fleet["summary"]
+    smoothing = summary["smoothing"]
+    assert smoothing["gpus"] == smoothing["on_at_end"] == 288
+    assert smoothing["all_s"] is not None and smoothing["all_s"] < 5.0
+    assert summary["epochs"] == [ctl.core.epoch] and summary["failsafe_entries"] == 0
+    # from 60 % of their maximum (--base-load) up to the 80 % floor: at the rate, not at
+    # once (at once: 288 x 240 W in one 0.25 s round, ~280 kW/s); the slack is the noise
+    rate_w_per_s = 288 * profile.ramp_up_w_per_s
+    assert rate_w_per_s == pytest.approx(18000.0)
+    assert 0.5 * rate_w_per_s < summary["gpu_power_w_per_s"]["up_max"] < 2.0 * rate_w_per_s

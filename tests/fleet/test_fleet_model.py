@@ -250,3 +250,57 @@ def test_a_locked_gpu_answers_from_the_table_its_budgets_file_chose_the_clock_fr
     want_w = 0.6 * 700.0  # the base load, unlocked
     expected = want_w * lock_response(mine, 1500)[1]
     assert [g.power_w for g in telemetry(m).gpus] == pytest.approx([expected] * 4, abs=0.05)
+
+
+def test_under_power_smoothing_the_draw_ramps_holds_its_floor_and_the_cap_still_bites() -> None:
+    """As the simulated GB200 moves it (powerd.gpu.simulated): a communication dip is held for
+    the hysteresis, then falls at the ramp-down rate; the compute that follows comes back at
+    the ramp-up rate; never under the floor, and a lower cap bites at once."""
+    from powerd.fleet.model import COMM_LOAD
+    from powerd.protocol import GpuSmoothing
+
+    m = fleet(
+        parse_budgets(small_site(racks=1)),
+        FleetOptions(jobs=1, compute_s=10.0, communication_s=5.0, noise=0.0, base_load=0.8),
+    )
+    m.new_round()
+    m.on_heartbeat(beat(1), now=0.0, wall=WALL)
+    profile = GpuSmoothing(
+        preset=1,
+        enabled=True,
+        floor_percent=50.0,
+        ramp_up_w_per_s=100.0,
+        ramp_down_w_per_s=50.0,
+        ramp_down_hysteresis_ms=2000.0,
+    )
+    gpus = [GpuCommand(index=i, cap_w=1200.0, smoothing=profile) for i in range(4)]
+    body = encode(Command(v=1, epoch=1, seq=1, ts=WALL, ttl_s=30.0, gpus=gpus))
+    applied = ack(m, body)
+    assert applied.result == "applied" and applied.gpus[0].smoothing == profile
+    node = m.jobs[0].nodes[0]
+    assert node == 0
+
+    def draw() -> float:
+        return telemetry(m, node).gpus[0].power_w  # one second passes each sample
+
+    m.phase_events(0.0, WALL)  # startup, then compute
+    m.phase_events(2.0, WALL)
+    computing = 0.8 * 1200.0
+    assert draw() == computing
+    sample = telemetry(m, node)
+    assert sample.gpus[0].smoothing is not None and sample.gpus[0].smoothing.enabled
+    m.phase_events(12.0, WALL)  # communication: the demand falls to COMM_LOAD at once
+    assert COMM_LOAD * computing < 0.5 * 1200.0  # so the floor (600 W) holds it
+    assert [draw(), draw()] == [computing, computing]  # the 2 s hysteresis
+    assert [draw(), draw()] == [computing - 50.0, computing - 100.0]  # then 50 W/s
+    m.phase_events(17.0, WALL)  # compute again: back up at 100 W/s
+    assert [draw(), draw()] == [computing - 100.0 + 100.0, computing]
+    body = encode(
+        Command(v=1, epoch=1, seq=2, ts=WALL, ttl_s=30.0, gpus=[GpuCommand(index=0, cap_w=700.0)])
+    )
+    ack(m, body)
+    assert draw() == 700.0  # the cap is a hard limit: no ramp down to it
+    m.phase_events(27.0, WALL)  # communication under the 700 W cap: held at 350 W at least
+    for _ in range(20):
+        assert draw() >= 0.5 * 700.0
+    assert draw() == 0.5 * 700.0
