@@ -17,7 +17,8 @@ Between cycles a tenth of the racks change load (so commands are sent), the
 rest stay put. Times are medians over ``--cycles`` after a warm-up: one cycle,
 and with ``--fine-every-s`` one recording window more. With ``--smoothing``
 every GPU reports a smoothing state (as Blackwell GPUs, or agents with
-``software_smoothing``, do) and the controller runs with ``grid_smoothing``.
+``software_smoothing``, do: on one sample in ``SMOOTHING_STATE_EVERY_SAMPLES``
+when it does not change) and the controller runs with ``grid_smoothing``.
 
     python -m bench.bench_controller [--budgets FILE] [--cycles 10] [--smoothing] [--json out.json]
 """
@@ -42,7 +43,14 @@ from powerd.controller.inbox import Waiting
 from powerd.controller.records import Records
 from powerd.controller.service import INGEST_BATCH
 from powerd.controller.smoothing import grid_smoothing
-from powerd.protocol import GpuSmoothingState, GpuTelemetry, Telemetry, Topics, encode
+from powerd.protocol import (
+    SMOOTHING_STATE_EVERY_SAMPLES,
+    GpuSmoothingState,
+    GpuTelemetry,
+    Telemetry,
+    Topics,
+    encode,
+)
 from powerd.signing import Signer
 from powerd.topology import load_budgets
 
@@ -56,8 +64,11 @@ def telemetry_payloads(
     ts: float,
     smoothing: GpuSmoothingState | None = None,
 ) -> list[tuple[str, bytes]]:
+    """Every node's telemetry; with ``smoothing``, each node's GPUs carry it on one sample in
+    SMOOTHING_STATE_EVERY_SAMPLES (as agents send an unchanged state), nodes staggered."""
     out = []
-    for name in topology.servers:
+    for k, name in enumerate(topology.servers):
+        state = smoothing if (seq + k) % SMOOTHING_STATE_EVERY_SAMPLES == 0 else None
         gpus = topology.server_gpus(name)
         out.append(
             (
@@ -82,7 +93,7 @@ def telemetry_payloads(
                                 max_sm_clock_mhz=None,
                                 util_pct=95.0,
                                 temp_c=60.0,
-                                smoothing=smoothing,
+                                smoothing=state,
                             )
                             for k, i in enumerate(gpus)
                         ],

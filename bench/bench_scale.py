@@ -66,6 +66,7 @@ class Scenario:
     ingest_share: float | None = None  # None: the controller's default
     bare: bool = True  # run the yardstick beside it
     grid_smoothing: bool = False  # the controller's controller.grid_smoothing
+    max_raises_per_s: float | None = None  # None: the controller's default
 
 
 def budgets_for(rows: int, out: Path) -> Path:
@@ -76,7 +77,11 @@ def budgets_for(rows: int, out: Path) -> Path:
 
 
 def controller_config(
-    broker: Mosquitto, out: Path, ingest_share: float | None, grid_smoothing: bool = False
+    broker: Mosquitto,
+    out: Path,
+    ingest_share: float | None,
+    grid_smoothing: bool = False,
+    max_raises_per_s: float | None = None,
 ) -> Path:
     """The controller's config, signing with ``out/controller.key`` (made here; the fleet
     trusts ``out/controller.pub``): the signing cost is part of what is measured."""
@@ -85,6 +90,8 @@ def controller_config(
     share = "" if ingest_share is None else f"ingest_share = {ingest_share}\n"
     if grid_smoothing:
         share += "grid_smoothing = true\n"
+    if max_raises_per_s is not None:
+        share += f"max_raises_per_s = {max_raises_per_s}\n"
     path.write_text(
         f'[controller]\nname = "bench"\ncluster = "{CLUSTER}"\n{share}'
         f'[broker]\nurl = "{broker.url}"\n'
@@ -143,7 +150,9 @@ def run_scenario(
         procs: dict[str, subprocess.Popen] = {}
         try:
             ctl_log = out / "controller.log"
-            config = controller_config(broker, out, s.ingest_share, s.grid_smoothing)
+            config = controller_config(
+                broker, out, s.ingest_share, s.grid_smoothing, s.max_raises_per_s
+            )
             procs["controller"] = spawn(
                 ["-m", "powerd", "controller", "--config", str(config), "--budgets", str(budgets)],
                 ctl_log,
@@ -313,6 +322,11 @@ def main() -> None:
         help="the controller's ingest_share in every run but the 2x-budget one [default: its own]",
     )
     parser.add_argument(
+        "--max-raises-per-s",
+        type=float,
+        help="the controller's max_raises_per_s in every run [default: its own]",
+    )
+    parser.add_argument(
         "--no-bare",
         action="store_true",
         help="leave out the bare subscriber (the yardstick): its CPU for the others",
@@ -339,6 +353,7 @@ def main() -> None:
                 args.ingest_share,
                 bare=not args.no_bare,
                 grid_smoothing=args.grid_smoothing,
+                max_raises_per_s=args.max_raises_per_s,
             )
         )
     if args.overload and not any(s.rows == 16 for s in scenarios):
@@ -350,6 +365,7 @@ def main() -> None:
                 args.ingest_share,
                 bare=not args.no_bare,
                 grid_smoothing=args.grid_smoothing,
+                max_raises_per_s=args.max_raises_per_s,
             )
         )
     results = []
@@ -371,6 +387,7 @@ def main() -> None:
                 share,
                 bare=False,
                 grid_smoothing=args.grid_smoothing,
+                max_raises_per_s=args.max_raises_per_s,
             ),
             Scenario(
                 "overload: 2x the telemetry rate",
@@ -379,6 +396,7 @@ def main() -> None:
                 args.ingest_share,
                 bare=False,
                 grid_smoothing=args.grid_smoothing,
+                max_raises_per_s=args.max_raises_per_s,
             ),
         ):
             print(f"running {s.name} ...", file=sys.stderr, flush=True)

@@ -71,6 +71,11 @@ SMOOTHING_PRESET_MAX = 4
 SMOOTHING_MAX_RAMP_W_PER_S = (2**32 - 1) / 1000
 SMOOTHING_MAX_HYSTERESIS_MS = float(2**32 - 1)
 SmoothingPreset = Annotated[int, Meta(ge=0, le=SMOOTHING_PRESET_MAX)]
+# Telemetry carries a GPU's smoothing state when it differs from the one that GPU's
+# telemetry last carried, and otherwise every this many samples (docs/PROTOCOL.md): a
+# state changes a few times a day, and every sample of every GB200 carrying it cost the
+# 150 MW site's controller ~40 % more CPU a message (bench/RESULTS.md).
+SMOOTHING_STATE_EVERY_SAMPLES = 10
 
 
 class ProtocolError(ValueError):
@@ -193,8 +198,9 @@ class GpuTelemetry(_Payload):
     temp_c: float
     # optional additions to v1
     power_reading: Literal["instant", "average_1s", "simulated"] | None = None
-    # hardware power smoothing in force; absent where the GPU has none (or it could not
-    # be read this sample)
+    # power smoothing in force; absent where the GPU has none, where it could not be read
+    # this sample, and where it is what this GPU's telemetry last carried, fewer than
+    # SMOOTHING_STATE_EVERY_SAMPLES samples ago
     smoothing: GpuSmoothingState | None = None
 
 

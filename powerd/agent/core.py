@@ -34,6 +34,7 @@ from powerd.agent.phase_clock import PhaseClocks
 from powerd.gpu import Gpu, GpuError, PowerLimitRange
 from powerd.gpu.software_smoothing import SoftwareSmoothing
 from powerd.protocol import (
+    SMOOTHING_STATE_EVERY_SAMPLES,
     Ack,
     AckError,
     AckResult,
@@ -132,6 +133,8 @@ class AgentCore:
         self.fill: FillRequest | None = None
         # GPUs found to have power smoothing (asked once: it does not change)
         self._smoothing_gpus: set[int] = set()
+        # per such GPU: the state its telemetry last carried, and how many samples ago
+        self._smoothing_sent: dict[int, tuple[GpuSmoothingState, int]] = {}
         for index, gpu in self.gpus.items():
             try:
                 if gpu.supports_smoothing():
@@ -190,6 +193,7 @@ class AgentCore:
                 )
                 self.phase_clocks.end_all(f"controller epoch {beat.epoch}")
             self._newest_epoch = beat.epoch
+            self._smoothing_sent.clear()  # a new leader: tell it every state at once
         age_s = max(0.0, now_wall - beat.ts)
         deadline = now_mono + self.failsafe_after_s - age_s
         if deadline <= now_mono:
@@ -334,7 +338,7 @@ class AgentCore:
                 )
                 continue
             limits = self._limits[index]
-            smoothing = self._smoothing_state(index, gpu) if index in self._smoothing_gpus else None
+            smoothing = self._smoothing_to_send(index, gpu)
             if isinstance(gpu, SoftwareSmoothing):
                 target = gpu.fill_target(s.power_w, s.cap_w)
                 if target is not None:
@@ -375,6 +379,23 @@ class AgentCore:
             gpus=gpus,
             epoch=self._newest_epoch if self._newest_epoch >= 0 else None,
         )
+
+    def _smoothing_to_send(self, index: int, gpu: Gpu) -> GpuSmoothingState | None:
+        """The smoothing state this sample carries for a GPU: its state when it differs from
+        the one last carried, when that was ``SMOOTHING_STATE_EVERY_SAMPLES`` samples ago, or
+        when no sample has carried one since a new controller epoch; else None
+        (docs/PROTOCOL.md)."""
+        if index not in self._smoothing_gpus:
+            return None
+        state = self._smoothing_state(index, gpu)
+        if state is None:
+            return None
+        sent = self._smoothing_sent.get(index)
+        if sent is not None and sent[0] == state and sent[1] < SMOOTHING_STATE_EVERY_SAMPLES - 1:
+            self._smoothing_sent[index] = (sent[0], sent[1] + 1)
+            return None
+        self._smoothing_sent[index] = (state, 0)
+        return state
 
     def _smoothing_state(self, index: int, gpu: Gpu) -> GpuSmoothingState | None:
         """The smoothing in force on a GPU that has it; None (left out) if it cannot be read."""

@@ -28,6 +28,7 @@ from powerd.protocol import (
     CommClock,
     GpuCommand,
     GpuSmoothing,
+    GpuSmoothingState,
     PhaseEvent,
     ProtocolError,
     Status,
@@ -247,6 +248,9 @@ class ControllerCore:
         self.smoothing_capable = np.zeros(n_gpus, dtype=bool)
         self.smoothing_sent_seq = np.full(n_gpus, -1, dtype=np.int64)
         self.smoothing_refused = np.zeros(n_gpus, dtype=bool)
+        # the smoothing state each GPU's telemetry last carried (telemetry carries it when it
+        # changes and every SMOOTHING_STATE_EVERY_SAMPLES samples): for the records
+        self.smoothing_last: list[GpuSmoothingState | None] = [None] * n_gpus
         # Clock policies, per server the (job, owner) and per GPU the clock of the policy the
         # last command carried (NaN: none); the seq of that command; the GPU's agent did not
         # take one (an older agent: its clock is locked by the controller, under this epoch).
@@ -355,17 +359,24 @@ class ControllerCore:
                     continue
                 gpu_ids.append(start + g.index)
                 power.append(g.power_w)
-                if current:
-                    held_ids.append(start + g.index)
-                    cap.append(g.cap_w)
-                    clock.append(g.max_sm_clock_mhz)
-                    if g.smoothing is not None:  # arrays written once per batch, below
-                        smoothing_ids.append(start + g.index)
-                        smoothing_held.append(
+                if g.smoothing is not None:  # arrays written once per batch, below
+                    # Any sample says the GPU has smoothing (agents send the state only on
+                    # change and every SMOOTHING_STATE_EVERY_SAMPLES samples: waiting for a
+                    # current one could take many); only a current one says it lost ours.
+                    self.smoothing_last[start + g.index] = g.smoothing
+                    smoothing_ids.append(start + g.index)
+                    smoothing_held.append(
+                        not current
+                        or (
                             wanted is not None
                             and g.smoothing.enabled == wanted.enabled
                             and g.smoothing.preset == wanted.preset
                         )
+                    )
+                if current:
+                    held_ids.append(start + g.index)
+                    cap.append(g.cap_w)
+                    clock.append(g.max_sm_clock_mhz)
             previous = last_seq[server]
             gap = sample.seq - previous - 1
             if 0 < gap <= MAX_SEQ_GAP and previous >= 0:  # lower: the agent restarted
@@ -1114,6 +1125,19 @@ class ControllerCore:
         self.comm_clock_sent_mhz[gpus.start : gpus.stop] = np.nan
         self.comm_clock_sent_seq[gpus.start : gpus.stop] = -1
         self.pending.pop(server, None)
+
+    def with_last_smoothing(self, sample: Telemetry) -> Telemetry:
+        """``sample`` with each GPU that carries no smoothing state given the one its
+        telemetry last carried, if any: what it holds, for a record of it (a state is sent
+        when it changes and every SMOOTHING_STATE_EVERY_SAMPLES samples, not every time)."""
+        server = self.tree.server_ordinal.get(sample.node)
+        if server is None:
+            return sample
+        start, count = self.tree.server_gpus[server].start, len(self.tree.server_gpus[server])
+        for g in sample.gpus:
+            if g.smoothing is None and g.index < count:
+                g.smoothing = self.smoothing_last[start + g.index]
+        return sample
 
     def server_of(self, node: str, what: str) -> int | None:
         server = self.tree.server_ordinal.get(node)

@@ -181,7 +181,7 @@ class Records:
         job = core.jobs.get(job_name) if job_name else None
         return telemetry_lines(
             self.cluster,
-            sample,
+            core.with_last_smoothing(sample),
             **placement,
             job=job_name,
             phase=job.phase if job is not None else None,

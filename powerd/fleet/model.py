@@ -19,7 +19,8 @@ messages the way ``powerd.agent.core.AgentCore`` does, in bulk:
   written and activated, the switch set, the ack reading the active profile
   back; refused as unsupported on the others (the ack's ``partial``, with no
   profile), as ``powerd.agent.controls`` and ``powerd.gpu.simulated`` answer.
-  Telemetry carries each such GPU's state (switch, preset, floor); while it is
+  Telemetry carries each such GPU's state (switch, preset, floor) when it
+  changes and every ``SMOOTHING_STATE_EVERY_SAMPLES`` samples; while it is
   on, the draw ramps as the simulated GPU's does (rates, hysteresis, the floor).
 - **Heartbeats** (``on_heartbeat``): verified too (one verification per
   distinct payload: every node receives the same one); a live leader's keeps every node
@@ -72,6 +73,7 @@ from powerd.gpu.simulated import (
 )
 from powerd.gpu.workload_model import lock_response
 from powerd.protocol import (
+    SMOOTHING_STATE_EVERY_SAMPLES,
     Ack,
     AckError,
     Command,
@@ -261,6 +263,10 @@ class FleetModel:
             None if h is None else self._state_json(False, 0, h[0].floor_percent)
             for h in self._presets
         ]
+        # what each GPU's telemetry last carried, and how many samples ago (an agent sends a
+        # state when it changes and every SMOOTHING_STATE_EVERY_SAMPLES samples)
+        self._smooth_sent: list[str | None] = [None] * n_gpus
+        self._smooth_since: list[int] = [0] * n_gpus
         self.smoothing_gpus = sum(has)
         self.reported_w = list(self.power_w)  # what the last telemetry of each GPU said
         self.pushes: list[Push] = []
@@ -297,6 +303,7 @@ class FleetModel:
         clock_max, cap_max, power_w = self._clock_max, self._cap_max, self.power_w
         model, lock_share = self._model, self._lock_share
         ramps, states, falling = self._smooth_ramps, self._smooth_state, self._falling_s
+        sent, since, every = self._smooth_sent, self._smooth_since, SMOOTHING_STATE_EVERY_SAMPLES
         for g in range(start, start + self._n_gpus[node]):
             lock = lock_mhz[g]
             power = want[g]
@@ -335,8 +342,13 @@ class FleetModel:
             else:
                 values += (power, used, cap, lock, lock, 100.0 * power / cap_max[g])
             state = states[g]
-            if state is not None:
-                values.append(state)
+            if state is not None:  # a GPU with smoothing: its state, when it is due
+                if state is sent[g] and since[g] < every - 1:
+                    since[g] += 1
+                    values.append("")
+                else:
+                    sent[g], since[g] = state, 0
+                    values.append(state)
         values.append("null" if self.newest_epoch < 0 else self.newest_epoch)
         self.counters.telemetry += 1
         if self._pushed:
@@ -378,6 +390,8 @@ class FleetModel:
             self._verified_heartbeat = (bytes(payload), beat)
         if beat.state != "leader" or beat.epoch < self.newest_epoch:
             return False
+        if beat.epoch > self.newest_epoch:  # a new leader: every state on the next sample
+            self._smooth_sent = [None] * self.n_gpus
         self.newest_epoch = beat.epoch  # its leader exists, live or not: older ones are deposed
         deadline = now + self.options.failsafe_after_s - max(0.0, wall - beat.ts)
         if deadline <= now:
@@ -623,13 +637,13 @@ class FleetModel:
         return target.floor_percent != wanted.floor_percent
 
     def _state_json(self, enabled: bool, preset: int, floor_percent: float) -> str:
-        """Telemetry's ``smoothing`` (switch, active preset, floor) as JSON; one string for
-        each distinct state, shared by every GPU in it."""
+        """Telemetry's ``smoothing`` (switch, active preset, floor) as the JSON member that
+        carries it; one string for each distinct state, shared by every GPU in it."""
         key = (enabled, preset, floor_percent)
         state = self._smooth_json.get(key)
         if state is None:
             state = self._smooth_json[key] = (
-                '{"enabled":%s,"preset":%d,"floor_percent":%s}'  # noqa: UP031
+                ',"smoothing":{"enabled":%s,"preset":%d,"floor_percent":%s}'  # noqa: UP031
                 % ("true" if enabled else "false", preset, repr(float(floor_percent)))
             )
         return state
@@ -703,7 +717,7 @@ class FleetModel:
                 + f'"cap_min_w":{self.cap_min_w[g]:.1f},"cap_max_w":{self.cap_max_w[g]:.1f},'
                 + '"sm_clock_mhz":%d,"max_sm_clock_mhz":%s,"util_pct":%.1f,'
                 + '"temp_c":60.0,"power_reading":"simulated"'
-                + (',"smoothing":%s}' if self._presets[g] is not None else "}")
+                + ("%s}" if self._presets[g] is not None else "}")
             )
         return (
             '{"v":1,"node":"'

@@ -26,6 +26,7 @@ from powerd.gpu.simulated import (
 from powerd.protocol import (
     SMOOTHING_MAX_HYSTERESIS_MS,
     SMOOTHING_MAX_RAMP_W_PER_S,
+    SMOOTHING_STATE_EVERY_SAMPLES,
     Ack,
     Command,
     GpuCommand,
@@ -44,6 +45,7 @@ from tests.support.agent_core_harness import (
     controlled_core,
     core_clock,
     core_following,
+    heartbeat,
 )
 from tests.support.clock import WALL0
 from tests.support.keys import sign
@@ -272,8 +274,8 @@ def test_telemetry_carries_the_profile_in_force(node: Node) -> None:
     data = encode(core.telemetry())
     after = decode(Telemetry, data, NODE)
     assert [g.smoothing for g in after.gpus] == [
-        off,
-        GpuSmoothingState(enabled=True, preset=1, floor_percent=40.0),
+        None,  # unchanged since the last sample carried it: not repeated
+        GpuSmoothingState(enabled=True, preset=1, floor_percent=40.0),  # changed: at once
     ]
     # compact: the switch, the preset and the floor; the ramps are in the ack
     assert json.loads(data)["gpus"][1]["smoothing"] == {
@@ -281,6 +283,48 @@ def test_telemetry_carries_the_profile_in_force(node: Node) -> None:
         "preset": 1,
         "floor_percent": 40.0,
     }
+
+
+def test_an_unchanged_state_is_carried_again_every_tenth_sample(node: Node) -> None:
+    """A state changes a few times a day: telemetry carries it when it changes and every
+    SMOOTHING_STATE_EVERY_SAMPLES samples, so that a controller that starts late learns it
+    soon, at a tenth of the cost of carrying it every time (docs/PROTOCOL.md)."""
+    core, _ = node
+    off = GpuSmoothingState(enabled=False, preset=0, floor_percent=0.0)
+    on = GpuSmoothingState(enabled=True, preset=1, floor_percent=40.0)
+
+    def states() -> list[GpuSmoothingState | None]:
+        return [g.smoothing for g in decode(Telemetry, encode(core.telemetry()), NODE).gpus]
+
+    seen = [states() for _ in range(2 * SMOOTHING_STATE_EVERY_SAMPLES + 1)]
+    carried = [k for k, s in enumerate(seen) if s == [off, off]]
+    assert carried == [0, SMOOTHING_STATE_EVERY_SAMPLES, 2 * SMOOTHING_STATE_EVERY_SAMPLES]
+    assert all(s == [None, None] for k, s in enumerate(seen) if k not in carried)
+    core.on_command(command(1, 1, smooth(0)))
+    assert states() == [on, None]  # a change goes out at once, and counts afresh from there
+    later = [states() for _ in range(SMOOTHING_STATE_EVERY_SAMPLES)]
+    assert later[-1] == [on, None]  # GPU 0: ten samples after its change
+    assert later[-2] == [None, off]  # GPU 1: on its own count, unchanged
+    assert all(s == [None, None] for s in later[:-2])
+
+
+def test_a_new_controller_epoch_hears_every_state_on_the_next_sample() -> None:
+    """A controller that takes over must not wait up to ten samples to learn which GPUs it
+    can ask for its profile: the first heartbeat of a newer epoch resets the count."""
+    clock = core_clock()
+    core, _ = controlled_core(clock, "2xGB200")
+    off = GpuSmoothingState(enabled=False, preset=0, floor_percent=0.0)
+
+    def states() -> list[GpuSmoothingState | None]:
+        return [g.smoothing for g in decode(Telemetry, encode(core.telemetry()), NODE).gpus]
+
+    assert states() == [off, off]
+    assert states() == [None, None]
+    core.on_heartbeat(heartbeat(clock, epoch=1))  # the same leader again: nothing new
+    assert states() == [None, None]
+    core.on_heartbeat(heartbeat(clock, epoch=2))
+    assert states() == [off, off]
+    assert states() == [None, None]
 
 
 def test_telemetry_of_a_gpu_without_smoothing_has_no_field() -> None:

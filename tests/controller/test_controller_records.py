@@ -10,7 +10,7 @@ import pytest
 
 from policies.tree import RACK, ROW, SITE
 from powerd.controller.records import Records, by_level_name
-from powerd.protocol import GpuSmoothingState, PhaseEvent, decode
+from powerd.protocol import GpuSmoothingState, PhaseEvent, Telemetry, decode, encode
 from powerd.telemetry_schema import DECISION, GPU, PHASE_EVENT, TREE, ParsedLine, parse_line, to_ns
 from powerd.topology.grid import GridSpec
 from tests.controller.test_controller_core import (
@@ -20,6 +20,7 @@ from tests.controller.test_controller_core import (
     Bench,
     make_bench,
     phase_payload,
+    telemetry_payload,
 )
 
 TS = WALL0 + 123.25
@@ -272,6 +273,26 @@ def test_telemetry_points_carry_the_gpus_smoothing_state(bench: Bench, records: 
     for p in parsed(records.telemetry(bench.core, sample)):
         assert (p.fields["smoothing_enabled"], p.fields["smoothing_software"]) == (0, 0)
         assert p.fields["smoothing_floor_pct"] == 0.0  # a zero floor is a value
+
+
+def test_a_sample_without_the_state_is_recorded_with_the_last_its_gpu_sent(
+    bench: Bench, records: Records
+) -> None:
+    """Agents send a smoothing state when it changes and every tenth sample (docs/PROTOCOL.md):
+    a point records the last state its GPU sent, so a dashboard sees it at every point."""
+    on = GpuSmoothingState(enabled=True, preset=1, floor_percent=62.5)
+    with_state = decode(Telemetry, telemetry_payload("k3-n1", [610.0, 590.0], seq=1))
+    with_state.gpus = [
+        msgspec.structs.replace(with_state.gpus[0], smoothing=on),
+        with_state.gpus[1],
+    ]
+    assert bench.core.on_telemetry("k3-n1", encode(with_state)) is not None
+    bench.clock.advance(1.0)
+    later = bench.core.on_telemetry("k3-n1", telemetry_payload("k3-n1", [600.0, 580.0], seq=2))
+    assert later is not None and all(g.smoothing is None for g in later.gpus)
+    first, second = (p.fields for p in parsed(records.telemetry(bench.core, later)))
+    assert (first["smoothing_enabled"], first["smoothing_floor_pct"]) == (1, 62.5)
+    assert not [name for name in second if name.startswith("smoothing")]  # never sent one
 
 
 def test_telemetry_without_a_smoothing_state_has_no_smoothing_fields(

@@ -162,6 +162,23 @@ def test_a_gpu_found_without_our_profile_is_asked_again() -> None:
     assert again["k1-n1"] == [profile, profile]
 
 
+def test_a_state_in_a_sample_taken_just_after_an_ack_still_says_the_gpu_has_smoothing() -> None:
+    """Agents send a state on change and every 10th sample only: the one sample that carries it
+    may come right after a command's ack (caps not yet settled), and the controller must still
+    learn from it that the GPU can be asked for the profile."""
+    bench = smoothing_bench()
+    profile = bench.core.settings.smoothing
+    report(bench, "k1-n1", None)  # the samples in between carry no state
+    first = dict(bench.cycle().commands)["k1-n1"]
+    assert first.gpus[0].smoothing is msgspec.UNSET  # nothing known yet: no profile
+    bench.core.on_ack("k1-n1", applied_ack("k1-n1", first, smoothing=False))
+    report(bench, "k1-n1", OFF, ts=WALL0 + bench.clock.t - 100.0)  # sampled as the ack came
+    assert bench.core.smoothing_capable[list(bench.gpus("k1-n1"))].all()
+    bench.clock.advance(1.0)
+    report(bench, "k1-n1", None, ts=WALL0 + 2.0)
+    assert smoothing_of(bench.cycle().commands).get("k1-n1") == [profile, profile]
+
+
 def test_an_unacknowledged_command_is_resent_with_the_profile() -> None:
     bench = smoothing_bench(ack_timeout_s=2.0)
     report(bench, "k1-n1", OFF)

@@ -63,10 +63,15 @@ async def test_agents_hold_the_controllers_profile_and_keep_it_when_they_stop(mo
                 )
 
             await agents.wait_for(held, what="every GPU holds the grid profile")
-            # telemetry says so, for every GPU of every node
+            # telemetry says so, for every GPU of every node (it carries a state when it
+            # changes and every SMOOTHING_STATE_EVERY_SAMPLES samples: the next that does)
             mark = p.mark()
             for node in SERVERS:
-                message = await p.expect(TOPICS.telemetry(node), after=mark)
+                message = await p.expect(
+                    TOPICS.telemetry(node),
+                    after=mark,
+                    predicate=lambda m: all(g.smoothing for g in telemetry_of(m).gpus),
+                )
                 states = [g.smoothing for g in telemetry_of(message).gpus]
                 assert all(s is not None and s.enabled for s in states), (node, states)
                 assert {s.floor_percent for s in states if s} == {profile.floor_percent}

@@ -286,9 +286,10 @@ def test_under_power_smoothing_the_draw_ramps_holds_its_floor_and_the_cap_still_
     m.phase_events(0.0, WALL)  # startup, then compute
     m.phase_events(2.0, WALL)
     computing = 0.8 * 1200.0
-    assert draw() == computing
-    sample = telemetry(m, node)
+    sample = telemetry(m, node)  # the first since the change: it carries the new state
+    assert sample.gpus[0].power_w == computing
     assert sample.gpus[0].smoothing is not None and sample.gpus[0].smoothing.enabled
+    assert telemetry(m, node).gpus[0].smoothing is None  # unchanged: not again before its turn
     m.phase_events(12.0, WALL)  # communication: the demand falls to COMM_LOAD at once
     assert COMM_LOAD * computing < 0.5 * 1200.0  # so the floor (600 W) holds it
     assert [draw(), draw()] == [computing, computing]  # the 2 s hysteresis
