@@ -63,12 +63,14 @@ def telemetry_payloads(
     seq: int,
     ts: float,
     smoothing: GpuSmoothingState | None = None,
+    state_every: int = SMOOTHING_STATE_EVERY_SAMPLES,
 ) -> list[tuple[str, bytes]]:
     """Every node's telemetry; with ``smoothing``, each node's GPUs carry it on one sample in
-    SMOOTHING_STATE_EVERY_SAMPLES (as agents send an unchanged state), nodes staggered."""
+    ``state_every`` (agents send an unchanged state every SMOOTHING_STATE_EVERY_SAMPLES),
+    nodes staggered."""
     out = []
     for k, name in enumerate(topology.servers):
-        state = smoothing if (seq + k) % SMOOTHING_STATE_EVERY_SAMPLES == 0 else None
+        state = smoothing if (seq + k) % state_every == 0 else None
         gpus = topology.server_gpus(name)
         out.append(
             (
@@ -105,7 +107,12 @@ def telemetry_payloads(
 
 
 def run(
-    budgets: Path, cycles: int, seed: int = 1, fine_every_s: float = 0.0, smoothing: bool = False
+    budgets: Path,
+    cycles: int,
+    seed: int = 1,
+    fine_every_s: float = 0.0,
+    smoothing: bool = False,
+    state_every: int = SMOOTHING_STATE_EVERY_SAMPLES,
 ) -> dict:
     topology = load_budgets(budgets)
     tree = topology.tree
@@ -147,7 +154,7 @@ def run(
         hot = np.isin(gpu_rack, rng.choice(racks, max(1, len(racks) // 10), replace=False))
         power = np.where(hot, rng.uniform(1100.0, 1200.0, n), power)
         payloads = telemetry_payloads(
-            topology, tree, np.minimum(power, cap), cap, c, clock[0], state
+            topology, tree, np.minimum(power, cap), cap, c, clock[0], state, state_every
         )
         t0 = time.perf_counter()
         samples = []
@@ -190,6 +197,7 @@ def run(
         "cycles": cycles,
         "fine_every_s": fine_every_s,
         "smoothing": smoothing,
+        "states_every": state_every if smoothing else None,
         "median_ms": {k: round(statistics.median(v) * 1e3, 1) for k, v in timings.items()},
         "max_ms": {k: round(max(v) * 1e3, 1) for k, v in timings.items()},
         "tree_points_last_cycle": len(lines),
@@ -211,10 +219,21 @@ def main() -> None:
         action="store_true",
         help="every GPU reports a smoothing state; the controller runs with grid_smoothing",
     )
+    parser.add_argument(
+        "--states-every",
+        type=int,
+        default=SMOOTHING_STATE_EVERY_SAMPLES,
+        help="with --smoothing: a node's GPUs carry their state on one sample in this many "
+        "(1: every sample, as agents did before 2026-11-26)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     result = run(
-        args.budgets, args.cycles, fine_every_s=args.fine_every_s, smoothing=args.smoothing
+        args.budgets,
+        args.cycles,
+        fine_every_s=args.fine_every_s,
+        smoothing=args.smoothing,
+        state_every=args.states_every,
     )
     result["machine"] = machine()
     result["command"] = "python -m bench.bench_controller " + " ".join(sys.argv[1:])

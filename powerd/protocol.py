@@ -72,9 +72,9 @@ SMOOTHING_MAX_RAMP_W_PER_S = (2**32 - 1) / 1000
 SMOOTHING_MAX_HYSTERESIS_MS = float(2**32 - 1)
 SmoothingPreset = Annotated[int, Meta(ge=0, le=SMOOTHING_PRESET_MAX)]
 # Telemetry carries a GPU's smoothing state when it differs from the one that GPU's
-# telemetry last carried, and otherwise every this many samples (docs/PROTOCOL.md): a
-# state changes a few times a day, and every sample of every GB200 carrying it cost the
-# 150 MW site's controller ~40 % more CPU a message (bench/RESULTS.md).
+# telemetry last carried, after a new controller epoch, and otherwise every this many
+# samples (docs/PROTOCOL.md): a state changes a few times a day, and on every sample of
+# every GB200 it cost the 150 MW site's controller a quarter more CPU to take telemetry in.
 SMOOTHING_STATE_EVERY_SAMPLES = 10
 
 
