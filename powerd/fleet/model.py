@@ -253,10 +253,10 @@ class FleetModel:
             fresh if h else None for h in has
         ]
         self._smooth_preset: list[int] = [0] * n_gpus
-        self._smooth_on: list[bool] = [False] * n_gpus
         self._falling_s: list[float] = [0.0] * n_gpus  # how long each has wanted to fall
-        # for the hot loop, per GPU: the active profile's (floor share of the cap, ramp up
-        # W/s, ramp down W/s, hysteresis s) while it is on, else None; telemetry's state
+        # per GPU, for the hot loop: the active profile's (floor share of the cap, ramp up
+        # W/s, ramp down W/s, hysteresis s) while the switch is on, None while it is off (the
+        # switch itself); telemetry's state
         self._smooth_ramps: list[tuple[float, float, float, float] | None] = [None] * n_gpus
         self._smooth_json: dict[tuple[bool, int, float], str] = {}
         self._smooth_state: list[str | None] = [
@@ -500,8 +500,10 @@ class FleetModel:
     def rack_real_w(self, rack: int) -> float:
         """What the rack draws when its GPUs draw what they want under the caps they hold."""
         gpus = self._rack_gpus[rack]
-        on, drawn = self._smooth_on, self.power_w  # under smoothing: as it ramped, last sampled
-        real = sum(min(drawn[g] if on[g] else self.demand_w[g], self.cap_w[g]) for g in gpus)
+        ramps, drawn = self._smooth_ramps, self.power_w  # smoothing on: as it ramped, sampled
+        real = sum(
+            min(self.demand_w[g] if ramps[g] is None else drawn[g], self.cap_w[g]) for g in gpus
+        )
         return float(real) + self._rack_overhead_w[rack]
 
     # --- jobs -----------------------------------------------------------------------------
@@ -577,7 +579,7 @@ class FleetModel:
 
     def smoothing_on(self) -> int:
         """How many GPUs have power smoothing switched on now."""
-        return sum(self._smooth_on)
+        return sum(r is not None for r in self._smooth_ramps)
 
     def _active_smoothing(self, g: int) -> SmoothingProfile | None:
         """What the agent's ``Gpu.smoothing()`` reads back: the active preset, with the switch;
@@ -585,12 +587,8 @@ class FleetModel:
         presets = self._presets[g]
         if presets is None:
             return None
-        active = presets[self._smooth_preset[g]]
-        return (
-            active
-            if active.enabled == self._smooth_on[g]
-            else _with_switch(active, self._smooth_on[g])
-        )
+        active = presets[self._smooth_preset[g]]  # written with the switch off
+        return active if self._smooth_ramps[g] is None else _with_switch(active, True)
 
     def _set_smoothing(self, g: int, index: int, wire: GpuSmoothing, errors: list[str]) -> bool:
         """A command's profile for GPU ``g``, as ``powerd.agent.controls.set_smoothing`` and the
@@ -615,11 +613,11 @@ class FleetModel:
             errors.append(f"GPU {index}: power smoothing: {'; '.join(problems)}")
             return False
         active = self._active_smoothing(g)
-        if active is None or not active.close_to(target):
+        assert active is not None  # the GPU has presets
+        if not active.close_to(target):
             written = _with_switch(target, False)
             self._presets[g] = (*presets[: target.preset], written, *presets[target.preset + 1 :])
             self._smooth_preset[g] = target.preset
-            self._smooth_on[g] = target.enabled
             self._falling_s[g] = 0.0
             self._smooth_ramps[g] = (
                 (
