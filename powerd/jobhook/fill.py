@@ -279,6 +279,29 @@ class FillFollower:
         except Exception as exc:  # the training loop's callback: never into paho's thread
             self._logs.warning("callback", time.monotonic(), "fill callback raised: %r", exc)
 
+    def take(self, node: str, request: FillRequest) -> None:
+        """Take in one decoded request for ``node`` (one of ``nodes``) and hand the new
+        targets to the callback: what every message from the agent comes to."""
+        if node not in self._gpus:
+            raise ValueError(f"{node!r} is not a node this follower follows")
+        with self._cond:
+            self.received += 1
+            self._last_request_s = self._clock()
+            gpus = self._gpus[node]
+            for f in request.gpus:
+                g = gpus.get(f.index)
+                if g is None:
+                    g = gpus[f.index] = _Gpu()
+                    g.worked_w = g.held_w = f.power_w
+                g.power_w, g.floor_w, g.cap_w = f.power_w, f.floor_w, f.cap_w
+                g.rate_w_per_s, g.hysteresis_s = f.ramp_down_w_per_s, f.hysteresis_s
+                g.up_w_per_s = f.ramp_up_w_per_s
+                if self._state == "working":
+                    g.worked_w = f.power_w
+            targets = self._targets(node, self._clock())
+            self._cond.notify_all()
+        self._call(node, targets)
+
     # --- paho's network thread --------------------------------------------------------
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
@@ -302,20 +325,4 @@ class FillFollower:
             self.rejected += 1
             self._logs.warning("payload", time.monotonic(), "fill follower: dropped: %s", exc)
             return
-        with self._cond:
-            self.received += 1
-            self._last_request_s = self._clock()
-            gpus = self._gpus[node]
-            for f in request.gpus:
-                g = gpus.get(f.index)
-                if g is None:
-                    g = gpus[f.index] = _Gpu()
-                    g.worked_w = g.held_w = f.power_w
-                g.power_w, g.floor_w, g.cap_w = f.power_w, f.floor_w, f.cap_w
-                g.rate_w_per_s, g.hysteresis_s = f.ramp_down_w_per_s, f.hysteresis_s
-                g.up_w_per_s = f.ramp_up_w_per_s
-                if self._state == "working":
-                    g.worked_w = f.power_w
-            targets = self._targets(node, self._clock())
-            self._cond.notify_all()
-        self._call(node, targets)
+        self.take(node, request)

@@ -1,0 +1,140 @@
+"""FillFollower's rule as a property: whatever the job tells it and whenever, the targets it
+hands out never fall more than one window's share in any window while the job does no work,
+never leave ``[0, cap]``, a change of state never raises one at once, and a wait holds the
+draw through the hysteresis and then stays ready to resume within one window's rise for as
+long as the rule promises (docs/JOBHOOK.md). No broker: requests go in through ``take``, the decoded form of
+every message (the network side is tested against Mosquitto in test_jobhook_fill.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from powerd.jobhook import FillFollower
+from powerd.protocol import FillRequest, GpuFill
+from tests.support.clock import ManualClock
+
+NODE = "n1"
+EPS_W = 1e-6
+
+profiles = st.fixed_dictionaries(
+    {
+        "cap_w": st.floats(200.0, 1200.0),
+        "floor_share": st.sampled_from([0.0, 0.0, 0.2, 0.5]),
+        "up_w_per_s": st.sampled_from([0.0, 11.0, 50.0, 70.0, 400.0]),
+        "down_w_per_s": st.sampled_from([0.0, 11.0, 50.0, 70.0, 400.0]),
+        "hysteresis_s": st.sampled_from([0.0, 0.25, 1.0, 2.0]),
+    }
+)
+events = st.lists(
+    st.one_of(
+        st.tuples(st.just("sample"), st.floats(0.0, 1.0)),  # the draw, as a share of the cap
+        st.tuples(st.just("advance"), st.floats(0.0, 0.7)),
+        st.tuples(st.just("state"), st.sampled_from(["waiting", "working"])),
+        st.tuples(st.just("state"), st.sampled_from(["stopping", "starting"])),
+    ),
+    min_size=1,
+    max_size=40,
+)
+STOP_THEN_WAIT = [("state", "stopping"), ("advance", 0.5), ("state", "waiting")]
+STOP_FOR_A_WINDOW = [("state", "stopping"), ("advance", 0.5), ("advance", 0.5)]
+RAMPS = {"cap_w": 700.0, "floor_share": 0.0, "up_w_per_s": 50.0, "down_w_per_s": 50.0}
+
+
+def request(profile: dict[str, float], share: float) -> FillRequest:
+    cap_w = profile["cap_w"]
+    gpu = GpuFill(
+        index=0,
+        power_w=share * cap_w,
+        cap_w=cap_w,
+        floor_w=profile["floor_share"] * cap_w,
+        ramp_up_w_per_s=profile["up_w_per_s"],
+        ramp_down_w_per_s=profile["down_w_per_s"],
+        hysteresis_s=profile["hysteresis_s"],
+    )
+    return FillRequest(v=1, node=NODE, ts=0.0, seq=0, gpus=[gpu])
+
+
+def enter(fill: FillFollower, state: str) -> None:
+    {
+        "waiting": fill.waiting,
+        "working": fill.working,
+        "stopping": fill.stopping,
+        "starting": fill.starting,
+    }[state]()
+
+
+@settings(max_examples=500, deadline=None)
+@given(profile=profiles, first_share=st.floats(0.0, 1.0), script=events)
+@example(profile={**RAMPS, "hysteresis_s": 1.0}, first_share=0.8, script=STOP_THEN_WAIT)
+@example(profile={**RAMPS, "hysteresis_s": 1.0}, first_share=0.8, script=STOP_FOR_A_WINDOW)
+def test_no_window_falls_more_than_its_share_and_a_wait_stays_ready(profile, first_share, script):
+    clock = ManualClock(100.0)
+    fill = FillFollower(
+        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
+    )
+    window_s, down, up = profile["hysteresis_s"], profile["down_w_per_s"], profile["up_w_per_s"]
+    fill.take(NODE, request(profile, first_share))
+    state, worked_w = "working", first_share * profile["cap_w"]
+    seen: list[tuple[float, float]] = []  # (t, target) since the job last worked
+    wait: tuple[float, float] | None = None  # (entered at, H): a wait entered from work
+
+    def look() -> None:
+        target = fill.targets(NODE)[0]
+        assert -EPS_W <= target <= profile["cap_w"] + EPS_W
+        if state == "working":
+            assert target == pytest.approx(profile["floor_share"] * profile["cap_w"])
+            return
+        now = clock.monotonic()
+        for t, earlier in seen:  # the grid measures a ramp as the change over its window
+            if now - t <= window_s:
+                assert earlier - target <= down * window_s + EPS_W, (t, now, earlier, target)
+        seen.append((now, target))
+        if wait is not None and state == "waiting":
+            entered, held_w = wait
+            # held through the hysteresis, then ready to climb back within one window's rise
+            # until the fall has taken that much
+            ready_until = entered + window_s + (up * window_s / down if down > 0 else math.inf)
+            if now <= entered + window_s:
+                assert target >= held_w - EPS_W, (entered, now, target)
+            elif now <= ready_until:
+                assert target >= held_w - up * window_s - EPS_W, (entered, now, target)
+
+    for kind, value in script:
+        if kind == "sample":
+            fill.take(NODE, request(profile, value))
+            if state == "working":
+                worked_w = value * profile["cap_w"]
+        elif kind == "advance":
+            clock.advance(value)
+        elif value != state:
+            before = fill.targets(NODE)[0]
+            wait = None
+            if state == "working":
+                seen.clear()  # work draws what it draws: the fill starts afresh
+                if value == "waiting":
+                    wait = (clock.monotonic(), worked_w)
+            elif value != "working":  # a change of state never raises a target at once,
+                enter(fill, value)  # but for the floor, of a job that runs again after a stop
+                allowed_w = before
+                if value != "stopping":
+                    allowed_w = max(before, profile["floor_share"] * profile["cap_w"])
+                state = value
+                assert fill.targets(NODE)[0] <= allowed_w + EPS_W
+                look()
+                continue
+            enter(fill, value)
+            state = value
+        look()
+    fill.close()
+
+
+def test_take_refuses_a_node_it_does_not_follow():
+    fill = FillFollower("mqtt://127.0.0.1:1", [NODE], lambda n, t: None)
+    with pytest.raises(ValueError, match="not a node"):
+        fill.take("elsewhere", request({**RAMPS, "hysteresis_s": 1.0}, 0.5))
+    assert fill.received == 0
+    fill.close()
