@@ -364,14 +364,16 @@ def startup_shape(rows: int, racks: int, nodes: int) -> dict[str, Any]:
 # --- processes -----------------------------------------------------------------------------
 
 
-def leaf_config(broker: Mosquitto, out: Path) -> Path:
+def leaf_config(broker: Mosquitto, out: Path, grid_smoothing: bool = False) -> Path:
     """The leaves' config (one file, each leaf its --name, --scope, --record): signing with
     ``out/leaf.key``, taking grants signed by the coordinator's ``out/coord.pub``
-    (``trust.coordinator_keys``)."""
+    (``trust.coordinator_keys``); ``grid_smoothing``: each leaf asks its GB200s for their
+    share of the whole site's [site.grid]."""
     path = out / "leaf.toml"
     path.write_text(
         f'[controller]\ncluster = "{CLUSTER}"\n'
-        f'[broker]\nurl = "{broker.url}"\n'
+        + ("grid_smoothing = true\n" if grid_smoothing else "")
+        + f'[broker]\nurl = "{broker.url}"\n'
         "[recorder]\nfine_every_s = 10\n"
         f'[trust]\nsigning_key = "{out / "leaf.key"}"\n'
         f'coordinator_keys = ["{out / "coord.pub"}"]\n'
@@ -536,6 +538,7 @@ def site_run(
     period_s: float,
     connections: int,
     control_connections: int,
+    grid_smoothing: bool = False,
 ) -> dict:
     scopes = [f"row{k:02d}" for k in range(1, rows + 1)]
     with tempfile.TemporaryDirectory(prefix=f"bench-tree-site{rows}-") as tmp:
@@ -550,7 +553,7 @@ def site_run(
         monitor: Monitor | None = None
         marks: dict[str, float] = {"start": time.time()}
         try:
-            config = leaf_config(broker, out)
+            config = leaf_config(broker, out, grid_smoothing)
             for scope in scopes:  # all at once: each waits its epoch discovery beside the rest
                 procs[f"leaf-{scope}"] = spawn(
                     ["-m", "powerd", "controller", "--config", str(config), "--budgets",
@@ -613,7 +616,35 @@ def site_run(
     return site_summary(
         rows, racks_per_row, scopes, fleets, points, tails, coord_text, seen,
         cpu0, cpu1, host, elapsed, mem, marks, wall0, wall1, period_s, push_every_s,
+        grid_smoothing,
     )  # fmt: skip
+
+
+def fleets_smoothing(fleets: dict[str, dict], marks: dict[str, float]) -> dict:
+    """The fleets' GPUs under grid smoothing: how fast each fleet's summed draw moved (their
+    sum bounds the site's, since each fleet keeps its own rounds), and when every GPU of
+    every fleet first held its profile (seconds since the fleets started: each fleet counts
+    from its own start, a few ms apart)."""
+    ramps = [f["summary"]["gpu_power_w_per_s"] for f in fleets.values()]
+    held = [f["summary"]["smoothing"] for f in fleets.values()]
+
+    def worst(key: str) -> float | None:
+        values = [h.get(key) for h in held]
+        return None if not values or None in values else max(values)
+
+    return {
+        "gpu_power_w_per_s": {
+            "up_max_sum_of_fleets": round(sum(r["up_max"] or 0.0 for r in ramps), 1),
+            "down_max_sum_of_fleets": round(sum(r["down_max"] or 0.0 for r in ramps), 1),
+            "up_max_worst_fleet": max((r["up_max"] or 0.0 for r in ramps), default=None),
+        },
+        "smoothing": {
+            "gpus": sum(h["gpus"] for h in held),
+            "on_at_end": sum(h["on_at_end"] for h in held),
+            "p50_s_worst_fleet": worst("p50_s"),
+            "all_s_worst_fleet": worst("all_s"),
+        },
+    }
 
 
 def site_summary(
@@ -635,6 +666,7 @@ def site_summary(
     wall1: float,
     period_s: float,
     push_every_s: float,
+    grid_smoothing: bool = False,
 ) -> dict:
     share = {k: round((cpu1[k] - cpu0[k]) / elapsed, 3) for k in cpu0}
     leaves = []
@@ -745,6 +777,8 @@ def site_summary(
         },
         "cpu_share_of_one_core": share,
         "rss_mb": {k: round(v[0], 1) for k, v in mem.items()},
+        "grid_smoothing": grid_smoothing,
+        **fleets_smoothing(fleets, marks),
         "coordinator": {
             "periods_in_window": len(firsts),
             "grant_interval_s": pct(list(np.diff(firsts))) if len(firsts) > 1 else pct([]),
@@ -800,6 +834,11 @@ def main() -> None:
     parser.add_argument("--fleet-control-connections", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--grid-smoothing",
+        action="store_true",
+        help="site runs: every leaf with grid_smoothing (its GB200s asked for their share)",
+    )
+    parser.add_argument(
         "--wait-quiet-s",
         type=float,
         default=0.0,
@@ -848,7 +887,7 @@ def main() -> None:
                 site_run(
                     rows, args.racks_per_row, args.site_warmup_s, args.site_window_s,
                     args.push_every_s, args.period_s, args.fleet_connections,
-                    args.fleet_control_connections,
+                    args.fleet_control_connections, args.grid_smoothing,
                 )
             )  # fmt: skip
             result["site"][-1]["quiet"] = seen

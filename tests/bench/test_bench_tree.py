@@ -20,6 +20,7 @@ def test_tree_benchmark_runs(tmp_path: Path) -> None:
             *("--racks-per-row", "2", "--push-every-s", "1", "--period-s", "1"),
             *("--leaf-warmup-s", "3", "--leaf-window-s", "3"),
             *("--site-rows", "2", "--site-warmup-s", "4", "--site-window-s", "4"),
+            "--grid-smoothing",
             *("--json", str(out)),
         ],
         capture_output=True,
@@ -56,3 +57,9 @@ def test_tree_benchmark_runs(tmp_path: Path) -> None:
     )
     for key in ("reaction_s", "reaction_from_visible_s"):
         assert set(site[key]) == {"p50", "p99", "max", "count"}
+    # every leaf asked its GB200s for their share of the site's grid spec, and they took it
+    assert site["grid_smoothing"] is True
+    assert site["smoothing"]["gpus"] == 2 * 2 * 18 * 4
+    assert site["smoothing"]["on_at_end"] == site["smoothing"]["gpus"]
+    assert site["smoothing"]["all_s_worst_fleet"] is not None
+    assert site["gpu_power_w_per_s"]["up_max_sum_of_fleets"] >= 0
