@@ -130,11 +130,18 @@ class FleetReport:
         """How fast the simulated GPUs' summed draw moved from one round to the next, W/s: as
         the grid would see the site's GPUs. A round stands for one period of simulated time
         (each GPU's draw moves by one ``period_s`` a sample), whether the fleet sent it on
-        time or caught up after falling behind."""
+        time or caught up after falling behind. ``*_at_s``: when (seconds since the start, at
+        the round's end)."""
         if len(self.rounds) < 2:
-            return {"up_max": None, "down_max": None}
+            return {"up_max": None, "down_max": None, "up_max_at_s": None, "down_max_at_s": None}
         rate = np.diff(np.array([r[1] for r in self.rounds])) / self.period_s
-        return {"up_max": round(float(rate.max()), 1), "down_max": round(float(rate.min()), 1)}
+        up, down = int(rate.argmax()), int(rate.argmin())
+        return {
+            "up_max": round(float(rate[up]), 1),
+            "down_max": round(float(rate[down]), 1),
+            "up_max_at_s": round(self.rounds[up + 1][0], 1),
+            "down_max_at_s": round(self.rounds[down + 1][0], 1),
+        }
 
     def _smoothing(self) -> dict[str, Any]:
         """When 50 %, 99 % and all of the GPUs with hardware smoothing first had it on

@@ -45,4 +45,4 @@ def test_scale_benchmark_runs(tmp_path: Path) -> None:
     # the fleet's GB200s report their smoothing state; without grid_smoothing none is asked
     assert run["grid_smoothing"] is False
     assert run["smoothing"]["gpus"] == 1296 * 4 and run["smoothing"]["on_at_end"] == 0
-    assert set(run["gpu_power_w_per_s"]) == {"up_max", "down_max"}
+    assert set(run["gpu_power_w_per_s"]) == {"up_max", "down_max", "up_max_at_s", "down_max_at_s"}
