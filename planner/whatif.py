@@ -85,6 +85,7 @@ from policies.smoothing import (
     grid_policy,
     ramp_toward,
     wanted_w,
+    with_cut_fall,
     with_grid_ramp,
 )
 from policies.storage import DEFAULT_HORIZON_S, DEFAULT_ROUND_TRIP, Storage, dispatch
@@ -230,7 +231,7 @@ def replay(
     ramps = site_ramps(top, settings) if settings.smoothing else NO_SMOOTHING
     policy = settings.policy
     if settings.smoothing:  # the controller's policy and tree under grid smoothing
-        policy = grid_policy(policy)
+        policy = with_cut_fall(grid_policy(policy), ramps.down_w_per_s)
         assert top.grid is not None  # site_ramps refused a file without one
         tree = with_grid_ramp(tree, top.grid.ramp_up_w_per_s)
     not_running = np.array([PHASE_CODES["idle"], PHASE_CODES["shutdown"]], dtype=np.int8)

@@ -39,6 +39,17 @@ A node's measured power is the measured power of every GPU under it plus its
    ``floor_w``, never from an uncontrollable GPU. A cut GPU's cap becomes its
    new predicted power (``min(power_w, cap) - cut``), so a cap that the GPU
    has not yet followed counts as watts already taken.
+   With a finite ``cut_fall_w_per_s`` (grid power smoothing: each GPU's share
+   of the grid's ramp-down), a GPU no node over which draws above its
+   ``limit_w`` is cut no lower this cycle than ``min(power_w, cap) -
+   cut_fall_w_per_s * dt_s``: a node between its capping threshold and its
+   limit is over a budget, not a breaker, and comes down over several cycles
+   no faster than the grid allows, where at once its GPUs' floors would show
+   the whole cut as one step (found by ``bench_tree --grid-smoothing`` on the
+   150 MW site: racks pushed across their thresholds by the 80 % floor cut
+   3 kW each at once, 73-208 kW a row in the same second). Above a limit the
+   cut is whole, at once, as without smoothing. Rule 3b's shift keeps to the
+   same bound.
 3b. **Priority shift, between the bands** (``priority_shift``). A GPU is *held*
    when it is controllable, not staged, not waiting, below ``cap_max``, not cut
    this cycle, and draws within ``stage_headroom_fraction`` of its range below
@@ -189,6 +200,11 @@ class PolicySettings:
     # uncapping ramp is less that for each such GPU under it, so a start and the caps
     # handed back elsewhere share one ramp. controller.grid_smoothing sets it to the share.
     startup_rise_w_per_s: float = 0.0
+    # W/s a GPU's cap may be cut by where no node over it draws above its limit (rule 3):
+    # under grid smoothing its share of the grid's ramp-down, so capping over a budget
+    # comes down within the grid's limit; a node over its limit is cut at once whatever
+    # this is. inf: every cut at once. controller.grid_smoothing sets it to the share.
+    cut_fall_w_per_s: float = float("inf")
 
     def __post_init__(self) -> None:
         if not 0.0 < self.uncap_step_fraction <= 1.0:
@@ -203,6 +219,8 @@ class PolicySettings:
             raise ValueError(
                 f"stage_headroom_fraction must be in [0, 1], not {self.stage_headroom_fraction}"
             )
+        if not self.cut_fall_w_per_s > 0.0:  # inf allowed: at once; NaN refused
+            raise ValueError(f"cut_fall_w_per_s must be > 0, not {self.cut_fall_w_per_s}")
         if not (np.isfinite(self.startup_rise_w_per_s) and self.startup_rise_w_per_s >= 0.0):
             raise ValueError(f"startup_rise_w_per_s must be >= 0, not {self.startup_rise_w_per_s}")
         if not (np.isfinite(self.uncap_min_step_w) and self.uncap_min_step_w >= 0.0):
@@ -286,6 +304,7 @@ def decide(
     node_pred = tree.node_sum(pred) + overhead
     node_cut = np.zeros(n_nodes)
     cut_levels = np.zeros(n_gpus, dtype=np.uint8)
+    lowest = _lowest_cut(tree, node_power, pred, floor, settings.cut_fall_w_per_s * dt_s)
     for lvl in LEVELS_BOTTOM_UP:
         nodes = tree.level_nodes[lvl]
         over = nodes[capping[nodes]]
@@ -295,7 +314,7 @@ def decide(
         need[over] = node_pred[over] - tree.cap_target_w[over]
         if not np.any(need[over] > NEGLIGIBLE_W):
             continue
-        idx, taken = _cut(tree, lvl, need, pred, cap, node_pred, floor, priority, ctl)
+        idx, taken = _cut(tree, lvl, need, pred, cap, node_pred, lowest, priority, ctl)
         cut_levels[idx] |= np.uint8(1 << lvl)
         node_cut[nodes] += taken[nodes]
 
@@ -312,7 +331,7 @@ def decide(
             shifted,
             cap,
             pred,
-            floor,
+            lowest,
             cap_max,
             priority,
             ctl,
@@ -506,6 +525,22 @@ def _shift(
         shifted[idx] = True
         node_shift[nodes] += taken[nodes]
         taken_below += taken
+
+
+def _lowest_cut(
+    tree: Tree, node_power: np.ndarray, pred: np.ndarray, floor: np.ndarray, fall_w: float
+) -> np.ndarray:
+    """How low rules 3 and 3b may cut each GPU this cycle: its floor; with a finite
+    ``fall_w`` (``cut_fall_w_per_s × dt_s``), also no lower than ``pred - fall_w``, unless
+    a node over it (its server included) draws above its limit."""
+    if not np.isfinite(fall_w):
+        return floor
+    over_limit = node_power > tree.limit_w
+    urgent = np.zeros(len(pred), dtype=bool)
+    for lvl in LEVELS_BOTTOM_UP:
+        urgent |= over_limit[tree.gpu_ancestor[lvl]]
+    lowest: np.ndarray = np.where(urgent, floor, np.maximum(floor, pred - fall_w))
+    return lowest
 
 
 def _cut(

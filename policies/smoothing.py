@@ -194,6 +194,15 @@ def grid_policy(policy: PolicySettings) -> PolicySettings:
     )
 
 
+def with_cut_fall(policy: PolicySettings, down_w_per_s: float) -> PolicySettings:
+    """``policy`` with its cap cuts, where no limit is passed, no faster than ``down_w_per_s``
+    a GPU: each GPU's share of the grid's ramp-down (rule 3 of ``policies.capping``), so
+    capping over a budget comes down within the grid's limit. ``inf``: unchanged."""
+    if not down_w_per_s < policy.cut_fall_w_per_s:
+        return policy
+    return dataclasses.replace(policy, cut_fall_w_per_s=down_w_per_s)
+
+
 def with_grid_ramp(tree: Tree, ramp_up_w_per_s: float, margin: float = DEFAULT_MARGIN) -> Tree:
     """``tree`` with its site's sum-of-caps ramp at most ``margin`` × the grid's ramp-up
     limit: the caps the controller hands back then rise no faster than the grid allows. A

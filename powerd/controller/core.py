@@ -20,6 +20,7 @@ from typing import TypeVar
 import numpy as np
 
 from policies import ClusterState, Decision, PolicySettings, Tree, decide, infer_phases
+from policies.smoothing import with_cut_fall
 from policies.tree import PHASE_CODES, PRIORITY_CODES
 from powerd.controller.inbox import Waiting
 from powerd.protocol import (
@@ -732,12 +733,15 @@ class ControllerCore:
         """The policy a cycle ``dt_s`` after the last decides under: the configured one;
         under grid smoothing, starting GPUs rise on their own at their share of the grid's
         ramp-up (software smoothing fills a start up at it), so it is taken out of the ramp
-        the caps are handed back under; an early cycle hands back no more watts per second."""
+        the caps are handed back under, and caps are cut, where no limit is passed, no
+        faster than the GPUs' share of its ramp-down; an early cycle hands back no more
+        watts per second."""
         policy = self.settings.policy
         smoothing = self.settings.smoothing
         if smoothing is not None and smoothing.enabled:
             rise = max(policy.startup_rise_w_per_s, smoothing.ramp_up_w_per_s)
             policy = dataclasses.replace(policy, startup_rise_w_per_s=rise)
+            policy = with_cut_fall(policy, smoothing.ramp_down_w_per_s)
         if dt_s < self.settings.cycle_s:
             scale = dt_s / self.settings.cycle_s
             policy = dataclasses.replace(

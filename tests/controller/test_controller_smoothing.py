@@ -240,3 +240,17 @@ def test_under_grid_smoothing_starting_gpus_take_their_share_out_of_the_uncappin
     assert policy.startup_rise_w_per_s == profile.ramp_up_w_per_s == pytest.approx(90.0)
     plain = smoothing_bench(smoothing=None)
     assert plain.core.cycle_policy(plain.core.settings.cycle_s).startup_rise_w_per_s == 0.0
+
+
+def test_under_grid_smoothing_caps_over_a_budget_are_cut_at_the_ramp_down_share() -> None:
+    """Capping below every limit cuts no faster than the GPUs' share of the grid's ramp-down
+    (policies/capping.py rule 3; found by `bench_tree --grid-smoothing` on the 150 MW site:
+    racks pushed over their thresholds by the floor cut at once, 73-208 kW a row in one
+    second); without grid smoothing, at once."""
+    bench = smoothing_bench()
+    profile = bench.core.settings.smoothing
+    assert profile is not None
+    policy = bench.core.cycle_policy(bench.core.settings.cycle_s)
+    assert policy.cut_fall_w_per_s == profile.ramp_down_w_per_s
+    plain = smoothing_bench(smoothing=None)
+    assert plain.core.cycle_policy(plain.core.settings.cycle_s).cut_fall_w_per_s == float("inf")
