@@ -75,9 +75,13 @@ async def test_agents_hold_the_controllers_profile_and_keep_it_when_they_stop(mo
                 states = [g.smoothing for g in telemetry_of(message).gpus]
                 assert all(s is not None and s.enabled for s in states), (node, states)
                 assert {s.floor_percent for s in states if s} == {profile.floor_percent}
-            sent = sum(c.result.counters.commands_sent for c in ctl.cycles)
-            # one command a node brings it (and its caps); no flood of resends
-            assert sent <= 3 * len(SERVERS), sent
+            counters = [c.result.counters for c in ctl.cycles]
+            sent = sum(c.commands_sent for c in counters)
+            # one command a node brings the profile with its caps; caps over the budget then
+            # come down at the GPUs' ramp-down share, at most a command a node a cycle; no
+            # flood, and nothing resent
+            assert sent <= len(SERVERS) * len(counters), (sent, len(counters))
+            assert sum(c.resends for c in counters) == 0
     # the agents stopped with on_exit = "keep" (the default): like their caps, the GPUs keep
     # the profile, so a restarting agent does not let the site's ramp loose (on_exit =
     # "restore" puts the smoothing found back: tests/agent/test_agent_smoothing.py)
