@@ -37,12 +37,11 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import cpu_s, machine, mem_mb, report
+from bench.common import cpu_s, machine, mem_mb, report, run_dir
 from powerd.fleet.app import fleet_argv
 from powerd.fleet.sites import NODES_PER_RACK, RACKS_PER_ROW, SITE_FILE, cut_site
 from powerd.mqtt_url import PASSWORD_ENV
@@ -139,11 +138,7 @@ def run_scenario(
 ) -> dict:
     """One scenario; its files (logs, the controller's records) go to a temporary directory,
     or are kept under ``keep``."""
-    with tempfile.TemporaryDirectory(prefix=f"bench-scale-{s.name}-") as tmp:
-        out = Path(tmp)
-        if keep is not None:
-            out = keep / re.sub(r"[^A-Za-z0-9.-]+", "-", s.name)
-            out.mkdir(parents=True, exist_ok=True)
+    with run_dir(f"bench-scale-{s.name}" if keep is None else s.name, keep) as out:
         budgets = budgets_for(s.rows, out)
         broker = Mosquitto(out, extra_config=BROKER_CONFIG)
         broker.start()

@@ -78,7 +78,7 @@ from bench.bench_scale import (
     summarise,
     wait_for_line,
 )
-from bench.common import CLK_TCK, cpu_s, machine, mem_mb, report
+from bench.common import CLK_TCK, cpu_s, machine, mem_mb, report, run_dir
 from powerd.coordinator.core import CoordinatorCore
 from powerd.fleet.app import fleet_argv
 from powerd.fleet.sites import SITE_FILE, cut_site
@@ -539,10 +539,13 @@ def site_run(
     connections: int,
     control_connections: int,
     grid_smoothing: bool = False,
+    keep: Path | None = None,
 ) -> dict:
+    """The site as ``rows`` leaves, a coordinator and a fleet per leaf; its files (logs,
+    the leaves' records, the fleets' reports) in a temporary directory, or under ``keep``."""
     scopes = [f"row{k:02d}" for k in range(1, rows + 1)]
-    with tempfile.TemporaryDirectory(prefix=f"bench-tree-site{rows}-") as tmp:
-        out = Path(tmp)
+    name = f"site{rows}" + ("-grid" if grid_smoothing else "")
+    with run_dir(f"bench-tree-{name}" if keep is None else name, keep) as out:
         budgets = out / "site.toml"
         budgets.write_text(cut_site(rows=rows, racks_per_row=racks_per_row))
         generate_key_files(out / "leaf")
@@ -839,6 +842,11 @@ def main() -> None:
         help="site runs: every leaf with grid_smoothing (its GB200s asked for their share)",
     )
     parser.add_argument(
+        "--keep-dir",
+        type=Path,
+        help="site runs: keep each run's files (logs, records, fleet reports) under this",
+    )
+    parser.add_argument(
         "--wait-quiet-s",
         type=float,
         default=0.0,
@@ -887,7 +895,7 @@ def main() -> None:
                 site_run(
                     rows, args.racks_per_row, args.site_warmup_s, args.site_window_s,
                     args.push_every_s, args.period_s, args.fleet_connections,
-                    args.fleet_control_connections, args.grid_smoothing,
+                    args.fleet_control_connections, args.grid_smoothing, args.keep_dir,
                 )
             )  # fmt: skip
             result["site"][-1]["quiet"] = seen

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import re
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -47,3 +51,16 @@ def report(result: dict, json_path: Path | None) -> None:
     print(text)
     if json_path:
         json_path.write_text(text + "\n")
+
+
+@contextlib.contextmanager
+def run_dir(name: str, keep: Path | None = None) -> Iterator[Path]:
+    """Where one run's files go (logs, records, reports): a temporary directory removed
+    after it, or, with ``keep``, ``keep/<name>`` (made, and left for reading)."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+            yield Path(tmp)
+        return
+    out = keep / re.sub(r"[^A-Za-z0-9.-]+", "-", name)
+    out.mkdir(parents=True, exist_ok=True)
+    yield out

@@ -21,6 +21,7 @@ def test_tree_benchmark_runs(tmp_path: Path) -> None:
             *("--leaf-warmup-s", "3", "--leaf-window-s", "3"),
             *("--site-rows", "2", "--site-warmup-s", "4", "--site-window-s", "4"),
             "--grid-smoothing",
+            *("--keep-dir", str(tmp_path / "kept")),
             *("--json", str(out)),
         ],
         capture_output=True,
@@ -63,3 +64,5 @@ def test_tree_benchmark_runs(tmp_path: Path) -> None:
     assert site["smoothing"]["on_at_end"] == site["smoothing"]["gpus"]
     assert site["smoothing"]["all_s_worst_fleet"] is not None
     assert site["gpu_power_w_per_s"]["up_max_sum_of_fleets"] >= 0
+    kept = tmp_path / "kept" / "site2-grid"  # --keep-dir: the run's files stay for reading
+    assert (kept / "leaf-row01.log").exists() and (kept / "fleet-row02.json").exists()
