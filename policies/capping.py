@@ -304,7 +304,9 @@ def decide(
     node_pred = tree.node_sum(pred) + overhead
     node_cut = np.zeros(n_nodes)
     cut_levels = np.zeros(n_gpus, dtype=np.uint8)
-    lowest = _lowest_cut(tree, node_power, pred, floor, settings.cut_fall_w_per_s * dt_s)
+    lowest = floor  # how low rules 3 and 3b may cut: only worked out when one may
+    if capping.any() or (settings.priority_shift and pressed.any()):
+        lowest = _lowest_cut(tree, node_power, pred, floor, settings.cut_fall_w_per_s * dt_s)
     for lvl in LEVELS_BOTTOM_UP:
         nodes = tree.level_nodes[lvl]
         over = nodes[capping[nodes]]
