@@ -53,6 +53,20 @@ from powerd.cli.options import Quantity, old_spelling, record_option, setup_logg
     "[site.grid] ramps and floor; the demo's H100s have no hardware smoothing, so their jobs "
     "fill their waits in software, and the run goes on while they ramp down at the end.",
 )
+@click.option(
+    "--compute-s",
+    "compute_s",
+    type=Quantity("s"),
+    help="The jobs' rhythm: compute per step (the low-priority job's is 0.5 s longer), "
+    "0.5 to 600 [default: 3 s].",
+)
+@click.option(
+    "--comm-s",
+    "comm_s",
+    type=Quantity("s"),
+    help="The jobs' rhythm: exposed communication per step, 0.1 to 60 [default: 1.5 s, "
+    "compressed: a third of each step waits; a real job waits a small share of its step].",
+)
 def command(
     duration_s: float,
     summary_json: Path | None,
@@ -61,6 +75,8 @@ def command(
     live: bool | None,
     record: str | None,
     smoothing: bool,
+    compute_s: float | None,
+    comm_s: float | None,
 ) -> None:
     """The whole loop on this machine, no servers: broker, controller, agents, jobs.
 
@@ -80,6 +96,7 @@ def command(
       powerd demo --duration-s 20 --no-live --summary-json summary.json
       powerd demo --smoothing --budgets powerd/data/budgets/demo.toml --plot smoothing.png
       powerd demo --record 'influx1+http://localhost:8086?db=powerd'   # then Grafana
+      powerd demo --smoothing --duration-s 120 --compute-s 9.5 --comm-s 0.5   # a 10 s step
     """
     from powerd.extras import MissingExtra, require
 
@@ -93,6 +110,7 @@ def command(
     from powerd.demo import MIN_DURATION_S, DemoOptions
     from powerd.demo.console import demo_console, run_in_console
     from powerd.demo.report import print_outcome, save_plot, write_summary_json
+    from powerd.demo.scenario import COMM_S, COMPUTE_S, check_rhythm
     from powerd.topology import BudgetError
 
     topology = None
@@ -111,6 +129,12 @@ def command(
             f"at least {MIN_DURATION_S:g} s (to see every phase) and at most 3600 s",
             param_hint="--duration-s",
         )
+    compute_s = COMPUTE_S if compute_s is None else compute_s
+    comm_s = COMM_S if comm_s is None else comm_s
+    try:
+        check_rhythm(duration_s, compute_s, comm_s)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--compute-s/--comm-s") from None
     setup_logging("error")  # the demo shows what happens itself
     console = demo_console()
     options = DemoOptions(
@@ -119,6 +143,8 @@ def command(
         topology=topology,
         record=record,
         smoothing=smoothing,
+        compute_s=compute_s,
+        comm_s=comm_s,
     )
     try:
         run = run_in_console(options, console, live)

@@ -43,6 +43,9 @@ def summary_report(run: DemoRun, options: DemoOptions, plot: Path) -> dict[str, 
         "agent_period_s": options.agent_period_s,
         "cycle_s": options.cycle_s,
         "sample_s": options.sample_s,
+        "smoothing": options.smoothing,
+        "compute_s": options.compute_s,  # the jobs' rhythm (the low-priority job's is longer)
+        "comm_s": options.comm_s,
     }
     report["plot"] = str(plot.resolve())
     if run.recorded is not None:

@@ -42,7 +42,7 @@ from powerd.controller.app import build_service
 from powerd.controller.config import ControllerConfig
 from powerd.controller.core import CycleResult
 from powerd.controller.service import ControllerService
-from powerd.demo.scenario import JobPlan, TrainingJob, default_jobs
+from powerd.demo.scenario import COMM_S, COMPUTE_S, JobPlan, TrainingJob, default_jobs
 from powerd.demo.summary import JobRecord, PhaseAccount, RunRecord, Summary, summarize
 from powerd.embedded_broker import EmbeddedBroker
 from powerd.gpu import GpuError
@@ -85,6 +85,9 @@ class DemoOptions:
     # clock policies: the agents lock and unlock on the jobs' announcements (the
     # controller's controller.agent_comm_clock); off, the controller locks, a cycle late
     agent_comm_clock: bool = True
+    # the jobs' rhythm: compute, then exposed communication, per step (scenario.default_jobs)
+    compute_s: float = COMPUTE_S
+    comm_s: float = COMM_S
 
 
 @dataclass
@@ -314,7 +317,13 @@ async def run_demo(
     """
     wall0 = time.monotonic()
     topology = options.topology or load_budgets(options.budgets or default_budgets_path())
-    plans = default_jobs(topology, options.duration_s, staged_starts=options.smoothing)
+    plans = default_jobs(
+        topology,
+        options.duration_s,
+        staged_starts=options.smoothing,
+        compute_s=options.compute_s,
+        comm_s=options.comm_s,
+    )
     gpus_by_node = _all_gpus(topology, options.seed)
     gpus = [g for name in topology.servers for g in gpus_by_node[name]]
     state = LiveState(topology, options.duration_s, cycle_s=options.cycle_s)

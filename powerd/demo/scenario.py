@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ from powerd.jobhook import FillFollower, PhaseReporter
 from powerd.topology import Topology
 
 MIN_DURATION_S = 20.0  # what the shortest script needs to show every phase
+COMPUTE_S = 3.0  # the high-priority job's compute per step; the low-priority one's is longer
+LOW_COMPUTE_EXTRA_S = 0.5  # so the two jobs' communication drifts in and out of step
+COMM_S = 1.5  # exposed communication per step
 FILL_DONE_MARGIN_W = 10.0  # a GPU filled to within this of its idle power is done
 RAMP_DOWN_TIMEOUT_S = 30.0  # a job gives up filling down the ramp after this
 
@@ -84,7 +88,11 @@ def _superseded(events: list[tuple[float, str]], k: int) -> bool:
 
 
 def default_jobs(
-    topology: Topology, duration_s: float, staged_starts: bool = False
+    topology: Topology,
+    duration_s: float,
+    staged_starts: bool = False,
+    compute_s: float = COMPUTE_S,
+    comm_s: float = COMM_S,
 ) -> list[JobPlan]:
     """Two jobs: a high-priority one on the first row, a low-priority one on the others.
 
@@ -101,9 +109,16 @@ def default_jobs(
     ``staged_starts`` (the demo with grid smoothing): the low-priority job starts
     staged too, as a grid-friendly site asks of every job: a jump from idle to full
     compute is a rise no smoothing of the falls can bound.
+
+    ``compute_s`` and ``comm_s``: the rhythm of a step, compute then exposed
+    communication (the low-priority job computes ``LOW_COMPUTE_EXTRA_S`` longer).
+    The default is compressed: a third of each step waits. A real job computes for
+    seconds to minutes and waits a small share of that (the 150 MW whatif's rhythm:
+    0.5 s in every 10 s, docs/PLANNER.md).
     """
     if duration_s < MIN_DURATION_S:
         raise ValueError(f"the demo needs at least {MIN_DURATION_S:g} s, not {duration_s:g}")
+    check_rhythm(duration_s, compute_s, comm_s)
     by_rack: dict[str, list[str]] = {}
     for name in topology.servers:
         by_rack.setdefault(topology.parent_of(name) or "", []).append(name)
@@ -126,8 +141,8 @@ def default_jobs(
             nodes=tuple(first),
             start_s=1.0,
             startup_s=2.5,
-            compute_s=3.0,
-            comm_s=1.5,
+            compute_s=compute_s,
+            comm_s=comm_s,
             checkpoint_after_s=0.50 * d,
             checkpoint_s=3.0,
             stop_s=d - 3.5,
@@ -142,14 +157,29 @@ def default_jobs(
             nodes=tuple(rest),
             start_s=max(3.0, 0.15 * d),
             startup_s=2.5 if staged_starts else 0.1,
-            compute_s=3.5,
-            comm_s=1.5,
+            compute_s=compute_s + LOW_COMPUTE_EXTRA_S,
+            comm_s=comm_s,
             checkpoint_after_s=0.45 * d,
             checkpoint_s=3.0,
             stop_s=d - 2.0,
         ),
     ]
     return [p for p in plans if p.nodes]
+
+
+def check_rhythm(duration_s: float, compute_s: float, comm_s: float) -> None:
+    """ValueError unless a step (compute, then communication) is within range and the run
+    holds two of the low-priority job's steps: fewer show no rhythm."""
+    if not (math.isfinite(compute_s) and 0.5 <= compute_s <= 600):
+        raise ValueError(f"compute per step must be 0.5 to 600 s, not {compute_s:g}")
+    if not (math.isfinite(comm_s) and 0.1 <= comm_s <= 60):
+        raise ValueError(f"communication per step must be 0.1 to 60 s, not {comm_s:g}")
+    step_s = compute_s + LOW_COMPUTE_EXTRA_S + comm_s
+    if 2 * step_s > 0.5 * duration_s:
+        raise ValueError(
+            f"a step of {step_s:g} s (the low-priority job's) needs a run of at least "
+            f"{4 * step_s:g} s to show two before its checkpoint, not {duration_s:g}"
+        )
 
 
 class TrainingJob:

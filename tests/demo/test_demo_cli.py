@@ -34,3 +34,15 @@ def test_duration_s_given_too_wins_over_the_old_spelling():
     result = CliRunner().invoke(main, ["demo", "--duration", "30", "--duration-s", "5"])
     assert result.exit_code == 2
     assert "Invalid value for --duration-s: at least 20 s" in result.output
+
+
+def test_the_jobs_rhythm_is_checked_before_anything_starts():
+    result = CliRunner().invoke(main, ["demo", "--help"])
+    assert "--compute-s SECONDS" in result.output and "--comm-s SECONDS" in result.output
+    result = CliRunner().invoke(main, ["demo", "--compute-s", "9.5", "--comm-s", "0.5"])
+    assert result.exit_code == 2  # a 10.5 s step (the low-priority job's) in the default 40 s
+    assert "Invalid value for --compute-s/--comm-s: a step of 10.5 s" in result.output
+    assert "needs a run of at least 42 s" in result.output
+    result = CliRunner().invoke(main, ["demo", "--comm-s", "0"])
+    assert result.exit_code == 2
+    assert "communication per step must be 0.1 to 60 s, not 0" in result.output

@@ -287,6 +287,31 @@ def test_the_default_jobs_split_the_demo_site_and_fit_the_shortest_run():
         default_jobs(top, MIN_DURATION_S - 1)
 
 
+def test_the_jobs_rhythm_is_the_one_asked_for_and_a_step_too_long_is_refused():
+    """--compute-s and --comm-s: each step computes that long (the low-priority job half a
+    second longer, so the two drift) and then waits on communication that long."""
+    top = load_budgets("powerd/data/budgets/demo.toml")
+    high, low = default_jobs(top, 120.0, staged_starts=True, compute_s=9.5, comm_s=0.5)
+    for plan, compute_s in ((high, 9.5), (low, 10.0)):
+        timeline = plan.timeline()
+        steps = [
+            (nxt - at, phase)
+            for (at, phase), (nxt, _) in itertools.pairwise(timeline)
+            if phase in ("compute", "communication")
+        ]
+        waits = [d for d, p in steps if p == "communication"]
+        assert len(waits) >= 9 and waits == pytest.approx([0.5] * len(waits))
+        # every compute but the one cut short by the checkpoint, and the last before the stop
+        computes = [d for d, p in steps if p == "compute"]
+        assert computes.count(pytest.approx(compute_s)) >= len(computes) - 2
+        assert {"startup", "checkpoint", "shutdown"} <= {p for _, p in timeline}
+    with pytest.raises(ValueError, match="needs a run of at least 42 s"):
+        default_jobs(top, 40.0, compute_s=9.5, comm_s=0.5)  # a 10.5 s step: 42 s at least
+    for compute_s, comm_s in ((0.4, 1.5), (3.0, 0.05), (3.0, float("nan")), (601.0, 1.0)):
+        with pytest.raises(ValueError, match="must be"):
+            default_jobs(top, 3600.0, compute_s=compute_s, comm_s=comm_s)
+
+
 def test_throughput_lost_is_split_by_the_cause_the_cycles_recorded():
     """Four samples, two GPUs at half speed in the last three: before the first cycle the
     cause is the failsafe start; after the cycle at 1.5 s GPU 0's cap was cut (capping) and
