@@ -64,6 +64,30 @@ A node's measured power is the measured power of every GPU under it plus its
    job leaving a checkpoint (staged caps) while a low-priority job filled the
    room would stay at its staged caps indefinitely: the node is neither above
    its threshold (capping) nor below its uncapping threshold (uncapping).
+3c. **Levelling within a class, between the bands** (``level_within_class``).
+   Bottom-up, under a node between its (finite) bands, the GPUs of one class
+   held at their caps (rule 3b's test; not cut or shifted this cycle, and
+   counting only GPUs no node between them blocks) move towards one level: the
+   same share ``tau`` of each GPU's range, ``cap_min + tau * (cap_max -
+   cap_min)``, with ``tau`` such that their caps keep their sum. A GPU within
+   ``max(uncap_min_step_w, 1 % of its range)`` of its level does not move; the
+   others move by ``max(uncap_step_fraction * distance, uncap_min_step_w)``,
+   at most the distance, a donor never below how low rule 3 may cut it (its
+   floor; ``cut_fall_w_per_s``). What the receivers gain (and will draw:
+   they are held) is at most what the donors' predicted power loses, so the
+   levelling node's predicted power does not rise; and at most the room of
+   every node between them and the levelling node (``cap_target_w``,
+   ``limit_w`` with every GPU at its cap, and ``ramp_w_per_s * dt_s``, which
+   rule 4 then has that much less of). A GPU moves at most once a cycle, and a
+   donor does not ask in rule 4 that cycle. Why:
+   capping water-fills from the top and uncapping hands back in proportion
+   to each gap, but between the bands nothing moves, so caps set when a
+   node's GPUs were seen at different times stay unequal for as long as the
+   node stays there. A synchronous job runs at its slowest GPU's pace, so
+   watts on its other GPUs are wasted (found by the failover test under load:
+   a new leader's first cycle heard one node late, counted it at its failsafe
+   cap and cut its rack sibling for it; the two nodes of one rack stayed at
+   508 W and 342 W caps).
 4. **Uncapping.** A controllable GPU that is neither in a staged phase nor
    waiting (``communication``: it draws little now and all of a job's GPUs
    rise together when compute resumes, so watts handed back now overshoot the
@@ -205,6 +229,10 @@ class PolicySettings:
     # comes down within the grid's limit; a node over its limit is cut at once whatever
     # this is. inf: every cut at once. controller.grid_smoothing sets it to the share.
     cut_fall_w_per_s: float = float("inf")
+    # Between the bands, move the caps of a class's GPUs held at them towards one share of
+    # their ranges, keeping their sum (rule 3c). Off: caps between the bands stay unequal
+    # when they were cut at different times (one node heard late, say).
+    level_within_class: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.uncap_step_fraction <= 1.0:
@@ -252,6 +280,8 @@ class Decision:
     # room for higher-priority GPUs held at their caps (rule 3b); (n_gpus,) bool: those cut.
     node_shift_w: np.ndarray = field(default_factory=lambda: np.zeros(0))
     shifted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # (n_gpus,) bool: caps lowered to level a class between the bands (rule 3c)
+    levelled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
 def decide(
@@ -305,7 +335,8 @@ def decide(
     node_cut = np.zeros(n_nodes)
     cut_levels = np.zeros(n_gpus, dtype=np.uint8)
     lowest = floor  # how low rules 3 and 3b may cut: only worked out when one may
-    if capping.any() or (settings.priority_shift and pressed.any()):
+    moves_between = settings.priority_shift or settings.level_within_class
+    if capping.any() or (moves_between and pressed.any()):
         lowest = _lowest_cut(tree, node_power, pred, floor, settings.cut_fall_w_per_s * dt_s)
     for lvl in LEVELS_BOTTOM_UP:
         nodes = tree.level_nodes[lvl]
@@ -340,6 +371,27 @@ def decide(
             pressed,
         )
 
+    # 3c. between the bands, level the caps of a class's GPUs held at them
+    levelled = np.zeros(n_gpus, dtype=bool)
+    level_rise = np.zeros(n_nodes)
+    if settings.level_within_class and pressed.any():
+        levelled, level_rise = _level(
+            tree,
+            node_power,
+            node_pred,
+            cap,
+            pred,
+            power,
+            lowest,
+            cap_min,
+            cap_max,
+            priority,
+            ctl,
+            pressed & ~shifted,
+            dt_s,
+            settings,
+        )
+
     # 4. uncapping, ramp-limited at every level, HIGH first
     below = node_power < tree.uncap_threshold_w
     between = np.zeros(n_nodes, dtype=bool)  # between the bands with GPUs held under it
@@ -357,7 +409,7 @@ def decide(
     # under nodes all below their uncapping thresholds every GPU may ask; where some are
     # between their bands, only the GPUs held at their caps
     may_ask = below[server_of] | (room[server_of] & held)
-    asking = ctl & ~staged & ~waiting & ~shifted & may_ask & (cap < cap_max)
+    asking = ctl & ~staged & ~waiting & ~shifted & ~levelled & may_ask & (cap < cap_max)
     if asking.any():
         i = np.flatnonzero(asking)
         gap = cap_max[i] - cap[i]
@@ -374,7 +426,7 @@ def decide(
         if settings.startup_rise_w_per_s > 0:  # what starting GPUs take of it on their own
             starting = (ctl & (phase == _STARTUP_CODE)).astype(float)
             ramp = np.maximum(ramp - settings.startup_rise_w_per_s * tree.node_sum(starting), 0)
-        budget = np.minimum(ramp * dt_s, tree.cap_target_w - drawn)
+        budget = np.minimum(ramp * dt_s - level_rise, tree.cap_target_w - drawn)
         np.minimum(budget, tree.limit_w - node_cap_sum, out=budget)
         budget = np.where(room & (budget > NEGLIGIBLE_W), budget, 0.0)  # NaN (bad tree): none
         server = tree.gpu_ancestor[SERVER][i]
@@ -427,6 +479,7 @@ def decide(
         cut_levels=cut_levels,
         node_shift_w=node_shift,
         shifted=shifted,
+        levelled=levelled,
     )
 
 
@@ -483,9 +536,7 @@ def _shift(
     gaps less what the levels below already took for them. ``pred``/``cap`` of the cut
     GPUs, ``node_pred``, ``node_shift`` and ``shifted`` are updated."""
     n_nodes = len(node_pred)
-    # a node that never uncaps (a non-finite threshold) cannot be unblocked by a shift
-    between = (node_power <= tree.cap_threshold_w) & (node_power >= tree.uncap_threshold_w)
-    between &= np.isfinite(tree.uncap_threshold_w)
+    between = _between_bands(tree, node_power)
     p_idx = np.flatnonzero(pressed)
     taken_below = np.zeros(n_nodes)
     # a held GPU counts for a node only if no node between them blocks its uncapping
@@ -527,6 +578,119 @@ def _shift(
         shifted[idx] = True
         node_shift[nodes] += taken[nodes]
         taken_below += taken
+
+
+def _between_bands(tree: Tree, node_power: np.ndarray) -> np.ndarray:
+    """(n_nodes,) bool: neither capping nor handing back. A node that never uncaps (a
+    non-finite uncapping threshold) is not: a shift or a levelling cannot unblock it."""
+    between: np.ndarray = (node_power <= tree.cap_threshold_w) & (
+        node_power >= tree.uncap_threshold_w
+    )
+    between &= np.isfinite(tree.uncap_threshold_w)
+    return between
+
+
+# Rule 3c: a GPU this close to its class's level (a share of its range) does not move,
+# whatever uncap_min_step_w is, so levelling settles instead of trading watts for ever.
+LEVEL_TOLERANCE_FRACTION = 0.01
+
+
+def _level(
+    tree: Tree,
+    node_power: np.ndarray,
+    node_pred: np.ndarray,
+    cap: np.ndarray,
+    pred: np.ndarray,
+    power: np.ndarray,
+    lowest: np.ndarray,
+    cap_min: np.ndarray,
+    cap_max: np.ndarray,
+    priority: np.ndarray,
+    ctl: np.ndarray,
+    held: np.ndarray,
+    dt_s: float,
+    settings: PolicySettings,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rule 3c, in place on ``cap``, ``pred`` and ``node_pred``: bottom-up, under every node
+    between its bands, the ``held`` GPUs of each class move towards one share of their
+    ranges (see the module docstring). Returns the GPUs whose caps it lowered, and per tree
+    node how much the sum of the caps under it rose (what rule 4's ramp has left less)."""
+    n_nodes, n_gpus = tree.n_nodes, tree.n_gpus
+    risen = np.zeros(n_nodes)  # the sum of the caps under each node, less before
+    cap_sum: np.ndarray | None = None  # ... and with it (worked out when first needed)
+    between = _between_bands(tree, node_power)
+    below = node_power < tree.uncap_threshold_w
+    span = cap_max - cap_min
+    step_min = settings.uncap_min_step_w
+    h_idx = np.flatnonzero(held)
+    clear = np.ones(len(h_idx), dtype=bool)  # no node between it and this level blocks it
+    moved = np.zeros(n_gpus, dtype=bool)
+    lowered = np.zeros(n_gpus, dtype=bool)
+    for lvl in LEVELS_BOTTOM_UP:
+        if lvl != SERVER:
+            clear &= below[tree.gpu_ancestor[lvl + 1][h_idx]]
+        group = tree.gpu_ancestor[lvl]
+        g = h_idx[clear & ~moved[h_idx]]
+        g = g[between[group[g]]]
+        if len(g) < 2:
+            continue
+        seg = group[g] * N_PRIORITIES + priority[g]  # (node, class); dense: no sort
+        n_seg = n_nodes * N_PRIORITIES
+        sum_cap = np.bincount(seg, weights=cap[g] - cap_min[g], minlength=n_seg)
+        tau = _ratio(sum_cap, np.bincount(seg, weights=span[g], minlength=n_seg))
+        distance = cap_min[g] + tau[seg] * span[g] - cap[g]
+        far = np.abs(distance) > np.maximum(step_min, LEVEL_TOLERANCE_FRACTION * span[g])
+        if not far.any():
+            continue
+        step = np.minimum(
+            np.abs(distance), np.maximum(settings.uncap_step_fraction * np.abs(distance), step_min)
+        )
+        step[~far] = 0.0
+        up = np.where(distance > 0, np.minimum(step, cap_max[g] - cap[g]), 0.0)
+        down = np.where(distance < 0, np.clip(np.minimum(step, cap[g] - lowest[g]), 0.0, None), 0.0)
+        if lvl != SERVER:  # every node between a receiver and this level has room for it
+            if cap_sum is None:
+                cap_sum = tree.node_sum(np.where(ctl, cap, power)) + tree.overhead_below_w
+            room = np.minimum.reduce(
+                [
+                    tree.cap_target_w - node_pred,
+                    tree.limit_w - cap_sum,
+                    np.asarray(tree.ramp_w_per_s, dtype=float) * dt_s - np.maximum(risen, 0.0),
+                ]
+            )
+            room = np.nan_to_num(np.maximum(room, 0.0), nan=0.0)
+            for inner in range(lvl + 1, SERVER + 1):
+                node = tree.gpu_ancestor[inner][g]
+                gain = np.bincount(node, weights=up, minlength=n_nodes)
+                up *= _ratio(room[node], gain[node])
+        # donors give no more than receivers can take; receivers take no more than the
+        # donors' predicted power loses (a donor drawing below its cap loses less)
+        gained = np.bincount(seg, weights=up, minlength=n_seg)
+        down *= _ratio(gained, np.bincount(seg, weights=down, minlength=n_seg))[seg]
+        relief = np.maximum(pred[g] - (cap[g] - down), 0.0)
+        up *= _ratio(np.bincount(seg, weights=relief, minlength=n_seg), gained)[seg]
+        changed = (up > 0) | (down > 0)
+        if not changed.any():
+            continue
+        g, up, down = g[changed], up[changed], down[changed]
+        cap[g] += up - down
+        # a receiver is held at its cap: it will draw what it gained
+        new_pred = np.minimum(pred[g], cap[g]) + up
+        node_pred += _sum_up(tree, g, new_pred - pred[g])
+        pred[g] = new_pred
+        cap_change = _sum_up(tree, g, up - down)
+        risen += cap_change
+        if cap_sum is not None:
+            cap_sum += cap_change
+        moved[g] = True
+        lowered[g[down > 0]] = True
+    return lowered, np.maximum(risen, 0.0)
+
+
+def _sum_up(tree: Tree, gpus: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """(n_nodes,) ``values`` of a few ``gpus`` summed under every tree node."""
+    server = tree.gpu_ancestor[SERVER][gpus]
+    return tree.fold_up(np.bincount(server, weights=values, minlength=tree.n_nodes))
 
 
 def _lowest_cut(

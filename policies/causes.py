@@ -13,7 +13,8 @@ is then charged to one cause, so that the causes add up to the loss:
   since what keeps the cap low afterwards is the uncapping ramp that rule
   made necessary:
   - ``capping``: a node above its capping threshold cut it (rule 3 of
-    ``policies.capping``);
+    ``policies.capping``), or a node between its bands levelled it with the
+    other GPUs of its class held at their caps (rule 3c): the budget, shared;
   - ``priority shift``: a node between its bands took its watts for a
     higher-priority GPU (rule 3b);
   - ``staged phase``: its cap was lowered to the staged cap of a job start or
@@ -68,6 +69,8 @@ def cap_causes(
     if not lowered.any():
         return out
     out[lowered & in_codes(phase, _STAGED_CODES)] = STAGED
+    if len(decision.levelled):
+        out[lowered & decision.levelled] = CAPPING
     if len(decision.shifted):
         out[lowered & decision.shifted] = PRIORITY_SHIFT
     if len(decision.cut_levels):

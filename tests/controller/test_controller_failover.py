@@ -189,7 +189,6 @@ async def test_killed_leader_is_replaced_with_a_higher_epoch_and_caps_stay_safe(
             for g in t.gpus:
                 allowed = max(FAILSAFE_CAP_W, commanded.get((t.node, g.index), 0.0))
                 assert g.cap_w <= allowed + 1e-3, (t.node, g.index, g.cap_w, allowed)
-                assert g.cap_w <= FAILSAFE_CAP_W  # here every command capped below it
                 caps[first + g.index] = g.cap_w
             if np.isnan(caps).any():
                 continue  # not every node heard from yet

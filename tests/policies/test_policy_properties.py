@@ -31,6 +31,7 @@ policy_settings = st.builds(
     priority_shift=st.booleans(),
     uncap_between_bands=st.booleans(),
     startup_rise_w_per_s=st.just(0.0) | st.floats(0.0, 500.0),
+    level_within_class=st.booleans(),
 )
 many = settings(max_examples=150, deadline=None)
 
@@ -112,7 +113,7 @@ def test_who_may_be_cut_and_who_may_be_uncapped(seed, policy):
     np.testing.assert_array_equal(d.cap_w[offline], state.cap_w[offline])
     assert not np.any(d.cut_levels[offline])
     # a cut GPU is never taken below its floor (unless its cap already was)
-    cut = d.cut_levels > 0
+    cut = (d.cut_levels > 0) | d.levelled
     assert np.all(d.cap_w[cut] >= np.minimum(floor[cut], state.cap_w[cut]) - TOL_W)
     # only levels above their threshold cut
     for level in range(4):
@@ -129,9 +130,19 @@ def test_who_may_be_cut_and_who_may_be_uncapped(seed, policy):
     between = ~d.node_capping & (tree.node_sum(held.astype(float)) > 0)
     room = below | (policy.uncap_between_bands & between)
     all_room = np.all(room[tree.gpu_ancestor], axis=0)
-    may_rise = (all_below | (all_room & held)) & ~staged & ~waiting & state.controllable
+    may_rise = all_below | (all_room & held)
+    if policy.level_within_class:  # rule 3c: a held GPU levelled by a node between its bands
+        between_bands = ~d.node_capping & ~below & np.isfinite(tree.uncap_threshold_w)
+        clear = np.ones(tree.n_gpus, dtype=bool)  # every node under this level is below
+        for level in range(3, -1, -1):  # server, rack, row, site
+            may_rise |= held & clear & between_bands[tree.gpu_ancestor[level]]
+            clear &= below[tree.gpu_ancestor[level]]
+    may_rise &= ~staged & ~waiting & state.controllable
     rose = d.cap_w > state.cap_w
     assert np.all(may_rise[rose])
+    # levelling lowers only GPUs held at their caps (so never in a staged or waiting phase)
+    assert policy.level_within_class or not d.levelled.any()
+    assert np.all(held[d.levelled])
 
 
 def held_at_cap_here(tree, state, policy, not_free) -> np.ndarray:
