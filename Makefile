@@ -21,7 +21,7 @@ test: deps venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python tests/support/lean_install.py
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 lint: venv
 	$(BIN)/ruff check .

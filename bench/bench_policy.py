@@ -116,6 +116,8 @@ def measure(tree: Tree, state: ClusterState, runs: int, warmup: int = 3) -> dict
         "gpus_cut": int(np.sum(decision.cap_w < cap_before - 1e-9)),
         "gpus_uncapped": int(np.sum(decision.cap_w > cap_before + 1e-9)),
         "clock_locked": int(np.sum(np.isfinite(decision.max_sm_clock_mhz))),
+        "gpus_shifted": int(decision.shifted.sum()),
+        "gpus_levelled": int(decision.levelled.sum()),  # lowered by rule 3c
     }
 
 
