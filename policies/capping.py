@@ -78,8 +78,8 @@ A node's measured power is the measured power of every GPU under it plus its
    levelling node's predicted power does not rise; and at most the room of
    every node between them and the levelling node (``cap_target_w``,
    ``limit_w`` with every GPU at its cap, and ``ramp_w_per_s * dt_s``, which
-   rule 4 then has that much less of). A GPU moves at most once a cycle, and a
-   donor does not ask in rule 4 that cycle. Why:
+   rule 4 then has that much less of). A GPU moves at most once a cycle: one
+   levelled does not ask in rule 4 that cycle. Why:
    capping water-fills from the top and uncapping hands back in proportion
    to each gap, but between the bands nothing moves, so caps set when a
    node's GPUs were seen at different times stay unequal for as long as the
@@ -280,7 +280,7 @@ class Decision:
     # room for higher-priority GPUs held at their caps (rule 3b); (n_gpus,) bool: those cut.
     node_shift_w: np.ndarray = field(default_factory=lambda: np.zeros(0))
     shifted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    # (n_gpus,) bool: caps lowered to level a class between the bands (rule 3c)
+    # (n_gpus,) bool: caps moved (up or down) to level a class between the bands (rule 3c)
     levelled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
@@ -613,7 +613,7 @@ def _level(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rule 3c, in place on ``cap``, ``pred`` and ``node_pred``: bottom-up, under every node
     between its bands, the ``held`` GPUs of each class move towards one share of their
-    ranges (see the module docstring). Returns the GPUs whose caps it lowered, and per tree
+    ranges (see the module docstring). Returns the GPUs whose caps it moved, and per tree
     node how much the sum of the caps under it rose (what rule 4's ramp has left less)."""
     n_nodes, n_gpus = tree.n_nodes, tree.n_gpus
     risen = np.zeros(n_nodes)  # the sum of the caps under each node, less before
@@ -625,7 +625,6 @@ def _level(
     h_idx = np.flatnonzero(held)
     clear = np.ones(len(h_idx), dtype=bool)  # no node between it and this level blocks it
     moved = np.zeros(n_gpus, dtype=bool)
-    lowered = np.zeros(n_gpus, dtype=bool)
     for lvl in LEVELS_BOTTOM_UP:
         if lvl != SERVER:
             clear &= below[tree.gpu_ancestor[lvl + 1][h_idx]]
@@ -683,8 +682,7 @@ def _level(
         if cap_sum is not None:
             cap_sum += cap_change
         moved[g] = True
-        lowered[g[down > 0]] = True
-    return lowered, np.maximum(risen, 0.0)
+    return moved, np.maximum(risen, 0.0)
 
 
 def _sum_up(tree: Tree, gpus: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -120,13 +120,16 @@ def ramp_toward(
     dt_s: float,
     falling_s: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The draw after ``dt_s``: from ``now_w`` towards ``want_w`` (floor already applied)
-    no faster than the rates, falling only after the hysteresis, and never above the cap
-    (a lower cap bites at once). ``falling_s``: how long each GPU has wanted to fall
-    (zeros when None); returned updated, with the draw."""
+    """The draw after ``dt_s``: a lower cap bites at once (from ``min(now_w, cap_w)``), then
+    towards ``want_w`` (floor already applied; never above the cap) no faster than the
+    rates, falling only after the hysteresis. ``falling_s``: how long each GPU has wanted
+    to fall (zeros when None); returned updated, with the draw. ``powerd.gpu.base.
+    smoothed_draw`` is the same rule for one GPU (the simulated GPU's and the fleet's)."""
     if not (math.isfinite(dt_s) and dt_s > 0):
         raise ValueError(f"dt_s must be a positive number, not {dt_s}")
     wanted_for = np.zeros_like(now_w) if falling_s is None else falling_s
+    now_w = np.minimum(now_w, cap_w)
+    want_w = np.minimum(want_w, cap_w)
     wants_down = want_w < now_w
     wanted_for = np.where(wants_down, wanted_for + dt_s, 0.0)
     # of this step, the part past the hysteresis may fall

@@ -61,7 +61,7 @@ from msgspec import UNSET
 
 from policies.tree import RACK
 from powerd.agent.controls import profile_of, smoothing_wire
-from powerd.gpu.base import SmoothingProfile, SmoothingRange
+from powerd.gpu.base import SmoothingProfile, SmoothingRange, smoothed_draw
 from powerd.gpu.clock_table import ClockTable
 from powerd.gpu.errors import GpuValueError
 from powerd.gpu.models import GPU_MODELS
@@ -323,18 +323,10 @@ class FleetModel:
             if ramp is not None:  # smoothing on: as powerd.gpu.simulated moves the draw
                 floor_share, up_w_per_s, down_w_per_s, hysteresis_s = ramp
                 target = max(power, cap * floor_share)  # every fleet GPU runs a job
-                if target > cap:
-                    target = cap
-                was = power_w[g]
-                if was > cap:  # a lower cap bites at once
-                    was = cap
-                if target >= was:
-                    falling[g] = 0.0
-                    power = min(target, was + up_w_per_s * dt_s)
-                else:
-                    wanted_for = falling[g] = falling[g] + dt_s
-                    may_fall_s = min(dt_s, max(0.0, wanted_for - hysteresis_s))
-                    power = max(target, was - down_w_per_s * may_fall_s)
+                power, falling[g] = smoothed_draw(
+                    power_w[g], target, cap, up_w_per_s, down_w_per_s, hysteresis_s,
+                    falling[g], dt_s,
+                )  # fmt: skip
             power_w[g] = power
             used = energy[g] = energy[g] + power * dt_s
             if lock is None:

@@ -53,6 +53,7 @@ from powerd.gpu.base import (
     PowerReading,
     SmoothingProfile,
     SmoothingRange,
+    smoothed_draw,
 )
 from powerd.gpu.clock_table import ClockTable, shipped_clock_table
 from powerd.gpu.errors import GpuError, GpuLostError, GpuValueError
@@ -260,7 +261,7 @@ class SimulatedGpu(Gpu):
             if self.model.has_power_smoothing
             else []
         )
-        self._ramp_down_from: float | None = None  # when the draw first wanted to fall
+        self._falling_s = 0.0  # how long the draw has wanted to fall (smoothing)
         self._fill_w: float | None = None  # the job's busy work (software smoothing)
         self._fill_energy_j = 0.0  # drawn above what the phase alone draws
         self._point = self._operating_point()
@@ -402,7 +403,7 @@ class SimulatedGpu(Gpu):
         if activate:
             self._smoothing_active = profile.preset
             self._smoothing_on = profile.enabled
-        self._ramp_down_from = None
+        self._falling_s = 0.0
         self._update()
 
     # --- what the job does (not NVML: work even on a lost GPU) --------------
@@ -596,16 +597,19 @@ class SimulatedGpu(Gpu):
         return min(power, self._enforced_w())
 
     def _ramped(self, smoothing: SmoothingProfile, target: float, t0: float, t1: float) -> float:
-        """The draw at ``t1``, moved from the draw at ``t0`` towards ``target`` no faster than
-        the ramp rates; it falls only once it has wanted to for the hysteresis."""
-        now_w = self._power
-        if target >= now_w:
-            self._ramp_down_from = None
-            return min(target, now_w + smoothing.ramp_up_w_per_s * (t1 - t0))
-        if self._ramp_down_from is None:
-            self._ramp_down_from = t0
-        start = max(t0, self._ramp_down_from + smoothing.ramp_down_hysteresis_ms / 1000.0)
-        return max(target, now_w - smoothing.ramp_down_w_per_s * max(0.0, t1 - start))
+        """The draw at ``t1``, moved from the draw at ``t0`` towards ``target`` by the
+        smoothing rule (``powerd.gpu.base.smoothed_draw``)."""
+        power, self._falling_s = smoothed_draw(
+            self._power,
+            target,
+            self._enforced_w(),
+            smoothing.ramp_up_w_per_s,
+            smoothing.ramp_down_w_per_s,
+            smoothing.ramp_down_hysteresis_ms / 1000.0,
+            self._falling_s,
+            t1 - t0,
+        )
+        return power
 
     def _update(self) -> None:
         """Recompute the operating point after a change of state (time already advanced).

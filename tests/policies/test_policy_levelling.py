@@ -35,7 +35,7 @@ def test_one_cycle_moves_each_gpu_a_fifth_of_its_way_and_keeps_the_sum():
     # the level is the mean, 425 W; each moves uncap_step_fraction (0.2) of its 83 W
     np.testing.assert_allclose(d.cap_w, [508.0 - 16.6] * 4 + [342.0 + 16.6] * 4)
     assert d.cap_w.sum() == pytest.approx(APART.sum())
-    assert list(d.levelled) == [True] * 4 + [False] * 4  # lowered: the donors
+    assert d.levelled.all()
     assert not d.cut_levels.any() and not d.shifted.any()
     assert d.node_predicted_w[RACK] <= d.node_power_w[RACK] + 1e-9
 
@@ -126,8 +126,13 @@ def test_caps_within_the_tolerance_of_their_level_stay():
     np.testing.assert_allclose(d.cap_w, near)
 
 
-def test_a_donor_is_not_handed_back_what_it_gave_in_the_same_cycle():
+def test_a_levelled_gpu_moves_once_a_cycle():
     tree = rack_tree()
-    d = decide(tree, make_state(tree, APART, APART), 1.0)  # rule 4 on: 50 W to the target
-    np.testing.assert_allclose(d.cap_w[:4], 508.0 - 16.6)
-    assert d.cap_w[4:].sum() == pytest.approx(4 * (342.0 + 16.6) + 50.0)
+    # rule 4 on, 50 W below the target: the levelled GPUs do not ask for it this cycle
+    d = decide(tree, make_state(tree, APART, APART), 1.0)
+    np.testing.assert_allclose(d.cap_w, [508.0 - 16.6] * 4 + [342.0 + 16.6] * 4)
+    # a GPU of the class already at its level is not levelled, and asks
+    cap = np.array([508.0] * 3 + [425.0] + [342.0] * 3 + [425.0])
+    d = decide(tree, make_state(tree, cap, cap), 1.0)
+    assert list(d.levelled) == [True] * 3 + [False] + [True] * 3 + [False]
+    np.testing.assert_allclose(d.cap_w[[3, 7]], 425.0 + 50.0 / 2)  # the rack's 50 W, shared

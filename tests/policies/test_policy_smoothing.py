@@ -59,14 +59,14 @@ def test_the_draw_moves_within_its_rates_and_never_above_its_cap(now, seed, up, 
     ramps = GpuRamps(up, down, floor)
     want = wanted_w(natural, cap, running, ramps)
     drawn, falling = ramp_toward(now_w, want, cap, ramps, dt)
-    assert np.array_equal(falling > 0, want < now_w)
+    start = np.minimum(now_w, cap)  # a lower cap bites at once
+    assert np.array_equal(falling > 0, want < start)
     assert np.all(drawn <= cap + 1e-9)  # a floor is never above the cap
     assert np.all(want <= cap + 1e-9)
     assert np.all(want[running] >= np.minimum(floor * cap[running], cap[running]) - 1e-9)
-    # no faster than the rates, except where a lower cap bites at once
-    assert np.all(drawn <= now_w + up * dt + 1e-9)
-    uncapped = cap >= now_w - down * dt
-    assert np.all(drawn[uncapped] >= now_w[uncapped] - down * dt - 1e-9)
+    # from there, no faster than the rates
+    assert np.all(drawn <= start + up * dt + 1e-9)
+    assert np.all(drawn >= start - down * dt - 1e-9)
     # and it heads for what it wants: never past it
     lo, hi = np.minimum(now_w, want), np.maximum(now_w, want)
     assert np.all((drawn >= np.minimum(lo, cap) - 1e-9) & (drawn <= hi + 1e-9))
