@@ -628,11 +628,16 @@ def _level(
     for lvl in LEVELS_BOTTOM_UP:
         if lvl != SERVER:
             clear &= below[tree.gpu_ancestor[lvl + 1][h_idx]]
+        if not between[tree.level_nodes[lvl]].any():
+            continue
         group = tree.gpu_ancestor[lvl]
         g = h_idx[clear & ~moved[h_idx]]
         g = g[between[group[g]]]
         if len(g) < 2:
             continue
+        share = (cap[g] - cap_min[g]) / np.maximum(span[g], NEGLIGIBLE_W)
+        if share.max() - share.min() <= LEVEL_TOLERANCE_FRACTION:
+            continue  # no GPU can be further than that from its class's level: all settled
         seg = group[g] * N_PRIORITIES + priority[g]  # (node, class); dense: no sort
         n_seg = n_nodes * N_PRIORITIES
         sum_cap = np.bincount(seg, weights=cap[g] - cap_min[g], minlength=n_seg)
