@@ -51,6 +51,15 @@ def test_the_rule_that_lowered_a_cap_is_its_cause_and_a_rise_keeps_it():
     assert list(causes) == [FAILSAFE] * 5  # not changed in place
 
 
+def test_a_cap_lowered_to_level_its_class_is_charged_to_capping():
+    causes = initial_causes(3)
+    # 0: levelled down; 1: levelled up (keeps its cause); 2: untouched
+    d = decision([450, 550, 500], [0, 0, 0], [False, False, False])
+    d.levelled = np.array([True, True, False])
+    out = cap_causes(causes, np.full(3, 500.0), d, np.full(3, COMPUTE, np.int8))
+    assert list(out) == [CAPPING, FAILSAFE, FAILSAFE]
+
+
 def test_held_causes_separate_the_cap_the_ramp_and_the_clock():
     demand = np.array([600.0, 600.0, 600.0, 600.0])
     capped = np.array([600.0, 500.0, 600.0, 500.0])  # min(demand, cap)
