@@ -616,8 +616,10 @@ def _level(
     ranges (see the module docstring). Returns the GPUs whose caps it moved, and per tree
     node how much the sum of the caps under it rose (what rule 4's ramp has left less)."""
     n_nodes, n_gpus = tree.n_nodes, tree.n_gpus
-    risen = np.zeros(n_nodes)  # the sum of the caps under each node, less before
-    cap_sum: np.ndarray | None = None  # ... and with it (worked out when first needed)
+    risen = np.zeros(n_nodes)  # how much the sum of the caps under each node has risen
+    # the sum of the caps under each node (uncontrollable GPUs at their draw) plus its
+    # overheads, kept up to date once a level above the servers first needs it
+    cap_sum: np.ndarray | None = None
     between = _between_bands(tree, node_power)
     below = node_power < tree.uncap_threshold_w
     span = cap_max - cap_min
