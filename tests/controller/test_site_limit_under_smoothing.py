@@ -1,0 +1,92 @@
+"""Demand response under grid smoothing, in a closed loop with no I/O: the controller's own
+pieces (``SiteLimits`` gliding the site's threshold down at the grid's ramp-down,
+``with_site_threshold``, ``decide`` under the grid policy with ``with_cut_fall``) over the
+GPUs' smoothed draw (``policies.smoothing.ramp_toward``, the simulators' rule).
+
+The demo site (256 H100, ``[site.grid]`` 20 kW/s each way over 1 s) runs one synchronous
+job: 8 s of compute at 630 W, then a wait at 150 W, every 10 s. At t = 120 s an operator
+limits the site to 70 % of its capping threshold. While the site glides down, GPUs are cut
+over the lowered budget and, in their waits, fall on their own too: the GPUs' draw must
+still fall no faster than their share of the grid's ramp-down."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from policies import PHASE_CODES, ClusterState, PolicySettings, decide
+from policies.smoothing import gpu_ramps, grid_policy, ramp_toward, wanted_w, with_cut_fall
+from powerd.controller.site_limit import SiteLimits, with_site_threshold
+from powerd.protocol import SiteLimit
+from powerd.topology import load_budgets
+from tests.support.paths import REPO
+
+STEP_S = 0.5
+COMPUTE_W, WAIT_W, PERIOD_S = 630.0, 150.0, 10.0
+LIMIT_AT_S, LIMIT_SHARE, RUN_S = 120.0, 0.7, 300.0
+
+
+def largest_fall_w_per_s(wait_s: float, policy_of) -> tuple[float, float, float]:
+    """The GPUs' largest 1 s fall over the run, their share of the ramp-down, and the site's
+    measured power at the end against the limit."""
+    top = load_budgets(REPO / "powerd" / "data" / "budgets" / "demo.toml")
+    tree, spec = top.tree, top.grid
+    assert spec is not None
+    n = tree.n_gpus
+    ramps = gpu_ramps(spec.ramp_up_w_per_s, spec.ramp_down_w_per_s, None, n,
+                      hysteresis_s=spec.window_s)  # fmt: skip
+    policy = policy_of(ramps.down_w_per_s)
+    limit_w = LIMIT_SHARE * float(tree.cap_threshold_w[0])
+    limits = SiteLimits()
+    limits.take(SiteLimit(v=1, operator="ops", seq=1, ts=LIMIT_AT_S, limit_w=limit_w,
+                          starts_ts=LIMIT_AT_S, expires_ts=10 * RUN_S))  # fmt: skip
+    cap = np.asarray(tree.failsafe_cap_w, dtype=float).copy()
+    drawn, falling = np.full(n, 300.0), np.zeros(n)
+    gpus_w, measured = [], 0.0
+    for k in range(int(RUN_S / STEP_S)):
+        t = k * STEP_S
+        waiting = t % PERIOD_S >= PERIOD_S - wait_s
+        natural = np.full(n, WAIT_W if waiting else COMPUTE_W)
+        want = wanted_w(np.minimum(natural, cap), cap, np.ones(n, dtype=bool), ramps)
+        drawn, falling = ramp_toward(drawn, want, cap, ramps, STEP_S, falling)
+        gpus_w.append(drawn.sum())
+        measured = float(drawn.sum() + tree.overhead_below_w[0])
+        threshold = limits.threshold_w(t, measured, STEP_S, spec.ramp_down_w_per_s)
+        now_tree = tree if threshold is None else with_site_threshold(tree, threshold)
+        phase = PHASE_CODES["communication" if waiting else "compute"]
+        state = ClusterState(
+            power_w=drawn.copy(),
+            cap_w=cap.copy(),
+            priority=np.ones(n, dtype=np.int8),
+            floor_w=np.asarray(tree.cap_min_w, dtype=float).copy(),
+            phase=np.full(n, phase, dtype=np.int8),
+            controllable=np.ones(n, dtype=bool),
+        )
+        cap = decide(now_tree, state, STEP_S, policy).cap_w
+    series = np.array(gpus_w)
+    per_s = round(1.0 / STEP_S)
+    fall = series[:-per_s] - series[per_s:]
+    return float(fall.max()), ramps.down_w_per_s * n, measured - limit_w
+
+
+def controller_policy(down_w_per_s: float) -> PolicySettings:
+    """What ControllerCore.cycle_policy runs under grid smoothing."""
+    return with_cut_fall(grid_policy(PolicySettings()), down_w_per_s)
+
+
+@pytest.mark.parametrize("wait_s", [1.5, 2.0, 3.0])
+def test_a_limit_is_reached_with_the_gpus_falling_no_faster_than_their_share(wait_s):
+    fall, share, over_limit = largest_fall_w_per_s(wait_s, controller_policy)
+    assert fall <= share * (1 + 1e-9), (fall, share)
+    assert over_limit <= 0.0  # and the limit is reached: the site is under it at the end
+
+
+def test_cut_at_once_the_glide_breaks_the_share():
+    # the same run with every cut at once (no cut_fall_w_per_s): the check above can fail
+    def at_once(down_w_per_s: float) -> PolicySettings:
+        return dataclasses.replace(controller_policy(down_w_per_s), cut_fall_w_per_s=np.inf)
+
+    fall, share, _ = largest_fall_w_per_s(2.0, at_once)
+    assert fall > 1.2 * share
