@@ -47,9 +47,14 @@ A node's measured power is the measured power of every GPU under it plus its
    no faster than the grid allows, where at once its GPUs' floors would show
    the whole cut as one step (found by ``bench_tree --grid-smoothing`` on the
    150 MW site: racks pushed across their thresholds by the 80 % floor cut
-   3 kW each at once, 73-208 kW a row in the same second). Above a limit the
-   cut is whole, at once, as without smoothing. Rule 3b's shift keeps to the
-   same bound.
+   3 kW each at once, 73-208 kW a row in the same second). A GPU in a waiting
+   phase (``communication``, ``checkpoint``) is then not cut below what it
+   draws: its smoothing lets its draw fall on its own at that same rate, and
+   a cut would add to the fall (found by
+   ``tests/controller/test_site_limit_under_smoothing.py``: a demand-response
+   glide that began as a job waited fell 35 kW/s against the GPUs' 18 kW/s
+   share). Above a limit the cut is whole, at once, as without smoothing.
+   Rules 3b and 3c keep to the same bounds.
 3b. **Priority shift, between the bands** (``priority_shift``). A GPU is *held*
    when it is controllable, not staged, not waiting, below ``cap_max``, not cut
    this cycle, and draws within ``stage_headroom_fraction`` of its range below
@@ -337,7 +342,8 @@ def decide(
     lowest = floor  # how low rules 3 and 3b may cut: only worked out when one may
     moves_between = settings.priority_shift or settings.level_within_class
     if capping.any() or (moves_between and pressed.any()):
-        lowest = _lowest_cut(tree, node_power, pred, floor, settings.cut_fall_w_per_s * dt_s)
+        fall_w = settings.cut_fall_w_per_s * dt_s
+        lowest = _lowest_cut(tree, node_power, pred, floor, fall_w, waiting)
     for lvl in LEVELS_BOTTOM_UP:
         nodes = tree.level_nodes[lvl]
         over = nodes[capping[nodes]]
@@ -699,18 +705,25 @@ def _sum_up(tree: Tree, gpus: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def _lowest_cut(
-    tree: Tree, node_power: np.ndarray, pred: np.ndarray, floor: np.ndarray, fall_w: float
+    tree: Tree,
+    node_power: np.ndarray,
+    pred: np.ndarray,
+    floor: np.ndarray,
+    fall_w: float,
+    waiting: np.ndarray,
 ) -> np.ndarray:
-    """How low rules 3 and 3b may cut each GPU this cycle: its floor; with a finite
-    ``fall_w`` (``cut_fall_w_per_s × dt_s``), also no lower than ``pred - fall_w``, unless
-    a node over it (its server included) draws above its limit."""
+    """How low rules 3, 3b and 3c may cut each GPU this cycle: its floor; with a finite
+    ``fall_w`` (``cut_fall_w_per_s × dt_s``), also no lower than ``pred - fall_w``, and a
+    ``waiting`` GPU no lower than ``pred`` (it falls on its own), unless a node over it
+    (its server included) draws above its limit."""
     if not np.isfinite(fall_w):
         return floor
     over_limit = node_power > tree.limit_w
     urgent = np.zeros(len(pred), dtype=bool)
     for lvl in LEVELS_BOTTOM_UP:
         urgent |= over_limit[tree.gpu_ancestor[lvl]]
-    lowest: np.ndarray = np.where(urgent, floor, np.maximum(floor, pred - fall_w))
+    glide = np.maximum(floor, pred - np.where(waiting, 0.0, fall_w))
+    lowest: np.ndarray = np.where(urgent, floor, glide)
     return lowest
 
 

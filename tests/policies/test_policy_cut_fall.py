@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import SERVER, PolicySettings, decide
+from policies import PHASE_CODES, SERVER, PolicySettings, decide
 from tests.support.policy_trees import make_state, random_tree_and_state, uniform_tree, with_bands
 
 TOL_W = 1e-6
@@ -52,6 +52,18 @@ def test_over_a_limit_the_cut_is_whole_at_once():
     np.testing.assert_allclose(decide(rack, make_state(rack, 1000.0), 1.0, SLOW).cap_w, 900.0)
 
 
+def test_a_waiting_gpu_is_not_cut_below_its_draw_over_a_budget():
+    """Its smoothing lets it fall on its own at the rate; a cut would add to that fall."""
+    tree = one_server_over_its_threshold()
+    phase = [PHASE_CODES["communication"]] * 2 + [PHASE_CODES["compute"]] * 2
+    d = decide(tree, make_state(tree, 1000.0, phase=phase), 1.0, SLOW)
+    np.testing.assert_allclose(d.cap_w, [1200.0, 1200.0, 950.0, 950.0])  # not cut
+    # over a limit, the waiting GPUs are cut at once with the others
+    over = one_server_over_its_threshold(limit_w=3900.0)
+    d = decide(over, make_state(over, 1000.0, phase=phase), 1.0, SLOW)
+    np.testing.assert_allclose(d.cap_w, 900.0)
+
+
 def test_a_cap_the_gpu_has_not_followed_is_not_cut_again_faster():
     """The fall is from what the GPU is predicted to draw, ``min(power, cap)``: a cap cut last
     cycle that it has not followed yet is where the next cut starts from."""
@@ -89,6 +101,9 @@ def test_no_gpu_under_no_passed_limit_falls_faster_than_the_rate(seed, fall_w_pe
     slow = state.controllable & ~urgent
     least = np.minimum(before, np.maximum(floor, before - fall_w_per_s * dt_s))
     assert np.all(after[slow] >= least[slow] - TOL_W)
+    # a waiting GPU falls on its own: not cut below what it draws
+    waiting = np.isin(state.phase, [PHASE_CODES["communication"], PHASE_CODES["checkpoint"]])
+    assert np.all(after[slow & waiting] >= before[slow & waiting] - TOL_W)
     # a node over its limit still reaches its target whenever its floors allow
     reachable = tree.node_sum(np.where(state.controllable, np.minimum(floor, state.power_w),
                                        state.power_w)) + tree.overhead_below_w  # fmt: skip
