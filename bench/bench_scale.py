@@ -138,7 +138,7 @@ def run_scenario(
 ) -> dict:
     """One scenario; its files (logs, the controller's records) go to a temporary directory,
     or are kept under ``keep``."""
-    with run_dir(f"bench-scale-{s.name}" if keep is None else s.name, keep) as out:
+    with run_dir(s.name, keep, temp_prefix="bench-scale-") as out:
         budgets = budgets_for(s.rows, out)
         broker = Mosquitto(out, extra_config=BROKER_CONFIG)
         broker.start()

@@ -545,7 +545,7 @@ def site_run(
     the leaves' records, the fleets' reports) in a temporary directory, or under ``keep``."""
     scopes = [f"row{k:02d}" for k in range(1, rows + 1)]
     name = f"site{rows}" + ("-grid" if grid_smoothing else "")
-    with run_dir(f"bench-tree-{name}" if keep is None else name, keep) as out:
+    with run_dir(name, keep, temp_prefix="bench-tree-") as out:
         budgets = out / "site.toml"
         budgets.write_text(cut_site(rows=rows, racks_per_row=racks_per_row))
         generate_key_files(out / "leaf")
@@ -623,7 +623,7 @@ def site_run(
     )  # fmt: skip
 
 
-def fleets_smoothing(fleets: dict[str, dict], marks: dict[str, float]) -> dict:
+def fleets_smoothing(fleets: dict[str, dict]) -> dict:
     """The fleets' GPUs under grid smoothing: how fast each fleet's summed draw moved (their
     sum bounds the site's, since each fleet keeps its own rounds), and when every GPU of
     every fleet first held its profile (seconds since the fleets started: each fleet counts
@@ -781,7 +781,7 @@ def site_summary(
         "cpu_share_of_one_core": share,
         "rss_mb": {k: round(v[0], 1) for k, v in mem.items()},
         "grid_smoothing": grid_smoothing,
-        **fleets_smoothing(fleets, marks),
+        **fleets_smoothing(fleets),
         "coordinator": {
             "periods_in_window": len(firsts),
             "grant_interval_s": pct(list(np.diff(firsts))) if len(firsts) > 1 else pct([]),

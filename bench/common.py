@@ -54,11 +54,12 @@ def report(result: dict, json_path: Path | None) -> None:
 
 
 @contextlib.contextmanager
-def run_dir(name: str, keep: Path | None = None) -> Iterator[Path]:
-    """Where one run's files go (logs, records, reports): a temporary directory removed
-    after it, or, with ``keep``, ``keep/<name>`` (made, and left for reading)."""
+def run_dir(name: str, keep: Path | None = None, temp_prefix: str = "") -> Iterator[Path]:
+    """Where one run's files go (logs, records, reports): a temporary directory named
+    ``<temp_prefix><name>-...`` removed after it, or, with ``keep``, ``keep/<name>`` (made,
+    and left for reading)."""
     if keep is None:
-        with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=f"{temp_prefix}{name}-") as tmp:
             yield Path(tmp)
         return
     out = keep / re.sub(r"[^A-Za-z0-9.-]+", "-", name)
