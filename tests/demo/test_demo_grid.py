@@ -68,10 +68,13 @@ def ramps_by_hand(p: np.ndarray, dt: float, window_s: float, up_lim: float, down
     }
 
 
-def share_by_hand(x: np.ndarray, dt: float, lo: float, hi: float) -> float:
-    """Share of the variance in [lo, min(hi, Nyquist)] from an explicit one-sided DFT."""
+def share_by_hand(x: np.ndarray, dt: float, lo: float, hi: float, taper: bool = False) -> float:
+    """Share of the variance in [lo, min(hi, Nyquist)] from an explicit one-sided DFT;
+    ``taper``: of the series, mean taken off, times a periodic Hann window."""
     x = np.asarray(x, float) - np.mean(x)
     n = len(x)
+    if taper:
+        x = x * (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n) / n))
     total = float(np.sum(x**2))
     if total <= 1e-18:
         return 0.0
@@ -106,17 +109,20 @@ def test_the_site_is_measured_against_the_grid_spec_as_recomputed_by_hand():
     assert g["s_outside_ramp_down"] == pytest.approx(want["s_down"]) and want["s_down"] > 0
     assert g["ramp_up_limit_w_per_s"] == 15.0 and g["ramp_down_limit_w_per_s"] == 15.0
 
-    # 0.1 s steps see 0.1-5 Hz of the 0.1-20 Hz band; three 20 s windows
+    # 0.1 s steps see 0.1-5 Hz of the 0.1-20 Hz band; 20 s windows every 10 s, tapered,
+    # each standing for the 10 s around its middle (the first and the last 5 s more)
     assert g["oscillation_band_hz"] == [0.1, 20.0]
     assert g["oscillation_band_seen_hz"] == pytest.approx([0.1, 5.0])
     assert "only 0.1-5 Hz" in g["oscillation_note"]
-    assert g["oscillation_windows"] == 3 and g["oscillation_window_s"] == pytest.approx(20.0)
-    shares = [share_by_hand(p[k * 200 : (k + 1) * 200], DT, 0.1, 20.0) for k in range(3)]
+    assert g["oscillation_windows"] == 5 and g["oscillation_window_s"] == pytest.approx(20.0)
+    shares = [share_by_hand(p[k : k + 200], DT, 0.1, 20.0, taper=True) for k in range(0, 401, 100)]
+    stands_for_s = [15.0, 10.0, 10.0, 10.0, 15.0]
     assert shares[0] == pytest.approx(1.0)  # the swing: all of it at 0.5 Hz
-    assert shares[1] == 0.0  # flat
+    assert shares[2] == 0.0  # flat
     assert g["oscillation_share"] == pytest.approx(share_by_hand(p, DT, 0.1, 20.0))
     assert g["oscillation_share_max"] == pytest.approx(max(shares))
-    assert g["s_outside_oscillation"] == pytest.approx(20.0 * sum(s > 0.2 for s in shares))
+    outside_s = sum(s_for for s, s_for in zip(shares, stands_for_s, strict=True) if s > 0.2)
+    assert g["s_outside_oscillation"] == pytest.approx(outside_s) and outside_s >= 15.0
     assert g["peak_to_peak_max_w"] == pytest.approx(30.0)
 
     summary = summarize(grid_trace(p, SPEC))

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from scipy.signal import get_window
 
 from planner.cli import main
 from planner.mix import parse_mix, place
@@ -62,11 +63,13 @@ def ramps_by_loop(p: np.ndarray, w: int, dt: float) -> tuple[list[float], list[f
     return rises, falls
 
 
-def share_two_sided(x: np.ndarray, dt: float, lo: float, hi: float) -> float:
+def share_two_sided(x: np.ndarray, dt: float, lo: float, hi: float, taper: bool = False) -> float:
     x = x - x.mean()
+    if taper:  # scipy's periodic Hann
+        x = x * get_window("hann", len(x))
     power = np.abs(np.fft.fft(x)) ** 2
     freq = np.abs(np.fft.fftfreq(len(x), dt))
-    total = power[freq > 0].sum()
+    total = power.sum()  # DC: 0 untapered; tapered, leakage of the slowest swings
     return float(power[(freq >= lo) & (freq <= hi)].sum() / total) if total else 0.0
 
 
@@ -92,12 +95,17 @@ def test_the_demo_replay_reports_grid_metrics_that_a_recomputation_confirms():
     assert grid["oscillation_band_hz"] == [0.1, 20.0]
     assert grid["oscillation_band_seen_hz"] == [0.1, 0.5]
     assert "up to 0.5 Hz" in grid["oscillation_note"]
-    shares = [share_two_sided(site[k : k + 60], 1.0, 0.1, 0.5) for k in range(0, 600, 60)]
-    assert grid["oscillation_windows"] == 10
+    # 60 s windows every 30 s, each tapered; each stands for the 30 s around its middle,
+    # the first and the last also for the 15 s before or after
+    starts = range(0, 600 - 60 + 1, 30)
+    shares = [share_two_sided(site[k : k + 60], 1.0, 0.1, 0.5, taper=True) for k in starts]
+    stands_for = [45.0 if k in (0, 540) else 30.0 for k in starts]
+    assert grid["oscillation_windows"] == 19
     assert grid["oscillation_share_max"] == pytest.approx(max(shares))
     assert grid["oscillation_share"] == pytest.approx(share_two_sided(site, 1.0, 0.1, 0.5))
-    assert grid["s_outside_oscillation"] == 60.0 * sum(s > 0.2 for s in shares)
-    p2p = max(site[k : k + 60].max() - site[k : k + 60].min() for k in range(0, 600, 60))
+    outside = sum(s_for for s, s_for in zip(shares, stands_for, strict=True) if s > 0.2)
+    assert grid["s_outside_oscillation"] == pytest.approx(outside) and outside > 0
+    p2p = max(site[k : k + 60].max() - site[k : k + 60].min() for k in starts)
     assert grid["peak_to_peak_max_w"] == pytest.approx(p2p)
     # the three jobs swing the site: it moves, and its swings are in the band
     assert grid["ramp_up_max_w_per_s"] > 0 and grid["oscillation_share"] > 0.01

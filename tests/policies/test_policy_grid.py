@@ -52,6 +52,8 @@ def test_a_1_hz_sine_at_10_hz_sampling_is_all_in_the_band():
     assert "0.1 s steps see up to 5 Hz" in stats.band.note
     assert stats.share_max == pytest.approx(1.0) and stats.s_over == 60.0
     assert stats.peak_to_peak_max_w == pytest.approx(2e5, rel=1e-3)
+    # the taper keeps a steady sine's size: 100 kW of amplitude is 70.7 kW RMS
+    assert stats.band_rms_max_w == pytest.approx(1e5 / math.sqrt(2), rel=1e-3)
 
 
 def test_a_slow_sine_is_not_in_the_band():
@@ -78,15 +80,52 @@ def test_what_one_second_steps_cannot_see():
 
 
 def test_windows_and_seconds_outside():
-    """Two 60 s windows: the first flat, the second a 0.25 Hz swing; one is outside."""
+    """120 s, the first half flat, the second a 0.25 Hz swing. 60 s windows overlap by half:
+    0-60, 30-90, 60-120, standing for 0-45, 45-75 and 75-120 s. The last two are outside."""
     t = np.arange(120.0)
     power = np.where(t < 60, 5e5, 5e5 + 1e4 * np.sin(2 * np.pi * 0.25 * t))
     stats = grid.oscillation_stats(power, 1.0, BAND, 60.0, max_share=0.5)
-    assert stats.n_windows == 2 and stats.window_s == 60.0
-    assert stats.share_max == pytest.approx(1.0) and stats.s_over == 60.0
-    # a series shorter than a window is one window; a last partial window is left out
+    assert stats.n_windows == 3 and stats.window_s == 60.0
+    assert stats.share_max == pytest.approx(1.0) and stats.s_over == 75.0
+    assert grid.window_stretches_s(3, 60, 1.0).tolist() == [45.0, 30.0, 45.0]
+    assert grid.window_stretches_s(1, 60, 1.0).tolist() == [60.0]
+    # a series shorter than a window is one window; what follows the last whole one is left out
     assert grid.oscillation_stats(power[:30], 1.0, BAND, 60.0).n_windows == 1
-    assert grid.oscillation_stats(power[:100], 1.0, BAND, 60.0).n_windows == 1
+    assert grid.oscillation_stats(power[:100], 1.0, BAND, 60.0).n_windows == 2
+    assert grid.windows(power[:100], 1.0, 60.0)[1].tolist() == power[30:90].tolist()
+
+
+def _site_that_steps_down(fall_at_s: float) -> np.ndarray:
+    """10 Hz, 180 s: 170 kW with a 0.3 kW ripple at 0.5 Hz, falling 50 kW at 18 kW/s from
+    ``fall_at_s`` (a job's end, within a 20 kW/s ramp limit)."""
+    t = np.arange(0, 180, 0.1)
+    fall = np.clip((t - fall_at_s) * 18e3, 0.0, 50e3)
+    return 170e3 + 300 * np.sin(2 * np.pi * 0.5 * t) - fall
+
+
+@pytest.mark.parametrize("fall_at_s", [29.0, 56.5, 58.0, 75.0, 88.0])
+def test_one_fall_is_not_an_oscillation_wherever_the_windows_fall(fall_at_s):
+    """A rectangular window reads a fall in its last seconds as a pulse: in non-overlapping
+    untapered windows, this series with the fall at 56.5 s put 57 % of the first window's
+    variance in the band (6.0 kW RMS), at 58 s 76 %, against 20 % and 2 kW allowed, while
+    the same fall at 29 s read 5 %. Tapered and overlapping, no window is outside wherever
+    the fall lies (untapered and overlapping, 4 of these 5 are)."""
+    stats = grid.oscillation_stats(
+        _site_that_steps_down(fall_at_s), 0.1, BAND, 60.0, max_share=0.2, min_rms_w=2e3
+    )
+    assert stats.s_over == 0.0
+    assert stats.peak_to_peak_max_w == pytest.approx(50e3 + 600, rel=0.01)
+
+
+@pytest.mark.parametrize("starts_s", [10.0, 45.0, 50.0, 100.0])
+def test_a_swing_is_caught_wherever_it_lies(starts_s):
+    """20 s of a 0.25 Hz, 10 kW swing on a steady 170 kW, at the edge of a window or across
+    two: some window is outside, and it stands for at least the swing's 20 s."""
+    t = np.arange(0, 180, 0.1)
+    on = (t >= starts_s) & (t < starts_s + 20.0)
+    power = 170e3 + np.where(on, 1e4 * np.sin(2 * np.pi * 0.25 * t), 0.0)
+    stats = grid.oscillation_stats(power, 0.1, BAND, 60.0, max_share=0.2, min_rms_w=2e3)
+    assert stats.share_max > 0.9 and stats.s_over >= 20.0
 
 
 def test_a_floor_and_what_it_costs():
