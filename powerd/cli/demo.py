@@ -67,6 +67,13 @@ from powerd.cli.options import Quantity, old_spelling, record_option, setup_logg
     help="The jobs' rhythm: exposed communication per step, 0.1 to 60 [default: 1.5 s, "
     "compressed: a third of each step waits; a real job waits a small share of its step].",
 )
+@click.option(
+    "--checkpoint-s",
+    "checkpoint_s",
+    type=Quantity("s"),
+    help="How long each job's one checkpoint takes, 0.5 to 600; it begins after half the run "
+    "[default: 3 s, compressed: a real one takes tens of seconds].",
+)
 def command(
     duration_s: float,
     summary_json: Path | None,
@@ -77,6 +84,7 @@ def command(
     smoothing: bool,
     compute_s: float | None,
     comm_s: float | None,
+    checkpoint_s: float | None,
 ) -> None:
     """The whole loop on this machine, no servers: broker, controller, agents, jobs.
 
@@ -97,6 +105,7 @@ def command(
       powerd demo --smoothing --budgets powerd/data/budgets/demo.toml --plot smoothing.png
       powerd demo --record 'influx1+http://localhost:8086?db=powerd'   # then Grafana
       powerd demo --smoothing --duration-s 120 --compute-s 9.5 --comm-s 0.5   # a 10 s step
+      powerd demo --smoothing --duration-s 300 --compute-s 9.5 --comm-s 0.5 --checkpoint-s 30
     """
     from powerd.extras import MissingExtra, require
 
@@ -110,7 +119,7 @@ def command(
     from powerd.demo import MIN_DURATION_S, DemoOptions
     from powerd.demo.console import demo_console, run_in_console
     from powerd.demo.report import print_outcome, save_plot, write_summary_json
-    from powerd.demo.scenario import COMM_S, COMPUTE_S, check_rhythm
+    from powerd.demo.scenario import CHECKPOINT_S, COMM_S, COMPUTE_S, check_rhythm
     from powerd.topology import BudgetError
 
     topology = None
@@ -131,10 +140,12 @@ def command(
         )
     compute_s = COMPUTE_S if compute_s is None else compute_s
     comm_s = COMM_S if comm_s is None else comm_s
+    checkpoint_s = CHECKPOINT_S if checkpoint_s is None else checkpoint_s
     try:
-        check_rhythm(duration_s, compute_s, comm_s)
+        check_rhythm(duration_s, compute_s, comm_s, checkpoint_s)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--compute-s/--comm-s") from None
+        hint = "--checkpoint-s" if str(exc).startswith("a checkpoint") else "--compute-s/--comm-s"
+        raise click.BadParameter(str(exc), param_hint=hint) from None
     setup_logging("error")  # the demo shows what happens itself
     console = demo_console()
     options = DemoOptions(
@@ -145,6 +156,7 @@ def command(
         smoothing=smoothing,
         compute_s=compute_s,
         comm_s=comm_s,
+        checkpoint_s=checkpoint_s,
     )
     try:
         run = run_in_console(options, console, live)

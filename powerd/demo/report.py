@@ -46,6 +46,7 @@ def summary_report(run: DemoRun, options: DemoOptions, plot: Path) -> dict[str, 
         "smoothing": options.smoothing,
         "compute_s": options.compute_s,  # the jobs' rhythm (the low-priority job's is longer)
         "comm_s": options.comm_s,
+        "checkpoint_s": options.checkpoint_s,
     }
     report["plot"] = str(plot.resolve())
     if run.recorded is not None:

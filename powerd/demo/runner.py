@@ -42,7 +42,14 @@ from powerd.controller.app import build_service
 from powerd.controller.config import ControllerConfig
 from powerd.controller.core import CycleResult
 from powerd.controller.service import ControllerService
-from powerd.demo.scenario import COMM_S, COMPUTE_S, JobPlan, TrainingJob, default_jobs
+from powerd.demo.scenario import (
+    CHECKPOINT_S,
+    COMM_S,
+    COMPUTE_S,
+    JobPlan,
+    TrainingJob,
+    default_jobs,
+)
 from powerd.demo.summary import JobRecord, PhaseAccount, RunRecord, Summary, summarize
 from powerd.embedded_broker import EmbeddedBroker
 from powerd.gpu import GpuError
@@ -88,6 +95,7 @@ class DemoOptions:
     # the jobs' rhythm: compute, then exposed communication, per step (scenario.default_jobs)
     compute_s: float = COMPUTE_S
     comm_s: float = COMM_S
+    checkpoint_s: float = CHECKPOINT_S
 
 
 @dataclass
@@ -323,6 +331,7 @@ async def run_demo(
         staged_starts=options.smoothing,
         compute_s=options.compute_s,
         comm_s=options.comm_s,
+        checkpoint_s=options.checkpoint_s,
     )
     gpus_by_node = _all_gpus(topology, options.seed)
     gpus = [g for name in topology.servers for g in gpus_by_node[name]]

@@ -37,6 +37,7 @@ MIN_DURATION_S = 20.0  # what the shortest script needs to show every phase
 COMPUTE_S = 3.0  # the high-priority job's compute per step; the low-priority one's is longer
 LOW_COMPUTE_EXTRA_S = 0.5  # so the two jobs' communication drifts in and out of step
 COMM_S = 1.5  # exposed communication per step
+CHECKPOINT_S = 3.0  # each job's one checkpoint (compressed: a real one takes tens of seconds)
 FILL_DONE_MARGIN_W = 10.0  # a GPU filled to within this of its idle power is done
 RAMP_DOWN_TIMEOUT_S = 30.0  # a job gives up filling down the ramp after this
 
@@ -93,6 +94,7 @@ def default_jobs(
     staged_starts: bool = False,
     compute_s: float = COMPUTE_S,
     comm_s: float = COMM_S,
+    checkpoint_s: float = CHECKPOINT_S,
 ) -> list[JobPlan]:
     """Two jobs: a high-priority one on the first row, a low-priority one on the others.
 
@@ -114,11 +116,13 @@ def default_jobs(
     communication (the low-priority job computes ``LOW_COMPUTE_EXTRA_S`` longer).
     The default is compressed: a third of each step waits. A real job computes for
     seconds to minutes and waits a small share of that (the 150 MW whatif's rhythm:
-    0.5 s in every 10 s, docs/PLANNER.md).
+    0.5 s in every 10 s, docs/PLANNER.md). ``checkpoint_s``: each job's one checkpoint,
+    which begins at the first step boundary after about half the run (the 150 MW
+    whatif's take 30 s).
     """
     if duration_s < MIN_DURATION_S:
         raise ValueError(f"the demo needs at least {MIN_DURATION_S:g} s, not {duration_s:g}")
-    check_rhythm(duration_s, compute_s, comm_s)
+    check_rhythm(duration_s, compute_s, comm_s, checkpoint_s)
     by_rack: dict[str, list[str]] = {}
     for name in topology.servers:
         by_rack.setdefault(topology.parent_of(name) or "", []).append(name)
@@ -144,7 +148,7 @@ def default_jobs(
             compute_s=compute_s,
             comm_s=comm_s,
             checkpoint_after_s=0.50 * d,
-            checkpoint_s=3.0,
+            checkpoint_s=checkpoint_s,
             stop_s=d - 3.5,
         ),
         # The low-priority job starts once its idle racks have had their caps handed
@@ -160,16 +164,19 @@ def default_jobs(
             compute_s=compute_s + LOW_COMPUTE_EXTRA_S,
             comm_s=comm_s,
             checkpoint_after_s=0.45 * d,
-            checkpoint_s=3.0,
+            checkpoint_s=checkpoint_s,
             stop_s=d - 2.0,
         ),
     ]
     return [p for p in plans if p.nodes]
 
 
-def check_rhythm(duration_s: float, compute_s: float, comm_s: float) -> None:
+def check_rhythm(
+    duration_s: float, compute_s: float, comm_s: float, checkpoint_s: float = CHECKPOINT_S
+) -> None:
     """ValueError unless a step (compute, then communication) is within range and the run
-    holds two of the low-priority job's steps: fewer show no rhythm."""
+    holds two of the low-priority job's steps (fewer show no rhythm), and the checkpoint
+    is within range and fits in the second half of the run with a second to come back."""
     if not (math.isfinite(compute_s) and 0.5 <= compute_s <= 600):
         raise ValueError(f"compute per step must be 0.5 to 600 s, not {compute_s:g}")
     if not (math.isfinite(comm_s) and 0.1 <= comm_s <= 60):
@@ -179,6 +186,13 @@ def check_rhythm(duration_s: float, compute_s: float, comm_s: float) -> None:
         raise ValueError(
             f"a step of {step_s:g} s (the low-priority job's) needs a run of at least "
             f"{4 * step_s:g} s to show two before its checkpoint, not {duration_s:g}"
+        )
+    if not (math.isfinite(checkpoint_s) and 0.5 <= checkpoint_s <= 600):
+        raise ValueError(f"a checkpoint must take 0.5 to 600 s, not {checkpoint_s:g}")
+    if checkpoint_s + 1.0 > 0.5 * duration_s - 3.5:
+        raise ValueError(
+            f"a checkpoint of {checkpoint_s:g} s needs a run of at least "
+            f"{2 * (checkpoint_s + 4.5):g} s (it begins after half the run), not {duration_s:g}"
         )
 
 

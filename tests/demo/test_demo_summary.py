@@ -312,6 +312,22 @@ def test_the_jobs_rhythm_is_the_one_asked_for_and_a_step_too_long_is_refused():
             default_jobs(top, 3600.0, compute_s=compute_s, comm_s=comm_s)
 
 
+def test_the_checkpoint_lasts_what_was_asked_in_both_jobs():
+    """--checkpoint-s: each job checkpoints once, that long, then computes again."""
+    top = load_budgets("powerd/data/budgets/demo.toml")
+    plans = default_jobs(top, 300.0, compute_s=9.5, comm_s=0.5, checkpoint_s=30.0)
+    for plan in plans:
+        timeline = plan.timeline()
+        (k,) = [i for i, (_, phase) in enumerate(timeline) if phase == "checkpoint"]
+        assert timeline[k + 1][0] - timeline[k][0] == pytest.approx(30.0)
+        assert timeline[k + 1][1] == "compute" and 135.0 <= timeline[k][0] <= 165.0
+    with pytest.raises(ValueError, match="a checkpoint of 140 s needs a run of at least 289 s"):
+        default_jobs(top, 280.0, checkpoint_s=140.0)
+    for checkpoint_s in (0.4, 601.0, float("nan")):
+        with pytest.raises(ValueError, match=r"a checkpoint must take 0\.5 to 600 s"):
+            default_jobs(top, 3600.0, checkpoint_s=checkpoint_s)
+
+
 def test_throughput_lost_is_split_by_the_cause_the_cycles_recorded():
     """Four samples, two GPUs at half speed in the last three: before the first cycle the
     cause is the failsafe start; after the cycle at 1.5 s GPU 0's cap was cut (capping) and
