@@ -183,12 +183,10 @@ def visible_band(dt_s: float, band_hz: tuple[float, float]) -> Band:
     return Band((lo, hi), seen, nyquist)
 
 
-def oscillation_shares(
-    rows_w: np.ndarray, dt_s: float, band_hz: tuple[float, float], taper: bool = False
-) -> np.ndarray:
+def oscillation_shares(rows_w: np.ndarray, dt_s: float, band_hz: tuple[float, float]) -> np.ndarray:
     """Share of variance in the band for each row of ``rows_w`` (windows × steps): in
     [0, 1]; 0 for a constant row; NaN for every row when none of the band is seen."""
-    return oscillation_bands(rows_w, dt_s, band_hz, taper)[0]
+    return oscillation_bands(rows_w, dt_s, band_hz)[0]
 
 
 def hann(n: int) -> np.ndarray:

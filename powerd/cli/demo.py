@@ -119,7 +119,13 @@ def command(
     from powerd.demo import MIN_DURATION_S, DemoOptions
     from powerd.demo.console import demo_console, run_in_console
     from powerd.demo.report import print_outcome, save_plot, write_summary_json
-    from powerd.demo.scenario import CHECKPOINT_S, COMM_S, COMPUTE_S, check_rhythm
+    from powerd.demo.scenario import (
+        CHECKPOINT_S,
+        COMM_S,
+        COMPUTE_S,
+        check_checkpoint,
+        check_rhythm,
+    )
     from powerd.topology import BudgetError
 
     topology = None
@@ -142,10 +148,13 @@ def command(
     comm_s = COMM_S if comm_s is None else comm_s
     checkpoint_s = CHECKPOINT_S if checkpoint_s is None else checkpoint_s
     try:
-        check_rhythm(duration_s, compute_s, comm_s, checkpoint_s)
+        check_rhythm(duration_s, compute_s, comm_s)
     except ValueError as exc:
-        hint = "--checkpoint-s" if str(exc).startswith("a checkpoint") else "--compute-s/--comm-s"
-        raise click.BadParameter(str(exc), param_hint=hint) from None
+        raise click.BadParameter(str(exc), param_hint="--compute-s/--comm-s") from None
+    try:
+        check_checkpoint(duration_s, compute_s, comm_s, checkpoint_s, staged_starts=smoothing)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--checkpoint-s") from None
     setup_logging("error")  # the demo shows what happens itself
     console = demo_console()
     options = DemoOptions(

@@ -22,6 +22,7 @@ waiting is still two controller cycles, so the controller sees every phase.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -122,7 +123,8 @@ def default_jobs(
     """
     if duration_s < MIN_DURATION_S:
         raise ValueError(f"the demo needs at least {MIN_DURATION_S:g} s, not {duration_s:g}")
-    check_rhythm(duration_s, compute_s, comm_s, checkpoint_s)
+    check_rhythm(duration_s, compute_s, comm_s)
+    check_checkpoint(duration_s, compute_s, comm_s, checkpoint_s, staged_starts)
     by_rack: dict[str, list[str]] = {}
     for name in topology.servers:
         by_rack.setdefault(topology.parent_of(name) or "", []).append(name)
@@ -137,46 +139,53 @@ def default_jobs(
         first_racks, other_racks = rows[0][:half], rows[0][half:]
     first = [n for rack in first_racks for n in by_rack[rack]]
     rest = [n for rack in other_racks for n in by_rack[rack]]
-    d = duration_s
+    high, low = _timings(duration_s, compute_s, comm_s, checkpoint_s, staged_starts)
     plans = [
-        JobPlan(
-            name="llm-high",
-            priority="high",
-            nodes=tuple(first),
-            start_s=1.0,
-            startup_s=2.5,
-            compute_s=compute_s,
-            comm_s=comm_s,
-            checkpoint_after_s=0.50 * d,
-            checkpoint_s=checkpoint_s,
-            stop_s=d - 3.5,
-        ),
-        # The low-priority job starts once its idle racks have had their caps handed
-        # back, and skips the staged start (it announces startup and computes at once,
-        # as a job resumed from an in-memory checkpoint does): its racks and row jump
-        # from idle to full compute under high caps, and the controller must cap them.
-        JobPlan(
-            name="llm-low",
-            priority="low",
-            nodes=tuple(rest),
-            start_s=max(3.0, 0.15 * d),
-            startup_s=2.5 if staged_starts else 0.1,
-            compute_s=compute_s + LOW_COMPUTE_EXTRA_S,
-            comm_s=comm_s,
-            checkpoint_after_s=0.45 * d,
-            checkpoint_s=checkpoint_s,
-            stop_s=d - 2.0,
-        ),
+        dataclasses.replace(high, nodes=tuple(first)),
+        dataclasses.replace(low, nodes=tuple(rest)),
     ]
     return [p for p in plans if p.nodes]
 
 
-def check_rhythm(
-    duration_s: float, compute_s: float, comm_s: float, checkpoint_s: float = CHECKPOINT_S
-) -> None:
+def _timings(
+    duration_s: float, compute_s: float, comm_s: float, checkpoint_s: float, staged_starts: bool
+) -> tuple[JobPlan, JobPlan]:
+    """The two jobs' plans on no nodes yet: when each does what (``default_jobs``)."""
+    d = duration_s
+    high = JobPlan(
+        name="llm-high",
+        priority="high",
+        nodes=(),
+        start_s=1.0,
+        startup_s=2.5,
+        compute_s=compute_s,
+        comm_s=comm_s,
+        checkpoint_after_s=0.50 * d,
+        checkpoint_s=checkpoint_s,
+        stop_s=d - 3.5,
+    )
+    # The low-priority job starts once its idle racks have had their caps handed
+    # back, and skips the staged start (it announces startup and computes at once,
+    # as a job resumed from an in-memory checkpoint does): its racks and row jump
+    # from idle to full compute under high caps, and the controller must cap them.
+    low = JobPlan(
+        name="llm-low",
+        priority="low",
+        nodes=(),
+        start_s=max(3.0, 0.15 * d),
+        startup_s=2.5 if staged_starts else 0.1,
+        compute_s=compute_s + LOW_COMPUTE_EXTRA_S,
+        comm_s=comm_s,
+        checkpoint_after_s=0.45 * d,
+        checkpoint_s=checkpoint_s,
+        stop_s=d - 2.0,
+    )
+    return high, low
+
+
+def check_rhythm(duration_s: float, compute_s: float, comm_s: float) -> None:
     """ValueError unless a step (compute, then communication) is within range and the run
-    holds two of the low-priority job's steps (fewer show no rhythm), and the checkpoint
-    is within range and fits in the second half of the run with a second to come back."""
+    holds two of the low-priority job's steps: fewer show no rhythm."""
     if not (math.isfinite(compute_s) and 0.5 <= compute_s <= 600):
         raise ValueError(f"compute per step must be 0.5 to 600 s, not {compute_s:g}")
     if not (math.isfinite(comm_s) and 0.1 <= comm_s <= 60):
@@ -187,12 +196,30 @@ def check_rhythm(
             f"a step of {step_s:g} s (the low-priority job's) needs a run of at least "
             f"{4 * step_s:g} s to show two before its checkpoint, not {duration_s:g}"
         )
+
+
+def check_checkpoint(
+    duration_s: float,
+    compute_s: float,
+    comm_s: float,
+    checkpoint_s: float,
+    staged_starts: bool = False,
+) -> None:
+    """ValueError unless the checkpoint is within range and both jobs take it: it begins at
+    the first step boundary after about half the run and needs a second of compute after
+    it before the job stops (``JobPlan.timeline``), so where the boundaries fall decides.
+    Call ``check_rhythm`` first."""
     if not (math.isfinite(checkpoint_s) and 0.5 <= checkpoint_s <= 600):
         raise ValueError(f"a checkpoint must take 0.5 to 600 s, not {checkpoint_s:g}")
-    if checkpoint_s + 1.0 > 0.5 * duration_s - 3.5:
+    plans = _timings(duration_s, compute_s, comm_s, checkpoint_s, staged_starts)
+    missed = [p.name for p in plans if "checkpoint" not in {ph for _, ph in p.timeline()}]
+    if missed:
+        # enough whatever the boundaries: the high-priority job's (longest wait to begin)
+        enough_s = 2 * (checkpoint_s + 4.5 + compute_s + comm_s)
         raise ValueError(
-            f"a checkpoint of {checkpoint_s:g} s needs a run of at least "
-            f"{2 * (checkpoint_s + 4.5):g} s (it begins after half the run), not {duration_s:g}"
+            f"a checkpoint of {checkpoint_s:g} s does not fit in {', '.join(missed)} in a "
+            f"{duration_s:g} s run (it begins after half the run and needs a second to come "
+            f"back before the job stops); a run of {math.ceil(enough_s)} s always fits it"
         )
 
 

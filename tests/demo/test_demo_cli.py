@@ -49,14 +49,15 @@ def test_the_jobs_rhythm_is_checked_before_anything_starts():
 
 
 def test_the_checkpoint_s_length_is_checked_before_anything_starts():
-    """--checkpoint-s: within 0.5-600 s, and one that cannot fit in the run's second half
-    with a second to come back is refused, naming the run it needs."""
+    """--checkpoint-s: within 0.5-600 s, and one that a job could not take (it begins after
+    half the run and needs a second to come back) is refused, naming a run that fits it."""
     result = CliRunner().invoke(main, ["demo", "--help"])
     assert "--checkpoint-s SECONDS" in result.output
     result = CliRunner().invoke(main, ["demo", "--checkpoint-s", "30"])
     assert result.exit_code == 2  # the default 40 s run: 30 s do not fit after half of it
     assert "Invalid value for --checkpoint-s: a checkpoint of 30 s" in result.output
-    assert "needs a run of at least 69 s" in result.output
+    assert "does not fit in llm-high, llm-low in a 40 s run" in result.output
+    assert "a run of 78 s always fits it" in result.output
     result = CliRunner().invoke(main, ["demo", "--checkpoint-s", "0.1"])
     assert result.exit_code == 2
     assert "a checkpoint must take 0.5 to 600 s, not 0.1" in result.output

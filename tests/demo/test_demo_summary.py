@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.tree import PHASE_CODES, RACK, ROW, SITE
 from powerd.demo.runner import _AccountedGpu, phase_account
-from powerd.demo.scenario import MIN_DURATION_S, JobPlan, default_jobs
+from powerd.demo.scenario import LOW_COMPUTE_EXTRA_S, MIN_DURATION_S, JobPlan, default_jobs
 from powerd.demo.summary import (
     EXIT_LIMIT_VIOLATED,
     EXIT_OK,
@@ -312,6 +315,37 @@ def test_the_jobs_rhythm_is_the_one_asked_for_and_a_step_too_long_is_refused():
             default_jobs(top, 3600.0, compute_s=compute_s, comm_s=comm_s)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(0.5, 600.0),
+    st.floats(0.1, 60.0),
+    st.floats(0.5, 600.0),
+    st.booleans(),
+    st.floats(0.0, 1.0),
+)
+def test_a_checkpoint_is_taken_by_both_jobs_or_refused(
+    compute_s, comm_s, checkpoint_s, staged, stretch
+):
+    """Whatever the rhythm, the run and where the step boundaries fall: default_jobs either
+    gives both jobs the checkpoint asked for or refuses, and the run the refusal names
+    fits it."""
+    top = load_budgets("powerd/data/budgets/demo.toml")
+    least_s = 4 * (compute_s + LOW_COMPUTE_EXTRA_S + comm_s)  # check_rhythm's
+    duration_s = max(least_s, MIN_DURATION_S) * (1.0 + 2.0 * stretch)
+    if duration_s > 3600:
+        return
+    try:
+        plans = default_jobs(top, duration_s, staged, compute_s, comm_s, checkpoint_s)
+    except ValueError as exc:
+        (enough_s,) = re.findall(r"a run of (\d+) s always fits it", str(exc))
+        duration_s = max(float(enough_s), duration_s)
+        plans = default_jobs(top, duration_s, staged, compute_s, comm_s, checkpoint_s)
+    for plan in plans:
+        timeline = plan.timeline()
+        (k,) = [i for i, (_, phase) in enumerate(timeline) if phase == "checkpoint"]
+        assert timeline[k + 1][0] - timeline[k][0] == pytest.approx(checkpoint_s)
+
+
 def test_the_checkpoint_lasts_what_was_asked_in_both_jobs():
     """--checkpoint-s: each job checkpoints once, that long, then computes again."""
     top = load_budgets("powerd/data/budgets/demo.toml")
@@ -321,7 +355,7 @@ def test_the_checkpoint_lasts_what_was_asked_in_both_jobs():
         (k,) = [i for i, (_, phase) in enumerate(timeline) if phase == "checkpoint"]
         assert timeline[k + 1][0] - timeline[k][0] == pytest.approx(30.0)
         assert timeline[k + 1][1] == "compute" and 135.0 <= timeline[k][0] <= 165.0
-    with pytest.raises(ValueError, match="a checkpoint of 140 s needs a run of at least 289 s"):
+    with pytest.raises(ValueError, match="140 s does not fit in llm-high in a 280 s run"):
         default_jobs(top, 280.0, checkpoint_s=140.0)
     for checkpoint_s in (0.4, 601.0, float("nan")):
         with pytest.raises(ValueError, match=r"a checkpoint must take 0\.5 to 600 s"):
