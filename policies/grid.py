@@ -248,10 +248,14 @@ def windows(power_w: np.ndarray, dt_s: float, window_s: float) -> np.ndarray:
     w = min(window_steps(dt_s, window_s, least=2), len(p))
     if w == 0:
         return np.zeros((0, 0))
-    hop = max(w // 2, 1)
-    starts = np.arange(0, len(p) - w + 1, hop)
+    starts = np.arange(0, len(p) - w + 1, _window_hop(w))
     rows: np.ndarray = p[starts[:, None] + np.arange(w)[None, :]]
     return rows
+
+
+def _window_hop(window_steps_n: int) -> int:
+    """Steps from one oscillation window's start to the next's: half a window."""
+    return max(window_steps_n // 2, 1)
 
 
 def window_stretches_s(n_windows: int, window_steps_n: int, dt_s: float) -> np.ndarray:
@@ -260,7 +264,7 @@ def window_stretches_s(n_windows: int, window_steps_n: int, dt_s: float) -> np.n
     measured (one window: all of it)."""
     if n_windows == 0:
         return np.zeros(0)
-    hop = max(window_steps_n // 2, 1)
+    hop = _window_hop(window_steps_n)
     out = np.full(n_windows, hop * dt_s)
     edge_s = (window_steps_n - hop) * dt_s / 2.0
     out[0] += edge_s

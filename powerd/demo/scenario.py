@@ -39,6 +39,7 @@ COMPUTE_S = 3.0  # the high-priority job's compute per step; the low-priority on
 LOW_COMPUTE_EXTRA_S = 0.5  # so the two jobs' communication drifts in and out of step
 COMM_S = 1.5  # exposed communication per step
 CHECKPOINT_S = 3.0  # each job's one checkpoint (compressed: a real one takes tens of seconds)
+COME_BACK_S = 1.0  # compute a job needs after its checkpoint before it stops, or it skips it
 FILL_DONE_MARGIN_W = 10.0  # a GPU filled to within this of its idle power is done
 RAMP_DOWN_TIMEOUT_S = 30.0  # a job gives up filling down the ramp after this
 
@@ -74,7 +75,7 @@ class JobPlan:
             t = comm_at + self.comm_s
             out.append((t, "compute"))
             if not checkpointed and t >= self.checkpoint_after_s:
-                if t + self.checkpoint_s + 1.0 > self.stop_s:  # no time to come back
+                if t + self.checkpoint_s + COME_BACK_S > self.stop_s:  # no time to come back
                     break
                 out.append((t, "checkpoint"))
                 t += self.checkpoint_s
@@ -214,8 +215,13 @@ def check_checkpoint(
     plans = _timings(duration_s, compute_s, comm_s, checkpoint_s, staged_starts)
     missed = [p.name for p in plans if "checkpoint" not in {ph for _, ph in p.timeline()}]
     if missed:
-        # enough whatever the boundaries: the high-priority job's (longest wait to begin)
-        enough_s = 2 * (checkpoint_s + 4.5 + compute_s + comm_s)
+        # enough whatever the boundaries, from the high-priority job's plan (the later
+        # checkpoint and the earlier stop): it begins within a step after its share of the
+        # run, and the second back and the time left after its stop are what it needs more
+        high = plans[0]
+        after_share = high.checkpoint_after_s / duration_s
+        needed_s = checkpoint_s + COME_BACK_S + (duration_s - high.stop_s) + compute_s + comm_s
+        enough_s = needed_s / (1.0 - after_share)
         raise ValueError(
             f"a checkpoint of {checkpoint_s:g} s does not fit in {', '.join(missed)} in a "
             f"{duration_s:g} s run (it begins after half the run and needs a second to come "
