@@ -376,9 +376,12 @@ async def run_demo(
         def on_phase(plan: JobPlan, at: float, phase: str) -> None:
             state.events.append(f"{at:5.1f} s  {plan.name} ({plan.priority}): {phase}")
 
-        # the jobs' fill followers subscribe before their reporters connect: amqtt 0.12
-        # iterates its subscriptions while a client connects, and a SUBSCRIBE that adds a
-        # topic at that moment ends that connection ("dictionary changed size")
+        # the jobs' fill followers are subscribed before their jobs start, so that none
+        # misses its first fill targets. (This order also kept clear of an amqtt 0.12 race:
+        # replaying retained messages on CONNECT, it walked every subscription of the
+        # broker, awaiting, and a SUBSCRIBE adding a topic meanwhile ended the connection,
+        # "dictionary changed size". powerd.embedded_broker now replays a session's own
+        # subscriptions only, so a clean session's CONNECT no longer awaits in that walk.)
         fills = {p.name: _fill_follower(p, broker.url, options, gpus_by_node) for p in plans}
         await _subscribed([f for f in fills.values() if f is not None])
         for plan in plans:
