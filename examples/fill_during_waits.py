@@ -50,9 +50,18 @@ class DutyCycleFiller:
     "The job's busy work on a real GPU").
 
     Every ``period_s``: run the kernel for ``share × period_s``, rest for the rest,
-    then read the power and move the share by ``gain × (target − power)`` (a
-    proportional controller on the duty cycle; clipped to 0..1). A target of 0 (or
-    below the GPU's own draw) runs nothing.
+    then read the power; on a *new* reading, move the share by ``gain × (target −
+    power)`` (an integral controller on the duty cycle; clipped to 0..1). A target of 0
+    (or below the GPU's own draw) runs nothing.
+
+    A reading is new when it differs from the last one acted on, or ``reading_every_s``
+    after it: NVML refreshes the instantaneous power about every 0.1 s (an H100: median
+    0.101 s between changes, bench/results/nvml_h100_trace_1.csv), ten of these periods.
+    The filler first moved the share every period, so it took one stale error ten times
+    over: the loop overshot and swung a few times a second (around a 400 W target,
+    ±134-185 W on an H100 and up to ±163 W on an H200, its mean on target; at a job's end
+    the fill down swung 130-500 W, the last seconds outside a 300 W/s ramp in
+    ``bench_smooth_loop``). ``gain_per_w`` is per reading.
 
     A target that jumps up by ``JUMP_W`` or more (a wait begins: the job's compute
     stops and the filler must take over at once) starts the share at its estimate,
@@ -72,14 +81,18 @@ class DutyCycleFiller:
         read_power_w: Callable[[], float],
         sleep: Callable[[float], None] = time.sleep,
         period_s: float = 0.01,
-        gain_per_w: float = 0.0004,
+        gain_per_w: float = 0.001,
+        reading_every_s: float = 0.1,
     ) -> None:
         self.run_kernel, self.read_power_w, self.sleep = run_kernel, read_power_w, sleep
         self.period_s, self.gain_per_w = period_s, gain_per_w
+        self.reading_every_s = reading_every_s
         self.target_w = 0.0
         self.share = 0.0
         self.low_w: float | None = None  # the lowest and highest draws read
         self.high_w: float | None = None
+        self._acted_on_w: float | None = None  # the last reading the share moved on
+        self._since_acted_s = 0.0
 
     def set_target(self, watts: float) -> None:
         target_w = max(0.0, float(watts))
@@ -103,11 +116,15 @@ class DutyCycleFiller:
         power_w = self.read_power_w()
         self.low_w = power_w if self.low_w is None else min(self.low_w, power_w)
         self.high_w = power_w if self.high_w is None else max(self.high_w, power_w)
-        error_w = self.target_w - power_w
+        self._since_acted_s += self.period_s
         if self.target_w <= 0:
             self.share = 0.0
-        else:
-            self.share = min(1.0, max(0.0, self.share + self.gain_per_w * error_w))
+            return
+        if power_w == self._acted_on_w and self._since_acted_s < self.reading_every_s:
+            return  # the same reading: its error has moved the share already
+        self._acted_on_w, self._since_acted_s = power_w, 0.0
+        error_w = self.target_w - power_w
+        self.share = min(1.0, max(0.0, self.share + self.gain_per_w * error_w))
 
 
 def cuda_kernel(index: int) -> Callable[[float], None]:  # pragma: no cover - needs a GPU

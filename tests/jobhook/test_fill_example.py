@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import statistics
 
 import pytest
 
@@ -20,12 +21,25 @@ def example():
 
 
 class ModelGpu:
-    """Power follows the busy share of the last period: idle + share × (full - idle)."""
+    """Power follows the busy share of the last period: idle + share × (full - idle).
 
-    def __init__(self, idle_w: float = 100.0, full_w: float = 650.0, period_s: float = 0.05):
+    Its reading is the mean draw of the last ``refresh_periods`` periods, held until the
+    next refresh (NVML refreshes the instantaneous power about every 0.1 s); 1: every
+    period's own draw."""
+
+    def __init__(
+        self,
+        idle_w: float = 100.0,
+        full_w: float = 650.0,
+        period_s: float = 0.05,
+        refresh_periods: int = 1,
+    ):
         self.idle_w, self.full_w, self.period_s = idle_w, full_w, period_s
+        self.refresh_periods = refresh_periods
         self.busy_s = 0.0
         self.compute_w = 0.0  # the job's own work, beside the filler's
+        self.drawn_w: list[float] = []  # every period's draw
+        self.reading_w = idle_w
 
     def run(self, seconds: float) -> None:
         self.busy_s = seconds
@@ -37,7 +51,11 @@ class ModelGpu:
     def power_w(self) -> float:
         share = min(1.0, self.busy_s / self.period_s)
         self.busy_s = 0.0
-        return max(self.compute_w, self.idle_w + share * (self.full_w - self.idle_w))
+        drawn = max(self.compute_w, self.idle_w + share * (self.full_w - self.idle_w))
+        self.drawn_w.append(drawn)
+        if len(self.drawn_w) % self.refresh_periods == 0:
+            self.reading_w = statistics.fmean(self.drawn_w[-self.refresh_periods :])
+        return self.reading_w
 
 
 @pytest.mark.parametrize("target_w", [250.0, 400.0, 600.0])
@@ -52,6 +70,23 @@ def test_the_filler_settles_at_the_target(target_w):
         seen.append(gpu.idle_w + filler.share * (gpu.full_w - gpu.idle_w))
     assert seen[-1] == pytest.approx(target_w, abs=5.0)
     assert max(seen) <= gpu.full_w
+
+
+@pytest.mark.parametrize("target_w", [250.0, 400.0, 600.0])
+def test_a_reading_refreshed_every_tenth_period_holds_the_draw_steady(target_w):
+    """NVML refreshes its instantaneous power about every 0.1 s, ten of the filler's
+    periods. Moving the share on every period took each stale reading ten times over, and
+    the draw swung around the target (±134-185 W at 400 W on an H100, bench/RESULTS.md):
+    the filler moves the share once per new reading."""
+    gpu = ModelGpu(period_s=0.01, refresh_periods=10)
+    filler = example().DutyCycleFiller(gpu.run, gpu.power_w, sleep=gpu.rest)
+    filler.set_target(target_w)
+    for _ in range(800):  # 8 s
+        filler.step()
+    # the last 2 s, as 0.1 s means of the draw (what the reading shows)
+    tenths = [statistics.fmean(gpu.drawn_w[k : k + 10]) for k in range(600, 800, 10)]
+    assert statistics.fmean(tenths) == pytest.approx(target_w, rel=0.03)
+    assert statistics.pstdev(tenths) < 0.05 * target_w  # steady, not swinging
 
 
 def test_a_target_below_the_draw_or_zero_runs_nothing():
