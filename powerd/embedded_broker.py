@@ -23,7 +23,7 @@ def free_local_port() -> int:
 class _RetainedToOwnSubscriptions(Broker):
     """amqtt's broker, sending a client the retained messages of its own subscriptions only.
 
-    On every CONNECT, amqtt 0.12 replays to the connecting client the retained messages
+    On every CONNECT, amqtt 0.11 and 0.12 replay to the connecting client the retained messages
     matching *every* topic filter any client of the broker subscribes to (the loop added
     for persistent sessions by Yakifo/amqtt#248 walks the broker's subscriptions, not the
     session's). MQTT 3.1.1 (3.3.1.3) delivers a retained message to "future subscribers
