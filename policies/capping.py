@@ -102,8 +102,10 @@ A node's measured power is the measured power of every GPU under it plus its
    ``gap = cap_max - cap``. Every node grants at most
    ``min(ramp_w_per_s * dt_s, cap_target_w - predicted)`` in total (0 if it
    is not below its uncapping threshold; ``ramp_w_per_s`` less
-   ``startup_rise_w_per_s`` for every controllable GPU in ``startup`` under
-   it, which rises on its own under software grid smoothing, never below 0):
+   ``startup_rise_w_per_s`` for every controllable GPU in a staged phase under
+   it, which rises on its own under software grid smoothing: a start fills up
+   to its caps, and a checkpoint ends filling back up to them before compute
+   resumes, ``powerd.jobhook.FillFollower``; never below 0):
    the ramp limit, and the headroom
    that keeps a node from being uncapped into capping again (that assumes
    every granted watt is drawn, so it is conservative). It also grants at
@@ -179,7 +181,6 @@ _STAGED_CODES = phase_codes(STAGED_PHASES)
 _WAITING_CODES = phase_codes(WAITING_PHASES)
 _COMM_CODE = PHASE_CODES["communication"]
 _IDLE_CODE = PHASE_CODES["idle"]
-_STARTUP_CODE = PHASE_CODES["startup"]
 # Needs below this are rounding, not overload (a site sums ~1e8 W: ~1e-8 W of float noise).
 NEGLIGIBLE_W = 1e-7
 
@@ -224,10 +225,12 @@ class PolicySettings:
     # there with its jobs held (found by `powerplan evaluate` on the 150 MW site: 129 MW of
     # a 149 MW demand, 21 MW of the feed unused, 6 % of the throughput lost).
     uncap_between_bands: bool = True
-    # W/s each controllable GPU in `startup` may rise by on its own (software grid
-    # smoothing: the job fills up at its GPUs' ramp-up share while it starts): every node's
-    # uncapping ramp is less that for each such GPU under it, so a start and the caps
-    # handed back elsewhere share one ramp. controller.grid_smoothing sets it to the share.
+    # W/s each controllable GPU in a staged phase (`startup`, `checkpoint`) may rise by on
+    # its own (software grid smoothing: the job fills up at its GPUs' ramp-up share while it
+    # starts, and fills back up before it resumes from a checkpoint): every node's uncapping
+    # ramp is less that for each such GPU under it, so a start or a checkpoint's end and the
+    # caps handed back elsewhere share one ramp. controller.grid_smoothing sets it to the
+    # share. (Named for the start, which it first covered; the name stays for the configs.)
     startup_rise_w_per_s: float = 0.0
     # W/s a GPU's cap may be cut by where no node over it draws above its limit (rule 3):
     # under grid smoothing its share of the grid's ramp-down, so capping over a budget
@@ -429,9 +432,9 @@ def decide(
             at_caps = np.where(phase == _IDLE_CODE, power, held)
             drawn = tree.node_sum(at_caps) + overhead
         ramp = np.asarray(tree.ramp_w_per_s, dtype=float)
-        if settings.startup_rise_w_per_s > 0:  # what starting GPUs take of it on their own
-            starting = (ctl & (phase == _STARTUP_CODE)).astype(float)
-            ramp = np.maximum(ramp - settings.startup_rise_w_per_s * tree.node_sum(starting), 0)
+        if settings.startup_rise_w_per_s > 0:  # what staged GPUs take of it on their own
+            rising = staged.astype(float)
+            ramp = np.maximum(ramp - settings.startup_rise_w_per_s * tree.node_sum(rising), 0)
         budget = np.minimum(ramp * dt_s - level_rise, tree.cap_target_w - drawn)
         np.minimum(budget, tree.limit_w - node_cap_sum, out=budget)
         budget = np.where(room & (budget > NEGLIGIBLE_W), budget, 0.0)  # NaN (bad tree): none

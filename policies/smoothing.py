@@ -15,7 +15,10 @@ starts to fall only once it has wanted to for that long. So a wait shorter
 than the window is held whole, and after a longer one the draw has fallen by
 at most ``r_down × (wait - window)``, which compute, resuming at once, climbs
 back within the window when the wait lasts under two windows and the rates
-are equal (the rise a resumption makes is not the GPU's to slow).
+are equal (the rise a resumption makes is not the GPU's to slow). After a
+longer wait a job smoothed in software fills its GPUs back up at ``r_up``
+before it resumes, and a checkpoint's GPUs are counted as rising on their
+own (rule 4 of ``policies/capping.py``); hardware ramps the rise itself.
 
 ``margin`` (default 0.9) keeps a tenth of the limit for what the model leaves
 out: the noise of the draw, the hosts' own swings, and a cap cut, which bites

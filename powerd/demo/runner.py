@@ -664,6 +664,7 @@ def _trace(
                 nodes=len(job.plan.nodes),
                 gpus=len(job.gpus),
                 phases=list(job.phases),
+                rise_first_s=job.rise_first_s,
             )
             for job in jobs
         ],

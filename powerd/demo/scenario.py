@@ -42,6 +42,7 @@ CHECKPOINT_S = 3.0  # each job's one checkpoint (compressed: a real one takes te
 COME_BACK_S = 1.0  # compute a job needs after its checkpoint before it stops, or it skips it
 FILL_DONE_MARGIN_W = 10.0  # a GPU filled to within this of its idle power is done
 RAMP_DOWN_TIMEOUT_S = 30.0  # a job gives up filling down the ramp after this
+RISE_TIMEOUT_S = 30.0  # a job gives up filling back up after a long wait after this
 
 log = logging.getLogger("powerd.demo")
 
@@ -252,6 +253,7 @@ class TrainingJob:
         self.clock = clock
         self.on_phase = on_phase
         self.phases: list[tuple[float, str]] = []  # (at, phase) as it happened
+        self.rise_first_s = 0.0  # spent filling back up after long waits, before compute
 
     @property
     def phase(self) -> str | None:
@@ -262,6 +264,8 @@ class TrainingJob:
         try:
             for at, phase in plan.timeline():
                 await asyncio.sleep(max(0.0, self.t0 + at - self.clock()))
+                if self.phase in WAITING_PHASES and phase not in (*WAITING_PHASES, "shutdown"):
+                    await self._rise_first()  # a job that stops does not fill back up
                 if phase == "startup":
                     reporter.startup(nodes=plan.nodes, expected_s=plan.startup_s)
                 elif phase == "communication":
@@ -295,6 +299,19 @@ class TrainingJob:
             self.fill.waiting()
         else:
             self.fill.working()
+
+    async def _rise_first(self) -> None:
+        """After a long wait, fill the GPUs back up at the ramp-up rate before computing
+        (``FillFollower.must_rise_first``), still announced as the wait: compute resumed at
+        once would step them up by more than their share of a window's rise. The time it
+        takes comes out of the compute that follows."""
+        if self.fill is None or not self.fill.must_rise_first():
+            return
+        self.fill.starting()
+        started = self.clock()
+        if not await asyncio.to_thread(self.fill.wait_risen, RISE_TIMEOUT_S):
+            log.warning("%s: the fill did not rise in %g s", self.plan.name, RISE_TIMEOUT_S)
+        self.rise_first_s += self.clock() - started
 
     async def _ramp_down(self) -> None:
         """Keep filling down the agents' ramp until every GPU is back near its idle power."""

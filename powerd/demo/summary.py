@@ -97,6 +97,10 @@ class JobRecord:
     nodes: int
     gpus: int
     phases: list[tuple[float, str]]  # (seconds since the start, phase), in order
+    # seconds its compute waited, after long waits, for its GPUs to fill back up (software
+    # grid smoothing: FillFollower.must_rise_first); not in throughput_rel, which counts
+    # progress phases only
+    rise_first_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -443,6 +447,7 @@ def _jobs(
             "progress_gpu_s": gpu_s,
             "mean_cap_in_compute_w": float(caps.mean()) if len(caps) else None,
             "phases": [[round(at, 2), phase] for at, phase in job.phases],
+            "rise_first_s": job.rise_first_s,
         }
     lost_site = {
         c: float(v) / time_all if time_all else 0.0

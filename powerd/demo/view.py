@@ -391,7 +391,7 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
         + ("n/a" if j["throughput_rel"] is None else f"{j['throughput_rel']:.3f}")
         for name, j in s.jobs.items()
     )
-    table.add_row("throughput vs uncapped", f"{thr} ({per_job})")
+    table.add_row("throughput vs uncapped", f"{thr} ({per_job})" + rise_first_note(s))
     table.add_row("held below full speed", held_line(s))
     c = s.commands
     table.add_row(
@@ -417,6 +417,18 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
     if plot_path:
         table.add_row("plot", plot_path)
     console.print(table)
+
+
+def rise_first_note(summary: Summary) -> str:
+    """'; compute waited 2.9 s to fill back up after long waits (llm-high 1.5 s, ...)': time
+    out of the jobs' compute that throughput vs uncapped, over progress phases, leaves out."""
+    waited = {name: j.get("rise_first_s", 0.0) for name, j in summary.jobs.items()}
+    if not any(v > 0 for v in waited.values()):
+        return ""
+    each = ", ".join(f"{name} {v:.1f} s" for name, v in waited.items())
+    return (
+        f"; compute waited {sum(waited.values()):.1f} s to fill back up after long waits ({each})"
+    )
 
 
 def held_line(summary: Summary) -> str:

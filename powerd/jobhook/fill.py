@@ -14,6 +14,9 @@ tells it when it waits and works, because only the job knows:
     follower.start()
     follower.starting()      # loading the model: raise the draw slowly to the cap
     follower.waiting()       # a collective, a checkpoint: hold the draw, let it fall slowly
+    if follower.must_rise_first():   # a long wait: its draw fell further than a window's rise
+        follower.starting()          # fill back up at the ramp-up rate, still announced
+        follower.wait_risen(timeout_s=60.0)   # as the wait, then resume
     follower.working()       # compute again: nothing to fill above the floor
     follower.stopping()      # the last step is done: fall slowly at once, no floor
     follower.wait_ramped(done_w=100.0, timeout_s=120.0)   # fill down the ramp, then exit
@@ -28,7 +31,17 @@ cap; working, its floor; waiting since ``t_w``, ``max(floor, H - ramp_down ×
 max(0, t - t_w - hysteresis))``; stopping since ``t_e``, ``max(0, H - ramp_down
 × (t - t_e))``: no floor, and no hysteresis, which only guards against a
 wait ending at once (a job that stops will not resume, and only the job knows
-it). When no request has come for ``stale_after_s`` (the agent stopped,
+it). Compute that resumes steps each GPU at once from its target up to where compute
+puts it, ``min(cap, the draw last sampled at work)``: after a wait shorter than two
+hysteresis windows that is what its fall took within the last window, but after a long
+one (a checkpoint: its draw fell to the checkpoint's, and an H100's staged cap cannot go
+below 200 W) more than the GPU's share of one window's rise (``ramp_up × hysteresis``),
+which no cap can slow. ``must_rise_first()`` says so, and the job then fills back up
+first, at the ramp-up rate (``starting()``, ``wait_risen()``), before it computes. The
+controller counts a GPU in a staged phase (``startup``, ``checkpoint``) as rising on its
+own at its share (rule 4 of ``policies/capping.py``), so a job that announces its
+checkpoint until it has filled back up shares the site's ramp with the caps handed back
+elsewhere. When no request has come for ``stale_after_s`` (the agent stopped,
 switched smoothing off or lost the broker), the follower lets the draw fall
 from where it was, after what is left of the hysteresis, at the last rate and
 without the floor, rather than fill for ever on an order nobody repeats. The callback,
@@ -68,6 +81,11 @@ log = logging.getLogger("powerd.jobhook")
 OnFill = Callable[[str, dict[int, float]], None]  # (node, {gpu index: watts to hold})
 
 
+# A target this close under where compute will put its GPU has risen (float rounding, and
+# the few watts the last refresh left).
+RISEN_WITHIN_W = 1.0
+
+
 class _Gpu:
     """One GPU's newest sample and the profile it came with."""
 
@@ -85,6 +103,11 @@ class _Gpu:
     def __init__(self) -> None:
         self.power_w = self.worked_w = self.held_w = self.floor_w = self.cap_w = 0.0
         self.rate_w_per_s = self.up_w_per_s = self.hysteresis_s = 0.0
+
+
+def _resume_w(g: _Gpu) -> float:
+    """Where compute puts a GPU when it resumes: its cap, or its draw at work if lower."""
+    return min(g.cap_w, g.worked_w)
 
 
 class FillFollower:
@@ -175,6 +198,42 @@ class FillFollower:
         with self._cond:
             return self._targets(node, self._clock())
 
+    def must_rise_first(self) -> bool:
+        """Whether compute resumed now would step some GPU up at once by more than its share
+        of one window's rise (``ramp_up × hysteresis``): then fill back up first
+        (``starting()``, then ``wait_risen()``). False while the job works, starts or stops,
+        and when no request came or the requests went stale (nothing is smoothed)."""
+        with self._cond:
+            now = self._clock()
+            if self._state != "waiting" or self._last_request_s is None or self._stale(now):
+                return False
+            for node, gpus in self._gpus.items():
+                targets = self._targets(node, now)
+                for index, g in gpus.items():
+                    if _resume_w(g) - targets[index] > g.up_w_per_s * g.hysteresis_s:
+                        return True
+            return False
+
+    def wait_risen(self, timeout_s: float) -> bool:
+        """Wait until every GPU's target has reached where compute will put it (its cap, or
+        the draw last sampled at work if lower); False on timeout. True at once when no
+        request came, and as soon as the requests go stale (nothing is smoothed)."""
+        deadline = self._clock() + timeout_s
+        with self._cond:
+            while True:
+                now = self._clock()
+                if self._last_request_s is None or self._stale(now):
+                    return True
+                if all(
+                    self._targets(n, now)[index] >= _resume_w(g) - RISEN_WITHIN_W
+                    for n, gpus in self._gpus.items()
+                    for index, g in gpus.items()
+                ):
+                    return True
+                if now >= deadline:
+                    return False
+                self._cond.wait(min(deadline - now, 0.1))  # targets rise with time, too
+
     def wait_ramped(self, done_w: float, timeout_s: float) -> bool:
         """Wait until every GPU's target is at most ``done_w`` (its draw without the busy
         work: its idle power, say); False on timeout. True at once when no request came
@@ -226,6 +285,8 @@ class FillFollower:
                 held = self._targets(node, now)
                 for index, g in gpus.items():  # leaving work: its last draw sampled at work
                     g.held_w = g.worked_w if worked else held[index]
+                    if state == "starting":  # a target fallen below the GPU's own draw
+                        g.held_w = max(g.held_w, g.power_w)  # rises from the draw
             self._state, self._since = state, now
             self._cond.notify_all()
             calls = [(n, self._targets(n, now)) for n in self.nodes if self._gpus[n]]

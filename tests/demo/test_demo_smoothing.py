@@ -39,3 +39,8 @@ def test_the_jobs_fill_their_waits_and_the_site_falls_slowly(smoothing_run):
     # the run went on past the jobs' 20 s while their GPUs ramped down
     assert s["duration_s"] > 20.0
     assert "smoothing burnt" in result.stdout
+    # a checkpoint outlasts two 1 s windows: each job filled back up before it computed
+    # (FillFollower.must_rise_first), and the summary says what that took from compute
+    waited = {name: job["rise_first_s"] for name, job in s["jobs"].items()}
+    assert all(w > 0 for w in waited.values()), waited
+    assert "compute waited" in result.stdout  # the table wraps what follows

@@ -79,6 +79,7 @@ def test_no_window_falls_more_than_its_share_and_a_wait_stays_ready(profile, fir
     window_s, down, up = profile["hysteresis_s"], profile["down_w_per_s"], profile["up_w_per_s"]
     fill.take(NODE, request(profile, first_share))
     state, worked_w = "working", first_share * profile["cap_w"]
+    sampled_w = worked_w  # the draw the agent sampled last
     seen: list[tuple[float, float]] = []  # (t, target) since the job last worked
     wait: tuple[float, float] | None = None  # (entered at, H): a wait entered from work
 
@@ -106,6 +107,7 @@ def test_no_window_falls_more_than_its_share_and_a_wait_stays_ready(profile, fir
     for kind, value in script:
         if kind == "sample":
             fill.take(NODE, request(profile, value))
+            sampled_w = value * profile["cap_w"]
             if state == "working":
                 worked_w = value * profile["cap_w"]
         elif kind == "advance":
@@ -122,6 +124,8 @@ def test_no_window_falls_more_than_its_share_and_a_wait_stays_ready(profile, fir
                 allowed_w = before
                 if value != "stopping":
                     allowed_w = max(before, profile["floor_share"] * profile["cap_w"])
+                if value == "starting":  # nor above the draw: a start rises from where it is
+                    allowed_w = max(allowed_w, sampled_w)
                 state = value
                 assert fill.targets(NODE)[0] <= allowed_w + EPS_W
                 look()
@@ -129,6 +133,66 @@ def test_no_window_falls_more_than_its_share_and_a_wait_stays_ready(profile, fir
             enter(fill, value)
             state = value
         look()
+    fill.close()
+
+
+def test_a_long_wait_fills_back_up_before_compute_resumes():
+    """An H100 works at 475 W; its job checkpoints for 30 s, the controller stages its cap
+    down to the 200 W minimum and it draws 98 W. Compute resumed at once would step it up
+    102 W, more than its 70 W share of a window's rise (70 W/s over 1 s): the job must fill
+    back up first, from the 98 W it draws, at 70 W/s. After a 1.5 s collective, held
+    through the 1 s hysteresis and fallen 35 W since, it may resume at once."""
+    clock = ManualClock(100.0)
+    fill = FillFollower(
+        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
+    )
+    assert not fill.must_rise_first()  # no request: nothing is smoothed
+    assert fill.wait_risen(timeout_s=0.0)
+    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
+    fill.take(NODE, request(profile, 475.0 / 700.0))
+    assert not fill.must_rise_first()  # working
+    fill.waiting()
+    clock.advance(1.5)
+    assert fill.targets(NODE)[0] == pytest.approx(475.0 - 35.0)
+    assert not fill.must_rise_first()
+    fill.working()
+    fill.take(NODE, request(profile, 475.0 / 700.0))
+    fill.waiting()  # the checkpoint
+    for _ in range(30):
+        clock.advance(1.0)
+        fill.take(NODE, request({**profile, "cap_w": 200.0}, 98.0 / 200.0))
+    assert fill.targets(NODE)[0] == 0.0  # fallen below the GPU's own draw
+    assert fill.must_rise_first()
+    fill.starting()
+    assert fill.targets(NODE)[0] == pytest.approx(98.0)  # from where it stands
+    assert not fill.wait_risen(timeout_s=0.0)
+    clock.advance(1.0)
+    assert fill.targets(NODE)[0] == pytest.approx(168.0)
+    assert not fill.wait_risen(timeout_s=0.0)
+    clock.advance(0.45)
+    assert fill.wait_risen(timeout_s=0.0)  # within a watt of the 200 W cap compute will take
+    assert fill.targets(NODE)[0] <= 200.0
+    fill.close()
+
+
+def test_no_fill_back_up_once_the_requests_go_stale():
+    clock = ManualClock(100.0)
+    fill = FillFollower(
+        "mqtt://127.0.0.1:1",
+        [NODE],
+        lambda node, targets: None,
+        clock=clock.monotonic,
+        stale_after_s=5.0,
+    )
+    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
+    fill.take(NODE, request(profile, 475.0 / 700.0))
+    fill.waiting()
+    clock.advance(4.0)
+    assert fill.must_rise_first()
+    clock.advance(2.0)  # the agent went quiet: nothing is smoothed, nothing to wait for
+    assert not fill.must_rise_first()
+    fill.starting()
+    assert fill.wait_risen(timeout_s=0.0)
     fill.close()
 
 

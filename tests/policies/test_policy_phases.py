@@ -139,6 +139,23 @@ def test_gpus_starting_on_their_own_take_their_rise_out_of_the_ramp_handed_back(
         PolicySettings(startup_rise_w_per_s=-1.0)
 
 
+@pytest.mark.parametrize(("phase", "reserved"), [(CKPT, True), (COMM, False)])
+def test_gpus_in_a_checkpoint_keep_their_rise_out_of_the_ramp_too(phase, reserved):
+    """A checkpoint ends with its job filling its GPUs back up to their staged caps at the
+    ramp-up share before compute resumes (FillFollower.must_rise_first): an H100 staged at
+    its 200 W minimum, drawing 98 W, would otherwise step up 102 W at once, and the caps
+    handed back elsewhere in the same second passed 19.4 of a 20 kW/s limit in the demo.
+    A collective is held whole by the hysteresis and takes nothing."""
+    tree = with_ramp(uncapping_everywhere(uniform_tree(1, 1, 3, 4)), [0], 1000.0)
+    state = make_state(tree, 400.0, 400.0)
+    state.phase[8:] = phase
+    shared = decide(
+        tree, state, 1.0, PolicySettings(uncap_step_fraction=1.0, startup_rise_w_per_s=50.0)
+    )
+    handed_back_w = shared.cap_w[:8].sum() - 8 * 400.0
+    assert handed_back_w == pytest.approx(1000.0 - (4 * 50.0 if reserved else 0.0))
+
+
 # --- power floor cost ------------------------------------------------------------------------
 
 
