@@ -7,7 +7,10 @@ with it off and on.
 As ``bench_loop`` (a broker, ``powerd agent`` and ``powerd controller`` processes), with
 a ``[site.grid]`` of ``RAMP_W_PER_S_PER_GPU`` x GPUs each way over 1 s. A job starts,
 computes (a bf16 matmul loop) in 4 s steps parted by 1.5 s of exposed communication (the
-GPUs idle; ``RHYTHM``), and stops. Run twice: smoothing off, then on (``powerd controller
+GPUs idle; ``RHYTHM``), and stops; with ``--checkpoint-s``, a checkpoint of that long
+(the GPUs idle, the caps staged) comes before the last step, after which the job fills
+its GPUs back up at the ramp-up rate before computing (``FillFollower.wait_risen``;
+``--no-rise-first``: it computes at once). Run twice: smoothing off, then on (``powerd controller
 --grid-smoothing``, ``agent.software_smoothing``, and the job filling its waits with
 ``examples/fill_during_waits.py``'s ``DutyCycleFiller`` to the agent's targets through a
 ``powerd.jobhook.FillFollower``). The node's draw is read every 50 ms through NVML and
@@ -70,9 +73,21 @@ class Job:
     """The training process: phases, a matmul loop while it computes, and (smoothing on)
     a filler per GPU holding the agent's fill targets."""
 
-    def __init__(self, url: str, node: Node, smoothing: bool, rhythm: dict[str, float]) -> None:
+    def __init__(
+        self,
+        url: str,
+        node: Node,
+        smoothing: bool,
+        rhythm: dict[str, float],
+        checkpoint_s: float = 0.0,
+        rise_first: bool = True,
+    ) -> None:
         self.node = node
         self.rhythm = rhythm
+        self.checkpoint_s = checkpoint_s
+        self.rise_first = rise_first
+        self.rise_first_s = 0.0  # compute waited this long for the GPUs to fill back up
+        self.rises: list[dict[str, Any]] = []  # each fill back up: its targets and levels
         self.reporter = PhaseReporter(url, "smooth-job", [NODE], flush_timeout_s=2.0)
         self.requests = 0
         self.targets: list[dict[int, float]] = []
@@ -110,9 +125,27 @@ class Job:
         while not self._stop.is_set():
             filler.step()
 
-    def compute(self, seconds: float) -> None:
+    def compute(self, seconds: float, after_checkpoint: bool = False) -> None:
         """Compute resumes, then the filler stands down, as a training loop would order
-        them (the loops are made beforehand: allocating them takes ~0.1 s)."""
+        them (the loops are made beforehand: allocating them takes ~0.1 s). After a
+        checkpoint, or a wait that fell further than a window's rise, the GPUs fill back up
+        first, still announced as the wait (docs/JOBHOOK.md)."""
+        follower = self.follower
+        if (
+            follower is not None
+            and self.rise_first
+            and (after_checkpoint or follower.must_rise_first())
+        ):
+            started = time.monotonic()
+            before = follower.targets(NODE)
+            follower.starting()
+            rise: dict[str, Any] = {"before_w": before, "from_w": follower.targets(NODE)}
+            rise["risen"] = follower.wait_risen(timeout_s=30.0)
+            self.rise_first_s += time.monotonic() - started
+            rise |= {"to_w": follower.targets(NODE), "resume_w": follower.resume_levels(NODE)}
+            rise["s"] = round(time.monotonic() - started, 3)
+            self.rises.append(rise)
+            seconds = max(0.0, seconds - (time.monotonic() - started))
         self._running, self._next = self._next or Load(self.node), None
         self._running.start()
         if self.follower is not None:
@@ -120,12 +153,12 @@ class Job:
         self.reporter.set_phase("compute")
         time.sleep(seconds)
 
-    def wait(self, seconds: float) -> None:
+    def wait(self, seconds: float, phase: str = "communication") -> None:
         """The filler takes over, then compute stops; the next step's loops are made now."""
         t_end = time.monotonic() + seconds
         if self.follower is not None:
             self.follower.waiting()
-        self.reporter.set_phase("communication", expected_s=seconds)
+        self.reporter.set_phase(phase, expected_s=seconds)
         self._stop_running()
         self._next = Load(self.node)
         time.sleep(max(0.0, t_end - time.monotonic()))
@@ -149,8 +182,11 @@ class Job:
             self.compute(r["compute_s"])
             marks.append((time.monotonic(), f"communication {step + 1}"))
             self.wait(r["comm_s"])
+        if self.checkpoint_s > 0:
+            marks.append((time.monotonic(), "checkpoint"))
+            self.wait(self.checkpoint_s, "checkpoint")
         marks.append((time.monotonic(), "last compute"))
-        self.compute(r["compute_s"])
+        self.compute(r["compute_s"], after_checkpoint=self.checkpoint_s > 0)
         marks.append((time.monotonic(), "shutdown"))
         if self.follower is not None:
             self.follower.stopping()
@@ -177,7 +213,8 @@ def one_run(args: argparse.Namespace, node: Node, smoothing: bool) -> dict[str, 
     broker, url = open_broker(args.broker)
     nvml = NvmlWatch(node.nvml) if node.nvml is not None else None
     bus = BusWatch(url)
-    job = Job(url, node, smoothing, QUICK if args.quick else RHYTHM)
+    rhythm = QUICK if args.quick else RHYTHM
+    job = Job(url, node, smoothing, rhythm, args.checkpoint_s, args.rise_first)
     marks: list[tuple[float, str]] = []
     out: dict[str, Any] = {"smoothing": smoothing}
     try:
@@ -216,6 +253,8 @@ def one_run(args: argparse.Namespace, node: Node, smoothing: bool) -> dict[str, 
             out["job_s"] = round(t1 - t0, 1)
             out["fill_requests"] = job.requests
             out["fill_targets_seen_w"] = _range(job.targets)
+            out["rise_first_s"] = round(job.rise_first_s, 2)
+            out["rises"] = job.rises
             if nvml is not None:
                 out.update(measure(nvml, node, t0 - 1.0, t1))
     except TimeoutError as exc:
@@ -282,9 +321,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--broker", metavar="URL", help="a running broker (default: embedded)")
     parser.add_argument("--only", choices=("off", "on"), help="one of the two runs")
     parser.add_argument("--quick", action="store_true", help="one 1 s step (for tests)")
+    parser.add_argument(
+        "--checkpoint-s",
+        type=float,
+        default=0.0,
+        help="a checkpoint this long before the last step (default: none)",
+    )
+    parser.add_argument(
+        "--rise-first",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the checkpoint, fill back up before computing (default: yes)",
+    )
     parser.add_argument("--json", type=Path, help="write the result here too")
     parser.add_argument("--trace", type=Path, help="real GPUs: NAME_off.csv and NAME_on.csv")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.checkpoint_s <= 600.0:
+        parser.error(f"--checkpoint-s must be 0 to 600 s, not {args.checkpoint_s:g}")
     if args.simulate is None and os.geteuid() != 0:
         print("bench_smooth_loop: NVML lets only root set limits; run as root or --simulate")
         return 1
@@ -295,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "gpus": f"{node.gpus}x{node.model}" + (" (simulated)" if args.simulate else " (NVML)"),
         "rhythm": QUICK if args.quick else RHYTHM,
+        "checkpoint_s": args.checkpoint_s,
+        "rise_first": args.rise_first,
     }
     try:
         for smoothing in (False, True):

@@ -66,11 +66,18 @@ class DutyCycleFiller:
     A target that jumps up by ``JUMP_W`` or more (a wait begins: the job's compute
     stops and the filler must take over at once) starts the share at its estimate,
     ``(target − low) / (high − low)`` from the lowest and highest draws read so far
-    (idle, and the job's own compute, which the filler reads while its target is 0).
-    A ramping target moves a few watts a sample and is left to the controller. On an
+    (idle, and the job's own compute, which the filler reads while its target is 0). On an
     H200 the draw fell to 112 W for ~0.1 s at every wait while the share climbed
     from 0 (a 350 W dip, 0.15-0.3 s outside a 300 W/s ramp: bench/RESULTS.md,
-    "Software smoothing, the whole loop, on an H200"). ``run_kernel(seconds)``,
+    "Software smoothing, the whole loop, on an H200").
+
+    A target that moves by less while the filler holds one (a fill down at the ramp-down
+    rate, a fill back up at the ramp-up rate before compute resumes) moves the share with
+    it, by the change over that span (the share's slope, fed forward): the integral alone
+    lags a ramp by rate / gain per reading (27 W a reading at 270 W/s: ~43 W in the tests'
+    model, ~100 W on an H100), and a fill back up that lags leaves compute to step up by
+    the lag at once. From idle draws alone (a span of noise) a ramp is left to the
+    integral. ``run_kernel(seconds)``,
     ``read_power_w()`` and ``sleep(seconds)`` are injected: CUDA, NVML and the clock
     in ``main``, a model of a GPU in the tests.
     """
@@ -97,14 +104,14 @@ class DutyCycleFiller:
     def set_target(self, watts: float) -> None:
         target_w = max(0.0, float(watts))
         low, high = self.low_w, self.high_w
-        if (
-            target_w - self.target_w >= JUMP_W
-            and low is not None
-            and high is not None
-            and high - low >= JUMP_W
-        ):
-            guess = (target_w - low) / (high - low)
-            self.share = min(1.0, max(self.share, guess))
+        if low is not None and high is not None and high - low >= JUMP_W:
+            span_w = high - low
+            if target_w - self.target_w >= JUMP_W:
+                guess = (target_w - low) / span_w
+                self.share = min(1.0, max(self.share, guess))
+            elif self.target_w > 0 and target_w > 0:  # a ramp: follow it, not lag it
+                moved = (target_w - self.target_w) / span_w
+                self.share = min(1.0, max(0.0, self.share + moved))
         self.target_w = target_w
 
     def step(self) -> None:

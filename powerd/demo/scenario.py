@@ -301,11 +301,15 @@ class TrainingJob:
             self.fill.working()
 
     async def _rise_first(self) -> None:
-        """After a long wait, fill the GPUs back up at the ramp-up rate before computing
-        (``FillFollower.must_rise_first``), still announced as the wait: compute resumed at
-        once would step them up by more than their share of a window's rise. The time it
-        takes comes out of the compute that follows."""
-        if self.fill is None or not self.fill.must_rise_first():
+        """After a checkpoint, or a wait that lets compute step up by more than a window's
+        share (``FillFollower.must_rise_first``), fill the GPUs back up at the ramp-up rate
+        before computing, still announced as the wait. The controller counts a checkpoint's
+        GPUs as rising on their own until compute is announced, not after: a step up at
+        once then would come on top of the caps it hands back. The time it takes comes out
+        of the compute that follows."""
+        if self.fill is None:
+            return
+        if self.phase != "checkpoint" and not self.fill.must_rise_first():
             return
         self.fill.starting()
         started = self.clock()

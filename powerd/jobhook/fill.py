@@ -14,7 +14,7 @@ tells it when it waits and works, because only the job knows:
     follower.start()
     follower.starting()      # loading the model: raise the draw slowly to the cap
     follower.waiting()       # a collective, a checkpoint: hold the draw, let it fall slowly
-    if follower.must_rise_first():   # a long wait: its draw fell further than a window's rise
+    if checkpointed or follower.must_rise_first():  # its draw fell more than a window's rise
         follower.starting()          # fill back up at the ramp-up rate, still announced
         follower.wait_risen(timeout_s=60.0)   # as the wait, then resume
     follower.working()       # compute again: nothing to fill above the floor
@@ -37,11 +37,12 @@ hysteresis windows that is what its fall took within the last window, but after 
 one (a checkpoint: its draw fell to the checkpoint's, and an H100's staged cap cannot go
 below 200 W) more than the GPU's share of one window's rise (``ramp_up × hysteresis``),
 which no cap can slow. ``must_rise_first()`` says so, and the job then fills back up
-first, at the ramp-up rate (``starting()``, ``wait_risen()``), before it computes. The
-controller counts a GPU in a staged phase (``startup``, ``checkpoint``) as rising on its
-own at its share (rule 4 of ``policies/capping.py``), so a job that announces its
-checkpoint until it has filled back up shares the site's ramp with the caps handed back
-elsewhere. When no request has come for ``stale_after_s`` (the agent stopped,
+first, at the ramp-up rate (``starting()``, ``wait_risen()``), before it computes; after
+a checkpoint it always does. The controller counts a GPU in a staged phase (``startup``,
+``checkpoint``) as rising on its own at its share (rule 4 of ``policies/capping.py``)
+until compute is announced, so a job that announces its checkpoint until it has filled
+back up shares the site's ramp with the caps handed back elsewhere, and a step at once
+after it would not. When no request has come for ``stale_after_s`` (the agent stopped,
 switched smoothing off or lost the broker), the follower lets the draw fall
 from where it was, after what is left of the hysteresis, at the last rate and
 without the floor, rather than fill for ever on an order nobody repeats. The callback,
@@ -199,8 +200,9 @@ class FillFollower:
             return self._targets(node, self._clock())
 
     def must_rise_first(self) -> bool:
-        """Whether compute resumed now would step some GPU up at once by more than its share
-        of one window's rise (``ramp_up × hysteresis``): then fill back up first
+        """Whether compute resumed now would step some GPU up at once, from where it stands
+        (its target, or its draw last sampled if higher), by more than its share of one
+        window's rise (``ramp_up × hysteresis``): then fill back up first
         (``starting()``, then ``wait_risen()``). False while the job works, starts or stops,
         and when no request came or the requests went stale (nothing is smoothed)."""
         with self._cond:
@@ -209,10 +211,17 @@ class FillFollower:
                 return False
             for node, gpus in self._gpus.items():
                 targets = self._targets(node, now)
-                for index, g in gpus.items():
-                    if _resume_w(g) - targets[index] > g.up_w_per_s * g.hysteresis_s:
+                for index, g in gpus.items():  # from where it stands: its target or its draw
+                    stands_w = max(targets[index], g.power_w)
+                    if _resume_w(g) - stands_w > g.up_w_per_s * g.hysteresis_s:
                         return True
             return False
+
+    def resume_levels(self, node: str) -> dict[int, float]:
+        """Where compute will put each GPU on ``node`` when it resumes, W: its cap, or the
+        draw last sampled at work if lower (what ``wait_risen`` waits for)."""
+        with self._cond:
+            return {index: _resume_w(g) for index, g in self._gpus[node].items()}
 
     def wait_risen(self, timeout_s: float) -> bool:
         """Wait until every GPU's target has reached where compute will put it (its cap, or

@@ -21,7 +21,7 @@ def test_the_smoothing_loop_reaches_the_job_on_simulated_gpus(
             sys.executable,
             "-m",
             "bench.bench_smooth_loop",
-            *("--simulate", "1xH200", "--only", "on", "--quick"),
+            *("--simulate", "1xH200", "--only", "on", "--quick", "--checkpoint-s", "1.5"),
             *("--broker", mosquitto.url, "--json", str(out)),
         ],
         capture_output=True,
@@ -37,3 +37,7 @@ def test_the_smoothing_loop_reaches_the_job_on_simulated_gpus(
     assert low == 0.0  # stopping: filled down to nothing
     assert 300.0 <= high <= 500.0  # up to the cap the controller set (the node's 500 W budget)
     assert on["agent_log_warnings"] == [] and report["put_back_errors"] == []
+    # the checkpoint ran, and the job waited for its GPUs to fill back up after it (on
+    # simulated GPUs the draw is the agent's, so there is little or nothing to fill)
+    assert report["checkpoint_s"] == 1.5 and report["rise_first"] is True
+    assert 0.0 <= on["rise_first_s"] < 30.0

@@ -187,9 +187,10 @@ def test_no_fill_back_up_once_the_requests_go_stale():
     profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
     fill.take(NODE, request(profile, 475.0 / 700.0))
     fill.waiting()
-    clock.advance(4.0)
+    clock.advance(4.0)  # held 1 s, fallen 210 W since, and sampled there
+    fill.take(NODE, request(profile, 265.0 / 700.0))
     assert fill.must_rise_first()
-    clock.advance(2.0)  # the agent went quiet: nothing is smoothed, nothing to wait for
+    clock.advance(6.0)  # the agent went quiet: nothing is smoothed, nothing to wait for
     assert not fill.must_rise_first()
     fill.starting()
     assert fill.wait_risen(timeout_s=0.0)
