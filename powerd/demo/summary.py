@@ -55,7 +55,10 @@ Definitions
   the rule that last lowered its cap as of the newest controller cycle at or
   before the sample (``RunRecord.cycle_cause``; failsafe start before the
   first). The causes add up to ``1 - throughput_rel``; ``held_share`` is the
-  share of the job's progress GPU-seconds below full speed.
+  share of the job's progress GPU-seconds below full speed. A job's
+  ``rise_first_s`` is how long its compute waited, after checkpoints and long
+  waits, for its GPUs to fill back up (software grid smoothing): time the
+  throughput, over progress phases, leaves out, so the summary states it beside.
 - *Clock locks*: GPU-seconds with the SM clock locked, in all; in communication
   (and the share of communication GPU-time locked); outside it; and in a progress
   phase (``compute``, ``eval``: *locked compute*, a lock that outlived the wait it
