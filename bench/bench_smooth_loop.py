@@ -131,21 +131,23 @@ class Job:
         checkpoint, or a wait that fell further than a window's rise, the GPUs fill back up
         first, still announced as the wait (docs/JOBHOOK.md)."""
         follower = self.follower
-        if (
-            follower is not None
-            and self.rise_first
-            and (after_checkpoint or follower.must_rise_first())
-        ):
+        if follower is not None and self.rise_first:
             started = time.monotonic()
             before = follower.targets(NODE)
-            follower.starting()
-            rise: dict[str, Any] = {"before_w": before, "from_w": follower.targets(NODE)}
-            rise["risen"] = follower.wait_risen(timeout_s=30.0)
-            self.rise_first_s += time.monotonic() - started
-            rise |= {"to_w": follower.targets(NODE), "resume_w": follower.resume_levels(NODE)}
-            rise["s"] = round(time.monotonic() - started, 3)
-            self.rises.append(rise)
-            seconds = max(0.0, seconds - (time.monotonic() - started))
+            risen = follower.fill_back_up(timeout_s=30.0, after_checkpoint=after_checkpoint)
+            took_s = time.monotonic() - started
+            if after_checkpoint:  # what the follower saw there
+                self.rises.append(
+                    {
+                        "before_w": before,
+                        "risen": risen,
+                        "to_w": follower.targets(NODE),
+                        "resume_w": follower.resume_levels(NODE),
+                        "s": round(took_s, 3),
+                    }
+                )
+            self.rise_first_s += took_s
+            seconds = max(0.0, seconds - took_s)
         self._running, self._next = self._next or Load(self.node), None
         self._running.start()
         if self.follower is not None:

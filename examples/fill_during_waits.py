@@ -209,9 +209,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs a GP
         thread.start()
     try:
         for _ in range(args.steps):
-            if follower.must_rise_first():  # a long wait: fill back up before computing
-                follower.starting()
-                follower.wait_risen(timeout_s=60.0)
+            follower.fill_back_up(timeout_s=60.0)  # after a long wait, before computing
             follower.working()
             time.sleep(args.step_s)  # forward and backward
             follower.waiting()

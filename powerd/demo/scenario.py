@@ -309,11 +309,9 @@ class TrainingJob:
         of the compute that follows."""
         if self.fill is None:
             return
-        if self.phase != "checkpoint" and not self.fill.must_rise_first():
-            return
-        self.fill.starting()
         started = self.clock()
-        if not await asyncio.to_thread(self.fill.wait_risen, RISE_TIMEOUT_S):
+        after_checkpoint = self.phase == "checkpoint"
+        if not await asyncio.to_thread(self.fill.fill_back_up, RISE_TIMEOUT_S, after_checkpoint):
             log.warning("%s: the fill did not rise in %g s", self.plan.name, RISE_TIMEOUT_S)
         self.rise_first_s += self.clock() - started
 

@@ -14,9 +14,7 @@ tells it when it waits and works, because only the job knows:
     follower.start()
     follower.starting()      # loading the model: raise the draw slowly to the cap
     follower.waiting()       # a collective, a checkpoint: hold the draw, let it fall slowly
-    if checkpointed or follower.must_rise_first():  # its draw fell more than a window's rise
-        follower.starting()          # fill back up at the ramp-up rate, still announced
-        follower.wait_risen(timeout_s=60.0)   # as the wait, then resume
+    follower.fill_back_up(timeout_s=60.0, after_checkpoint=checkpointed)  # if it fell far
     follower.working()       # compute again: nothing to fill above the floor
     follower.stopping()      # the last step is done: fall slowly at once, no floor
     follower.wait_ramped(done_w=100.0, timeout_s=120.0)   # fill down the ramp, then exit
@@ -37,13 +35,14 @@ hysteresis windows that is what its fall took within the last window, but after 
 one (a checkpoint: its draw fell to the checkpoint's, and an H100's staged cap cannot go
 below 200 W) more than the GPU's share of one window's rise (``ramp_up × hysteresis``),
 which no cap can slow. ``must_rise_first()`` says so, and the job then fills back up
-first, at the ramp-up rate (``starting()``, ``wait_risen()``), before it computes; after
-a checkpoint it always does. The controller counts a GPU in a staged phase (``startup``,
-``checkpoint``) as rising on its own at its share (rule 4 of ``policies/capping.py``)
-until compute is announced, so a job that announces its checkpoint until it has filled
-back up shares the site's ramp with the caps handed back elsewhere, and a step at once
-after it would not. When no request has come for ``stale_after_s`` (the agent stopped,
-switched smoothing off or lost the broker), the follower lets the draw fall
+first, at the ramp-up rate (``starting()`` and ``wait_risen()``, both in
+``fill_back_up()``), before it computes; after a checkpoint it always does. The
+controller counts a GPU in a staged phase (``startup``, ``checkpoint``) as rising on its
+own at its share (rule 4 of ``policies/capping.py``) until compute is announced, so a job
+that announces its checkpoint until it has filled back up shares the site's ramp with
+the caps handed back elsewhere, and a step at once after it would not. When no request
+has come for ``stale_after_s`` (the agent stopped, switched smoothing off or lost the
+broker), the follower lets the draw fall
 from where it was, after what is left of the hysteresis, at the last rate and
 without the floor, rather than fill for ever on an order nobody repeats. The callback,
 ``on_fill(node, {gpu index: watts})``, is called at every sample, at every
@@ -216,6 +215,16 @@ class FillFollower:
                     if _resume_w(g) - stands_w > g.up_w_per_s * g.hysteresis_s:
                         return True
             return False
+
+    def fill_back_up(self, timeout_s: float, after_checkpoint: bool = False) -> bool:
+        """Before compute resumes: after a checkpoint, or when ``must_rise_first()``, raise
+        the targets at the ramp-up rate (``starting()``) and wait until they have risen
+        (``wait_risen``); otherwise nothing. False only on timeout. The job keeps its wait
+        announced until this returns (module docstring)."""
+        if not (after_checkpoint or self.must_rise_first()):
+            return True
+        self.starting()
+        return self.wait_risen(timeout_s)
 
     def resume_levels(self, node: str) -> dict[int, float]:
         """Where compute will put each GPU on ``node`` when it resumes, W: its cap, or the

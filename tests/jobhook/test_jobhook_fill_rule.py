@@ -175,6 +175,26 @@ def test_a_long_wait_fills_back_up_before_compute_resumes():
     fill.close()
 
 
+def test_fill_back_up_rises_only_where_it_must_or_after_a_checkpoint():
+    clock = ManualClock(100.0)
+    fill = FillFollower(
+        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
+    )
+    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
+    fill.take(NODE, request(profile, 475.0 / 700.0))
+    fill.waiting()
+    clock.advance(0.5)  # a collective held whole: nothing to fill, the wait goes on
+    assert fill.fill_back_up(timeout_s=0.0)
+    assert fill.targets(NODE)[0] == pytest.approx(475.0)
+    clock.advance(1.0)  # fallen 35 W, but after a checkpoint it fills back up all the same
+    fill.take(NODE, request(profile, 440.0 / 700.0))  # the agent's sample: where it stands
+    assert not fill.fill_back_up(timeout_s=0.0, after_checkpoint=True)  # rising, not risen
+    clock.advance(0.5)
+    assert fill.targets(NODE)[0] == pytest.approx(475.0)  # 440 W + 70 W/s, at the level
+    assert fill.wait_risen(timeout_s=0.0)
+    fill.close()
+
+
 def test_no_fill_back_up_once_the_requests_go_stale():
     clock = ManualClock(100.0)
     fill = FillFollower(
