@@ -23,6 +23,7 @@ from policies import ClusterState, Decision, PolicySettings, Tree, decide, infer
 from policies.smoothing import with_cut_fall
 from policies.tree import PHASE_CODES, PRIORITY_CODES
 from powerd.controller.inbox import Waiting
+from powerd.controller.ingest_health import IngestHealth
 from powerd.protocol import (
     Ack,
     Command,
@@ -287,6 +288,7 @@ class ControllerCore:
         self._history_w = np.full((n_gpus, window), np.nan)  # ring of per-cycle power
         self._history_next = 0
         self._log = LogOncePer(log)
+        self._ingest_health = IngestHealth()  # judged over seconds, not one cycle
 
     # --- inputs ----------------------------------------------------------------
 
@@ -717,16 +719,15 @@ class ControllerCore:
         decision = decide(self.tree, state, dt_s, self.cycle_policy(dt_s))
         self._last_node_power_w = decision.node_power_w
         commands = self._commands(decision, live, now, counters)
-        if counters.telemetry_dropped or counters.telemetry_lost:
-            self._log.warning(
-                "telemetry-dropped",
-                now,
-                "telemetry over capacity: %d samples dropped (a newer one of the same node came "
-                "before they were decoded), %d lost (gaps in agents' seq); %d nodes waiting",
-                counters.telemetry_dropped,
-                counters.telemetry_lost,
-                counters.telemetry_waiting,
-            )
+        ingest = self._ingest_health.add(
+            now,
+            counters.telemetry_received,
+            counters.telemetry_dropped,
+            counters.telemetry_lost,
+            counters.telemetry_waiting,
+        )
+        if ingest is not None:
+            self._log.warning("telemetry-dropped", now, "%s", ingest)
         return CycleResult(decision, commands, counters, time.perf_counter() - started, state)
 
     def cycle_policy(self, dt_s: float) -> PolicySettings:
