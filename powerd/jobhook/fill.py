@@ -236,35 +236,41 @@ class FillFollower:
         """Wait until every GPU's target has reached where compute will put it (its cap, or
         the draw last sampled at work if lower); False on timeout. True at once when no
         request came, and as soon as the requests go stale (nothing is smoothed)."""
-        deadline = self._clock() + timeout_s
-        with self._cond:
-            while True:
-                now = self._clock()
-                if self._last_request_s is None or self._stale(now):
-                    return True
-                if all(
-                    self._targets(n, now)[index] >= _resume_w(g) - RISEN_WITHIN_W
-                    for n, gpus in self._gpus.items()
-                    for index, g in gpus.items()
-                ):
-                    return True
-                if now >= deadline:
-                    return False
-                self._cond.wait(min(deadline - now, 0.1))  # targets rise with time, too
+
+        def risen(now: float) -> bool:
+            if self._last_request_s is None or self._stale(now):
+                return True
+            return all(
+                self._targets(n, now)[index] >= _resume_w(g) - RISEN_WITHIN_W
+                for n, gpus in self._gpus.items()
+                for index, g in gpus.items()
+            )
+
+        return self._wait_until(risen, timeout_s)
 
     def wait_ramped(self, done_w: float, timeout_s: float) -> bool:
         """Wait until every GPU's target is at most ``done_w`` (its draw without the busy
         work: its idle power, say); False on timeout. True at once when no request came
         at all (no software smoothing on these nodes)."""
+
+        def ramped(now: float) -> bool:
+            return all(w <= done_w for n in self.nodes for w in self._targets(n, now).values())
+
+        return self._wait_until(ramped, timeout_s)
+
+    def _wait_until(self, done: Callable[[float], bool], timeout_s: float) -> bool:
+        """Until ``done(now)`` (called holding the lock), or False at the timeout: looked at
+        again on every request and change of state, and every 0.1 s (targets move with
+        time, too)."""
         deadline = self._clock() + timeout_s
         with self._cond:
             while True:
                 now = self._clock()
-                if all(w <= done_w for n in self.nodes for w in self._targets(n, now).values()):
+                if done(now):
                     return True
                 if now >= deadline:
                     return False
-                self._cond.wait(min(deadline - now, 0.1))  # targets fall with time, too
+                self._cond.wait(min(deadline - now, 0.1))
 
     def close(self) -> None:
         with self._cond:
