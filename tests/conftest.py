@@ -19,6 +19,7 @@ import pytest
 
 from powerd.mqtt_url import PASSWORD_ENV
 from tests.support.brokers import TEST_PASSWORD, Mosquitto
+from tests.support.demo_process import DemoRun, run_recorded_demo
 from tests.support.markers import SERVER_MARKERS, ServerFinder
 from tests.support.servers import ALLOWED_ENV
 
@@ -44,6 +45,13 @@ def anonymous_mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def shortest_demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """One shortest ``powerd demo --record FILE`` for the whole suite (tests/demo reads what
+    it leaves, tests/grafana loads its records into a real InfluxDB): a run is 20 s."""
+    return run_recorded_demo(tmp_path_factory.mktemp("demo"))
 
 
 @pytest.fixture(autouse=True)

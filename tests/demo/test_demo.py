@@ -13,16 +13,15 @@ from click.testing import CliRunner
 
 import powerd.demo
 from powerd.cli import main
-from tests.support.demo_process import run_demo
+from tests.support.demo_process import DemoRun
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
-    """One short run (the shortest the demo accepts) shared by the tests below."""
-    where = tmp_path_factory.mktemp("demo")
-    return run_demo(where, "--record", str(where / "telemetry.lp"), timeout_s=120), where
+@pytest.fixture
+def demo_run(shortest_demo: DemoRun) -> tuple[subprocess.CompletedProcess, Path]:
+    """The suite's one shortest run (tests/conftest.py), shared by the tests below."""
+    return shortest_demo.result, shortest_demo.where
 
 
 def test_demo_exits_zero_and_writes_its_summary_and_plot(demo_run):

@@ -1,8 +1,10 @@
 """Every dashboard query runs against a real InfluxDB holding what powerd itself recorded.
 
-The data: ``powerd demo --record influx1+http://...`` (the real loop: agents on
-simulated GPUs, the controller, two training jobs announcing their phases)
-writes into Debian's InfluxDB through the project's own recorder; then a
+The data: what ``powerd demo --record FILE`` recorded (the real loop: agents on
+simulated GPUs, the controller, two training jobs announcing their phases; the
+suite's one shortest demo run, tests/conftest.py), written into Debian's
+InfluxDB through the project's own recorder, as ``--record influx1+http://...``
+writes the same lines (``powerd.recorder``); then a
 second controller's decisions with the next epoch (a failover), with site
 ramps chosen here, and telemetry of GPUs under grid smoothing (hardware and
 software, which the demo's simulated H100s do not report) are written the
@@ -29,7 +31,7 @@ from powerd.recorder import open_recorder
 from powerd.telemetry_schema import decision_line, telemetry_lines
 from powerd.topology import Topology, load_budgets
 from tests.grafana.display import colour_of, text_of
-from tests.support.demo_process import run_demo
+from tests.support.demo_process import DemoRun
 from tests.support.grafana_queries import Selection, interpolate
 from tests.support.paths import REPO
 from tests.support.servers import running
@@ -99,15 +101,22 @@ def smoothing_samples(topology: Topology, ts: float, seq: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
+def recorded(
+    tmp_path_factory: pytest.TempPathFactory, shortest_demo: DemoRun
+) -> Iterator[Recorded]:
     work = tmp_path_factory.mktemp("grafana")
+    done = shortest_demo.result
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    demo = json.loads((shortest_demo.where / "summary.json").read_text())
     with running(InfluxDB1(work)) as server:
         server.create_database(DB)
         url = f"influx1+http://127.0.0.1:{server.port}?db={DB}"
-        start_ms = int(time.time() * 1000) - 1000
-        done = run_demo(work, "--record", url, timeout_s=180)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        demo = json.loads((work / "summary.json").read_text())
+        start_ms = int(shortest_demo.started_s * 1000) - 1000
+        # what the demo's controller recorded (`--record FILE`: the same lines it writes to
+        # a URL, recorder.FileRecorder and InfluxRecorder share them), written as it would
+        with open_recorder(url) as recorder:
+            recorder.write(shortest_demo.recorded.read_text().splitlines())
+            assert recorder.flush(30.0)
         # a failover: another controller leads with a later epoch (epochs are at least the
         # wall clock in ms at takeover: this one took over now, after the demo's), under an
         # operator's temporary site limit (demand response; the demo sets none), while

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 SHORTEST_S = 20  # the shortest --duration-s the demo accepts
@@ -24,3 +26,25 @@ def run_demo(where: Path, *extra: str, timeout_s: float = 150) -> subprocess.Com
         timeout=timeout_s,
         cwd=where,
     )
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """What the shortest demo left behind, recording to ``where/telemetry.lp``."""
+
+    result: subprocess.CompletedProcess
+    where: Path
+    started_s: float  # wall clock before it started: every point recorded is later
+
+    @property
+    def recorded(self) -> Path:
+        return self.where / "telemetry.lp"
+
+
+def run_recorded_demo(where: Path) -> DemoRun:
+    """The shortest demo recording the controller's telemetry to a file: run once for the
+    suite (the ``shortest_demo`` fixture of tests/conftest.py), since the demo tests read its
+    summary, plot and file, and the Grafana tests load the same file into InfluxDB."""
+    started_s = time.time()
+    result = run_demo(where, "--record", str(where / "telemetry.lp"), timeout_s=120)
+    return DemoRun(result, where, started_s)
