@@ -105,7 +105,12 @@ A node's measured power is the measured power of every GPU under it plus its
    ``startup_rise_w_per_s`` for every controllable GPU in a staged phase under
    it, which rises on its own under software grid smoothing: a start fills up
    to its caps, and a checkpoint ends filling back up to them before compute
-   resumes, ``powerd.jobhook.FillFollower``; never below 0):
+   resumes, ``powerd.jobhook.FillFollower``; and for every controllable GPU in
+   ``communication`` for longer than ``wait_rise_after_s``, and a share of it for every one
+   in ``compute`` up to that long after such a wait, the share its step back up takes of a
+   window's rise (``rising_after_wait``): past the smoothing profile's hysteresis its draw
+   fell, and it comes back up as compute resumes, filling back up first when it fell far;
+   never below 0):
    the ramp limit, and the headroom
    that keeps a node from being uncapped into capping again (that assumes
    every granted watt is drawn, so it is conservative). It also grants at
@@ -181,6 +186,7 @@ _STAGED_CODES = phase_codes(STAGED_PHASES)
 _WAITING_CODES = phase_codes(WAITING_PHASES)
 _COMM_CODE = PHASE_CODES["communication"]
 _IDLE_CODE = PHASE_CODES["idle"]
+_COMPUTE_CODE = PHASE_CODES["compute"]
 # Needs below this are rounding, not overload (a site sums ~1e8 W: ~1e-8 W of float noise).
 NEGLIGIBLE_W = 1e-7
 
@@ -232,6 +238,13 @@ class PolicySettings:
     # caps handed back elsewhere share one ramp. controller.grid_smoothing sets it to the
     # share. (Named for the start, which it first covered; the name stays for the configs.)
     startup_rise_w_per_s: float = 0.0
+    # Under software grid smoothing a GPU whose wait lasts longer than this (the profile's
+    # ramp-down hysteresis) begins to fall, and rises back on its own when compute resumes:
+    # by up to one window's share at once, or, fallen further, filling back up first
+    # (FillFollower.must_rise_first). Rule 4 counts it as rising at startup_rise_w_per_s
+    # from then until this long after its compute resumed. inf: never (no smoothing);
+    # controller.grid_smoothing sets it to the profile's hysteresis.
+    wait_rise_after_s: float = float("inf")
     # W/s a GPU's cap may be cut by where no node over it draws above its limit (rule 3):
     # under grid smoothing its share of the grid's ramp-down, so capping over a budget
     # comes down within the grid's limit; a node over its limit is cut at once whatever
@@ -259,6 +272,8 @@ class PolicySettings:
             raise ValueError(f"cut_fall_w_per_s must be > 0, not {self.cut_fall_w_per_s}")
         if not (np.isfinite(self.startup_rise_w_per_s) and self.startup_rise_w_per_s >= 0.0):
             raise ValueError(f"startup_rise_w_per_s must be >= 0, not {self.startup_rise_w_per_s}")
+        if not self.wait_rise_after_s >= 0.0:  # inf allowed: never; NaN refused
+            raise ValueError(f"wait_rise_after_s must be >= 0, not {self.wait_rise_after_s}")
         if not (np.isfinite(self.uncap_min_step_w) and self.uncap_min_step_w >= 0.0):
             raise ValueError(f"uncap_min_step_w must be >= 0, not {self.uncap_min_step_w}")
         if self.hold_floor_w_per_gpu is not None and not (
@@ -290,6 +305,35 @@ class Decision:
     shifted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     # (n_gpus,) bool: caps moved (up or down) to level a class between the bands (rule 3c)
     levelled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+
+def rising_after_wait(
+    state: ClusterState, phase: np.ndarray, controllable: np.ndarray, settings: PolicySettings
+) -> np.ndarray:
+    """(n_gpus,) the share of ``startup_rise_w_per_s`` that rule 4 counts each controllable
+    GPU as rising by on its own after a wait, 0 to 1. With ``h = wait_rise_after_s`` (the
+    smoothing profile's hysteresis): in ``communication`` longer than ``h``, 1 (its draw has
+    been falling since ``h``, at the ramp-down share, and comes back up as compute resumes:
+    by a step of what it fell, or, fallen by more than a window's rise, filling back up
+    first at the ramp-up share); in ``compute`` for up to ``h`` after a wait of ``w > h``,
+    ``min(1, down × (w - h) / (up × h))`` (that step spread over the window after it; with
+    the full share before it, every window holding the step holds a reserve at least as
+    large). ``down`` is ``cut_fall_w_per_s`` where finite (grid smoothing sets it to the
+    ramp-down share), else ``up``. A GPU whose times are unknown (None, NaN): 0."""
+    after_s = settings.wait_rise_after_s
+    share = np.zeros(len(phase))
+    if state.phase_s is None or not np.isfinite(after_s):
+        return share
+    phase_s = np.asarray(state.phase_s, dtype=float)
+    share[(phase == _COMM_CODE) & (phase_s > after_s)] = 1.0
+    if state.wait_before_s is not None and after_s > 0:
+        wait_s = np.asarray(state.wait_before_s, dtype=float)
+        resumed = (phase == _COMPUTE_CODE) & (phase_s <= after_s) & (wait_s > after_s)
+        up, down = settings.startup_rise_w_per_s, settings.cut_fall_w_per_s
+        rates = down / up if np.isfinite(down) and up > 0 else 1.0
+        step_share = np.minimum(1.0, rates * (wait_s - after_s) / after_s)
+        share = np.where(resumed, step_share, share)
+    return np.where(controllable, share, 0.0)
 
 
 def decide(
@@ -432,8 +476,8 @@ def decide(
             at_caps = np.where(phase == _IDLE_CODE, power, held)
             drawn = tree.node_sum(at_caps) + overhead
         ramp = np.asarray(tree.ramp_w_per_s, dtype=float)
-        if settings.startup_rise_w_per_s > 0:  # what staged GPUs take of it on their own
-            rising = staged.astype(float)
+        if settings.startup_rise_w_per_s > 0:  # what GPUs take of it on their own
+            rising = np.maximum(staged, rising_after_wait(state, phase, ctl, settings))
             ramp = np.maximum(ramp - settings.startup_rise_w_per_s * tree.node_sum(rising), 0)
         budget = np.minimum(ramp * dt_s - level_rise, tree.cap_target_w - drawn)
         np.minimum(budget, tree.limit_w - node_cap_sum, out=budget)

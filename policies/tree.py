@@ -246,3 +246,9 @@ class ClusterState:
     floor_w: np.ndarray  # a job's declared floor per GPU (>= cap_min_w), cap_min_w if none
     phase: np.ndarray  # int8 phase code (PHASE_CODES), "compute" when unknown
     controllable: np.ndarray  # bool: online and following the controller
+    # Seconds each GPU's job has been in its announced phase, and how long the wait
+    # (``communication``, ``checkpoint``) before it lasted (0: it followed no wait). None, or
+    # NaN for a GPU: not known (no job, or a phase inferred from power); rule 4 of
+    # policies.capping then counts no rise of its own after a wait.
+    phase_s: np.ndarray | None = None
+    wait_before_s: np.ndarray | None = None

@@ -20,6 +20,7 @@ from typing import TypeVar
 import numpy as np
 
 from policies import ClusterState, Decision, PolicySettings, Tree, decide, infer_phases
+from policies.capping import WAITING_PHASES
 from policies.smoothing import with_cut_fall
 from policies.tree import PHASE_CODES, PRIORITY_CODES
 from powerd.controller.inbox import Waiting
@@ -132,6 +133,19 @@ class Job:
     announces_waits: bool = False  # it has announced communication or checkpoint itself
     owner: str | None = None  # the login whose topic announced it first; None: unowned
     inferred_phase: str | None = None  # from power, for jobs that do not announce waits
+    # when its phase last changed (a repeat of the same phase keeps it), and how long the
+    # wait it left then lasted (0: it left no wait): policies.ClusterState's phase times
+    phase_since_mono: float = math.nan
+    wait_before_s: float = 0.0
+
+    def enter(self, phase: str, now: float) -> None:
+        """Take ``phase`` as announced at ``now``: a change starts its time, and one out of a
+        wait into work remembers how long the wait lasted."""
+        if phase == self.phase and not math.isnan(self.phase_since_mono):
+            return
+        left_wait = self.phase in WAITING_PHASES and phase not in WAITING_PHASES
+        self.wait_before_s = now - self.phase_since_mono if left_wait else 0.0
+        self.phase, self.phase_since_mono = phase, now
 
     @property
     def effective_phase(self) -> str:
@@ -239,6 +253,7 @@ class ControllerCore:
         self.mode = np.full(n_servers, "unknown", dtype="<U10")  # as each node last reported
         self.offline = np.zeros(n_servers, dtype=bool)
         self.jobs: dict[str, Job] = {}
+        self._job_server_index: dict[str, tuple[list[str], np.ndarray]] = {}  # _servers_of
         self.server_job: list[str | None] = [None] * n_servers  # the job each server runs
         # what we asked of each server and whether it was acknowledged
         self.commanded_cap_w = np.full(n_gpus, np.nan)
@@ -664,8 +679,9 @@ class ControllerCore:
             job.nodes = [n for n in event.nodes if n in self.tree.server_ordinal]
             for server in self._job_servers(job):
                 self.server_job[server] = job_name
-        job.priority, job.phase, job.since_mono = event.priority, event.phase, self._monotonic()
-        if event.phase in ("communication", "checkpoint"):
+        job.priority, job.since_mono = event.priority, self._monotonic()
+        job.enter(event.phase, job.since_mono)
+        if event.phase in WAITING_PHASES:
             job.announces_waits = True
         job.inferred_phase = None  # an announcement overrides an inference until the next cycle
         log.info(
@@ -677,6 +693,7 @@ class ControllerCore:
         )
         if event.phase == "shutdown":
             del self.jobs[job_name]
+            self._job_server_index.pop(job_name, None)
             for server in self._job_servers(job):
                 if self.server_job[server] == job_name:
                     self.server_job[server] = None
@@ -684,6 +701,15 @@ class ControllerCore:
 
     def _job_servers(self, job: Job) -> list[int]:
         return [self.tree.server_ordinal[n] for n in job.nodes]
+
+    def _servers_of(self, job: Job) -> np.ndarray:
+        """``_job_servers`` as an index array, kept until the job's node list is replaced
+        (every cycle needs it; a 150 MW job names 10,000 nodes)."""
+        cached = self._job_server_index.get(job.name)
+        if cached is None or cached[0] is not job.nodes:
+            cached = (job.nodes, np.asarray(self._job_servers(job), dtype=np.intp))
+            self._job_server_index[job.name] = cached
+        return cached[1]
 
     def announcements_live(self, job: Job, now: float) -> bool:
         """The job announced something within ``announced_live_s``: its announcements, not
@@ -741,7 +767,10 @@ class ControllerCore:
         smoothing = self.settings.smoothing
         if smoothing is not None and smoothing.enabled:
             rise = max(policy.startup_rise_w_per_s, smoothing.ramp_up_w_per_s)
-            policy = dataclasses.replace(policy, startup_rise_w_per_s=rise)
+            after_s = min(policy.wait_rise_after_s, smoothing.ramp_down_hysteresis_ms / 1000)
+            policy = dataclasses.replace(
+                policy, startup_rise_w_per_s=rise, wait_rise_after_s=after_s
+            )
             policy = with_cut_fall(policy, smoothing.ramp_down_w_per_s)
         if dt_s < self.settings.cycle_s:
             scale = dt_s / self.settings.cycle_s
@@ -891,13 +920,21 @@ class ControllerCore:
         cap = np.where(gpu_live, self.cap_w, held_w)
         # a local-mode agent reports but refuses commands: its power counts, it is not capped
         commandable = live & ~self._in_mode("local")
-        priority = np.full(self.tree.n_gpus, PRIORITY_CODES["normal"], dtype=np.int8)
-        phase = np.full(self.tree.n_gpus, PHASE_CODES["compute"], dtype=np.int8)
+        # per server, then per GPU: a job's servers at once (a later job over an earlier one)
+        n_servers = len(self.tree.server_gpus)
+        priority = np.full(n_servers, PRIORITY_CODES["normal"], dtype=np.int8)
+        phase = np.full(n_servers, PHASE_CODES["compute"], dtype=np.int8)
+        phase_s = np.full(n_servers, np.nan)  # announced phases only
+        wait_before_s = np.zeros(n_servers)
         for job in self.jobs.values():
-            for node in job.nodes:
-                gpus = self.tree.server_gpus[self.tree.server_ordinal[node]]
-                priority[gpus.start : gpus.stop] = PRIORITY_CODES[job.priority]
-                phase[gpus.start : gpus.stop] = PHASE_CODES[job.effective_phase]
+            servers = self._servers_of(job)
+            priority[servers] = PRIORITY_CODES[job.priority]
+            phase[servers] = PHASE_CODES[job.effective_phase]
+            phase_s[servers] = now - job.phase_since_mono if job.inferred_phase is None else np.nan
+            wait_before_s[servers] = job.wait_before_s
+        on_server = self.tree.gpu_server_ordinal
+        priority, phase = priority[on_server], phase[on_server]
+        phase_s, wait_before_s = phase_s[on_server], wait_before_s[on_server]
         state = ClusterState(
             power_w=power,
             cap_w=cap,
@@ -905,6 +942,8 @@ class ControllerCore:
             floor_w=self.tree.cap_min_w.astype(float).copy(),
             phase=phase,
             controllable=commandable[self.tree.gpu_server_ordinal],
+            phase_s=phase_s,
+            wait_before_s=wait_before_s,
         )
         return state, commandable
 

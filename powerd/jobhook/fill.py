@@ -84,6 +84,10 @@ OnFill = Callable[[str, dict[int, float]], None]  # (node, {gpu index: watts to 
 # A target this close under where compute will put its GPU has risen (float rounding, and
 # the few watts the last refresh left).
 RISEN_WITHIN_W = 1.0
+# A GPU that worked within this share of its cap then was held at it: it wanted more, so
+# compute resumed takes whatever cap it has now, a cap raised while it waited included (the
+# policy's held-at-cap test uses 5 % of the range, rule 3b of policies/capping.py).
+HELD_AT_CAP_SHARE = 0.05
 
 
 class _Gpu:
@@ -97,16 +101,24 @@ class _Gpu:
         "power_w",
         "rate_w_per_s",
         "up_w_per_s",
+        "worked_cap_w",
         "worked_w",
     )
 
     def __init__(self) -> None:
         self.power_w = self.worked_w = self.held_w = self.floor_w = self.cap_w = 0.0
+        self.worked_cap_w = 0.0
         self.rate_w_per_s = self.up_w_per_s = self.hysteresis_s = 0.0
 
 
 def _resume_w(g: _Gpu) -> float:
-    """Where compute puts a GPU when it resumes: its cap, or its draw at work if lower."""
+    """Where compute puts a GPU when it resumes: its cap, or its draw at work if lower; its
+    cap whatever it drew if it worked held at the cap it had then. Found by ``powerd demo
+    --smoothing --comm-s 3``: caps handed back just before a collective were never drawn,
+    so the draw at work was the old cap, and compute resumed stepped up by the raise on top
+    of the fall (99 W a GPU, 12.5 kW for a job, against a 70 W window's share)."""
+    if g.worked_w >= g.worked_cap_w * (1.0 - HELD_AT_CAP_SHARE):
+        return g.cap_w
     return min(g.cap_w, g.worked_w)
 
 
@@ -228,13 +240,14 @@ class FillFollower:
 
     def resume_levels(self, node: str) -> dict[int, float]:
         """Where compute will put each GPU on ``node`` when it resumes, W: its cap, or the
-        draw last sampled at work if lower (what ``wait_risen`` waits for)."""
+        draw last sampled at work if lower and not held at the cap it had then (what
+        ``wait_risen`` waits for)."""
         with self._cond:
             return {index: _resume_w(g) for index, g in self._gpus[node].items()}
 
     def wait_risen(self, timeout_s: float) -> bool:
-        """Wait until every GPU's target has reached where compute will put it (its cap, or
-        the draw last sampled at work if lower); False on timeout. True at once when no
+        """Wait until every GPU's target has reached where compute will put it
+        (``resume_levels``); False on timeout. True at once when no
         request came, and as soon as the requests go stale (nothing is smoothed)."""
 
         def risen(now: float) -> bool:
@@ -378,11 +391,12 @@ class FillFollower:
                 if g is None:
                     g = gpus[f.index] = _Gpu()
                     g.worked_w = g.held_w = f.power_w
+                    g.worked_cap_w = f.cap_w
                 g.power_w, g.floor_w, g.cap_w = f.power_w, f.floor_w, f.cap_w
                 g.rate_w_per_s, g.hysteresis_s = f.ramp_down_w_per_s, f.hysteresis_s
                 g.up_w_per_s = f.ramp_up_w_per_s
                 if self._state == "working":
-                    g.worked_w = f.power_w
+                    g.worked_w, g.worked_cap_w = f.power_w, f.cap_w
             targets = self._targets(node, self._clock())
             self._cond.notify_all()
         self._call(node, targets)

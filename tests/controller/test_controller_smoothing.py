@@ -5,8 +5,11 @@ restarts, new epochs and reloads are handled; the number of commands stays bound
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 import pytest
 
+from policies import ClusterState
+from policies.capping import rising_after_wait
 from powerd.controller.core import ControllerCore, ControllerSettings
 from powerd.controller.smoothing import GRID_PRESET, grid_smoothing
 from powerd.protocol import (
@@ -240,6 +243,55 @@ def test_under_grid_smoothing_starting_gpus_take_their_share_out_of_the_uncappin
     assert policy.startup_rise_w_per_s == profile.ramp_up_w_per_s == pytest.approx(90.0)
     plain = smoothing_bench(smoothing=None)
     assert plain.core.cycle_policy(plain.core.settings.cycle_s).startup_rise_w_per_s == 0.0
+
+
+def state_after(bench: Bench, advance_s: float) -> tuple[ClusterState, np.ndarray, np.ndarray]:
+    """What the policy was given in a cycle ``advance_s`` on, and its phase times."""
+    state = bench.cycle(advance_s).state
+    assert state is not None and state.phase_s is not None and state.wait_before_s is not None
+    return state, state.phase_s, state.wait_before_s
+
+
+def test_under_grid_smoothing_a_long_wait_keeps_its_rise_out_of_the_ramp() -> None:
+    """The policy learns how long each job has been in its announced phase and how long the
+    wait it left lasted (rule 4 counts GPUs rising back after a wait longer than the
+    profile's hysteresis, 1 s here); a repeated announcement keeps the phase's start, and a
+    phase inferred from power has no time. Without smoothing nothing is counted."""
+    bench = smoothing_bench()
+    assert bench.core.cycle_policy(bench.core.settings.cycle_s).wait_rise_after_s == 1.0
+    plain = smoothing_bench(smoothing=None)
+    assert plain.core.cycle_policy(plain.core.settings.cycle_s).wait_rise_after_s == float("inf")
+    gpus = slice(0, 2)  # k1-n1's
+    bench.phase("llm", "startup", ["k1-n1"])
+    bench.clock.advance(2.0)
+    bench.phase("llm", "compute")
+    bench.clock.advance(3.0)
+    bench.phase("llm", "communication")
+    bench.clock.advance(1.0)
+    bench.phase("llm", "communication")  # a repeat: the wait still began 1.5 s ago
+    state, phase_s, wait_before_s = state_after(bench, 0.5)
+    np.testing.assert_allclose(phase_s[gpus], 1.5)
+    np.testing.assert_allclose(wait_before_s[gpus], 0.0)  # compute followed no wait
+    assert np.isnan(phase_s[2:]).all()  # no job there
+    bench.phase("llm", "compute")
+    state, phase_s, wait_before_s = state_after(bench, 0.25)
+    np.testing.assert_allclose(phase_s[gpus], 0.25)
+    np.testing.assert_allclose(wait_before_s[gpus], 1.5)
+    policy = bench.core.cycle_policy(bench.core.settings.cycle_s)
+    every_gpu = np.ones(len(state.phase), dtype=bool)  # (none reported: none controllable)
+    # the step back: 0.5 s of falling at 45 W/s (a 0.5 kW/s ramp down) over one window's
+    # rise at 90 W/s (1 kW/s up): a quarter of the share, for a window after the resume
+    share = rising_after_wait(state, state.phase, every_gpu, policy)
+    np.testing.assert_allclose(share[gpus], 0.25)
+    assert not share[2:].any()
+    bench.phase("llm", "checkpoint")
+    bench.clock.advance(4.0)
+    bench.phase("llm", "compute")
+    _, _, wait_before_s = state_after(bench, 0.0)
+    np.testing.assert_allclose(wait_before_s[gpus], 4.0)  # a checkpoint is a wait too
+    bench.core.jobs["llm"].inferred_phase = "communication"  # as _infer_phases sets it
+    _, phase_s, _ = state_after(bench, 0.0)
+    assert np.isnan(phase_s).all()
 
 
 def test_under_grid_smoothing_caps_over_a_budget_are_cut_at_the_ramp_down_share() -> None:

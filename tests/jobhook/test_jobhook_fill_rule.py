@@ -195,6 +195,34 @@ def test_fill_back_up_rises_only_where_it_must_or_after_a_checkpoint():
     fill.close()
 
 
+def test_a_cap_raised_during_a_wait_counts_where_the_gpu_worked_held_at_its_cap():
+    """An H100 works held at its 474 W cap; the controller hands it 51 W more just as its
+    job's collective begins, so the draw at work never shows it. Held 1 s and fallen 34 W
+    by the end of a 1.5 s wait, compute would put it at its new 525 W cap: 85 W up at once,
+    more than its 70 W share, so it fills back up first. One that worked at 400 W under
+    the same cap wanted no more: it resumes at 400 W, fallen 34 W, within its share."""
+    clock = ManualClock(100.0)
+    fill = FillFollower(
+        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
+    )
+    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 68.0, "hysteresis_s": 1.0}
+    held = {**profile, "cap_w": 474.0}
+    fill.take(NODE, request(held, 1.0))  # drawing its cap
+    fill.waiting()
+    clock.advance(1.5)
+    fill.take(NODE, request({**profile, "cap_w": 525.0}, 440.0 / 525.0))  # the raise
+    assert fill.resume_levels(NODE) == {0: 525.0}
+    assert fill.must_rise_first()
+    fill.working()
+    fill.take(NODE, request(held, 400.0 / 474.0))  # a step that wanted less than its cap
+    fill.waiting()
+    clock.advance(1.5)
+    fill.take(NODE, request({**profile, "cap_w": 525.0}, 366.0 / 525.0))
+    assert fill.resume_levels(NODE) == {0: pytest.approx(400.0)}
+    assert not fill.must_rise_first()
+    fill.close()
+
+
 def test_no_fill_back_up_once_the_requests_go_stale():
     clock = ManualClock(100.0)
     fill = FillFollower(

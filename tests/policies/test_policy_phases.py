@@ -10,6 +10,7 @@ import pytest
 from policies import PHASE_CODES, ROW, SERVER, PolicySettings, decide, infer_phases
 from tests.support.policy_trees import make_state, uncapping_everywhere, uniform_tree, with_ramp
 
+INF = float("inf")
 COMPUTE, COMM, CKPT, STARTUP = (
     PHASE_CODES["compute"],
     PHASE_CODES["communication"],
@@ -154,6 +155,51 @@ def test_gpus_in_a_checkpoint_keep_their_rise_out_of_the_ramp_too(phase, reserve
     )
     handed_back_w = shared.cap_w[:8].sum() - 8 * 400.0
     assert handed_back_w == pytest.approx(1000.0 - (4 * 50.0 if reserved else 0.0))
+
+
+@pytest.mark.parametrize(
+    ("phase", "phase_s", "wait_before_s", "down_w_per_s", "reserved_w"),
+    [
+        (COMM, 0.5, 0.0, INF, 0.0),  # within the hysteresis: held whole, nothing to rise back
+        (COMM, 1.5, 0.0, INF, 50.0),  # past it: falling, rises back as compute resumes
+        (COMM, 3.0, 0.0, INF, 50.0),  # far down: fills back up under `communication` first
+        (COMPUTE, 0.4, 1.5, INF, 25.0),  # 0.4 s after a 1.5 s wait: a half-window step
+        (COMPUTE, 0.4, 1.5, 100.0, 50.0),  # ... falling twice as fast: a whole window's
+        (COMPUTE, 0.4, 3.0, INF, 50.0),  # after a long wait: at most a window's, filled first
+        (COMPUTE, 1.2, 1.5, INF, 0.0),  # a window on: done
+        (COMPUTE, 0.4, 0.8, INF, 0.0),  # after a wait held whole: no step
+        (COMM, np.nan, 0.0, INF, 0.0),  # not known (an inferred phase): not counted
+    ],
+)
+def test_gpus_after_a_long_wait_keep_their_rise_out_of_the_ramp(
+    phase, phase_s, wait_before_s, down_w_per_s, reserved_w
+):
+    """A collective longer than the smoothing profile's hysteresis (1 s) has begun to fall,
+    and its GPUs come back up on their own as compute resumes: at once by what they fell
+    (``down × (wait - 1 s)``, at most a window's rise), or filling back up first under
+    `communication` when they fell further (docs/POWER_SMOOTHING.md, "What is not
+    guaranteed", before). Rule 4 keeps their ramp-up share (50 W/s) out of the ramp from
+    the hysteresis on, and the step's share of it for a window after compute resumed."""
+    tree = with_ramp(uncapping_everywhere(uniform_tree(1, 1, 3, 4)), [0], 1000.0)
+    state = make_state(tree, 400.0, 400.0)
+    state.phase[8:] = phase
+    state.phase_s = np.full(12, 30.0)
+    state.phase_s[8:] = phase_s
+    state.wait_before_s = np.zeros(12)
+    state.wait_before_s[8:] = wait_before_s
+    settings = PolicySettings(
+        uncap_step_fraction=1.0,
+        startup_rise_w_per_s=50.0,
+        wait_rise_after_s=1.0,
+        cut_fall_w_per_s=down_w_per_s,
+    )
+    shared = decide(tree, state, 1.0, settings)  # handed back to every GPU that asks
+    handed_back_w = shared.cap_w.sum() - 12 * 400.0
+    assert handed_back_w == pytest.approx(1000.0 - 4 * reserved_w)
+    never = dataclasses.replace(settings, wait_rise_after_s=INF)
+    assert decide(tree, state, 1.0, never).cap_w.sum() - 12 * 400.0 == pytest.approx(1000.0)
+    with pytest.raises(ValueError, match="wait_rise_after_s"):
+        PolicySettings(wait_rise_after_s=float("nan"))
 
 
 # --- power floor cost ------------------------------------------------------------------------

@@ -31,6 +31,7 @@ policy_settings = st.builds(
     priority_shift=st.booleans(),
     uncap_between_bands=st.booleans(),
     startup_rise_w_per_s=st.just(0.0) | st.floats(0.0, 500.0),
+    wait_rise_after_s=st.just(float("inf")) | st.floats(0.0, 5.0),
     level_within_class=st.booleans(),
 )
 many = settings(max_examples=150, deadline=None)
@@ -294,7 +295,10 @@ def test_the_order_gpus_are_numbered_in_does_not_matter(seed, policy):
         },
     )
     shuffled_state = ClusterState(
-        **{f.name: getattr(state, f.name)[perm] for f in dataclasses.fields(state)}
+        **{
+            f.name: None if getattr(state, f.name) is None else getattr(state, f.name)[perm]
+            for f in dataclasses.fields(state)
+        }
     )
     d = decide(tree, state, dt_s, policy)
     s = decide(shuffled_tree, shuffled_state, dt_s, policy)

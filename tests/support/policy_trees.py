@@ -228,4 +228,7 @@ def random_tree_and_state(rng: np.random.Generator) -> tuple[Tree, ClusterState,
         controllable=rng.random(n_gpus) < 0.85,
     )
     dt_s = float(rng.choice([0.1, 1.0, 3.0]))
+    if rng.random() < 0.5:  # announced phases: their times known (some not: NaN)
+        state.phase_s = np.where(rng.random(n_gpus) < 0.1, np.nan, rng.uniform(0, 5, n_gpus))
+        state.wait_before_s = rng.uniform(0, 5, n_gpus) * (rng.random(n_gpus) < 0.5)
     return tree, state, dt_s
