@@ -18,9 +18,13 @@ rest stay put. Times are medians over ``--cycles`` after a warm-up: one cycle,
 and with ``--fine-every-s`` one recording window more. With ``--smoothing``
 every GPU reports a smoothing state (as Blackwell GPUs, or agents with
 ``software_smoothing``, do: on one sample in ``SMOOTHING_STATE_EVERY_SAMPLES``
-when it does not change) and the controller runs with ``grid_smoothing``.
+when it does not change) and the controller runs with ``grid_smoothing``. With ``--jobs N``
+N synchronous jobs split the nodes and announce their phases: each computes nine cycles and
+waits one (``communication``), the jobs out of step, so every cycle builds the policy's
+per-GPU priority, phase and phase times from the jobs (``ControllerCore.cluster_state``).
 
-    python -m bench.bench_controller [--budgets FILE] [--cycles 10] [--smoothing] [--json out.json]
+    python -m bench.bench_controller [--budgets FILE] [--cycles 10] [--smoothing] [--jobs N]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ from powerd.protocol import (
     SMOOTHING_STATE_EVERY_SAMPLES,
     GpuSmoothingState,
     GpuTelemetry,
+    Phase,
+    PhaseEvent,
     Telemetry,
     Topics,
     encode,
@@ -113,6 +119,7 @@ def run(
     fine_every_s: float = 0.0,
     smoothing: bool = False,
     state_every: int = SMOOTHING_STATE_EVERY_SAMPLES,
+    jobs: int = 0,
 ) -> dict:
     topology = load_budgets(budgets)
     tree = topology.tree
@@ -131,6 +138,12 @@ def run(
         wall=lambda: clock[0] + 1.7e9,
     )
     core.new_epoch(1)
+    names = list(tree.server_ordinal)
+    job_names = [f"job{j}" for j in range(jobs)]
+    for j, job in enumerate(job_names):  # each job announced with its share of the nodes
+        nodes = names[j * len(names) // jobs : (j + 1) * len(names) // jobs]
+        event = PhaseEvent(v=1, job=job, ts=clock[0] + 1.7e9, phase="startup", nodes=nodes)
+        core.on_phase(job, encode(event))
     records = Records("bench", topology, "bench", fine_every_s=fine_every_s)
     rng = np.random.default_rng(seed)
     n = tree.n_gpus
@@ -151,6 +164,10 @@ def run(
     # built once (what a running controller has long done) before anything is timed
     warmup = 1 + math.ceil(fine_every_s)
     for c in range(cycles + warmup):
+        for j, job in enumerate(job_names):  # nine cycles of compute, one of communication
+            phase: Phase = "communication" if (c + j) % 10 == 9 else "compute"
+            event = PhaseEvent(v=1, job=job, ts=clock[0] + 1.7e9, phase=phase)
+            core.on_phase(job, encode(event))
         hot = np.isin(gpu_rack, rng.choice(racks, max(1, len(racks) // 10), replace=False))
         power = np.where(hot, rng.uniform(1100.0, 1200.0, n), power)
         payloads = telemetry_payloads(
@@ -178,6 +195,8 @@ def run(
         n_gpu_lines = sum(len(records.telemetry(core, s)) for s in samples)
         t4 = time.perf_counter()
         cap = result.decision.cap_w.copy()
+        timed = result.state.phase_s if result.state is not None else None
+        gpus_timed = int(np.isfinite(timed).sum()) if timed is not None else 0
         clock[0] += 1.0
         for node, _ in result.commands:  # every command acknowledged at once
             core.pending.pop(core.tree.server_ordinal[node], None)
@@ -198,6 +217,8 @@ def run(
         "fine_every_s": fine_every_s,
         "smoothing": smoothing,
         "states_every": state_every if smoothing else None,
+        "jobs": jobs,
+        "gpus_in_announced_phases_last_cycle": gpus_timed,
         "median_ms": {k: round(statistics.median(v) * 1e3, 1) for k, v in timings.items()},
         "max_ms": {k: round(max(v) * 1e3, 1) for k, v in timings.items()},
         "tree_points_last_cycle": len(lines),
@@ -226,14 +247,23 @@ def main() -> None:
         help="with --smoothing: a node's GPUs carry their state on one sample in this many "
         "(1: every sample, as agents did before 2026-11-26)",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="this many synchronous jobs split the nodes and announce compute and communication",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    if args.jobs < 0:
+        parser.error("--jobs must be 0 or more")
     result = run(
         args.budgets,
         args.cycles,
         fine_every_s=args.fine_every_s,
         smoothing=args.smoothing,
         state_every=args.states_every,
+        jobs=args.jobs,
     )
     result["machine"] = machine()
     result["command"] = "python -m bench.bench_controller " + " ".join(sys.argv[1:])

@@ -254,6 +254,9 @@ class ControllerCore:
         self.offline = np.zeros(n_servers, dtype=bool)
         self.jobs: dict[str, Job] = {}
         self._job_server_index: dict[str, tuple[list[str], np.ndarray]] = {}  # _servers_of
+        runs = self.tree.server_gpus  # _gpus_on
+        self._server_first_gpu = np.array([r.start for r in runs], dtype=np.intp)
+        self._server_n_gpus = np.array([len(r) for r in runs], dtype=np.intp)
         self.server_job: list[str | None] = [None] * n_servers  # the job each server runs
         # what we asked of each server and whether it was acknowledged
         self.commanded_cap_w = np.full(n_gpus, np.nan)
@@ -702,6 +705,12 @@ class ControllerCore:
     def _job_servers(self, job: Job) -> list[int]:
         return [self.tree.server_ordinal[n] for n in job.nodes]
 
+    def _gpus_on(self, servers: np.ndarray) -> np.ndarray:
+        """The GPU indices of ``servers``, in order (each server's run of GPUs)."""
+        first, count = self._server_first_gpu[servers], self._server_n_gpus[servers]
+        starts = np.cumsum(count) - count
+        return np.repeat(first - starts, count) + np.arange(int(count.sum()))
+
     def _servers_of(self, job: Job) -> np.ndarray:
         """``_job_servers`` as an index array, kept until the job's node list is replaced
         (every cycle needs it; a 150 MW job names 10,000 nodes)."""
@@ -1104,24 +1113,19 @@ class ControllerCore:
         ]
         if not quiet:
             return
-        gpu_ids, job_ids = [], []
-        for k, job in enumerate(quiet):
-            for node in job.nodes:
-                gpus = self.tree.server_gpus[self.tree.server_ordinal[node]]
-                gpu_ids.append(np.arange(gpus.start, gpus.stop))
-                job_ids.append(np.full(len(gpus), k))
-        if not gpu_ids:
+        gpu_ids = [self._gpus_on(self._servers_of(job)) for job in quiet]
+        sizes = np.array([len(ids) for ids in gpu_ids], dtype=np.intp)
+        if not sizes.sum():
             return
         index = np.concatenate(gpu_ids)
         history = np.roll(self._history_w[index], -self._history_next, axis=1)  # oldest first
         codes = infer_phases(
-            history, np.concatenate(job_ids), sample_period_s=self.settings.cycle_s
+            history,
+            np.repeat(np.arange(len(quiet)), sizes),
+            sample_period_s=self.settings.cycle_s,
         )
-        firsts = np.cumsum([0] + [len(a) for a in gpu_ids])
-        per_job: dict[int, int] = {}
-        for first, ids in zip(firsts[:-1], job_ids, strict=True):
-            if len(ids):
-                per_job[int(ids[0])] = int(codes[first])
+        firsts = np.cumsum(sizes) - sizes  # every GPU of a job has the job's phase
+        per_job = {k: int(codes[firsts[k]]) for k in range(len(quiet)) if sizes[k]}
         for k, job in enumerate(quiet):
             code = per_job.get(k)
             inferred = None if code is None else PHASES[code]

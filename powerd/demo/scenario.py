@@ -304,9 +304,10 @@ class TrainingJob:
         """After a checkpoint, or a wait that lets compute step up by more than a window's
         share (``FillFollower.must_rise_first``), fill the GPUs back up at the ramp-up rate
         before computing, still announced as the wait. The controller counts a checkpoint's
-        GPUs as rising on their own until compute is announced, not after: a step up at
-        once then would come on top of the caps it hands back. The time it takes comes out
-        of the compute that follows."""
+        GPUs, and a collective's once it outlasts the hysteresis, as rising on their own
+        until compute is announced, and then only for the step a short wait leaves (rule 4
+        of policies/capping.py): a larger step at once would come on top of the caps it
+        hands back. The time it takes comes out of the compute that follows."""
         if self.fill is None:
             return
         started = self.clock()

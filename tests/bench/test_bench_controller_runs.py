@@ -27,6 +27,7 @@ def test_controller_benchmark_runs(tmp_path: Path):
     report = json.loads(out.read_text())
     assert report["gpus"] == 256
     assert report["nodes"] == 64
+    assert report["gpus_in_announced_phases_last_cycle"] == 0  # no jobs
     assert report["gpu_points_last_cycle"] == 256  # every GPU recorded (fine_every_s 0)
     assert report["tree_points_last_cycle"] == report["tree_nodes"] + 1  # + the decision point
     assert set(report["median_ms"]) == {"ingest", "cycle", "sign", "records", "gpu_records"}
@@ -41,7 +42,7 @@ def test_controller_benchmark_runs_with_smoothing_states(tmp_path: Path):
     budgets = resources.files("powerd.data").joinpath("budgets/demo.toml")
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "bench.bench_controller", "--smoothing"),
+            *(sys.executable, "-m", "bench.bench_controller", "--smoothing", "--jobs", "2"),
             *("--budgets", str(budgets), "--cycles", "3", "--json", str(out)),
         ],
         capture_output=True,
@@ -51,4 +52,5 @@ def test_controller_benchmark_runs_with_smoothing_states(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert report["smoothing"] is True and report["gpus"] == 256
+    assert report["jobs"] == 2 and report["gpus_in_announced_phases_last_cycle"] == 256
     assert report["median_ms"]["ingest"] > 0

@@ -6,8 +6,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies import PHASE_CODES, ROW, SERVER, PolicySettings, decide, infer_phases
+from policies.phases import _row_quantile
 from tests.support.policy_trees import make_state, uncapping_everywhere, uniform_tree, with_ramp
 
 INF = float("inf")
@@ -288,3 +291,24 @@ def test_inference_edge_cases():
         infer_phases(np.zeros((3, 5)), np.zeros(4, dtype=int))
     with pytest.raises(ValueError, match="drop_fraction"):
         infer_phases(power, np.zeros(4, dtype=int), drop_fraction=1.5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n_samples=st.integers(1, 40),
+    q=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+)
+def test_the_compute_level_is_numpys_lower_quantile_of_what_was_sampled(seed, n_samples, q):
+    """Rows with gaps (NaN, inf: a sample missed) take their own k of their finite samples,
+    as ``np.nanquantile(method="lower")`` does row by row; a row with none is 0."""
+    rng = np.random.default_rng(seed)
+    values = rng.uniform(0.0, 1200.0, (30, n_samples))
+    values[rng.random(values.shape) < 0.3] = np.nan
+    values[rng.random(values.shape) < 0.05] = np.inf
+    values[0] = np.nan  # nothing finite
+    got = _row_quantile(values, q)
+    for row, level in zip(values, got, strict=True):
+        finite = row[np.isfinite(row)]
+        want = np.quantile(finite, q, method="lower") if len(finite) else 0.0
+        assert level == want
