@@ -19,9 +19,10 @@ and with ``--fine-every-s`` one recording window more. With ``--smoothing``
 every GPU reports a smoothing state (as Blackwell GPUs, or agents with
 ``software_smoothing``, do: on one sample in ``SMOOTHING_STATE_EVERY_SAMPLES``
 when it does not change) and the controller runs with ``grid_smoothing``. With ``--jobs N``
-N synchronous jobs split the nodes and announce their phases: each computes nine cycles and
-waits one (``communication``), the jobs out of step, so every cycle builds the policy's
-per-GPU priority, phase and phase times from the jobs (``ControllerCore.cluster_state``).
+N synchronous jobs split the nodes (announced as a job hook does, a long list as a host
+list) and announce their phases: each computes nine cycles and waits one
+(``communication``), the jobs out of step, so every cycle builds the policy's per-GPU
+priority, phase and phase times from the jobs (``ControllerCore.cluster_state``).
 
     python -m bench.bench_controller [--budgets FILE] [--cycles 10] [--smoothing] [--jobs N]
         [--json out.json]
@@ -56,6 +57,7 @@ from powerd.protocol import (
     Telemetry,
     Topics,
     encode,
+    job_nodes_fields,
 )
 from powerd.signing import Signer
 from powerd.topology import load_budgets
@@ -142,7 +144,8 @@ def run(
     job_names = [f"job{j}" for j in range(jobs)]
     for j, job in enumerate(job_names):  # each job announced with its share of the nodes
         nodes = names[j * len(names) // jobs : (j + 1) * len(names) // jobs]
-        event = PhaseEvent(v=1, job=job, ts=clock[0] + 1.7e9, phase="startup", nodes=nodes)
+        fields = job_nodes_fields(nodes)  # a long list as a host list, as a job hook sends it
+        event = PhaseEvent(v=1, job=job, ts=clock[0] + 1.7e9, phase="startup", **fields)
         core.on_phase(job, encode(event))
     records = Records("bench", topology, "bench", fine_every_s=fine_every_s)
     rng = np.random.default_rng(seed)

@@ -22,6 +22,7 @@ import msgspec
 import msgspec.inspect
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from powerd.hostlist import compress_hostlist, expand_hostlist
 from powerd.vocabulary import (
     PHASES,
     PRIORITIES,
@@ -354,6 +355,43 @@ class PhaseEvent(_Payload):
     nodes: list[Name] | None = None
     priority: Priority = "normal"
     expected_s: NonNegFloat | None = None
+    # optional addition to v1: the nodes as a Slurm-style host list ("r01-n[01-18],r02-n07"),
+    # for a job whose list does not fit in one payload (a 150 MW job's 10,368 nodes are
+    # 176 KB as a list, 25 KB as this); not together with `nodes`. Expanded when decoded:
+    # at most powerd.hostlist.MAX_HOSTS names, each a valid node name.
+    hostlist: Annotated[str, Meta(min_length=1)] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.hostlist is not None:
+            if self.nodes is not None:
+                raise ValueError("`nodes` and `hostlist` together: send one of them")
+            self.node_names()  # a list that does not expand to node names is refused
+
+    def node_names(self) -> list[str] | None:
+        """The job's nodes, from `nodes` or the expanded `hostlist`; None if neither."""
+        if self.hostlist is None:
+            return self.nodes
+        names = expand_hostlist(self.hostlist)
+        bad = next((n for n in names if _NAME_RE.match(n) is None), None)
+        if bad is not None:
+            raise ValueError(f"`hostlist` names {bad[:80]!r}, not a node name")
+        return names
+
+
+# A job's node list longer than this as JSON goes as a host list (PhaseEvent.hostlist): a
+# shorter one stays a list, which every v1 controller reads.
+NODE_LIST_MAX_BYTES = 16 * 1024
+
+
+def job_nodes_fields(nodes: list[str] | None) -> dict[str, Any]:
+    """``PhaseEvent`` keyword arguments for a job's ``nodes``: the list while it is short,
+    else the same names compressed into ``hostlist``; none for None."""
+    if nodes is None:
+        return {}
+    if sum(len(n) + 3 for n in nodes) <= NODE_LIST_MAX_BYTES:
+        return {"nodes": nodes}
+    return {"hostlist": compress_hostlist(nodes)}
 
 
 # --- heartbeat: controller -> agents, every second, retained -----------------

@@ -669,7 +669,7 @@ def phase_event_from_message(cluster: str, event: PhaseEvent) -> str:
         job=event.job,
         phase=event.phase,
         priority=event.priority,
-        nodes=None if event.nodes is None else len(event.nodes),
+        nodes=None if (names := event.node_names()) is None else len(names),
         expected_s=event.expected_s,
     )
 

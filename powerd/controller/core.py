@@ -653,8 +653,9 @@ class ControllerCore:
         if refusal is not None:
             self._reject(job_name, ProtocolError(refusal))
             return None
+        names = event.node_names()  # `nodes`, or its `hostlist` (checked when decoded)
         if job is None:
-            if event.nodes is None:
+            if names is None:
                 self._log.warning(
                     f"job-{job_name}",
                     self._monotonic(),
@@ -665,8 +666,8 @@ class ControllerCore:
                 return None
             job = Job(job_name, [], event.priority, event.phase, self._monotonic(), owner=owner)
             self.jobs[job_name] = job
-        if event.nodes is not None:
-            unknown = [n for n in event.nodes if n not in self.tree.server_ordinal]
+        if names is not None:
+            unknown = [n for n in names if n not in self.tree.server_ordinal]
             if unknown and not self.settings.scoped:
                 self._log.warning(
                     f"jobnodes-{job_name}",
@@ -679,7 +680,7 @@ class ControllerCore:
             for server in self._job_servers(job):
                 if self.server_job[server] == job_name:
                     self.server_job[server] = None
-            job.nodes = [n for n in event.nodes if n in self.tree.server_ordinal]
+            job.nodes = [n for n in names if n in self.tree.server_ordinal]
             for server in self._job_servers(job):
                 self.server_job[server] = job_name
         job.priority, job.since_mono = event.priority, self._monotonic()

@@ -85,6 +85,7 @@ from powerd.protocol import (
     Status,
     Topics,
     encode,
+    job_nodes_fields,
     peek_order,
 )
 from powerd.signing import Verifier
@@ -543,21 +544,23 @@ class FleetModel:
             for rack in self._pushed:  # a pushed rack stays pushed
                 self.demand_w[self._rack_gpus[rack]] = self.cap_max_w[self._rack_gpus[rack]]
             self._demand_changed(gpus)
+            names = [self.names[n] for n in job.nodes] if phase == "startup" else None
             event = PhaseEvent(
                 v=PROTOCOL_VERSION,
                 job=job.name,
                 ts=wall,
                 phase=phase,  # type: ignore[arg-type]
-                nodes=[self.names[n] for n in job.nodes] if phase == "startup" else None,
                 priority=job.priority,  # type: ignore[arg-type]
                 expected_s=last_for,
+                **job_nodes_fields(names),  # a long list as a host list
             )
             try:
                 payload = encode(event)
             except ProtocolError as exc:
                 raise ValueError(
                     f"job {job.name} has {len(job.nodes)} nodes: its startup announcement is "
-                    f"over the protocol's payload limit ({exc}); run more, smaller jobs"
+                    f"over the protocol's payload limit even as a host list ({exc}); run more, "
+                    "smaller jobs"
                 ) from None
             self.counters.phase_events += 1
             out.append((job.name, payload))

@@ -44,9 +44,9 @@ import os
 import threading
 from collections.abc import Iterable
 
+from powerd.hostlist import expand_hostlist
 from powerd.jobhook.env import ENV_BROKER, ENV_CLUSTER, ENV_JOB, ENV_NODES, ENV_PRIORITY
 from powerd.jobhook.fill import FillFollower
-from powerd.jobhook.hostlist import expand_hostlist
 from powerd.jobhook.reporter import PhaseBlock, PhaseReporter, ReporterStats, _open_reporters
 from powerd.vocabulary import PRIORITIES
 

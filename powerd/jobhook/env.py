@@ -9,7 +9,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from powerd.jobhook.hostlist import expand_hostlist
+from powerd.hostlist import expand_hostlist
 from powerd.jobhook.reporter import PhaseReporter, _check_name, _check_nodes, _check_priority
 
 __all__ = ["ENV_BROKER", "ENV_CLUSTER", "ENV_JOB", "ENV_NODES", "ENV_PRIORITY", "RANK_VARIABLES"]

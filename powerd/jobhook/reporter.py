@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from powerd.jobhook.publisher import Publisher
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
-from powerd.protocol import PhaseEvent, ProtocolError, Topics, encode
+from powerd.protocol import PhaseEvent, ProtocolError, Topics, encode, job_nodes_fields
 from powerd.protocol import check_name as _protocol_check_name
 from powerd.ratelimit import LogOncePer
 from powerd.vocabulary import PHASES, PRIORITIES, PROTOCOL_VERSION
@@ -331,14 +331,15 @@ class PhaseReporter:
             job=self.job,
             ts=time.time(),
             phase=phase,  # type: ignore[arg-type]
-            nodes=nodes,
             priority=self.priority,  # type: ignore[arg-type]
             expected_s=expected_s,
+            **job_nodes_fields(nodes),  # a long list goes as a Slurm-style host list
         )
         return encode(event)
 
     def _check_startup_fits(self, nodes: list[str] | None) -> None:
-        """A node list too long for one payload is an argument error: find it now."""
+        """A node list too long for one payload, even as a host list, is an argument error:
+        find it now."""
         if nodes is None:
             return
         try:

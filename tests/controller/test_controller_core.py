@@ -604,6 +604,19 @@ def test_job_priority_and_phase_reach_the_cluster_state(bench: Bench) -> None:
     }
 
 
+def test_a_job_announced_with_a_host_list_runs_on_its_nodes(bench: Bench) -> None:
+    """A large job names its nodes as a Slurm-style host list (PhaseEvent.hostlist); the
+    controller expands it (names not in the budgets file left out, as from a list)."""
+    event = PhaseEvent(
+        v=1, job="big", ts=WALL0, phase="startup", priority="high", hostlist="k1-n[1-2],k9-n1"
+    )
+    assert bench.core.on_phase("big", encode(event)) is not None
+    assert bench.core.jobs["big"].nodes == ["k1-n1", "k1-n2"]
+    assert bench.core.job_of("k1-n2") == "big" and bench.core.job_of("k2-n1") is None
+    state, _ = bench.core.cluster_state(bench.clock.t, CycleCounters())
+    assert state.priority[bench.gpus("k1-n2").start] == PRIORITY_CODES["high"]
+
+
 def test_payload_naming_another_node_or_job_than_its_topic_is_rejected(bench: Bench) -> None:
     bench.report_all(300.0)
     bench.apply(bench.cycle(), ack=False)

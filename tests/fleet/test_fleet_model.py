@@ -7,7 +7,17 @@ import time
 import pytest
 
 from powerd.fleet.model import FleetModel, FleetOptions
-from powerd.protocol import Ack, Command, GpuCommand, Heartbeat, Telemetry, Topics, decode, encode
+from powerd.protocol import (
+    Ack,
+    Command,
+    GpuCommand,
+    Heartbeat,
+    PhaseEvent,
+    Telemetry,
+    Topics,
+    decode,
+    encode,
+)
 from powerd.topology import Topology, parse_budgets
 from tests.support.fleet_sites import small_site
 from tests.support.keys import STRANGER, VERIFIER, sign
@@ -182,12 +192,15 @@ def test_jobs_announce_startup_then_alternate_compute_and_communication() -> Non
     assert m.counters.phase_events == 8
 
 
-def test_a_job_too_big_to_announce_says_so() -> None:
+def test_a_job_too_big_for_a_node_list_is_announced_as_a_host_list() -> None:
     from powerd.fleet.sites import cut_site
 
     m = fleet(parse_budgets(cut_site(rows=4)), FleetOptions(jobs=1))  # 5,184 nodes
-    with pytest.raises(ValueError, match="run more, smaller jobs"):
-        m.phase_events(0.0, WALL)
+    ((job, payload),) = m.phase_events(0.0, WALL)
+    assert job == m.jobs[0].name
+    event = decode(PhaseEvent, payload)
+    assert event.phase == "startup" and event.nodes is None and event.hostlist is not None
+    assert event.node_names() == [m.names[n] for n in m.jobs[0].nodes]
 
 
 def test_unsigned_forged_or_misdirected_control_messages_move_nothing(model: FleetModel) -> None:

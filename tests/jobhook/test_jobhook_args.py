@@ -53,7 +53,25 @@ def test_invalid_cluster_and_nodes():
     with pytest.raises(ValueError, match="nodes must be a list"):
         off(nodes=7)
     with pytest.raises(ValueError, match="do not fit in one phase payload"):
-        off(nodes=[f"node-{i:06d}" for i in range(10_000)])
+        off(nodes=[f"n{i:06d}x" for i in range(10_000)])  # not even as a host list
+
+
+def test_a_long_node_list_is_announced_as_a_host_list():
+    """A 150 MW job's 10,368 nodes are 176 KB as a list, over the 64 KiB a payload may be:
+    the reporter sends them as a Slurm-style host list, which decodes to the same names."""
+    nodes = [
+        f"row{r:02d}-k{k:02d}-n{i:02d}"
+        for r in range(1, 9)
+        for k in range(1, 73)
+        for i in range(1, 19)
+    ]
+    reporter = off(nodes=nodes)
+    event = decode(PhaseEvent, reporter._encode("startup", None, reporter.nodes))
+    assert event.nodes is None and event.hostlist is not None
+    assert event.node_names() == nodes
+    short = off(nodes=nodes[:100])  # a short list stays a list, as every controller reads it
+    event = decode(PhaseEvent, short._encode("startup", None, short.nodes))
+    assert event.nodes == nodes[:100] and event.hostlist is None
 
 
 @pytest.mark.parametrize(
