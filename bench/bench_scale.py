@@ -25,7 +25,11 @@ set from the decode cost measured in the 20,736-node run, so that it can
 decode half of what comes), and twice the telemetry rate (every node at half
 the period) with the default budget.
 
-    python -m bench.bench_scale [--nodes 5184,10368,20736] [--overload] [--json out.json]
+With ``--jobs N`` the fleet also runs N training jobs (whole racks each) that announce
+their phases, so the controller sorts its GPUs by job every cycle, as it does on a site.
+
+    python -m bench.bench_scale [--nodes 5184,10368,20736] [--overload] [--jobs N]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class Scenario:
     bare: bool = True  # run the yardstick beside it
     grid_smoothing: bool = False  # the controller's controller.grid_smoothing
     max_raises_per_s: float | None = None  # None: the controller's default
+    jobs: int = 0  # the fleet's training jobs (whole racks each), announcing their phases
 
 
 def budgets_for(rows: int, out: Path) -> Path:
@@ -167,6 +172,7 @@ def run_scenario(
                     warmup_s=warmup_s,
                     push_every_s=push_every_s,
                     start="running",
+                    jobs=s.jobs,
                 ),
                 out / "fleet.log",
             )
@@ -286,6 +292,8 @@ def summarise(
         "fleet_failsafe_entries": summary["failsafe_entries"],
         "acks": summary["acks"],
         "grid_smoothing": s.grid_smoothing,
+        "jobs": s.jobs,
+        "phase_events": summary["phase_events"],
         "gpu_power_w_per_s": summary["gpu_power_w_per_s"],
         "smoothing": summary["smoothing"],
     }
@@ -331,8 +339,17 @@ def main() -> None:
         type=Path,
         help="keep each run's files (logs, the controller's records) in a folder under this",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="the fleet runs this many training jobs (whole racks each) announcing startup, "
+        "then 20 s of compute and 3 s of communication in turn [default: none]",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    if args.jobs < 0:
+        parser.error("--jobs must be 0 or more")
     scenarios = []
     for text in args.nodes.split(","):
         if not text.strip():
@@ -340,6 +357,7 @@ def main() -> None:
         nodes = int(text)
         rows = max(1, round(nodes / NODES_PER_ROW))
         name = f"{rows * NODES_PER_ROW} nodes" + (", grid smoothing" if args.grid_smoothing else "")
+        name += f", {args.jobs} jobs" if args.jobs else ""
         scenarios.append(
             Scenario(
                 name,
@@ -349,6 +367,7 @@ def main() -> None:
                 bare=not args.no_bare,
                 grid_smoothing=args.grid_smoothing,
                 max_raises_per_s=args.max_raises_per_s,
+                jobs=args.jobs,
             )
         )
     if args.overload and not any(s.rows == 16 for s in scenarios):

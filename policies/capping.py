@@ -331,7 +331,8 @@ def rising_after_wait(
         resumed = (phase == _COMPUTE_CODE) & (phase_s <= after_s) & (wait_s > after_s)
         up, down = settings.startup_rise_w_per_s, settings.cut_fall_w_per_s
         rates = down / up if np.isfinite(down) and up > 0 else 1.0
-        step_share = np.minimum(1.0, rates * (wait_s - after_s) / after_s)
+        with np.errstate(over="ignore", invalid="ignore"):  # a tiny after_s: a whole share
+            step_share = np.minimum(1.0, rates * (wait_s - after_s) / after_s)
         share = np.where(resumed, step_share, share)
     return np.where(controllable, share, 0.0)
 

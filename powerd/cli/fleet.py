@@ -119,7 +119,7 @@ from powerd.vocabulary import PRIORITIES
     show_default=True,
     type=click.IntRange(min=0),
     help="Training jobs (whole racks each) announcing startup, then compute and communication "
-    "in turn; a job's node list must fit one announcement (~3,000 nodes).",
+    "in turn; a long node list is announced as a Slurm-style host list.",
 )
 @click.option(
     "--job-priority",

@@ -23,6 +23,8 @@ def test_scale_benchmark_runs(tmp_path: Path) -> None:
             "4",
             "--push-every-s",
             "1",
+            "--jobs",
+            "2",
             "--json",
             str(out),
         ],
@@ -44,5 +46,6 @@ def test_scale_benchmark_runs(tmp_path: Path) -> None:
     assert run["heartbeat_gap_s"]["count"] > 0
     # the fleet's GB200s report their smoothing state; without grid_smoothing none is asked
     assert run["grid_smoothing"] is False
+    assert run["jobs"] == 2 and run["phase_events"] >= 2  # each job's startup, at least
     assert run["smoothing"]["gpus"] == 1296 * 4 and run["smoothing"]["on_at_end"] == 0
     assert set(run["gpu_power_w_per_s"]) == {"up_max", "down_max", "up_max_at_s", "down_max_at_s"}
