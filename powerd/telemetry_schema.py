@@ -379,7 +379,7 @@ DECISION = Measurement(
             "telemetry_waiting", INT, "count", "nodes with telemetry not yet decoded at decision"
         ),
         Field("ingest_s", FLOAT, "s", "CPU time spent decoding telemetry since the last cycle"),
-        Field("raises_deferred", INT, "count", "nodes whose raise waits (max_raises_per_s)"),
+        Field("raises_deferred", INT, "count", "nodes whose raise or lock waits, max_raises_per_s"),
         Field("clock_policy_gpus", INT, "count", "GPUs whose agent locks clocks on announcements"),
         Field("nodes_drifted", INT, "count", "nodes found holding other caps than commanded"),
         Field(

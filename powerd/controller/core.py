@@ -174,7 +174,8 @@ class CycleCounters:
     telemetry_lost: int = 0
     telemetry_waiting: int = 0
     ingest_s: float = 0.0  # CPU time spent decoding telemetry since the last cycle
-    # nodes whose raise (watts handed back) waits for a later cycle (max_raises_per_cycle)
+    # nodes whose raise (watts handed back) or clock lock waits for a later cycle
+    # (max_raises_per_cycle)
     raises_deferred: int = 0
     # nodes found holding other caps or clock locks than commanded (commanded again)
     nodes_drifted: int = 0
@@ -962,11 +963,14 @@ class ControllerCore:
     ) -> list[tuple[str, Command]]:
         """Commands for the nodes whose caps or clock locks change, and resends.
 
-        Cuts, clock changes and resends go out at once, whatever their number. A
-        command that only hands watts back (or restates what a node holds after a new
-        epoch) waits its turn when more than ``max_raises_per_cycle`` want one: the rest
-        keep their lower caps a cycle or more longer, which is safe, and the nodes are
-        served round robin. That bounds the flood when a whole site uncaps at once.
+        Cuts, clocks unlocked (or raised) and resends go out at once, whatever their
+        number. A command that only hands watts back, locks a clock (or lowers a lock),
+        or restates what a node holds after a new epoch waits its turn when more than
+        ``max_raises_per_cycle`` want one: the rest keep their lower caps, or their
+        clocks unlocked, a cycle or more longer, which is safe, and the nodes are served
+        round robin. That bounds the flood when a whole site uncaps at once, and when a
+        job of 10,000 nodes whose agents take no clock policy enters communication (a
+        lock saves energy and can wait; an unlock is what compute waits for).
         """
         n_servers = self.tree.n_servers
         ordinal = self.tree.gpu_server_ordinal
@@ -987,7 +991,9 @@ class ControllerCore:
         clock_changed = clock_moved | unknown | policies.changed
         holds = np.where(unknown, self.cap_w, self.commanded_cap_w)
         cut = cap_changed & (decision.cap_w < holds - CAP_TOLERANCE_W)
-        urgent_gpu = cut | (clock_moved & ~(unknown & np.isnan(want_clock)))
+        with np.errstate(invalid="ignore"):  # NaN: no lock
+            freed = clock_moved & (np.isnan(want_clock) | (want_clock > had_clock))
+        urgent_gpu = cut | (freed & ~(unknown & np.isnan(want_clock)))
         smoothing = self.settings.smoothing
         smooth = np.zeros(self.tree.n_gpus, dtype=bool)
         if smoothing is not None:  # not urgent: served with the raises, round robin

@@ -337,3 +337,49 @@ def test_a_command_replacing_an_unacknowledged_one_is_counted_as_superseded(benc
     bench.core.on_ack("k2-n2", ack_payload("k2-n2", first["k2-n2"]))
     server = list(bench.core.tree.server_names).index("k2-n2")
     assert bench.core.pending[server][0] == dict(result.commands)["k2-n2"].seq
+
+
+def settle(bench: Bench, cycles: int = 10) -> None:
+    """Cycles (telemetry at 300 W each) until nothing more is commanded."""
+    for _ in range(cycles):
+        bench.report_all(300.0)
+        if not bench.apply(bench.cycle(advance_s=1.0)):
+            return
+    raise AssertionError(f"still commanding after {cycles} cycles")
+
+
+def test_clock_locks_wait_their_turn_and_unlocks_go_at_once() -> None:
+    """Agents that take no clock policy are locked by the controller itself: a job of
+    10,000 nodes entering communication would be 10,000 commands in one cycle (found by
+    `bench_scale --jobs 2` on the 150 MW site). A lock saves energy and can wait its turn
+    with the raises (here one a cycle); an unlock is what compute waits for: at once."""
+    bench = make_bench(ack_timeout_s=3.0, command_ttl_s=30.0, max_raises_per_cycle=1)
+    job_nodes = ["k2-n1", "k2-n2", "k3-n1"]
+    bench.report_all(300.0)
+    bench.phase("j", "startup", job_nodes)
+    bench.phase("j", "compute")
+    settle(bench)
+    bench.phase("j", "communication")
+    locked: list[str] = []
+    for _ in range(3):
+        bench.report_all(300.0)
+        result = bench.cycle(advance_s=1.0)
+        commands = bench.apply(result)
+        assert len(commands) == 1  # one lock a cycle
+        ((node, command),) = commands.items()
+        assert [g.max_sm_clock_mhz for g in command.gpus] == [COMM_CLOCK_MHZ] * 2
+        locked.append(node)
+        assert result.counters.raises_deferred == 3 - len(locked)
+    assert sorted(locked) == job_nodes
+    bench.phase("j", "compute")
+    bench.report_all(300.0)
+    commands = bench.apply(bench.cycle(advance_s=1.0))
+    assert sorted(commands) == job_nodes  # every unlock in the same cycle
+    for command in commands.values():
+        assert [g.max_sm_clock_mhz for g in command.gpus] == [None, None]
+    bench.phase("j", "communication")  # a wait that ends before its turn comes ...
+    bench.report_all(300.0)
+    first = bench.apply(bench.cycle(advance_s=1.0))
+    bench.phase("j", "compute")
+    bench.report_all(300.0)
+    assert sorted(bench.apply(bench.cycle(advance_s=1.0))) == sorted(first)  # ... unlocks one
