@@ -255,9 +255,6 @@ class ControllerCore:
         self.offline = np.zeros(n_servers, dtype=bool)
         self.jobs: dict[str, Job] = {}
         self._job_server_index: dict[str, tuple[list[str], np.ndarray]] = {}  # _servers_of
-        runs = self.tree.server_gpus  # _gpus_on
-        self._server_first_gpu = np.array([r.start for r in runs], dtype=np.intp)
-        self._server_n_gpus = np.array([len(r) for r in runs], dtype=np.intp)
         self.server_job: list[str | None] = [None] * n_servers  # the job each server runs
         # what we asked of each server and whether it was acknowledged
         self.commanded_cap_w = np.full(n_gpus, np.nan)
@@ -709,7 +706,8 @@ class ControllerCore:
 
     def _gpus_on(self, servers: np.ndarray) -> np.ndarray:
         """The GPU indices of ``servers``, in order (each server's run of GPUs)."""
-        first, count = self._server_first_gpu[servers], self._server_n_gpus[servers]
+        first = self.tree.gpu_start[servers]
+        count = self.tree.gpu_start[servers + 1] - first
         starts = np.cumsum(count) - count
         return np.repeat(first - starts, count) + np.arange(int(count.sum()))
 
@@ -932,7 +930,7 @@ class ControllerCore:
         # a local-mode agent reports but refuses commands: its power counts, it is not capped
         commandable = live & ~self._in_mode("local")
         # per server, then per GPU: a job's servers at once (a later job over an earlier one)
-        n_servers = len(self.tree.server_gpus)
+        n_servers = self.tree.n_servers
         priority = np.full(n_servers, PRIORITY_CODES["normal"], dtype=np.int8)
         phase = np.full(n_servers, PHASE_CODES["compute"], dtype=np.int8)
         phase_s = np.full(n_servers, np.nan)  # announced phases only
