@@ -106,7 +106,7 @@ def compress_hostlist(names: Iterable[str]) -> str:
         items.append(f"{prefix}[{body}]")
 
     for name in names:
-        if "," in name or "[" in name or "]" in name or not name.strip() == name or not name:
+        if not name or any(c in ",[]" or c.isspace() for c in name):  # what expand splits on
             raise ValueError(f"{name!r} cannot be part of a host list")
         match = _NUMBERED.match(name)
         if match is None:  # no number at its end: a list item of its own

@@ -35,6 +35,12 @@ def test_a_compressed_list_expands_to_the_same_names_in_order(nodes):
     assert expand_hostlist(compress_hostlist(nodes)) == nodes
 
 
+@pytest.mark.parametrize("name", ["a b", "a,b", "n[1]", "", " n1", "n1\t"])
+def test_a_name_that_a_host_list_would_split_is_refused(name):
+    with pytest.raises(ValueError, match="cannot be part of a host list"):
+        compress_hostlist(["n1", name])
+
+
 def test_a_150_mw_job_fits_one_payload_as_a_host_list():
     nodes = [
         f"row{r:02d}-k{k:02d}-n{i:02d}"
