@@ -30,7 +30,8 @@ max(0, t - t_w - hysteresis))``; stopping since ``t_e``, ``max(0, H - ramp_down
 × (t - t_e))``: no floor, and no hysteresis, which only guards against a
 wait ending at once (a job that stops will not resume, and only the job knows
 it). Compute that resumes steps each GPU at once from its target up to where compute
-puts it, ``min(cap, the draw last sampled at work)``: after a wait shorter than two
+puts it, ``min(cap, the draw last sampled at work)``, or the cap if that draw was held at
+the cap it had then (``resume_levels``): after a wait shorter than two
 hysteresis windows that is what its fall took within the last window, but after a long
 one (a checkpoint: its draw fell to the checkpoint's, and an H100's staged cap cannot go
 below 200 W) more than the GPU's share of one window's rise (``ramp_up × hysteresis``),
@@ -40,7 +41,9 @@ first, at the ramp-up rate (``starting()`` and ``wait_risen()``, both in
 controller counts a GPU in a staged phase (``startup``, ``checkpoint``) as rising on its
 own at its share (rule 4 of ``policies/capping.py``) until compute is announced, so a job
 that announces its checkpoint until it has filled back up shares the site's ramp with
-the caps handed back elsewhere, and a step at once after it would not. When no request
+the caps handed back elsewhere, and a step at once after it would not; a collective
+longer than the hysteresis is counted the same way while it lasts, and its step for one
+window after. When no request
 has come for ``stale_after_s`` (the agent stopped, switched smoothing off or lost the
 broker), the follower lets the draw fall
 from where it was, after what is left of the hysteresis, at the last rate and
