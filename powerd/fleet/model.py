@@ -40,11 +40,19 @@ messages the way ``powerd.agent.core.AgentCore`` does, in bulk:
   communication its GPUs draw ``COMM_LOAD`` of their compute demand (they wait
   on collectives); the controller may lock their clocks meanwhile.
 
+- **Clock policies** (a command's ``comm_clock``), as ``powerd.agent.phase_clock``
+  holds them: every applied command replaces each of its node's GPUs' policy, the
+  ack reads it back (its clock clamped into the device's range); the job's own
+  announcements (``on_phase``; the fleet's jobs' through ``phase_events``) lock
+  its GPUs' clocks in ``communication`` and unlock them in any other phase;
+  failsafe and a newer controller epoch end every policy. So the controller
+  leaves those clocks to the jobs, as it does with real agents, and sends no
+  command at a phase change for them.
+
 Not simulated: the agents' command TTL (refreshed by every live heartbeat,
-so it only matters when heartbeats stop, which failsafe covers already);
-clock policies (a command's ``comm_clock``: the ack leaves it out, as an agent
-that does not know them, and the controller locks the clocks itself); software
-smoothing (``agent.software_smoothing``: its GPUs report no smoothing); and
+so it only matters when heartbeats stop, which failsafe covers already); the
+broker's hop for the fleet's own announcements (its agents hear them at once);
+software smoothing (``agent.software_smoothing``: its GPUs report no smoothing); and
 per-GPU workload curves (``powerd.gpu.simulated`` has those, at ~100 times
 the cost per sample). ``tests/fleet/test_fleet_conformance.py`` holds the
 simulated answers to a real ``AgentCore``'s on the same messages.
@@ -61,6 +69,7 @@ from msgspec import UNSET
 
 from policies.tree import RACK
 from powerd.agent.controls import profile_of, smoothing_wire
+from powerd.agent.phase_clock import LOCKING_PHASE
 from powerd.gpu.base import SmoothingProfile, SmoothingRange, smoothed_draw
 from powerd.gpu.clock_table import ClockTable
 from powerd.gpu.errors import GpuValueError
@@ -77,7 +86,9 @@ from powerd.protocol import (
     Ack,
     AckError,
     Command,
+    CommClock,
     GpuAck,
+    GpuCommand,
     GpuSmoothing,
     Heartbeat,
     PhaseEvent,
@@ -163,6 +174,7 @@ class FleetCounters:
     failsafe_entries: int = 0
     rejected_payloads: int = 0
     clock_locks: int = 0  # GPU clock locks applied by commands
+    phase_locks: int = 0  # ... and by a job's announcements, under a clock policy
     phase_events: int = 0
 
 
@@ -211,6 +223,10 @@ class FleetModel:
         initial_w = self.failsafe_cap_w if options.start == "fresh" else self.cap_max_w
         self.cap_w: list[float] = initial_w.tolist()
         self.lock_mhz: list[int | None] = [None] * n_gpus
+        # clock policies: per GPU, the (job, owner) whose announcements move its lock and
+        # the clock it locks to (clamped), or None; and whether an announcement made the lock
+        self.policy: list[tuple[str, str | None, int] | None] = [None] * n_gpus
+        self._phase_locked: list[bool] = [False] * n_gpus
         self.power_w: list[float] = np.minimum(self.demand_w, initial_w).tolist()
         self.energy_j: list[float] = [0.0] * n_gpus
         self._want: list[float] = self.demand_w.tolist()  # this period's demand, noise included
@@ -385,6 +401,8 @@ class FleetModel:
             return False
         if beat.epoch > self.newest_epoch:  # a new leader: every state on the next sample
             self._smooth_sent = [None] * self.n_gpus
+            if self.newest_epoch >= 0:
+                self._end_policies(release=True)
         self.newest_epoch = beat.epoch  # its leader exists, live or not: older ones are deposed
         deadline = now + self.options.failsafe_after_s - max(0.0, wall - beat.ts)
         if deadline <= now:
@@ -402,7 +420,17 @@ class FleetModel:
         self.counters.failsafe_entries += 1
         self.cap_w[:] = self.failsafe_cap_w.tolist()
         self.lock_mhz[:] = [None] * self.n_gpus
+        self._end_policies(release=False)  # the locks are gone already
         return True
+
+    def _end_policies(self, release: bool) -> None:
+        """Every clock policy ends (failsafe, a newer epoch); ``release``: remove the locks
+        announcements made."""
+        for g, locked in enumerate(self._phase_locked):
+            if locked and release:
+                self.lock_mhz[g] = None
+        self._phase_locked = [False] * self.n_gpus
+        self.policy = [None] * self.n_gpus
 
     def on_command(self, node_name: str, payload: bytes, now: float, wall: float) -> bytes | None:
         """Apply a command to one node as its agent would; its ack (None: not our node)."""
@@ -423,6 +451,7 @@ class FleetModel:
         if command.epoch < self.newest_epoch or order <= self.last_applied[node]:
             return self._ack(node, command.epoch, command.seq, "stale", [], None, wall)
         start, count = int(self.gpu_start[node]), int(self.gpu_count[node])
+        held = self._replace_policies(start, count, command.gpus)
         acks: list[GpuAck] = []
         errors: list[str] = []
         for entry in command.gpus:
@@ -431,9 +460,12 @@ class FleetModel:
                 continue
             g = start + entry.index
             clamped = False
+            comm_clock = held.get(entry.index)
+            if comm_clock is not None and entry.comm_clock is not UNSET:
+                clamped = comm_clock.max_sm_clock_mhz != round(entry.comm_clock.max_sm_clock_mhz)
             if entry.cap_w is not UNSET:
                 cap = min(max(entry.cap_w, self._cap_min[g]), self._cap_max[g])
-                clamped = cap != entry.cap_w
+                clamped |= cap != entry.cap_w
                 self.cap_w[g] = cap
             if entry.max_sm_clock_mhz is None:
                 self.lock_mhz[g] = None
@@ -455,6 +487,7 @@ class FleetModel:
                     max_sm_clock_mhz=self.lock_mhz[g],
                     clamped=clamped,
                     smoothing=smoothing,
+                    comm_clock=comm_clock,
                 )
             )
         self.last_applied[node] = order
@@ -463,6 +496,65 @@ class FleetModel:
         ack = self._ack(node, command.epoch, command.seq, result, acks, "; ".join(errors), wall)
         self._check_pushes(now)
         return ack
+
+    def _replace_policies(
+        self, start: int, count: int, entries: list[GpuCommand]
+    ) -> dict[int, CommClock]:
+        """An applied command's clock policies replace every GPU's of its node, as
+        ``PhaseClocks.after_command``; what each GPU holds now, by index, for the ack."""
+        wanted: dict[int, CommClock] = {}
+        for entry in entries:
+            if entry.index >= count:
+                continue
+            if entry.max_sm_clock_mhz is not UNSET:
+                self._phase_locked[start + entry.index] = False  # the command sets this lock
+            if entry.comm_clock is not UNSET:
+                wanted[entry.index] = entry.comm_clock
+        held: dict[int, CommClock] = {}
+        for k in range(count):
+            g = start + k
+            new, old = wanted.get(k), self.policy[g]
+            clock = None if new is None else self._clamp_clock(g, new.max_sm_clock_mhz)
+            if self._phase_locked[g]:
+                if new is None or old is None or (new.job, new.owner) != old[:2]:
+                    self._phase_locked[g] = False
+                    self.lock_mhz[g] = None
+                else:
+                    self.lock_mhz[g] = clock
+            if new is None or clock is None:
+                self.policy[g] = None
+            else:
+                self.policy[g] = (new.job, new.owner, clock)
+                held[k] = CommClock(job=new.job, owner=new.owner, max_sm_clock_mhz=float(clock))
+        return held
+
+    def _clamp_clock(self, g: int, clock_mhz: float) -> int:
+        """A lock as GPU ``g`` takes it: rounded, into the device's range."""
+        return int(min(max(round(clock_mhz), self._clock_min[g]), self._clock_max[g]))
+
+    def on_phase(self, job: str, owner: str | None, phase: str, now: float) -> int:
+        """A job's announcement, heard by every node: the GPUs whose policy names the job
+        lock their clocks in ``communication`` and unlock them in any other phase
+        (``powerd.agent.phase_clock``); how many GPUs it moved. Nothing while in failsafe."""
+        if self.failsafe or now > self.heartbeat_deadline:
+            return 0
+        moved = 0
+        lock = phase == LOCKING_PHASE
+        for g, policy in enumerate(self.policy):
+            if policy is None or policy[0] != job or policy[1] != owner:
+                continue
+            if lock:
+                if self.lock_mhz[g] != policy[2]:
+                    self.lock_mhz[g] = policy[2]
+                    moved += 1
+                    self.counters.phase_locks += 1
+                self._phase_locked[g] = True
+            else:
+                self._phase_locked[g] = False
+                if self.lock_mhz[g] is not None:
+                    self.lock_mhz[g] = None
+                    moved += 1
+        return moved
 
     # --- load -----------------------------------------------------------------------------
 
@@ -544,6 +636,7 @@ class FleetModel:
             for rack in self._pushed:  # a pushed rack stays pushed
                 self.demand_w[self._rack_gpus[rack]] = self.cap_max_w[self._rack_gpus[rack]]
             self._demand_changed(gpus)
+            self.on_phase(job.name, None, phase, now)  # its agents hear it (no broker hop)
             names = [self.names[n] for n in job.nodes] if phase == "startup" else None
             event = PhaseEvent(
                 v=PROTOCOL_VERSION,

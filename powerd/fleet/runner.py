@@ -75,7 +75,8 @@ class FleetReport:
     # (the rest of a gap is the broker's and this process's)
     heartbeat_sent_gaps_s: list[float] = field(default_factory=list)
     failsafe_entries: int = 0
-    clock_locks: int = 0
+    clock_locks: int = 0  # by commands
+    phase_locks: int = 0  # by the jobs' announcements, under the controller's clock policies
     phase_events: int = 0
     pushes: list[dict[str, float | None]] = field(default_factory=list)
     period_s: float = 1.0  # the telemetry period: the simulated time one round stands for
@@ -105,6 +106,7 @@ class FleetReport:
             ),
             "failsafe_entries": self.failsafe_entries,
             "clock_locks": self.clock_locks,
+            "phase_locks": self.phase_locks,
             "phase_events": self.phase_events,
             "pushes": len(self.pushes),
             "pushes_brought_back": len(from_push),
@@ -407,6 +409,7 @@ class FleetRunner:
         report.telemetry_sent, report.commands, report.acks = c.telemetry, c.commands, c.acks
         report.heartbeats, report.failsafe_entries = c.heartbeats, c.failsafe_entries
         report.clock_locks, report.phase_events = c.clock_locks, c.phase_events
+        report.phase_locks = c.phase_locks
         report.smoothing_gpus = model.smoothing_gpus
         for push in model.pushes:
             back = None if push.back_at is None else push.back_at - push.at

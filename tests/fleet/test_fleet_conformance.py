@@ -5,9 +5,9 @@ silences, fed to ``powerd.agent.core.AgentCore`` on simulated GB200s and to one 
 ``powerd/fleet/model.py`` re-implements the agent's answers in bulk (the 150 MW site's
 82,944 GPUs at 1 Hz would not fit otherwise), so a change to how the agent behaves must
 be copied there; this is the test that says when it was not. What it compares is what
-the controller reads: an ack's result, order and each GPU's cap, clock lock, ``clamped``
-and smoothing profile, whether it carries errors; telemetry's mode, epoch and each GPU's
-cap, lock and smoothing state. Not compared: the draw (the fleet's is a share of a
+the controller reads: an ack's result, order and each GPU's cap, clock lock, ``clamped``,
+smoothing profile and clock policy, whether it carries errors; telemetry's mode, epoch and
+each GPU's cap, lock and smoothing state, also after a job's phase announcements. Not compared: the draw (the fleet's is a share of a
 demand, the simulated GPU's follows workload curves) and error texts.
 """
 
@@ -31,16 +31,19 @@ from powerd.protocol import (
     SMOOTHING_STATE_EVERY_SAMPLES,
     Ack,
     Command,
+    CommClock,
     ControllerState,
     GpuCommand,
     GpuSmoothing,
     Heartbeat,
+    PhaseEvent,
     Telemetry,
     Topics,
     decode,
     encode,
 )
 from powerd.topology import parse_budgets
+from powerd.vocabulary import Phase
 from tests.support.clock import WALL0, ManualClock
 from tests.support.fleet_sites import small_site
 from tests.support.keys import STRANGER, VERIFIER, sign
@@ -77,7 +80,18 @@ class Sample:
     pass
 
 
-Step = Beat | Order | Wait | Sample
+@dataclass(frozen=True)
+class Announce:
+    """A job's phase announcement on its topic (unsigned: it moves only what a policy let)."""
+
+    job: str
+    owner: str | None
+    phase: Phase
+
+
+Step = Beat | Order | Wait | Sample | Announce
+JOBS = ("j1", "j2")
+OWNERS = (None, "alice")
 
 smoothings = st.builds(
     GpuSmoothing,
@@ -94,12 +108,19 @@ clocks: st.SearchStrategy[float | UnsetType | None] = st.one_of(
 caps: st.SearchStrategy[float | UnsetType] = st.one_of(
     st.just(UNSET), st.floats(0.001, 2000.0), st.sampled_from([200.0, 960.0, 1200.0])
 )
+comm_clocks = st.builds(
+    CommClock,
+    job=st.sampled_from(JOBS),
+    max_sm_clock_mhz=st.one_of(st.integers(1, 3000).map(float), st.floats(0.5, 3000.0)),
+    owner=st.sampled_from(OWNERS),
+)
 gpu_commands = st.builds(
     GpuCommand,
     index=st.integers(0, 4),  # 4: a GPU the node does not have
     cap_w=caps,
     max_sm_clock_mhz=clocks,
     smoothing=st.one_of(st.just(UNSET), smoothings),
+    comm_clock=st.one_of(st.just(UNSET), comm_clocks),
 )
 steps: st.SearchStrategy[Step] = st.one_of(
     st.builds(
@@ -114,6 +135,12 @@ steps: st.SearchStrategy[Step] = st.one_of(
     ),
     st.builds(Wait, st.sampled_from([0.5, 3.0, 6.0, 11.0])),
     st.just(Sample()),
+    st.builds(
+        Announce,
+        st.sampled_from(JOBS),
+        st.sampled_from(OWNERS),
+        st.sampled_from(["communication", "communication", "compute", "checkpoint"]),
+    ),
 )
 
 
@@ -171,6 +198,11 @@ class Pair:
         self.agent.tick()
         self.fleet.tick(self.clock.monotonic())
 
+    def announce(self, step: Announce) -> None:
+        event = PhaseEvent(v=1, job=step.job, ts=self.clock.wall, phase=step.phase)
+        self.agent.on_phase(TOPICS.phase(step.job, step.owner), encode(event))
+        self.fleet.on_phase(step.job, step.owner, step.phase, self.clock.monotonic())
+
     def sample(self) -> tuple[Telemetry, Telemetry]:
         agent = self.agent.telemetry()
         fleet = decode(Telemetry, self.fleet.telemetry(0, self.clock.time(), 1.0), self.node)
@@ -187,6 +219,7 @@ def same_ack(agent: Ack, fleet: Ack) -> None:
         assert f.max_sm_clock_mhz == a.max_sm_clock_mhz, (a, f)
         assert f.clamped == a.clamped, (a, f)
         assert f.smoothing == a.smoothing, (a, f)
+        assert f.comm_clock == a.comm_clock, (a, f)
 
 
 def same_telemetry(agent: Telemetry, fleet: Telemetry) -> None:
@@ -206,6 +239,8 @@ def run(pair: Pair, script: list[Step]) -> None:
             same_ack(*pair.order(step))
         elif isinstance(step, Wait):
             pair.wait(step)
+        elif isinstance(step, Announce):
+            pair.announce(step)
         else:
             same_telemetry(*pair.sample())
     same_telemetry(*pair.sample())
@@ -268,3 +303,39 @@ def test_a_newer_epoch_from_a_heartbeat_too_old_to_be_live_still_fences_older_co
     agent, fleet = pair.order(Order(1, 5, (GpuCommand(index=0, cap_w=800.0),), True))
     same_ack(agent, fleet)
     assert agent.result == "stale"
+
+
+def test_a_clock_policy_is_held_and_followed_alike() -> None:
+    """A granted policy, by hand: the job's communication locks the clock, compute frees it,
+    a command without the policy ends it (and the lock an announcement made), and an
+    announcement of another job or owner moves nothing."""
+    pair = Pair()
+    pair.beat(Beat(epoch=1, leader=True, age_s=0.0))
+    policy = CommClock(job="j1", max_sm_clock_mhz=5.0)  # below the device's range
+    grant = tuple(GpuCommand(index=i, cap_w=900.0, comm_clock=policy) for i in range(2))
+    agent, fleet = pair.order(Order(1, 1, grant, True))
+    same_ack(agent, fleet)
+    held = agent.gpus[0].comm_clock
+    assert held is not None and agent.gpus[0].clamped
+    clock_mhz = round(held.max_sm_clock_mhz)
+    assert clock_mhz == pair.fleet.clock_min_mhz[0]  # clamped up into the range
+
+    def locks() -> list[int | None]:
+        agent_sample, fleet_sample = pair.sample()
+        same_telemetry(agent_sample, fleet_sample)
+        return [g.max_sm_clock_mhz for g in fleet_sample.gpus]
+
+    pair.announce(Announce("j1", "alice", "communication"))  # another owner's j1
+    pair.announce(Announce("j2", None, "communication"))
+    assert set(locks()) == {None}
+    pair.announce(Announce("j1", None, "communication"))
+    assert locks()[:3] == [clock_mhz, clock_mhz, None]
+    pair.announce(Announce("j1", None, "compute"))
+    assert set(locks()) == {None}
+    pair.announce(Announce("j1", None, "communication"))
+    agent, fleet = pair.order(Order(1, 2, (GpuCommand(index=0, cap_w=900.0),), True))
+    same_ack(agent, fleet)
+    assert agent.gpus[0].comm_clock is None
+    assert set(locks()) == {None}  # the policy ended with the command that left it out
+    pair.announce(Announce("j1", None, "communication"))
+    assert set(locks()) == {None}
