@@ -99,7 +99,15 @@ A node's measured power is the measured power of every GPU under it plus its
    budget then; found by ``powerd demo``), nor shifted this cycle, and whose
    every ancestor is below its ``uncap_threshold_w`` asks for
    ``min(gap, max(uncap_step_fraction * gap, uncap_min_step_w))``, with
-   ``gap = cap_max - cap``. Every node grants at most
+   ``gap = cap_max - cap``; where ``uncap_cycles`` gives it k cycles, what k
+   such steps would give, ``min(gap, max((1 - (1 - uncap_step_fraction)^k) * gap,
+   k * uncap_min_step_w))``, and with 0 nothing (its node is not served a raise
+   this cycle: a controller bounds raises per cycle and serves nodes in turn, so
+   a node's one command in k cycles carries their watts instead of one
+   cycle's; the grants below bound the total as ever, and of a node's room to
+   its capping target and its limit a turn gets only its share, what its GPUs
+   ask over what every GPU that could ask would ask for k cycles, so the first
+   turns under a breaker do not take what the later ones' share). Every node grants at most
    ``min(ramp_w_per_s * dt_s, cap_target_w - predicted)`` in total (0 if it
    is not below its uncapping threshold; ``ramp_w_per_s`` less
    ``startup_rise_w_per_s`` for every controllable GPU in a staged phase under
@@ -337,6 +345,17 @@ def rising_after_wait(
     return np.where(controllable, share, 0.0)
 
 
+def may_ask_to_uncap(tree: Tree, state: ClusterState) -> np.ndarray:
+    """Per GPU, whether rule 4 could hand it watts back at all: controllable, below its
+    maximum cap, neither staged nor waiting (what its nodes, under their thresholds, might
+    give it is the policy's to decide). A controller serving hand-backs in turn offers
+    its turns to these (``ClusterState.uncap_cycles``)."""
+    phase = np.asarray(state.phase)
+    below = np.asarray(state.cap_w, dtype=float) < np.asarray(tree.cap_max_w, dtype=float)
+    settled = ~in_codes(phase, _STAGED_CODES) & ~in_codes(phase, _WAITING_CODES)
+    return np.asarray(np.asarray(state.controllable, dtype=bool) & below & settled)
+
+
 def decide(
     tree: Tree, state: ClusterState, dt_s: float, settings: PolicySettings | None = None
 ) -> Decision:
@@ -464,11 +483,15 @@ def decide(
     # between their bands, only the GPUs held at their caps
     may_ask = below[server_of] | (room[server_of] & held)
     asking = ctl & ~staged & ~waiting & ~shifted & ~levelled & may_ask & (cap < cap_max)
+    cycles = None if state.uncap_cycles is None else np.asarray(state.uncap_cycles, dtype=float)
+    everyone = asking  # with turns: every GPU that would ask, its turn or not
+    if cycles is not None:
+        asking = asking & (cycles > 0)
     if asking.any():
         i = np.flatnonzero(asking)
-        gap = cap_max[i] - cap[i]
-        step = np.maximum(settings.uncap_step_fraction * gap, settings.uncap_min_step_w)
-        request = np.minimum(gap, step)
+        request = _uncap_request(
+            cap_max[i] - cap[i], None if cycles is None else cycles[i], settings
+        )
         # what every GPU under a node could draw at its cap (the others at what they draw)
         held = np.where(ctl, cap, power) if not ctl.all() else cap
         node_cap_sum = tree.node_sum(held) + overhead
@@ -480,8 +503,18 @@ def decide(
         if settings.startup_rise_w_per_s > 0:  # what GPUs take of it on their own
             rising = np.maximum(staged, rising_after_wait(state, phase, ctl, settings))
             ramp = np.maximum(ramp - settings.startup_rise_w_per_s * tree.node_sum(rising), 0)
-        budget = np.minimum(ramp * dt_s - level_rise, tree.cap_target_w - drawn)
-        np.minimum(budget, tree.limit_w - node_cap_sum, out=budget)
+        cap_room = np.minimum(tree.cap_target_w - drawn, tree.limit_w - node_cap_sum)
+        if cycles is not None:  # a turn takes its share of the room, the others' turns come
+            j = np.flatnonzero(everyone)
+            k_all = np.full(len(j), float(cycles[i].max()))
+            wanted = np.bincount(
+                server_of[j],
+                weights=_uncap_request(cap_max[j] - cap[j], k_all, settings),
+                minlength=n_nodes,
+            )
+            asked = np.bincount(server_of[i], weights=request, minlength=n_nodes)
+            cap_room = cap_room * _ratio(tree.fold_up(asked), tree.fold_up(wanted))
+        budget = np.minimum(ramp * dt_s - level_rise, cap_room)
         budget = np.where(room & (budget > NEGLIGIBLE_W), budget, 0.0)  # NaN (bad tree): none
         server = tree.gpu_ancestor[SERVER][i]
         classes = priority[i]
@@ -949,6 +982,19 @@ def _ramp_grants(
         grant[nodes] = allowed[nodes] * _ratio(grant[parent], demand[parent])
     share: np.ndarray = _ratio(grant, demand)[server]
     return share
+
+
+def _uncap_request(
+    gap_w: np.ndarray, cycles: np.ndarray | None, settings: PolicySettings
+) -> np.ndarray:
+    """Rule 4's request of GPUs ``gap_w`` below their maximum: one cycle's step, or with
+    ``cycles`` (k per GPU) what k such steps would give."""
+    fraction, least_w = settings.uncap_step_fraction, settings.uncap_min_step_w
+    if cycles is None:
+        step = np.maximum(fraction * gap_w, least_w)
+    else:
+        step = np.maximum((1.0 - (1.0 - fraction) ** cycles) * gap_w, cycles * least_w)
+    return np.asarray(np.minimum(gap_w, step), dtype=float)
 
 
 def _ratio(num: np.ndarray, den: np.ndarray, cap: bool = True) -> np.ndarray:

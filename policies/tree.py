@@ -252,3 +252,9 @@ class ClusterState:
     # policies.capping then counts no rise of its own after a wait.
     phase_s: np.ndarray | None = None
     wait_before_s: np.ndarray | None = None
+    # How many cycles of uncapping each GPU's request stands for (rule 4 of
+    # policies.capping): 0, it asks nothing this cycle; k, it asks what k cycles of steps
+    # would give. None: 1 for every GPU. A controller that may command only so many raises
+    # a cycle (max_raises_per_cycle) serves the nodes wanting watts back in turn, each once
+    # every k cycles: with this each turn's command carries k cycles' watts instead of one's.
+    uncap_cycles: np.ndarray | None = None

@@ -149,6 +149,16 @@ from powerd.vocabulary import PRIORITIES
 )
 @click.option("--seed", default=1, show_default=True, type=int, help="Noise, order, failures.")
 @click.option(
+    "--verify-every",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Check the signature of one command in this many; the others are refused only if "
+    "unsigned or signed by an unknown key. Each real agent checks its own on its own CPU "
+    "(~120 us); one process playing 20,736 of them may sample, to measure the controller "
+    "rather than itself.",
+)
+@click.option(
     "--report-json",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write what was measured here as JSON (else it is printed).",

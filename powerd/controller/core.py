@@ -20,9 +20,9 @@ from typing import TypeVar
 import numpy as np
 
 from policies import ClusterState, Decision, PolicySettings, Tree, decide, infer_phases
-from policies.capping import WAITING_PHASES
+from policies.capping import WAITING_PHASES, may_ask_to_uncap
 from policies.smoothing import with_cut_fall
-from policies.tree import PHASE_CODES, PRIORITY_CODES
+from policies.tree import PHASE_CODES, PRIORITY_CODES, RACK
 from powerd.controller.inbox import Waiting
 from powerd.controller.ingest_health import IngestHealth
 from powerd.protocol import (
@@ -74,6 +74,19 @@ RANGE_TOLERANCE_W = 1.0  # a cap outside [cap_min, cap_max], or a range not the 
 SEQ_RESTART_MAX = 16  # seq back to this or below is an agent that restarted, not a replay
 PLAUSIBLE_TO_CLEAR = 5  # consecutive plausible samples before a node is believed again
 CAP_TOLERANCE_W = 1.0  # smaller cap changes are not worth a command
+# A command still not acknowledged ack_timeout_s after it was sent is resent; each resend
+# since the node's last ack doubles that wait, up to 2**this times: agents (or a broker) that
+# are slow to answer are not sent every command again each ack_timeout_s
+RESEND_MAX_DOUBLINGS = 3
+# While nodes are handed watts back in turn, a raise smaller than this share of a GPU's range
+# (20 W on a 200-1200 W GB200) is not sent, unless it is the last to its maximum: it is what
+# is left of a breaker's room shared out (the site's last 100 kW to 82,944 GPUs, 20 W a
+# command), and the nodes keep their caps, which is safe
+RAISE_WORTH_FRACTION = 0.02
+# The share of max_raises_per_cycle that nodes handed watts back in turn take (whole racks,
+# so a little more or less); the rest is left to other raises (a smoothing profile, a clock
+# lock, levelling)
+UNCAP_TURN_SHARE = 0.75
 CAP_BOUND_FRACTION = 0.9  # a capped GPU drawing this share of its cap is held by it
 # Announced phases under which a job that never announces its waits has them inferred.
 INFERRED_FROM = ("compute", "eval")
@@ -177,6 +190,9 @@ class CycleCounters:
     # nodes whose raise (watts handed back) or clock lock waits for a later cycle
     # (max_raises_per_cycle)
     raises_deferred: int = 0
+    # nodes holding caps below their maximum whose turn to be handed watts back is a later
+    # cycle (``ControllerCore._uncap_in_turn``)
+    uncap_waiting: int = 0
     # nodes found holding other caps or clock locks than commanded (commanded again)
     nodes_drifted: int = 0
     # nodes whose agents hold a failsafe cap above the budgets file's: the limits were
@@ -204,6 +220,21 @@ class ClockPolicies:
     clock_mhz: np.ndarray
     changed: np.ndarray
     follows: np.ndarray
+
+
+def _interleaved_rack_order(tree: Tree) -> np.ndarray:
+    """Per tree node, a rack's place when racks are taken a row at a time in turn (the
+    first rack of each row, then the second ...); -1 for nodes that are not racks."""
+    place = np.full(tree.n_nodes, -1, dtype=np.int64)
+    racks = tree.level_nodes[RACK]
+    rows = tree.level_parent[RACK]
+    rank = np.zeros(len(racks), dtype=np.int64)  # its place among its row's racks
+    seen: dict[int, int] = {}
+    for k, row in enumerate(rows.tolist()):
+        rank[k] = seen.get(row, 0)
+        seen[row] = rank[k] + 1
+    place[racks[np.lexsort((rows, rank))]] = np.arange(len(racks))
+    return place
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -286,6 +317,14 @@ class ControllerCore:
         # read back from their telemetry when they are back (_track_holdings)
         self._returning = np.zeros(n_servers, dtype=bool)
         self._raise_cursor = 0  # where the round robin of deferred raises goes on
+        self._uncap_cursor = 0  # ... and of the nodes whose turn it is to be handed watts
+        # per server, commands resent since its last ack: each doubles the wait for the next
+        self._resends_unacked = np.zeros(tree.n_servers, dtype=np.int64)
+        self._uncap_turn: np.ndarray | None = None  # per server: its turn this cycle
+        # per server, its rack's place in the order racks take turns: the first rack of every
+        # row, then the second of every row ...: a turn spreads over the rows, each of which
+        # has a ramp of its own (policies.capping rule 4)
+        self._server_turn_order = _interleaved_rack_order(tree)[tree.parent[tree.server_nodes]]
         # agent clock (ts) of each node's newest decoded telemetry and of its last ack of ours
         self._sample_ts = np.full(n_servers, -math.inf)
         self._acked_ts = np.full(n_servers, -math.inf)
@@ -578,6 +617,7 @@ class ControllerCore:
         if ack.epoch != self.epoch or pending is None or ack.seq < pending[0]:
             return  # an old command's ack
         del self.pending[server]
+        self._resends_unacked[server] = 0
         if ack.result == "stale":
             # It holds a newer command of this epoch than ours: not one we sent. Not
             # applied: asked again (a newer seq) next cycle, and drift checks what it holds.
@@ -750,6 +790,7 @@ class ControllerCore:
             self._remember_power(now, heard)
             self._infer_phases(now)
         state, live = self.cluster_state(now, counters, heard)
+        state = self._uncap_in_turn(state, live, counters)
         self._track_holdings(now, live, counters)
         decision = decide(self.tree, state, dt_s, self.cycle_policy(dt_s))
         self._last_node_power_w = decision.node_power_w
@@ -764,6 +805,43 @@ class ControllerCore:
         if ingest is not None:
             self._log.warning("telemetry-dropped", now, "%s", ingest)
         return CycleResult(decision, commands, counters, time.perf_counter() - started, state)
+
+    def _uncap_in_turn(
+        self, state: ClusterState, live: np.ndarray, counters: CycleCounters
+    ) -> ClusterState:
+        """Racks handed watts back in turn when more nodes want them than raises may go out.
+
+        A raise waits its turn when more than ``max_raises_per_cycle`` nodes want one
+        (``_commands``), and the policy, deciding again from the caps nodes hold, would
+        give each node in its turn one cycle's step: ten commands or more for a node to
+        climb back from a staged start. So when more nodes than ``UNCAP_TURN_SHARE`` of
+        that bound could be handed watts back (``policies.capping.may_ask_to_uncap``),
+        the policy hands them back only under that many nodes' racks this cycle, whole
+        racks round robin (a rack's breaker is shared: its nodes take it together), each
+        asking what the cycles until its next turn would give, within its share of the
+        room above it (``ClusterState.uncap_cycles``). The rest of the bound is left to
+        other raises (smoothing profiles, clock locks, levelling)."""
+        self._uncap_turn = None
+        tree, ordinal = self.tree, self.tree.gpu_server_ordinal
+        could = may_ask_to_uncap(tree, state)
+        could &= np.asarray(state.cap_w) < tree.cap_max_w - CAP_TOLERANCE_W
+        wants = live & (np.bincount(ordinal, weights=could, minlength=tree.n_servers) > 0)
+        n_wanting = int(wants.sum())
+        share = max(1, int(UNCAP_TURN_SHARE * self.settings.max_raises_per_cycle))
+        if n_wanting <= share:
+            return state
+        rack_of = self._server_turn_order
+        racks, per_rack = np.unique(rack_of[wants], return_counts=True)
+        first = int(np.searchsorted(racks, self._uncap_cursor))
+        racks = np.concatenate([racks[first:], racks[:first]])
+        per_rack = np.concatenate([per_rack[first:], per_rack[:first]])
+        n_racks = max(1, int(np.searchsorted(np.cumsum(per_rack), share, side="right")))
+        self._uncap_cursor = int(racks[n_racks - 1]) + 1
+        turn = wants & np.isin(rack_of, racks[:n_racks])
+        cycles = np.where(turn, math.ceil(n_wanting / int(turn.sum())), 0.0)
+        self._uncap_turn = turn
+        counters.uncap_waiting = n_wanting - int(turn.sum())
+        return dataclasses.replace(state, uncap_cycles=cycles[ordinal])
 
     def cycle_policy(self, dt_s: float) -> PolicySettings:
         """The policy a cycle ``dt_s`` after the last decides under: the configured one;
@@ -961,14 +1039,18 @@ class ControllerCore:
     ) -> list[tuple[str, Command]]:
         """Commands for the nodes whose caps or clock locks change, and resends.
 
-        Cuts, clocks unlocked (or raised) and resends go out at once, whatever their
-        number. A command that only hands watts back, locks a clock (or lowers a lock),
-        or restates what a node holds after a new epoch waits its turn when more than
-        ``max_raises_per_cycle`` want one: the rest keep their lower caps, or their
-        clocks unlocked, a cycle or more longer, which is safe, and the nodes are served
-        round robin. That bounds the flood when a whole site uncaps at once, and when a
-        job of 10,000 nodes whose agents take no clock policy enters communication (a
-        lock saves energy and can wait; an unlock is what compute waits for).
+        Cuts and clocks unlocked (or raised) go out at once, whatever their number. A
+        command that only hands watts back, locks a clock (or lowers a lock), restates
+        what a node holds after a new epoch, or resends one not acknowledged waits its
+        turn when more than ``max_raises_per_cycle`` want one: resends first, then the
+        nodes whose turn to be handed watts back it is (``_uncap_in_turn``), then the
+        rest round robin; the rest keep their lower caps, or their clocks unlocked, a
+        cycle or more longer, which is safe. That bounds the flood when a whole site
+        uncaps at once, when a job of 10,000 nodes whose agents take no clock policy
+        enters communication (a lock saves energy and can wait; an unlock is what
+        compute waits for), and when agents (or the broker) are slow to answer 20,000
+        commands: each resend since a node's last ack doubles its wait for the next
+        (``RESEND_MAX_DOUBLINGS``), and they go out a bounded number a cycle.
         """
         n_servers = self.tree.n_servers
         ordinal = self.tree.gpu_server_ordinal
@@ -988,6 +1070,10 @@ class ControllerCore:
         unknown = np.isnan(self.commanded_cap_w)
         clock_changed = clock_moved | unknown | policies.changed
         holds = np.where(unknown, self.cap_w, self.commanded_cap_w)
+        if self._uncap_turn is not None:  # in turn, a raise of a few watts is not worth one
+            worth_w = RAISE_WORTH_FRACTION * (cap_max - self.tree.cap_min_w)
+            rise_w = decision.cap_w - holds
+            cap_changed &= ~((rise_w > 0) & (rise_w < worth_w) & (decision.cap_w < cap_max))
         cut = cap_changed & (decision.cap_w < holds - CAP_TOLERANCE_W)
         with np.errstate(invalid="ignore"):  # NaN: no lock
             freed = clock_moved & (np.isnan(want_clock) | (want_clock > had_clock))
@@ -1002,17 +1088,27 @@ class ControllerCore:
             return np.bincount(ordinal, weights=mask, minlength=n_servers) > 0
 
         overdue = np.zeros(n_servers, dtype=bool)
+        backoff = 2.0 ** np.minimum(self._resends_unacked, RESEND_MAX_DOUBLINGS)
         for server, (_, sent_at) in self.pending.items():
-            overdue[server] = now - sent_at > self.settings.ack_timeout_s
+            overdue[server] = now - sent_at > self.settings.ack_timeout_s * backoff[server]
         wanted = live & (any_per_server(cap_changed | clock_changed | smooth) | overdue)
-        must = wanted & (any_per_server(urgent_gpu) | overdue)
+        must = wanted & any_per_server(urgent_gpu)
         raises = np.flatnonzero(wanted & ~must)
         budget = self.settings.max_raises_per_cycle
-        if len(raises) > budget:  # round robin from where the last cycle stopped
-            first = int(np.searchsorted(raises, self._raise_cursor))
-            raises = np.concatenate([raises[first:], raises[:first]])[:budget]
-            self._raise_cursor = int(raises[-1]) + 1
-            counters.raises_deferred = int(np.sum(wanted & ~must)) - budget
+        if len(raises) > budget:  # resends, the nodes whose turn it is, then round robin
+            late = overdue[raises]
+            turn = np.zeros(len(raises), dtype=bool)
+            if self._uncap_turn is not None:
+                turn = self._uncap_turn[raises] & ~late
+            others = raises[~late & ~turn]
+            first = int(np.searchsorted(others, self._raise_cursor))
+            others = np.concatenate([others[first:], others[:first]])
+            ahead = int(late.sum() + turn.sum())
+            served = np.concatenate([raises[late], raises[turn], others])[:budget]
+            if len(served) > ahead:  # some of the others: the round robin goes on after them
+                self._raise_cursor = int(served[-1]) + 1
+            counters.raises_deferred = len(raises) - len(served)
+            raises = served
         send = np.sort(np.concatenate([np.flatnonzero(must), raises]))
         # a resend (no ack) says our profile again where it was carried and not refused
         resmooth = self.smoothing_capable & ~self.smoothing_refused
@@ -1023,6 +1119,7 @@ class ControllerCore:
                 counters.acks_missing += 1
                 counters.resends += 1
                 self._forget_commanded(server)
+                self._resends_unacked[server] += 1
             elif pending is not None:
                 counters.superseded += 1
             gpus = self.tree.server_gpus[server]

@@ -56,6 +56,7 @@ def run_fleet(
     push_hold_s: float = 5.0,
     warmup_s: float = 10.0,
     seed: int = 1,
+    verify_every: int = 1,
     report_json: Path | None = None,
 ) -> dict:
     """Run until ``duration_s`` or SIGTERM/SIGINT; the report's summary.
@@ -86,6 +87,7 @@ def run_fleet(
             compute_s=compute_s,
             communication_s=communication_s,
             seed=seed,
+            verify_every=verify_every,
         ),
         verifier,
         cluster,

@@ -77,6 +77,7 @@ class FleetReport:
     failsafe_entries: int = 0
     clock_locks: int = 0  # by commands
     phase_locks: int = 0  # by the jobs' announcements, under the controller's clock policies
+    signatures_unchecked: int = 0  # commands taken on their key id alone (--verify-every)
     phase_events: int = 0
     pushes: list[dict[str, float | None]] = field(default_factory=list)
     period_s: float = 1.0  # the telemetry period: the simulated time one round stands for
@@ -107,6 +108,7 @@ class FleetReport:
             "failsafe_entries": self.failsafe_entries,
             "clock_locks": self.clock_locks,
             "phase_locks": self.phase_locks,
+            "signatures_unchecked": self.signatures_unchecked,
             "phase_events": self.phase_events,
             "pushes": len(self.pushes),
             "pushes_brought_back": len(from_push),
@@ -409,7 +411,7 @@ class FleetRunner:
         report.telemetry_sent, report.commands, report.acks = c.telemetry, c.commands, c.acks
         report.heartbeats, report.failsafe_entries = c.heartbeats, c.failsafe_entries
         report.clock_locks, report.phase_events = c.clock_locks, c.phase_events
-        report.phase_locks = c.phase_locks
+        report.phase_locks, report.signatures_unchecked = c.phase_locks, c.signatures_unchecked
         report.smoothing_gpus = model.smoothing_gpus
         for push in model.pushes:
             back = None if push.back_at is None else push.back_at - push.at

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from msgspec import UNSET
 
-from policies import PolicySettings
+from policies import ClusterState, PolicySettings, decide
+from policies.tree import PHASE_CODES
 from powerd.controller.core import CAP_TOLERANCE_W
 from powerd.protocol import Command, decode, encode
 from tests.controller.test_controller_core import (
@@ -17,6 +18,7 @@ from tests.controller.test_controller_core import (
     WALL0,
     Bench,
     ack_payload,
+    budgets,
     make_bench,
 )
 
@@ -143,6 +145,54 @@ def test_resend_after_the_ack_timeout_with_counters(bench: Bench) -> None:
     assert {bench.core.tree.server_names[s]: seq for s, (seq, _) in bench.core.pending.items()} == {
         n: c.seq for n, c in result.commands
     }
+
+
+def resend_times(bench: Bench, seconds: int, sent: dict[str, Command]) -> list[float]:
+    """When (s from now) cycles 1 s apart resent k1-n1's command, no ack coming; ``sent``
+    gets the last command of each node."""
+    start, times = bench.clock.t, []
+    for _ in range(seconds):
+        bench.clock.advance(1.0)
+        bench.report_all(650.0)
+        result = bench.cycle()
+        if "k1-n1" in dict(result.commands) and result.counters.resends:
+            times.append(bench.clock.t - start)
+        sent.update(bench.apply(result, ack=False))
+    return times
+
+
+def test_each_resend_without_an_ack_doubles_the_wait_and_an_ack_resets_it(bench: Bench) -> None:
+    """Agents (or a broker) slow to answer are not sent everything again every 3 s."""
+    bench.report_all(650.0)
+    first = bench.apply(bench.cycle(), ack=False)
+    assert "k1-n1" in first
+    sent = dict(first)
+    # sent at 0: resent after 3 s, then 6, 12, and every 24 s after that
+    assert resend_times(bench, 70, sent) == [4.0, 11.0, 24.0, 49.0]
+    bench.core.on_ack("k1-n1", ack_payload("k1-n1", sent["k1-n1"]))
+    gpus = bench.gpus("k1-n1")
+    bench.core.commanded_cap_w[gpus.start : gpus.stop] = 600.0  # its caps must change again
+    bench.report_all(650.0)
+    assert "k1-n1" in bench.apply(bench.cycle(advance_s=1.0), ack=False)
+    assert resend_times(bench, 5, sent) == [4.0]  # back to 3 s after an ack
+
+
+def test_resends_wait_their_turn_with_the_raises() -> None:
+    """Twenty thousand unanswered commands are not sent again in one cycle: resends go
+    first among the commands that can wait, at most max_raises_per_cycle of them."""
+    bench = make_bench(ack_timeout_s=3.0, command_ttl_s=30.0, max_raises_per_cycle=2)
+    bench.report_all(650.0)
+    first = bench.apply(bench.cycle(), ack=False)
+    assert len(first) > 2  # cuts go out at once, whatever the bound
+    resent: list[str] = []
+    for _ in range(8):
+        bench.clock.advance(1.0)
+        bench.report_all(650.0)
+        result = bench.cycle()
+        assert len(result.commands) <= 2
+        resent += [node for node, _ in result.commands if result.counters.resends]
+        bench.apply(result, ack=False)
+    assert set(first) <= set(resent)  # every one in its turn
 
 
 def test_ack_clears_the_pending_command_and_is_counted(bench: Bench) -> None:
@@ -383,3 +433,89 @@ def test_clock_locks_wait_their_turn_and_unlocks_go_at_once() -> None:
     bench.phase("j", "compute")
     bench.report_all(300.0)
     assert sorted(bench.apply(bench.cycle(advance_s=1.0))) == sorted(first)  # ... unlocks one
+
+
+def climb_back(max_raises_per_cycle: int) -> tuple[list[dict[str, Command]], np.ndarray]:
+    """A job starts on every node (caps staged), then computes drawing little: the caps
+    climb back. Every cycle's commands until nothing more is sent, and the caps then."""
+    bench = make_bench(
+        ack_timeout_s=3.0, command_ttl_s=30.0, max_raises_per_cycle=max_raises_per_cycle
+    )
+    bench.report_all(150.0)
+    bench.phase("j", "startup", list(NODES))
+    bench.apply(bench.cycle())
+    bench.phase("j", "compute")
+    cycles: list[dict[str, Command]] = []
+    quiet = 0  # a turn may find nothing to hand back (its rack full): a round of quiet
+    for _ in range(60):
+        bench.report_all(150.0)
+        commands = bench.apply(bench.cycle(advance_s=1.0))
+        quiet = 0 if commands else quiet + 1
+        if quiet > len(NODES):
+            return cycles, bench.core.cap_w.copy()
+        cycles.append(commands)
+    raise AssertionError("still commanding after 60 cycles")
+
+
+def test_nodes_wanting_watts_back_take_turns_each_with_the_watts_of_its_wait() -> None:
+    """More nodes below their maximum than raises may go out a cycle: the policy hands
+    watts back under a few racks a cycle, round robin, each node what the cycles until its
+    next turn would give (found by `bench_scale --jobs 2`: after two 10,368-node jobs started, 2,000
+    raises a second for a minute, each node climbing back in ten commands or more). The
+    caps end where they end when every node is served every cycle, in fewer commands."""
+    free, free_caps = climb_back(max_raises_per_cycle=100)
+    turns, turn_caps = climb_back(max_raises_per_cycle=2)  # one rack's turn a cycle
+    assert turn_caps == pytest.approx(free_caps, abs=CAP_TOLERANCE_W)
+    assert all(len(commands) <= 2 for commands in turns)  # never over the bound
+    # a rack's nodes share its breaker: their turn is the same
+    assert all(("k1-n1" in commands) == ("k1-n2" in commands) for commands in turns)
+    served = [node for commands in turns for node in commands]
+    assert set(served) == set(NODES)  # round robin: every node's turn came
+    per_node = {node: served.count(node) for node in NODES}
+    free_per_node = {node: sum(node in c for c in free) for node in NODES}
+    assert sum(per_node.values()) < sum(free_per_node.values()) / 2
+    assert max(free_per_node.values()) > 3  # served every cycle: a step a cycle
+
+
+def test_a_turn_asks_for_what_its_cycles_would_give() -> None:
+    """Rule 4 with ``uncap_cycles``: 0 asks nothing, k asks what k steps would give."""
+    tree = budgets().tree
+    n = tree.n_gpus
+    cap = np.full(n, 300.0)
+    state = ClusterState(
+        power_w=np.full(n, 100.0),
+        cap_w=cap,
+        priority=np.full(n, 1, dtype=np.int8),
+        floor_w=tree.cap_min_w.astype(float),
+        phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
+        controllable=np.ones(n, dtype=bool),
+        uncap_cycles=np.array([0, 0, 3, 3, 1, 1, 0, 0, 0, 0][:n], dtype=float),
+    )
+    settings = PolicySettings()
+    cap_w = decide(tree, state, 1.0, settings).cap_w
+    gap = CAP_MAX_W - 300.0
+    assert cap_w[:2] == pytest.approx([300.0, 300.0])  # not their turn
+    assert cap_w[2:4] == pytest.approx(300.0 + (1 - (1 - settings.uncap_step_fraction) ** 3) * gap)
+    assert cap_w[4:6] == pytest.approx(300.0 + settings.uncap_step_fraction * gap)
+
+
+def test_a_turn_takes_only_its_share_of_the_room_above_it() -> None:
+    """Rack k1's breaker leaves 100 W of room over its caps; of its two nodes, one's turn
+    has come: it takes its half (the other's turn comes later), not all of it."""
+    tree = budgets().tree
+    n = tree.n_gpus
+    cap = np.full(n, 300.0)
+    cap[:4] = 600.0  # k1: 4 x 600 + 100 W overhead = 2,500 W of its 2,600 W limit
+    state = ClusterState(
+        power_w=np.full(n, 100.0),
+        cap_w=cap,
+        priority=np.full(n, 1, dtype=np.int8),
+        floor_w=tree.cap_min_w.astype(float),
+        phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
+        controllable=np.ones(n, dtype=bool),
+        uncap_cycles=np.array([4.0, 4.0] + [0.0] * (n - 2)),
+    )
+    cap_w = decide(tree, state, 1.0, PolicySettings()).cap_w
+    # 2 x 25 W: half of the 100 W (alone, it would take it all: 2 x 50 W of 2 x 59 W asked)
+    assert cap_w[:2] == pytest.approx([625.0, 625.0])
+    assert cap_w[2:] == pytest.approx(cap[2:])  # the others wait their turn

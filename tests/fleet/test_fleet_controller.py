@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from powerd.controller import service
 from powerd.fleet.app import fleet_argv
 from powerd.topology import parse_budgets
 from tests.support.brokers import Mosquitto
@@ -129,7 +130,13 @@ async def test_overload_one_leader_heartbeats_on_time_drops_counted_no_storm(
     assert sum(c.resends for c in counters) <= 0.01 * max(commands, 1)
 
 
-async def test_fleet_jobs_announce_phases_and_get_clock_locks_in_communication(mosquitto, tmp_path):
+async def test_fleet_jobs_announce_phases_and_get_clock_locks_in_communication(
+    mosquitto, tmp_path, monkeypatch
+):
+    """Also: the controller sends a cycle's commands a few at a time, reading its sockets
+    between (``COMMANDS_PER_SLICE``, here 5 of the 72 nodes' when the jobs start), and
+    every one of them arrives and is acknowledged: no resend."""
+    monkeypatch.setattr(service, "COMMANDS_PER_SLICE", 5)
     budgets = tmp_path / "site.toml"
     budgets.write_text(small_site(racks=4))
     topology = parse_budgets(budgets.read_text())
@@ -145,7 +152,10 @@ async def test_fleet_jobs_announce_phases_and_get_clock_locks_in_communication(m
             "--communication-s=1.5",
         )
         jobs = {name: (job.priority, len(job.nodes)) for name, job in ctl.core.jobs.items()}
+        counters = [c.result.counters for c in ctl.cycles]
     summary = fleet["summary"]
+    assert max(c.commands_sent for c in counters) > 5 * 10  # many slices in one cycle
+    assert sum(c.resends for c in counters) == 0 and summary["acks"]["applied"] > 72
     assert jobs == {"fleet-job000": ("high", 36), "fleet-job001": ("normal", 36)}
     assert summary["phase_events"] >= 2 * 4  # startup, compute, communication, compute...
     # the controller granted the jobs' GPUs clock policies (in commands), and the jobs'

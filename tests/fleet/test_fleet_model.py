@@ -232,6 +232,24 @@ def test_unsigned_forged_or_misdirected_control_messages_move_nothing(model: Fle
     assert model.counters.rejected_payloads == 5
 
 
+def test_sampled_signature_checks_still_refuse_unsigned_and_unknown_keys() -> None:
+    """``verify_every``: one command in N has its signature checked, the others only their
+    key id; unsigned commands and strangers' keys are refused whichever they are."""
+    model = fleet(parse_budgets(small_site(racks=2)), FleetOptions(noise=0.0, verify_every=4))
+    model.new_round()
+    assert model.on_heartbeat(beat(1), now=1.0, wall=WALL)
+    name = model.names[0]
+    for seq in range(1, 9):  # every position in the sampling cycle, twice
+        body = command(1, seq, [1000.0] * 4)
+        for payload in (body, STRANGER.sign(TOPICS.command(name), body)):
+            raw = model.on_command(name, payload, 1.0, WALL)
+            assert raw is not None and decode(Ack, raw, name).result == "rejected"
+        assert ack(model, body).result == "applied"
+    # 24 commands, one in four checked in full (the 4th, 8th ... 24th): the trusted key's
+    # are every third, so its 12th and 24th were checked, its other six on the key id
+    assert model.counters.signatures_unchecked == 6
+
+
 def test_a_locked_gpu_draws_its_clock_tables_share():
     """The fleet's GPUs answer a clock lock as the simulated GPU does: the model's clock
     table's power at the lock where there is one, the parametric share where there is not."""
