@@ -1043,9 +1043,10 @@ class ControllerCore:
         command that only hands watts back, locks a clock (or lowers a lock), restates
         what a node holds after a new epoch, or resends one not acknowledged waits its
         turn when more than ``max_raises_per_cycle`` want one: resends first, then the
-        nodes whose turn to be handed watts back it is (``_uncap_in_turn``), then the
-        rest round robin; the rest keep their lower caps, or their clocks unlocked, a
-        cycle or more longer, which is safe. That bounds the flood when a whole site
+        nodes whose GPUs still need the grid smoothing profile, then those whose turn to
+        be handed watts back it is (``_uncap_in_turn``), then the rest round robin.
+        Those left keep their lower caps, or their clocks unlocked, a cycle or more
+        longer, which is safe. That bounds the flood when a whole site
         uncaps at once, when a job of 10,000 nodes whose agents take no clock policy
         enters communication (a lock saves energy and can wait; an unlock is what
         compute waits for), and when agents (or the broker) are slow to answer 20,000
@@ -1095,16 +1096,18 @@ class ControllerCore:
         must = wanted & any_per_server(urgent_gpu)
         raises = np.flatnonzero(wanted & ~must)
         budget = self.settings.max_raises_per_cycle
-        if len(raises) > budget:  # resends, the nodes whose turn it is, then round robin
+        if len(raises) > budget:  # resends, profiles, turns, then round robin
             late = overdue[raises]
+            profile = any_per_server(smooth)[raises] & ~late  # the grid's protection first
             turn = np.zeros(len(raises), dtype=bool)
             if self._uncap_turn is not None:
-                turn = self._uncap_turn[raises] & ~late
-            others = raises[~late & ~turn]
+                turn = self._uncap_turn[raises] & ~late & ~profile
+            others = raises[~late & ~profile & ~turn]
             first = int(np.searchsorted(others, self._raise_cursor))
             others = np.concatenate([others[first:], others[:first]])
-            ahead = int(late.sum() + turn.sum())
-            served = np.concatenate([raises[late], raises[turn], others])[:budget]
+            ahead = int(late.sum() + profile.sum() + turn.sum())
+            served = np.concatenate([raises[late], raises[profile], raises[turn], others])
+            served = served[:budget]
             if len(served) > ahead:  # some of the others: the round robin goes on after them
                 self._raise_cursor = int(served[-1]) + 1
             counters.raises_deferred = len(raises) - len(served)

@@ -222,6 +222,39 @@ def test_profiles_alone_go_out_with_the_raises_round_robin() -> None:
     assert got == set(NODES)
 
 
+def test_profiles_go_before_hand_backs_in_turn() -> None:
+    """When commands that can wait are more than the bound, the grid's protection goes
+    first: nodes still without the profile before nodes whose turn to be handed watts
+    back it is (found by `bench_scale --jobs 2 --grid-smoothing`: behind the jobs'
+    hand-backs the profile took 52 s to reach every GPU of the 150 MW site)."""
+    bench = smoothing_bench(max_raises_per_cycle=2)
+    profile = bench.core.settings.smoothing
+    assert profile is not None
+    capped = NODES[:2]  # hold the profile, capped at 400 W: they want watts back, in turn
+    bare = set(NODES[2:])  # at their maximum, without the profile
+    for node in capped:  # sent the profile already (an earlier command of this epoch)
+        mine = bench.gpus(node)
+        bench.core.smoothing_sent_seq[mine.start : mine.stop] = 1
+    got: set[str] = set()
+    for _ in range(len(bare)):  # two a cycle: done in two cycles, three at the most
+        if got == bare:
+            break
+        for node in NODES:
+            state = held(profile) if node in capped or node in got else OFF
+            cap_w = 400.0 if node in capped else 700.0
+            sample = decode(Telemetry, telemetry_payload(node, 300.0, cap_w), node)
+            gpus = [msgspec.structs.replace(g, smoothing=state) for g in sample.gpus]
+            bench.core.on_telemetry(node, encode(msgspec.structs.replace(sample, gpus=gpus)))
+        result = bench.cycle(1.0)
+        assert result.state is not None and result.state.uncap_cycles is not None  # turns
+        with_profile = {n for n, s in smoothing_of(result.commands).items() if any(s)}
+        assert with_profile and with_profile <= bare  # a profile first, every cycle
+        got |= with_profile
+        for node, command in result.commands:
+            bench.core.on_ack(node, applied_ack(node, command))
+    assert got == bare
+
+
 def test_without_grid_smoothing_no_command_carries_a_profile() -> None:
     bench = smoothing_bench(smoothing=None)
     for node in NODES:
