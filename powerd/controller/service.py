@@ -23,6 +23,7 @@ why and what one controller holds.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -145,6 +146,10 @@ class ControllerService:
         self._rates_since = monotonic()  # start of the per-node telemetry count
         self.leadership = Leadership(config.name, config.takeover_after_s)
         self.cycles: list[CycleResult] = []  # the last few
+        # commands signed and queued a slice at a time (_send_commands), in order
+        self._outbox: collections.deque[tuple[str, Command]] = collections.deque()
+        self._outbox_link: MqttLink | None = None
+        self._draining = False
         # called with every cycle's result as soon as it is decided (the demo's trace, tests)
         self.cycle_listeners: list[Callable[[CycleResult], None]] = []
         self.control_stats = SessionStats()  # the control connection's sessions; .up while up
@@ -397,7 +402,7 @@ class ControllerService:
                 listener(result)
             except Exception:  # an observer never stops the control loop
                 log.exception("cycle listener %r failed", listener)
-        self._send_commands(link, result.commands, self.core.epoch)
+        self._send_commands(link, result.commands)
         summary_due = now - self._summary_at >= 0.999 * self.config.summary_every_s
         if self.leaf is not None and result.state is not None and summary_due:
             self._summary_at = now
@@ -408,28 +413,39 @@ class ControllerService:
             asyncio.get_running_loop().call_soon(self._record_cycle, result, self._wall())
         self.cycles = [*self.cycles[-59:], result]
 
-    def _send_commands(
-        self, link: MqttLink, commands: list[tuple[str, Command]], epoch: int
-    ) -> None:
-        """Sign and queue ``commands``, ``COMMANDS_PER_SLICE`` at a time: between slices the
-        loop reads its sockets. Signing and queueing 2,000 commands is ~160 ms of CPU, and
-        the site's telemetry (20,000 messages a second at 150 MW) would meanwhile overflow
-        the broker's queue for this controller, which drops what does not fit
-        (``bench_scale --jobs 2``: 30 % of it lost while the jobs' caps were handed back).
-        A slice due after this controller stopped leading, or under a newer epoch, is not
-        sent: those commands are no longer its to give.
+    def _send_commands(self, link: MqttLink, commands: list[tuple[str, Command]]) -> None:
+        """Sign and queue ``commands`` after those still waiting, ``COMMANDS_PER_SLICE`` at a
+        time: between slices the loop reads its sockets. Signing and queueing 2,000
+        commands is ~160 ms of CPU, and the site's telemetry (20,000 messages a second at
+        150 MW) would meanwhile overflow the broker's queue for this controller, which
+        drops what does not fit (``bench_scale --jobs 2``: 30 % of it lost while the jobs'
+        caps were handed back). One queue, in order: a node's newer command never
+        overtakes its older one (the agent would refuse the older as stale). A command
+        due after this controller stopped leading, or of an older epoch, is not sent:
+        it is no longer its to give.
 
         Queued, not awaited: the broker's PUBACKs are paho's business, and an
         unacknowledged command is resent by the core after ack_timeout_s anyway."""
-        if not self.leadership.leading or self.core.epoch != epoch:
-            return
+        self._outbox.extend(commands)
+        self._outbox_link = link
+        if not self._draining:
+            self._drain_outbox()
+
+    def _drain_outbox(self) -> None:
+        link, outbox = self._outbox_link, self._outbox
+        leading, epoch = self.leadership.leading, self.core.epoch
         sign, command_topic = self.signer.sign, self.topics.command
-        for node, command in commands[:COMMANDS_PER_SLICE]:
+        sent = 0
+        while outbox and sent < COMMANDS_PER_SLICE:
+            node, command = outbox.popleft()
+            if not leading or command.epoch != epoch or link is None:
+                continue
             topic = command_topic(node)
             link.publish(topic, sign(topic, encode(command)), qos=1)
-        rest = commands[COMMANDS_PER_SLICE:]
-        if rest:
-            asyncio.get_running_loop().call_soon(self._send_commands, link, rest, epoch)
+            sent += 1
+        self._draining = bool(outbox)
+        if outbox:
+            asyncio.get_running_loop().call_soon(self._drain_outbox)
 
     def _apply_site_limit(self) -> None:
         """The site's bands under an operator's limit in force, gliding down at the site's
