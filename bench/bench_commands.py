@@ -11,8 +11,9 @@ in every step; a live heartbeat each step.
 N jobs of whole racks (``FleetOptions.jobs``) announce startup with their nodes, then
 compute (``--compute-s``) and communication (``--communication-s``) in turn;
 ``--push-every-s`` sends a random rack to its maximum power for 5 s that often (as
-``bench_scale`` does). Commands are counted by kind, per node, against what that node
-was last sent:
+``bench_scale`` does); ``--withhold-share`` blinds the controller to a share of the nodes
+in spells (their telemetry withheld: they go stale and come back). Commands are counted
+by kind, per node, against what that node was last sent:
 
 - ``first``: the node's first command of the epoch (every node once, at the start),
 - ``cut``: some GPU's cap lowered,
@@ -21,7 +22,7 @@ was last sent:
 - ``other``: no cap moved (a clock lock, a clock policy, a smoothing profile, a resend).
 
     python -m bench.bench_commands [--budgets FILE] [--jobs 2] [--seconds 120]
-        [--push-every-s 2] [--smoothing] [--json out.json]
+        [--push-every-s 2] [--smoothing] [--withhold-share 0.5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ WALL0 = 1_795_000_000.0
 PUSH_HOLD_S = 5
 KINDS = ("first", "cut", "raise", "small raise", "other")
 SMALL_RAISE_FRACTION = 0.02  # of a GPU's range: powerd.controller.core.RAISE_WORTH_FRACTION
+# --withhold-share: from this second, in every other spell of this many seconds
+WITHHOLD_AFTER_S = 90
+WITHHOLD_S = 8
 
 
 def _kind(command: Command, before: list[float] | None, span_w: np.ndarray) -> str:
@@ -81,6 +85,7 @@ def run(
     compute_s: float,
     communication_s: float,
     seed: int = 1,
+    withhold_share: float = 0.0,
 ) -> dict:
     topology = load_budgets(budgets)
     clock = [1000.0]
@@ -128,9 +133,14 @@ def run(
                     pushed.remove((at, rack))
         for job, payload in fleet.phase_events(mono(), wall()):
             core.on_phase(job, payload)
+        heard = reporting
+        if withhold_share > 0 and step >= WITHHOLD_AFTER_S and (step // WITHHOLD_S) % 2 == 0:
+            # a blind spell: that share of the nodes unheard (a different tenth each spell)
+            spell = step // WITHHOLD_S
+            heard = reporting[(reporting * 7 + spell) % 10 >= withhold_share * 10]
         waiting = [
             Waiting(tree.server_ordinal[fleet.names[n]], fleet.telemetry(n, wall(), 1.0), mono(), 0)
-            for n in reporting
+            for n in heard
         ]
         for first in range(0, len(waiting), INGEST_BATCH):
             core.ingest(waiting[first : first + INGEST_BATCH])
@@ -157,6 +167,7 @@ def run(
                 "raises_deferred": c.raises_deferred,
                 "uncap_waiting": getattr(c, "uncap_waiting", 0),  # absent before 2026-11-26
                 "resends": c.resends,
+                "stale_nodes": c.stale_nodes,
                 "caps_mw": round(float(result.decision.cap_w.sum()) / 1e6, 3),
             }
         )
@@ -174,6 +185,7 @@ def run(
         "seconds": seconds,
         "smoothing": smoothing,
         "push_every_s": push_every_s,
+        "withhold_share": withhold_share,
         "totals": totals,
         "commands_max_per_cycle_after_start": max(sent[2:], default=0),
         "commands_per_s_after_60s": round(statistics.fmean(after), 1) if after else None,
@@ -196,10 +208,18 @@ def main() -> None:
     parser.add_argument("--compute-s", type=float, default=20.0)
     parser.add_argument("--communication-s", type=float, default=3.0)
     parser.add_argument("--smoothing", action="store_true", help="controller grid smoothing on")
+    parser.add_argument(
+        "--withhold-share",
+        type=float,
+        default=0.0,
+        help=f"a blind controller: from {WITHHOLD_AFTER_S} s on, this share of the nodes' "
+        f"telemetry (in tenths) is withheld for {WITHHOLD_S} s in every {2 * WITHHOLD_S} "
+        "(they go stale), as a broker dropping it would [default: 0, none]",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
-    if args.jobs < 0 or args.seconds < 1:
-        parser.error("--jobs must be 0 or more and --seconds 1 or more")
+    if args.jobs < 0 or args.seconds < 1 or not 0.0 <= args.withhold_share <= 1.0:
+        parser.error("--jobs must be 0 or more, --seconds 1 or more, --withhold-share in [0, 1]")
     result = run(
         args.budgets,
         args.jobs,
@@ -208,6 +228,7 @@ def main() -> None:
         args.smoothing,
         args.compute_s,
         args.communication_s,
+        withhold_share=args.withhold_share,
     )
     report({k: v for k, v in result.items() if k != "per_second"}, None)  # the rows: JSON only
     if args.json is not None:

@@ -46,3 +46,22 @@ def test_command_benchmark_runs_and_counts_every_command_once(tmp_path: Path) ->
     # the jobs' communication phases: their agents lock the clocks under the policy
     assert report["clock_locks_by_announcement"] > 0
     assert {p for r in rows for p in r["phases"]} >= {"compute", "communication"}
+
+
+def test_a_blind_controller_sees_stale_nodes_in_spells(tmp_path: Path) -> None:
+    """``--withhold-share``: after 90 s, half the nodes unheard 8 s in every 16."""
+    budgets = tmp_path / "site.toml"
+    budgets.write_text(small_site(racks=4))
+    out = tmp_path / "commands.json"
+    argv = ["--budgets", str(budgets), "--seconds", "110", "--withhold-share", "0.5"]
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.bench_commands", *argv, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.read_text())["per_second"]
+    assert all(r["stale_nodes"] == 0 for r in rows[:90])
+    stale = [r["stale_nodes"] for r in rows[90:]]
+    assert 0 < max(stale) <= 36 and min(stale) == 0  # half of 72 at most; spells end
