@@ -298,6 +298,7 @@ def summarise(
         "phase_events": summary["phase_events"],
         "verify_every": s.verify_every,
         "signatures_unchecked": summary["signatures_unchecked"],
+        "fleet_applied_by_kind": summary["applied_by_kind"],
         "clock_locks_by_command": summary["clock_locks"],
         "clock_locks_by_announcement": summary["phase_locks"],
         "gpu_power_w_per_s": summary["gpu_power_w_per_s"],

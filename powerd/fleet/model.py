@@ -183,6 +183,8 @@ class FleetCounters:
     clock_locks: int = 0  # GPU clock locks applied by commands
     phase_locks: int = 0  # ... and by a job's announcements, under a clock policy
     signatures_unchecked: int = 0  # commands taken on their key id alone (verify_every)
+    # applied commands: "cut" (some cap lowered by over 1 W), "raise", "no cap moved"
+    applied_by_kind: dict[str, int] = field(default_factory=dict)
     phase_events: int = 0
 
 
@@ -460,6 +462,7 @@ class FleetModel:
             return self._ack(node, command.epoch, command.seq, "stale", [], None, wall)
         start, count = int(self.gpu_start[node]), int(self.gpu_count[node])
         held = self._replace_policies(start, count, command.gpus)
+        moved, rose = 0.0, False  # the largest cut, and whether any cap rose
         acks: list[GpuAck] = []
         errors: list[str] = []
         for entry in command.gpus:
@@ -474,6 +477,8 @@ class FleetModel:
             if entry.cap_w is not UNSET:
                 cap = min(max(entry.cap_w, self._cap_min[g]), self._cap_max[g])
                 clamped |= cap != entry.cap_w
+                moved = min(moved, cap - self.cap_w[g]) if cap < self.cap_w[g] else moved
+                rose |= cap > self.cap_w[g] + 1.0
                 self.cap_w[g] = cap
             if entry.max_sm_clock_mhz is None:
                 self.lock_mhz[g] = None
@@ -499,6 +504,8 @@ class FleetModel:
                 )
             )
         self.last_applied[node] = order
+        kind = "cut" if moved < -1.0 else "raise" if rose else "no cap moved"
+        self.counters.applied_by_kind[kind] = self.counters.applied_by_kind.get(kind, 0) + 1
         self.newest_epoch = max(self.newest_epoch, command.epoch)
         result = "partial" if errors else "applied"
         ack = self._ack(node, command.epoch, command.seq, result, acks, "; ".join(errors), wall)

@@ -78,6 +78,7 @@ class FleetReport:
     clock_locks: int = 0  # by commands
     phase_locks: int = 0  # by the jobs' announcements, under the controller's clock policies
     signatures_unchecked: int = 0  # commands taken on their key id alone (--verify-every)
+    applied_by_kind: dict[str, int] = field(default_factory=dict)  # cut, raise, no cap moved
     phase_events: int = 0
     pushes: list[dict[str, float | None]] = field(default_factory=list)
     period_s: float = 1.0  # the telemetry period: the simulated time one round stands for
@@ -109,6 +110,7 @@ class FleetReport:
             "clock_locks": self.clock_locks,
             "phase_locks": self.phase_locks,
             "signatures_unchecked": self.signatures_unchecked,
+            "applied_by_kind": self.applied_by_kind,
             "phase_events": self.phase_events,
             "pushes": len(self.pushes),
             "pushes_brought_back": len(from_push),
@@ -412,6 +414,7 @@ class FleetRunner:
         report.heartbeats, report.failsafe_entries = c.heartbeats, c.failsafe_entries
         report.clock_locks, report.phase_events = c.clock_locks, c.phase_events
         report.phase_locks, report.signatures_unchecked = c.phase_locks, c.signatures_unchecked
+        report.applied_by_kind = dict(c.applied_by_kind)
         report.smoothing_gpus = model.smoothing_gpus
         for push in model.pushes:
             back = None if push.back_at is None else push.back_at - push.at

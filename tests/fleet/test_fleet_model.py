@@ -336,3 +336,13 @@ def test_under_power_smoothing_the_draw_ramps_holds_its_floor_and_the_cap_still_
     for _ in range(20):
         assert draw() >= 0.5 * 700.0
     assert draw() == 0.5 * 700.0
+
+
+def test_applied_commands_are_counted_by_what_they_did_to_the_caps(model: FleetModel) -> None:
+    """What the simulated agents were sent, as the scale benchmark breaks it down."""
+    assert model.on_heartbeat(beat(1), now=1.0, wall=WALL)
+    start = list(model.cap_w[:4])
+    assert ack(model, command(1, 1, [c - 100.0 for c in start])).result == "applied"
+    assert ack(model, command(1, 2, [c - 100.0 for c in start])).result == "applied"
+    assert ack(model, command(1, 3, [c - 50.0 for c in start])).result == "applied"
+    assert model.counters.applied_by_kind == {"cut": 1, "no cap moved": 1, "raise": 1}
