@@ -890,6 +890,7 @@ class ControllerCore:
         self._returning[failsafe] = False
         for silent in [s for s in self.pending if not live[s]]:
             del self.pending[silent]
+            self._resends_unacked[silent] = 0  # back, it starts afresh
         self._returning |= ~live
         decoded_fresh = (now - self.last_seen) <= self.settings.stale_after_s
         back = live & self._returning & decoded_fresh

@@ -175,6 +175,17 @@ def test_each_resend_without_an_ack_doubles_the_wait_and_an_ack_resets_it(bench:
     bench.report_all(650.0)
     assert "k1-n1" in bench.apply(bench.cycle(advance_s=1.0), ack=False)
     assert resend_times(bench, 5, sent) == [4.0]  # back to 3 s after an ack
+    assert resend_times(bench, 10, sent) == [6.0]  # (then 6 s)
+    # a node that falls silent loses its pending command and, back, starts afresh (3 s)
+    server = list(bench.core.tree.server_names).index("k1-n1")
+    assert bench.core._resends_unacked[server] == 2
+    others = [n for n in NODES if n != "k1-n1"]
+    for _ in range(6):  # past stale_after_s (5 s) without a word from k1-n1
+        bench.clock.advance(1.0)
+        for node in others:
+            bench.report(node, 650.0)
+        bench.apply(bench.cycle(), ack=False)
+    assert server not in bench.core.pending and bench.core._resends_unacked[server] == 0
 
 
 def test_resends_wait_their_turn_with_the_raises() -> None:
