@@ -6,36 +6,29 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.support.fleet_sites import small_site
 
 
-def test_command_benchmark_runs_and_counts_every_command_once(tmp_path: Path) -> None:
+def run_commands_bench(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """``python -m bench.bench_commands`` on a 72-node site; its JSON report."""
     budgets = tmp_path / "site.toml"
-    budgets.write_text(small_site(racks=4))  # 72 nodes
+    budgets.write_text(small_site(racks=4))
     out = tmp_path / "commands.json"
+    argv = [sys.executable, "-m", "bench.bench_commands", "--budgets", str(budgets), *args]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.bench_commands",
-            "--budgets",
-            str(budgets),
-            "--seconds",
-            "20",
-            "--compute-s",
-            "4",
-            "--communication-s",
-            "2",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
+        [*argv, "--json", str(out)], capture_output=True, text=True, timeout=240
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+def test_command_benchmark_runs_and_counts_every_command_once(tmp_path: Path) -> None:
+    report = run_commands_bench(
+        tmp_path, "--seconds", "20", "--compute-s", "4", "--communication-s", "2"
+    )
     rows = report["per_second"]
     assert report["nodes"] == 72 and len(rows) == 20
     totals = report["totals"]
@@ -50,18 +43,8 @@ def test_command_benchmark_runs_and_counts_every_command_once(tmp_path: Path) ->
 
 def test_a_blind_controller_sees_stale_nodes_in_spells(tmp_path: Path) -> None:
     """``--withhold-share``: after 90 s, half the nodes unheard 8 s in every 16."""
-    budgets = tmp_path / "site.toml"
-    budgets.write_text(small_site(racks=4))
-    out = tmp_path / "commands.json"
-    argv = ["--budgets", str(budgets), "--seconds", "110", "--withhold-share", "0.5"]
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.bench_commands", *argv, "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = json.loads(out.read_text())["per_second"]
+    report = run_commands_bench(tmp_path, "--seconds", "110", "--withhold-share", "0.5")
+    rows = report["per_second"]
     assert all(r["stale_nodes"] == 0 for r in rows[:90])
     stale = [r["stale_nodes"] for r in rows[90:]]
     assert 0 < max(stale) <= 36 and min(stale) == 0  # half of 72 at most; spells end

@@ -488,22 +488,32 @@ def test_nodes_wanting_watts_back_take_turns_each_with_the_watts_of_its_wait() -
     assert max(free_per_node.values()) > 3  # served every cycle: a step a cycle
 
 
-def test_a_turn_asks_for_what_its_cycles_would_give() -> None:
-    """Rule 4 with ``uncap_cycles``: 0 asks nothing, k asks what k steps would give."""
+SITE_GPUS = 10  # BUDGETS: 5 nodes x 2 GPUs
+
+
+def decide_in_turn(cap_w: np.ndarray, uncap_cycles: list[int], settings: PolicySettings):
+    """``decide`` on BUDGETS' site, every GPU computing at 100 W under ``cap_w``, with the
+    controller's turns (``ClusterState.uncap_cycles``); the decided caps."""
     tree = budgets().tree
     n = tree.n_gpus
-    cap = np.full(n, 300.0)
+    assert n == SITE_GPUS
     state = ClusterState(
         power_w=np.full(n, 100.0),
-        cap_w=cap,
+        cap_w=cap_w,
         priority=np.full(n, 1, dtype=np.int8),
         floor_w=tree.cap_min_w.astype(float),
         phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
         controllable=np.ones(n, dtype=bool),
-        uncap_cycles=np.array([0, 0, 3, 3, 1, 1, 0, 0, 0, 0][:n], dtype=float),
+        uncap_cycles=np.array(uncap_cycles, dtype=float),
     )
+    return decide(tree, state, 1.0, settings).cap_w
+
+
+def test_a_turn_asks_for_what_its_cycles_would_give() -> None:
+    """Rule 4 with ``uncap_cycles``: 0 asks nothing, k asks what k steps would give."""
+    cap = np.full(SITE_GPUS, 300.0)
     settings = PolicySettings()
-    cap_w = decide(tree, state, 1.0, settings).cap_w
+    cap_w = decide_in_turn(cap, [0, 0, 3, 3, 1, 1, 0, 0, 0, 0], settings)
     gap = CAP_MAX_W - 300.0
     assert cap_w[:2] == pytest.approx([300.0, 300.0])  # not their turn
     assert cap_w[2:4] == pytest.approx(300.0 + (1 - (1 - settings.uncap_step_fraction) ** 3) * gap)
@@ -513,20 +523,9 @@ def test_a_turn_asks_for_what_its_cycles_would_give() -> None:
 def test_a_turn_takes_only_its_share_of_the_room_above_it() -> None:
     """Rack k1's breaker leaves 100 W of room over its caps; of its two nodes, one's turn
     has come: it takes its half (the other's turn comes later), not all of it."""
-    tree = budgets().tree
-    n = tree.n_gpus
-    cap = np.full(n, 300.0)
+    cap = np.full(SITE_GPUS, 300.0)
     cap[:4] = 600.0  # k1: 4 x 600 + 100 W overhead = 2,500 W of its 2,600 W limit
-    state = ClusterState(
-        power_w=np.full(n, 100.0),
-        cap_w=cap,
-        priority=np.full(n, 1, dtype=np.int8),
-        floor_w=tree.cap_min_w.astype(float),
-        phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
-        controllable=np.ones(n, dtype=bool),
-        uncap_cycles=np.array([4.0, 4.0] + [0.0] * (n - 2)),
-    )
-    cap_w = decide(tree, state, 1.0, PolicySettings()).cap_w
+    cap_w = decide_in_turn(cap, [4, 4] + [0] * (SITE_GPUS - 2), PolicySettings())
     # 2 x 25 W: half of the 100 W (alone, it would take it all: 2 x 50 W of 2 x 59 W asked)
     assert cap_w[:2] == pytest.approx([625.0, 625.0])
     assert cap_w[2:] == pytest.approx(cap[2:])  # the others wait their turn
