@@ -116,6 +116,7 @@ def run(
     rows: list[dict[str, Any]] = []
     cycle_ms: list[float] = []
     reporting = fleet.reporting()
+    site = int(np.flatnonzero(tree.parent < 0)[0])
     for step in range(seconds):
         clock[0] += 1.0
         fleet._clock_now = mono()
@@ -169,6 +170,8 @@ def run(
                 "resends": c.resends,
                 "stale_nodes": c.stale_nodes,
                 "caps_mw": round(float(result.decision.cap_w.sum()) / 1e6, 3),
+                # the site's power as the controller counts it (unheard nodes at their caps)
+                "site_counted_mw": round(float(result.decision.node_power_w[site]) / 1e6, 3),
             }
         )
     totals = {k: sum(int(r[k]) for r in rows) for k in ("commands", *KINDS)}
