@@ -333,6 +333,7 @@ DECISION = Measurement(
             "count",
             "our newest command acked stale: the node holds one we did not send",
         ),
+        Field("acks_late", INT, "count", "acks of a newest command after its node went stale"),
         Field("stale_nodes", INT, "count", "nodes whose telemetry is older than stale_after_s"),
         Field("failsafe_nodes", INT, "count", "nodes reporting failsafe mode"),
         Field("offline_nodes", INT, "count", "nodes whose status is offline"),

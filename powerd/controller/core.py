@@ -190,6 +190,9 @@ class CycleCounters:
     # nodes whose raise (watts handed back) or clock lock waits for a later cycle
     # (max_raises_per_cycle)
     raises_deferred: int = 0
+    # acks of a node's newest command that came after the node went stale (its pending
+    # command dropped): taken, so what it holds is known when it is back
+    acks_late: int = 0
     # nodes holding caps below their maximum whose turn to be handed watts back is a later
     # cycle (``ControllerCore._uncap_in_turn``)
     uncap_waiting: int = 0
@@ -318,6 +321,9 @@ class ControllerCore:
         self._returning = np.zeros(n_servers, dtype=bool)
         self._raise_cursor = 0  # where the round robin of deferred raises goes on
         self._uncap_cursor = 0  # ... and of the nodes whose turn it is to be handed watts
+        # per server: the seq of its newest command, and of the newest it acknowledged
+        self._sent_seq = np.full(n_servers, -1, dtype=np.int64)
+        self._acked_seq = np.full(n_servers, -1, dtype=np.int64)
         # per server, commands resent since its last ack: each doubles the wait for the next
         self._resends_unacked = np.zeros(tree.n_servers, dtype=np.int64)
         self._uncap_turn: np.ndarray | None = None  # per server: its turn this cycle
@@ -614,9 +620,15 @@ class ControllerCore:
             return
         server, ack = got
         pending = self.pending.get(server)
-        if ack.epoch != self.epoch or pending is None or ack.seq < pending[0]:
-            return  # an old command's ack
-        del self.pending[server]
+        newest_unacked = ack.seq == self._sent_seq[server] > self._acked_seq[server]
+        if pending is None and ack.epoch == self.epoch and newest_unacked:
+            # the ack of the newest command it was sent, late: the node went stale and its
+            # command was dropped. What it holds now is this, not what older samples say.
+            self.counters.acks_late += 1
+        elif ack.epoch != self.epoch or pending is None or ack.seq < pending[0]:
+            return  # an old command's ack (or one taken already)
+        self.pending.pop(server, None)
+        self._acked_seq[server] = ack.seq
         self._resends_unacked[server] = 0
         if ack.result == "stale":
             # It holds a newer command of this epoch than ours: not one we sent. Not
@@ -1154,6 +1166,7 @@ class ControllerCore:
             )
             out.append((self.tree.server_names[server], command))
             self.pending[server] = (self.seq, now)
+            self._sent_seq[server] = self.seq
             self.commanded_cap_w[gpus.start : gpus.stop] = decision.cap_w[gpus.start : gpus.stop]
             self.commanded_clock[gpus.start : gpus.stop] = want_clock[gpus.start : gpus.stop]
             if self.comm_clock_job[server] != policies.job[server]:
@@ -1256,6 +1269,8 @@ class ControllerCore:
         self.pending.clear()
         self._returning[:] = False
         self._acked_ts[:] = -math.inf
+        self._sent_seq[:] = -1
+        self._acked_seq[:] = -1
         self.commanded_cap_w[:] = np.nan
         self.commanded_clock[:] = np.nan
         self.smoothing_sent_seq[:] = -1

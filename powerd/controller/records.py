@@ -140,6 +140,7 @@ class Records:
             acks_received=c.acks_received,
             acks_missing=c.acks_missing,
             acks_stale=c.acks_stale,
+            acks_late=c.acks_late,
             stale_nodes=c.stale_nodes,
             failsafe_nodes=c.failsafe_nodes,
             offline_nodes=c.offline_nodes,

@@ -529,3 +529,37 @@ def test_a_turn_takes_only_its_share_of_the_room_above_it() -> None:
     # 2 x 25 W: half of the 100 W (alone, it would take it all: 2 x 50 W of 2 x 59 W asked)
     assert cap_w[:2] == pytest.approx([625.0, 625.0])
     assert cap_w[2:] == pytest.approx(cap[2:])  # the others wait their turn
+
+
+def test_a_late_ack_of_a_stale_nodes_newest_command_is_taken() -> None:
+    """A node falls silent with a command in flight (dropped with it); the ack of that
+    command comes late. Its read-back caps are what the node holds, and a sample taken
+    before it, arriving after, does not overwrite them (found by `bench_scale --jobs 2` on
+    a machine too small for it: nodes back from stale taken at samples older than a raise
+    they had applied were cut, then handed the watts back again)."""
+    bench = make_bench(ack_timeout_s=3.0, command_ttl_s=30.0)
+    bench.report_all(650.0)
+    sent = bench.apply(bench.cycle(), ack=False)
+    command = sent["k1-n1"]
+    others = [n for n in NODES if n != "k1-n1"]
+    for _ in range(6):  # past stale_after_s: its pending command is dropped
+        bench.clock.advance(1.0)
+        for node in others:
+            bench.report(node, 650.0)
+        for node, sent_now in bench.apply(bench.cycle(), ack=False).items():
+            if node == "k1-n1":
+                command = sent_now  # a resend (3 s without an ack): its newest
+            else:
+                bench.core.on_ack(node, ack_payload(node, sent_now))
+    server = list(bench.core.tree.server_names).index("k1-n1")
+    assert server not in bench.core.pending and command.seq > sent["k1-n1"].seq
+    bench.core.on_ack("k1-n1", ack_payload("k1-n1", command))
+    assert bench.core.counters.acks_late == 1
+    gpus = bench.gpus("k1-n1")
+    held = list(bench.core.cap_w[gpus.start : gpus.stop])
+    assert held == pytest.approx(caps_of(command))
+    bench.report("k1-n1", 650.0, cap_w=CAP_MAX_W, ts=WALL0 - 1.0)  # taken before the ack
+    assert list(bench.core.cap_w[gpus.start : gpus.stop]) == pytest.approx(held)
+    # an ack of an older command than the node's newest is still ignored
+    bench.core.on_ack("k1-n1", ack_payload("k1-n1", sent["k1-n1"]))
+    assert bench.core.counters.acks_late == 1
