@@ -1105,13 +1105,14 @@ class ControllerCore:
         backoff = 2.0 ** np.minimum(self._resends_unacked, RESEND_MAX_DOUBLINGS)
         for server, (_, sent_at) in self.pending.items():
             overdue[server] = now - sent_at > self.settings.ack_timeout_s * backoff[server]
-        wanted = live & (any_per_server(cap_changed | clock_changed | smooth) | overdue)
+        needs_profile = any_per_server(smooth)
+        wanted = live & (any_per_server(cap_changed | clock_changed) | needs_profile | overdue)
         must = wanted & any_per_server(urgent_gpu)
         raises = np.flatnonzero(wanted & ~must)
         budget = self.settings.max_raises_per_cycle
         if len(raises) > budget:  # resends, profiles, turns, then round robin
             late = overdue[raises]
-            profile = any_per_server(smooth)[raises] & ~late  # the grid's protection first
+            profile = needs_profile[raises] & ~late  # the grid's protection first
             turn = np.zeros(len(raises), dtype=bool)
             if self._uncap_turn is not None:
                 turn = self._uncap_turn[raises] & ~late & ~profile

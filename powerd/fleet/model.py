@@ -462,7 +462,7 @@ class FleetModel:
             return self._ack(node, command.epoch, command.seq, "stale", [], None, wall)
         start, count = int(self.gpu_start[node]), int(self.gpu_count[node])
         held = self._replace_policies(start, count, command.gpus)
-        moved, rose = 0.0, False  # the largest cut, and whether any cap rose
+        cut = rose = False  # whether any cap fell, or rose, by more than a watt
         acks: list[GpuAck] = []
         errors: list[str] = []
         for entry in command.gpus:
@@ -477,16 +477,15 @@ class FleetModel:
             if entry.cap_w is not UNSET:
                 cap = min(max(entry.cap_w, self._cap_min[g]), self._cap_max[g])
                 clamped |= cap != entry.cap_w
-                moved = min(moved, cap - self.cap_w[g]) if cap < self.cap_w[g] else moved
+                cut |= cap < self.cap_w[g] - 1.0
                 rose |= cap > self.cap_w[g] + 1.0
                 self.cap_w[g] = cap
             if entry.max_sm_clock_mhz is None:
                 self.lock_mhz[g] = None
             elif entry.max_sm_clock_mhz is not UNSET:
-                lock = round(entry.max_sm_clock_mhz)
-                low, high = self._clock_min[g], self._clock_max[g]
-                clamped |= not low <= lock <= high
-                self.lock_mhz[g] = min(max(lock, low), high)
+                lock = self._clamp_clock(g, entry.max_sm_clock_mhz)
+                clamped |= lock != round(entry.max_sm_clock_mhz)
+                self.lock_mhz[g] = lock
                 self.counters.clock_locks += 1
             smoothing: GpuSmoothing | None = None
             if entry.smoothing is not UNSET:
@@ -504,7 +503,7 @@ class FleetModel:
                 )
             )
         self.last_applied[node] = order
-        kind = "cut" if moved < -1.0 else "raise" if rose else "no cap moved"
+        kind = "cut" if cut else "raise" if rose else "no cap moved"
         self.counters.applied_by_kind[kind] = self.counters.applied_by_kind.get(kind, 0) + 1
         self.newest_epoch = max(self.newest_epoch, command.epoch)
         result = "partial" if errors else "applied"
