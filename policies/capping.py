@@ -58,8 +58,8 @@ A node's measured power is the measured power of every GPU under it plus its
 3b. **Priority shift, between the bands** (``priority_shift``). A GPU is *held*
    when it is controllable, not staged, not waiting, below ``cap_max``, not cut
    this cycle, and draws within ``stage_headroom_fraction`` of its range below
-   its cap: it wants more than it may have. Bottom-up, a node between its
-   (finite) bands under which a GPU of class ``p`` is held (counting only GPUs
+   its cap: it wants more than it may have. Bottom-up, a node known to be between
+   its (finite) bands (below) under which a GPU of class ``p`` is held (counting only GPUs
    no node between them blocks, i.e. every one is below its uncapping
    threshold) takes, from the classes below ``p`` only and in rule 3's order,
    ``min(predicted - uncap_threshold_w + margin, gaps of the held GPUs of class
@@ -69,8 +69,17 @@ A node's measured power is the measured power of every GPU under it plus its
    job leaving a checkpoint (staged caps) while a low-priority job filled the
    room would stay at its staged caps indefinitely: the node is neither above
    its threshold (capping) nor below its uncapping threshold (uncapping).
+   A node is *known* to be between its bands only while the power it counts for
+   GPUs the controller does not hear (``ClusterState.heard``: silent, offline or
+   implausible, at the caps they may hold) is at most ``GUESSED_BAND_SHARE``
+   (a quarter) of its band, ``cap_threshold_w - uncap_threshold_w``; rules 3b
+   and 3c act only under such nodes. Beyond it, the guess is what puts the node
+   there: heard again, at what they draw, it is below its uncapping threshold,
+   rule 4 hands the moved watts back, and the next guess moves them again (found
+   by ``bench_scale --jobs 2`` on a machine that lost half the controller's
+   telemetry: three quarters of ~2,000 cuts a second were such moves).
 3c. **Levelling within a class, between the bands** (``level_within_class``).
-   Bottom-up, under a node between its (finite) bands, the GPUs of one class
+   Bottom-up, under a node known to be between its (finite) bands, the GPUs of one class
    held at their caps (rule 3b's test; not cut or shifted this cycle, and
    counting only GPUs no node between them blocks) move towards one level: the
    same share ``tau`` of each GPU's range, ``cap_min + tau * (cap_max -
@@ -195,6 +204,14 @@ _WAITING_CODES = phase_codes(WAITING_PHASES)
 _COMM_CODE = PHASE_CODES["communication"]
 _IDLE_CODE = PHASE_CODES["idle"]
 _COMPUTE_CODE = PHASE_CODES["compute"]
+# Rules 3b and 3c move watts under a node between its bands only while the power it counts
+# for GPUs it did not hear (silent, offline or implausible: at the caps they may hold) is at
+# most this share of its band (cap_threshold_w - uncap_threshold_w). Beyond it, where the
+# node stands between its bands is the guess's: hearing them again (at what they draw)
+# puts it below, rule 4 hands the watts back, and the next guess shifts them again (found by
+# bench_scale with two 10,368-node jobs on a 2-vCPU machine that lost half the telemetry: of
+# ~2,000 cuts a second, three quarters were such shifts and levellings, each undone).
+GUESSED_BAND_SHARE = 0.25
 # Needs below this are rounding, not overload (a site sums ~1e8 W: ~1e-8 W of float noise).
 NEGLIGIBLE_W = 1e-7
 
@@ -384,6 +401,11 @@ def decide(
 
     node_power = tree.node_sum(power) + overhead
     capping = node_power > tree.cap_threshold_w
+    # what each node counts for GPUs it did not hear (rules 3b and 3c)
+    if state.heard is None:
+        node_guessed_w = np.zeros(n_nodes)
+    else:
+        node_guessed_w = tree.node_sum(np.where(np.asarray(state.heard, dtype=bool), 0.0, power))
 
     # 2. staged phases: caps follow the GPU down, not below the staged start cap
     staged = ctl & in_codes(phase, _STAGED_CODES)
@@ -432,6 +454,7 @@ def decide(
         _shift(
             tree,
             node_power,
+            node_guessed_w,
             node_pred,
             node_shift,
             shifted,
@@ -451,6 +474,7 @@ def decide(
         levelled, level_rise = _level(
             tree,
             node_power,
+            node_guessed_w,
             node_pred,
             cap,
             pred,
@@ -606,6 +630,7 @@ def _close_for_lower_classes(tree: Tree, budget: np.ndarray, still: np.ndarray) 
 def _shift(
     tree: Tree,
     node_power: np.ndarray,
+    guessed_w: np.ndarray,
     node_pred: np.ndarray,
     node_shift: np.ndarray,
     shifted: np.ndarray,
@@ -623,7 +648,7 @@ def _shift(
     gaps less what the levels below already took for them. ``pred``/``cap`` of the cut
     GPUs, ``node_pred``, ``node_shift`` and ``shifted`` are updated."""
     n_nodes = len(node_pred)
-    between = _between_bands(tree, node_power)
+    between = _between_bands(tree, node_power, guessed_w)
     p_idx = np.flatnonzero(pressed)
     taken_below = np.zeros(n_nodes)
     # a held GPU counts for a node only if no node between them blocks its uncapping
@@ -667,13 +692,18 @@ def _shift(
         taken_below += taken
 
 
-def _between_bands(tree: Tree, node_power: np.ndarray) -> np.ndarray:
-    """(n_nodes,) bool: neither capping nor handing back. A node that never uncaps (a
-    non-finite uncapping threshold) is not: a shift or a levelling cannot unblock it."""
+def _between_bands(tree: Tree, node_power: np.ndarray, guessed_w: np.ndarray) -> np.ndarray:
+    """(n_nodes,) bool: neither capping nor handing back, and known to be: the power counted
+    for its unheard GPUs (``guessed_w``) is at most ``GUESSED_BAND_SHARE`` of its band. A
+    node that never uncaps (a non-finite uncapping threshold) is not: a shift or a
+    levelling cannot unblock it."""
     between: np.ndarray = (node_power <= tree.cap_threshold_w) & (
         node_power >= tree.uncap_threshold_w
     )
     between &= np.isfinite(tree.uncap_threshold_w)
+    with np.errstate(invalid="ignore"):  # inf - inf: not between anyway
+        band_w = tree.cap_threshold_w - tree.uncap_threshold_w
+        between &= guessed_w <= GUESSED_BAND_SHARE * band_w
     return between
 
 
@@ -685,6 +715,7 @@ LEVEL_TOLERANCE_FRACTION = 0.01
 def _level(
     tree: Tree,
     node_power: np.ndarray,
+    guessed_w: np.ndarray,
     node_pred: np.ndarray,
     cap: np.ndarray,
     pred: np.ndarray,
@@ -707,7 +738,7 @@ def _level(
     # the sum of the caps under each node (uncontrollable GPUs at their draw) plus its
     # overheads, kept up to date once a level above the servers first needs it
     cap_sum: np.ndarray | None = None
-    between = _between_bands(tree, node_power)
+    between = _between_bands(tree, node_power, guessed_w)
     below = node_power < tree.uncap_threshold_w
     span = cap_max - cap_min
     step_min = settings.uncap_min_step_w

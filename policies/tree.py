@@ -258,3 +258,8 @@ class ClusterState:
     # a cycle (max_raises_per_cycle) serves the nodes wanting watts back in turn, each once
     # every k cycles: with this each turn's command carries k cycles' watts instead of one's.
     uncap_cycles: np.ndarray | None = None
+    # Per GPU, whether ``power_w`` was measured (True) or stands in for a GPU the controller
+    # does not hear (False: silent, offline or implausible, counted at the caps it may hold).
+    # None: every GPU heard. Rules 3b and 3c of policies.capping trust a node's place
+    # between its bands only while little of its power is such a guess.
+    heard: np.ndarray | None = None

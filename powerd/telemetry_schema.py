@@ -334,6 +334,7 @@ DECISION = Measurement(
             "our newest command acked stale: the node holds one we did not send",
         ),
         Field("acks_late", INT, "count", "acks of a newest command after its node went stale"),
+        Field("commands_in_flight", INT, "count", "commands sent, not yet answered or overdue"),
         Field("stale_nodes", INT, "count", "nodes whose telemetry is older than stale_after_s"),
         Field("failsafe_nodes", INT, "count", "nodes reporting failsafe mode"),
         Field("offline_nodes", INT, "count", "nodes whose status is offline"),

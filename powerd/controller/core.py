@@ -188,8 +188,10 @@ class CycleCounters:
     telemetry_waiting: int = 0
     ingest_s: float = 0.0  # CPU time spent decoding telemetry since the last cycle
     # nodes whose raise (watts handed back) or clock lock waits for a later cycle
-    # (max_raises_per_cycle)
+    # (max_raises_per_cycle, less the commands in flight)
     raises_deferred: int = 0
+    # commands sent and not yet answered (nor overdue) when the cycle decided
+    commands_in_flight: int = 0
     # acks of a node's newest command that came after the node went stale (its pending
     # command dropped): taken, so what it holds is known when it is back
     acks_late: int = 0
@@ -836,6 +838,8 @@ class ControllerCore:
         self._uncap_turn = None
         tree, ordinal = self.tree, self.tree.gpu_server_ordinal
         could = may_ask_to_uncap(tree, state)
+        if state.uncap_cycles is not None:  # a raise in flight: not before it is answered
+            could &= np.asarray(state.uncap_cycles) > 0
         could &= np.asarray(state.cap_w) < tree.cap_max_w - CAP_TOLERANCE_W
         wants = live & (np.bincount(ordinal, weights=could, minlength=tree.n_servers) > 0)
         n_wanting = int(wants.sum())
@@ -1017,11 +1021,20 @@ class ControllerCore:
             doubted = self.implausible[self.tree.gpu_server_ordinal]
             held_w = np.where(doubted, np.fmax(held_w, self.commanded_cap_w), held_w)
         power = np.where(gpu_live, self.power_w, held_w)
-        cap = np.where(gpu_live, self.cap_w, held_w)
+        # A node with a command in flight is taken at what it was asked (a read-back may
+        # predate the command), and asks for no more watts until it answers: one raise in
+        # flight a node. Deciding from the old caps undid commands whenever acks took longer
+        # than a cycle (a raise whose turn had passed went out again as a "cut" back to the
+        # old cap), and stepping on from the asked caps would pile raises on a slow node.
+        n_servers = self.tree.n_servers
+        in_flight = np.zeros(n_servers, dtype=bool)
+        in_flight[list(self.pending)] = True
+        asked = in_flight[self.tree.gpu_server_ordinal] & ~np.isnan(self.commanded_cap_w)
+        cap = np.where(gpu_live, np.where(asked, self.commanded_cap_w, self.cap_w), held_w)
+        uncap_cycles = np.where(asked, 0.0, 1.0) if asked.any() else None
         # a local-mode agent reports but refuses commands: its power counts, it is not capped
         commandable = live & ~self._in_mode("local")
         # per server, then per GPU: a job's servers at once (a later job over an earlier one)
-        n_servers = self.tree.n_servers
         priority = np.full(n_servers, PRIORITY_CODES["normal"], dtype=np.int8)
         phase = np.full(n_servers, PHASE_CODES["compute"], dtype=np.int8)
         phase_s = np.full(n_servers, np.nan)  # announced phases only
@@ -1044,6 +1057,8 @@ class ControllerCore:
             controllable=commandable[self.tree.gpu_server_ordinal],
             phase_s=phase_s,
             wait_before_s=wait_before_s,
+            heard=gpu_live,
+            uncap_cycles=uncap_cycles,
         )
         return state, commandable
 
@@ -1059,7 +1074,10 @@ class ControllerCore:
         nodes whose GPUs still need the grid smoothing profile, then those whose turn to
         be handed watts back it is (``_uncap_in_turn``), then the rest round robin.
         Those left keep their lower caps, or their clocks unlocked, a cycle or more
-        longer, which is safe. That bounds the flood when a whole site
+        longer, which is safe. The bound is a window: the commands still in flight (sent,
+        unanswered, not yet overdue; resends not counted) count against it, so raises
+        follow the pace at which agents and the broker answer (with acks within a cycle,
+        the whole bound). That bounds the flood when a whole site
         uncaps at once, when a job of 10,000 nodes whose agents take no clock policy
         enters communication (a lock saves energy and can wait; an unlock is what
         compute waits for), and when agents (or the broker) are slow to answer 20,000
@@ -1105,11 +1123,17 @@ class ControllerCore:
         backoff = 2.0 ** np.minimum(self._resends_unacked, RESEND_MAX_DOUBLINGS)
         for server, (_, sent_at) in self.pending.items():
             overdue[server] = now - sent_at > self.settings.ack_timeout_s * backoff[server]
+        # sent and still expected; a resend is not counted, so nodes that never answer
+        # (their acks refused by the broker, say) do not hold the window shut
+        first_try = self._resends_unacked == 0
+        in_flight = sum(1 for server in self.pending if first_try[server] and not overdue[server])
+        counters.commands_in_flight = in_flight
         needs_profile = any_per_server(smooth)
         wanted = live & (any_per_server(cap_changed | clock_changed) | needs_profile | overdue)
         must = wanted & any_per_server(urgent_gpu)
         raises = np.flatnonzero(wanted & ~must)
-        budget = self.settings.max_raises_per_cycle
+        # a window: no more than max_raises_per_cycle commands in flight (cuts go anyway)
+        budget = max(0, self.settings.max_raises_per_cycle - in_flight)
         if len(raises) > budget:  # resends, profiles, turns, then round robin
             late = overdue[raises]
             profile = needs_profile[raises] & ~late  # the grid's protection first

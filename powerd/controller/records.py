@@ -141,6 +141,7 @@ class Records:
             acks_missing=c.acks_missing,
             acks_stale=c.acks_stale,
             acks_late=c.acks_late,
+            commands_in_flight=c.commands_in_flight,
             stale_nodes=c.stale_nodes,
             failsafe_nodes=c.failsafe_nodes,
             offline_nodes=c.offline_nodes,

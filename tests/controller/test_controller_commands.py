@@ -13,6 +13,7 @@ from powerd.protocol import Command, decode, encode
 from tests.controller.test_controller_core import (
     CAP_MAX_W,
     COMM_CLOCK_MHZ,
+    FAILSAFE_W,
     K1_TARGET_W,
     NODES,
     WALL0,
@@ -206,6 +207,23 @@ def test_resends_wait_their_turn_with_the_raises() -> None:
     assert set(first) <= set(resent)  # every one in its turn
 
 
+def test_raises_wait_for_the_commands_in_flight() -> None:
+    """max_raises_per_cycle is a window: a fleet slow to answer gets raises at the pace
+    it answers, not a cycle's bound every cycle on top of those it has not answered."""
+    bench = make_bench(ack_timeout_s=3.0, command_ttl_s=30.0, max_raises_per_cycle=2)
+    bench.report_all(300.0, cap_w=FAILSAFE_W)  # held low, room everywhere: raises only
+    first = bench.apply(bench.cycle(), ack=False)
+    assert len(first) == 2
+    bench.report_all(300.0, cap_w=FAILSAFE_W)
+    result = bench.cycle(advance_s=1.0)
+    assert result.commands == [] and result.counters.commands_in_flight == 2
+    assert result.counters.raises_deferred == len(NODES) - 2
+    node, command = next(iter(first.items()))
+    bench.core.on_ack(node, ack_payload(node, command))
+    result = bench.cycle(advance_s=1.0)
+    assert len(result.commands) == 1 and result.counters.commands_in_flight == 1
+
+
 def test_ack_clears_the_pending_command_and_is_counted(bench: Bench) -> None:
     bench.report_all(650.0)
     bench.apply(bench.cycle())  # every command acked
@@ -385,11 +403,30 @@ def test_uncapping_is_gradual_one_command_per_step(bench: Bench) -> None:
     assert np.all(np.diff(caps[:-1]) > CAP_TOLERANCE_W)  # each step worth a command
 
 
+def test_a_raise_in_flight_is_neither_undone_nor_stepped_on_until_answered(bench: Bench) -> None:
+    """Acks slower than a cycle: the node's telemetry still shows the caps it held before
+    the command. Deciding from them sent the old caps back as a "cut" (bench_scale lost
+    ~400 commands a second so); stepping on from the asked caps would pile raises on it."""
+    bench.report_all(650.0)
+    cut = bench.apply(bench.cycle())  # rack k1 cut to its target, acked
+    bench.report_all(200.0)  # k1 now far below its uncapping threshold
+    first = bench.apply(bench.cycle(advance_s=1.0), ack=False)
+    assert caps_of(first["k1-n1"])[0] > caps_of(cut["k1-n1"])[0]  # a raise, in flight
+    for _ in range(4):  # within the 3 s ack timeout; the read-back predates the command
+        bench.report("k1-n1", 200.0, cap_w=caps_of(cut["k1-n1"]))
+        result = bench.cycle(advance_s=0.5)  # early cycles: half a step from the old caps
+        assert "k1-n1" not in dict(result.commands)
+        assert result.counters.superseded == 0
+    bench.core.on_ack("k1-n1", ack_payload("k1-n1", first["k1-n1"]))
+    bench.report_all(200.0)
+    later = dict(bench.cycle(advance_s=1.0).commands)  # answered: the next step
+    assert caps_of(later["k1-n1"])[0] > caps_of(first["k1-n1"])[0]
+
+
 def test_a_command_replacing_an_unacknowledged_one_is_counted_as_superseded(bench: Bench) -> None:
     bench.report_all(650.0)
     first = bench.apply(bench.cycle(), ack=False)
-    gpus = bench.gpus("k2-n2")
-    bench.core.commanded_cap_w[gpus.start : gpus.stop] = 600.0  # its caps must change again
+    bench.phase("job", "startup", ["k2-n2"])  # staged caps: its caps must change again
     bench.report_all(650.0)
     result = bench.cycle(advance_s=0.5)  # well before the ack timeout
     assert "k2-n2" in dict(result.commands)

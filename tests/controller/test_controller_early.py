@@ -47,8 +47,9 @@ def test_an_early_cycle_hands_back_a_share_of_a_full_step() -> None:
     raised = {}
     for dt in (1.0, 0.25):
         b = make_bench()
-        b.report_all(300.0, cap_w=FAILSAFE_W)  # held low: room to hand back everywhere
-        b.cycle()
+        b.report_all(300.0, cap_w=FAILSAFE_W)
+        b.apply(b.cycle())  # answered: no command in flight
+        b.core.cap_w[:] = b.core.commanded_cap_w[:] = FAILSAFE_W  # held low: room everywhere
         b.clock.advance(dt)
         b.report_all(300.0, cap_w=FAILSAFE_W)
         result = b.cycle()
