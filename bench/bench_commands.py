@@ -12,7 +12,10 @@ N jobs of whole racks (``FleetOptions.jobs``) announce startup with their nodes,
 compute (``--compute-s``) and communication (``--communication-s``) in turn;
 ``--push-every-s`` sends a random rack to its maximum power for 5 s that often (as
 ``bench_scale`` does); ``--withhold-share`` blinds the controller to a share of the nodes
-in spells (their telemetry withheld: they go stale and come back). Commands are counted
+in spells (their telemetry withheld: they go stale and come back); ``--lose-share`` loses
+each sample with that chance and ``--ack-delay-s`` delivers acks that many periods late,
+as an oversubscribed broker and fleet do (``bench_scale`` with the bare subscriber beside
+two jobs lost 13-17,000 samples a second, and acks came seconds late). Commands are counted
 by kind, per node, against what that node was last sent:
 
 - ``first``: the node's first command of the epoch (every node once, at the start),
@@ -22,7 +25,8 @@ by kind, per node, against what that node was last sent:
 - ``other``: no cap moved (a clock lock, a clock policy, a smoothing profile, a resend).
 
     python -m bench.bench_commands [--budgets FILE] [--jobs 2] [--seconds 120]
-        [--push-every-s 2] [--smoothing] [--withhold-share 0.5] [--json out.json]
+        [--push-every-s 2] [--smoothing] [--withhold-share 0.5] [--lose-share 0.6]
+        [--ack-delay-s 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ def run(
     communication_s: float,
     seed: int = 1,
     withhold_share: float = 0.0,
+    lose_share: float = 0.0,
+    ack_delay_s: int = 0,
 ) -> dict:
     topology = load_budgets(budgets)
     clock = [1000.0]
@@ -117,6 +123,10 @@ def run(
     cycle_ms: list[float] = []
     reporting = fleet.reporting()
     site = int(np.flatnonzero(tree.parent < 0)[0])
+    lossy = np.random.default_rng(seed)
+    acks_due: collections.deque[list[tuple[str, bytes]]] = collections.deque(
+        [] for _ in range(ack_delay_s)
+    )
     for step in range(seconds):
         clock[0] += 1.0
         fleet._clock_now = mono()
@@ -139,12 +149,18 @@ def run(
             # a blind spell: that share of the nodes unheard (a different tenth each spell)
             spell = step // WITHHOLD_S
             heard = reporting[(reporting * 7 + spell) % 10 >= withhold_share * 10]
+        if lose_share > 0:
+            heard = heard[lossy.random(len(heard)) >= lose_share]
         waiting = [
             Waiting(tree.server_ordinal[fleet.names[n]], fleet.telemetry(n, wall(), 1.0), mono(), 0)
             for n in heard
         ]
         for first in range(0, len(waiting), INGEST_BATCH):
             core.ingest(waiting[first : first + INGEST_BATCH])
+        if ack_delay_s:  # those due now, then this period's
+            for node, late_ack in acks_due.popleft():
+                core.on_ack(node, late_ack)
+            acks_due.append([])
         started = time.perf_counter()
         result = core.cycle()
         cycle_ms.append(1000 * (time.perf_counter() - started))
@@ -156,7 +172,9 @@ def run(
             last[node] = [g.cap_w if isinstance(g.cap_w, float) else 0.0 for g in command.gpus]
             topic = topics.command(node)
             ack = fleet.on_command(node, signer.sign(topic, encode(command)), mono(), wall())
-            if ack is not None:
+            if ack is not None and ack_delay_s:
+                acks_due[-1].append((node, ack))
+            elif ack is not None:
                 core.on_ack(node, ack)
         c = result.counters
         rows.append(
@@ -168,6 +186,7 @@ def run(
                 "raises_deferred": c.raises_deferred,
                 "uncap_waiting": getattr(c, "uncap_waiting", 0),  # absent before 2026-11-26
                 "resends": c.resends,
+                "in_flight": getattr(c, "commands_in_flight", 0),  # absent before 2026-11-26
                 "stale_nodes": c.stale_nodes,
                 "caps_mw": round(float(result.decision.cap_w.sum()) / 1e6, 3),
                 # the site's power as the controller counts it (unheard nodes at their caps)
@@ -189,6 +208,8 @@ def run(
         "smoothing": smoothing,
         "push_every_s": push_every_s,
         "withhold_share": withhold_share,
+        "lose_share": lose_share,
+        "ack_delay_s": ack_delay_s,
         "totals": totals,
         "commands_max_per_cycle_after_start": max(sent[2:], default=0),
         "commands_per_s_after_60s": round(statistics.fmean(after), 1) if after else None,
@@ -219,10 +240,28 @@ def main() -> None:
         f"telemetry (in tenths) is withheld for {WITHHOLD_S} s in every {2 * WITHHOLD_S} "
         "(they go stale), as a broker dropping it would [default: 0, none]",
     )
+    parser.add_argument(
+        "--lose-share",
+        type=float,
+        default=0.0,
+        help="each node's sample lost with this chance every period, from the start [default: 0]",
+    )
+    parser.add_argument(
+        "--ack-delay-s",
+        type=int,
+        default=0,
+        help="acks reach the controller this many periods after their command [default: 0]",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
-    if args.jobs < 0 or args.seconds < 1 or not 0.0 <= args.withhold_share <= 1.0:
-        parser.error("--jobs must be 0 or more, --seconds 1 or more, --withhold-share in [0, 1]")
+    shares = (args.withhold_share, args.lose_share)
+    if args.jobs < 0 or args.seconds < 1 or not all(0.0 <= s <= 1.0 for s in shares):
+        parser.error(
+            "--jobs must be 0 or more, --seconds 1 or more, --withhold-share and "
+            "--lose-share in [0, 1]"
+        )
+    if args.ack_delay_s < 0:
+        parser.error("--ack-delay-s must be 0 or more")
     result = run(
         args.budgets,
         args.jobs,
@@ -232,6 +271,8 @@ def main() -> None:
         args.compute_s,
         args.communication_s,
         withhold_share=args.withhold_share,
+        lose_share=args.lose_share,
+        ack_delay_s=args.ack_delay_s,
     )
     report({k: v for k, v in result.items() if k != "per_second"}, None)  # the rows: JSON only
     if args.json is not None:

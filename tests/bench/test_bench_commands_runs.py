@@ -48,3 +48,19 @@ def test_a_blind_controller_sees_stale_nodes_in_spells(tmp_path: Path) -> None:
     assert all(r["stale_nodes"] == 0 for r in rows[:90])
     stale = [r["stale_nodes"] for r in rows[90:]]
     assert 0 < max(stale) <= 36 and min(stale) == 0  # half of 72 at most; spells end
+
+
+def test_lost_samples_and_late_acks(tmp_path: Path) -> None:
+    """``--lose-share`` loses samples at random (nodes go stale now and then), and
+    ``--ack-delay-s`` keeps the commands in flight that long; without it none is."""
+    prompt = run_commands_bench(tmp_path, "--seconds", "12", "--push-every-s", "0")
+    assert all(r["in_flight"] == 0 for r in prompt["per_second"])
+    late = run_commands_bench(
+        tmp_path, "--seconds", "20", "--lose-share", "0.8", "--ack-delay-s", "2"
+    )
+    rows = late["per_second"]
+    assert late["lose_share"] == 0.8 and late["ack_delay_s"] == 2
+    # the first period's commands (to the nodes heard) unanswered at the next, answered after
+    assert rows[1]["in_flight"] == rows[0]["commands"] > 0
+    assert rows[2]["in_flight"] == rows[1]["commands"]
+    assert 0 < max(r["stale_nodes"] for r in rows) < 72
