@@ -1292,6 +1292,7 @@ class ControllerCore:
         self.epoch = epoch
         self.seq = 0
         self.pending.clear()
+        self._resends_unacked[:] = 0  # nothing of ours is unanswered: backoffs start afresh
         self._returning[:] = False
         self._acked_ts[:] = -math.inf
         self._sent_seq[:] = -1

@@ -189,6 +189,23 @@ def test_each_resend_without_an_ack_doubles_the_wait_and_an_ack_resets_it(bench:
     assert server not in bench.core.pending and bench.core._resends_unacked[server] == 0
 
 
+def test_a_new_epoch_starts_every_backoff_afresh(bench: Bench) -> None:
+    """A new leader's commands are its first: none waits out the old epoch's backoff, and
+    each counts in the window of commands in flight."""
+    bench.report_all(650.0)
+    sent = dict(bench.apply(bench.cycle(), ack=False))
+    assert resend_times(bench, 12, sent) == [4.0, 11.0]  # two resends unanswered
+    bench.core.new_epoch(2)
+    bench.report_all(650.0)
+    result = bench.cycle(advance_s=1.0)
+    assert "k1-n1" in dict(result.commands)
+    assert result.counters.resends == 0
+    sent.update(bench.apply(result, ack=False))
+    bench.report_all(650.0)
+    assert bench.cycle(advance_s=1.0).counters.commands_in_flight == len(result.commands)
+    assert resend_times(bench, 5, sent) == [3.0]  # after 3 s, not 12
+
+
 def test_resends_wait_their_turn_with_the_raises() -> None:
     """Twenty thousand unanswered commands are not sent again in one cycle: resends go
     first among the commands that can wait, at most max_raises_per_cycle of them."""
