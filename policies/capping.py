@@ -59,7 +59,7 @@ A node's measured power is the measured power of every GPU under it plus its
    when it is controllable, not staged, not waiting, below ``cap_max``, not cut
    this cycle, and draws within ``stage_headroom_fraction`` of its range below
    its cap: it wants more than it may have. Bottom-up, a node known to be between
-   its (finite) bands (below) under which a GPU of class ``p`` is held (counting only GPUs
+   its (finite) bands (see below) under which a GPU of class ``p`` is held (counting only GPUs
    no node between them blocks, i.e. every one is below its uncapping
    threshold) takes, from the classes below ``p`` only and in rule 3's order,
    ``min(predicted - uncap_threshold_w + margin, gaps of the held GPUs of class
@@ -77,7 +77,9 @@ A node's measured power is the measured power of every GPU under it plus its
    there: heard again, at what they draw, it is below its uncapping threshold,
    rule 4 hands the moved watts back, and the next guess moves them again (found
    by ``bench_scale --jobs 2`` on a machine that lost half the controller's
-   telemetry: three quarters of ~2,000 cuts a second were such moves).
+   telemetry: three quarters of ~2,000 cuts a second were such moves). Rule 4's
+   hand-back between the bands is not bound by it: counting the unheard at their
+   caps leaves a node less room, never more, and it cuts nobody.
 3c. **Levelling within a class, between the bands** (``level_within_class``).
    Bottom-up, under a node known to be between its (finite) bands, the GPUs of one class
    held at their caps (rule 3b's test; not cut or shifted this cycle, and

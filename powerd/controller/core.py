@@ -1026,9 +1026,11 @@ class ControllerCore:
         # flight a node. Deciding from the old caps undid commands whenever acks took longer
         # than a cycle (a raise whose turn had passed went out again as a "cut" back to the
         # old cap), and stepping on from the asked caps would pile raises on a slow node.
+        # (An agent in failsafe or local mode refuses commands: it holds what it reports.)
         n_servers = self.tree.n_servers
         in_flight = np.zeros(n_servers, dtype=bool)
         in_flight[list(self.pending)] = True
+        in_flight &= ~self._in_mode("failsafe") & ~self._in_mode("local")
         asked = in_flight[self.tree.gpu_server_ordinal] & ~np.isnan(self.commanded_cap_w)
         cap = np.where(gpu_live, np.where(asked, self.commanded_cap_w, self.cap_w), held_w)
         uncap_cycles = np.where(asked, 0.0, 1.0) if asked.any() else None

@@ -581,6 +581,25 @@ def test_failsafe_node_counts_its_measured_power_and_is_asked_again(bench: Bench
     assert result.counters.failsafe_nodes == 0 and result.commands == []
 
 
+def test_a_failsafe_node_is_taken_at_the_caps_it_reports_whatever_is_in_flight(
+    bench: Bench,
+) -> None:
+    """A node with a command in flight is taken at what it was asked, unless its agent is
+    in failsafe (or local mode): it refuses commands, and holds what it reports."""
+    bench.report_all(300.0)
+    bench.apply(bench.cycle())
+    gpus = bench.gpus("k3-n1")
+    for _ in range(3):
+        bench.clock.advance(1.0)
+        now = WALL0 + bench.clock.t
+        bench.report("k3-n1", 350.0, cap_w=FAILSAFE_W, mode="failsafe", ts=now)
+        result = bench.cycle()
+        assert result.state is not None
+        assert list(result.state.cap_w[gpus.start : gpus.stop]) == [FAILSAFE_W, FAILSAFE_W]
+        bench.apply(result, ack=False)  # asked again: in flight, refused
+    assert bench.core.pending
+
+
 # --- priorities and phases reach the policy ---------------------------------------------
 
 
