@@ -271,6 +271,9 @@ def summarise(
         "resends": total("resends"),
         "resend_share": round(total("resends") / max(commands, 1), 4),
         "raises_deferred_max": max((int(p.get("raises_deferred", 0)) for p in points), default=0),
+        "commands_in_flight_max": max(
+            (int(p.get("commands_in_flight", 0)) for p in points), default=0
+        ),
         "telemetry_dropped": total("telemetry_dropped"),
         "telemetry_lost": total("telemetry_lost"),
         "telemetry_waiting_max": max(

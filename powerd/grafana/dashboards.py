@@ -868,7 +868,9 @@ def controller_health() -> dict:
             "timeseries",
             "Decode time and held-back commands",
             "CPU time spent decoding telemetry per cycle (the budget is ingest_share of the"
-            " cycle); nodes whose raise waits for a later cycle (max_raises_per_s); nodes"
+            " cycle); nodes whose raise waits for a later cycle (max_raises_per_s, less the"
+            " commands in flight); commands sent and not yet answered (agents or the broker"
+            " slow to answer hold hand-backs back); nodes"
             " found holding other caps than commanded (drift); nodes whose agents fall back"
             " to a failsafe cap above the budgets file's (fix their agent config); nodes whose"
             " telemetry says what no GPU can do (counted at their caps, not commanded).",
@@ -879,6 +881,7 @@ def controller_health() -> dict:
                         DECISION,
                         (
                             ("max({raises_deferred})", "raises deferred"),
+                            ("max({commands_in_flight})", "commands in flight"),
                             ("sum({nodes_drifted})", "drifted"),
                             ("max({failsafe_over_plan})", "failsafe over plan"),
                             ("max({nodes_implausible})", "implausible telemetry"),
