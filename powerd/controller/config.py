@@ -97,8 +97,9 @@ class ControllerConfig:
     # before it reported one, is not believed (counted at its caps, not commanded): two
     # senders on one login, or a broken agent. Agents' fastest period is 0.05 s (20 Hz).
     telemetry_max_hz: float = 20.0
-    # Commands that only hand watts back or lock clocks go to at most this many nodes a
-    # second; cuts, clock unlocks and resends are never held back (docs/CONTROLLER.md).
+    # Commands that only hand watts back or lock clocks, and resends, go to at most this many
+    # nodes a second, less those still in flight; cuts and clock unlocks are never held back
+    # (docs/CONTROLLER.md).
     max_raises_per_s: float = 2000.0
     broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
     policy: PolicySettings = field(default_factory=PolicySettings)
