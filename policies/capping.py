@@ -403,11 +403,6 @@ def decide(
 
     node_power = tree.node_sum(power) + overhead
     capping = node_power > tree.cap_threshold_w
-    # what each node counts for GPUs it did not hear (rules 3b and 3c)
-    if state.heard is None:
-        node_guessed_w = np.zeros(n_nodes)
-    else:
-        node_guessed_w = tree.node_sum(np.where(np.asarray(state.heard, dtype=bool), 0.0, power))
 
     # 2. staged phases: caps follow the GPU down, not below the staged start cap
     staged = ctl & in_codes(phase, _STAGED_CODES)
@@ -450,6 +445,10 @@ def decide(
 
     # 3b. between the bands, make room for higher-priority GPUs held at their caps
     pressed &= cut_levels == 0  # cut this cycle: held by a node over its threshold
+    # what each node counts for GPUs it did not hear (3b and 3c), worked out only if needed
+    node_guessed_w = np.zeros(n_nodes)
+    if state.heard is not None and moves_between and pressed.any():
+        node_guessed_w = tree.node_sum(np.where(np.asarray(state.heard, dtype=bool), 0.0, power))
     node_shift = np.zeros(n_nodes)
     shifted = np.zeros(n_gpus, dtype=bool)
     if settings.priority_shift and pressed.any():

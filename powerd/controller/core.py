@@ -1128,14 +1128,14 @@ class ControllerCore:
         # sent and still expected; a resend is not counted, so nodes that never answer
         # (their acks refused by the broker, say) do not hold the window shut
         first_try = self._resends_unacked == 0
-        in_flight = sum(1 for server in self.pending if first_try[server] and not overdue[server])
-        counters.commands_in_flight = in_flight
+        n_in_flight = sum(1 for s in self.pending if first_try[s] and not overdue[s])
+        counters.commands_in_flight = n_in_flight
         needs_profile = any_per_server(smooth)
         wanted = live & (any_per_server(cap_changed | clock_changed) | needs_profile | overdue)
         must = wanted & any_per_server(urgent_gpu)
         raises = np.flatnonzero(wanted & ~must)
         # a window: no more than max_raises_per_cycle commands in flight (cuts go anyway)
-        budget = max(0, self.settings.max_raises_per_cycle - in_flight)
+        budget = max(0, self.settings.max_raises_per_cycle - n_in_flight)
         if len(raises) > budget:  # resends, profiles, turns, then round robin
             late = overdue[raises]
             profile = needs_profile[raises] & ~late  # the grid's protection first
