@@ -156,6 +156,7 @@ def ack_payload(
     seq: int | None = None,
     cap_w: dict[int, float] | None = None,
     errors: Sequence[str] = (),
+    ts: float = WALL0,
 ) -> bytes:
     """The ack an agent would send for ``command``: caps read back as commanded unless given."""
     read_back = dict(zip((g.index for g in command.gpus), caps_w(command), strict=True)) | (
@@ -167,7 +168,7 @@ def ack_payload(
             node=node,
             epoch=command.epoch if epoch is None else epoch,
             seq=command.seq if seq is None else seq,
-            ts=WALL0,
+            ts=ts,
             result=result,
             gpus=[]
             if result == "rejected"
