@@ -1030,12 +1030,13 @@ class ControllerCore:
         n_servers = self.tree.n_servers
         in_flight = np.zeros(n_servers, dtype=bool)
         in_flight[list(self.pending)] = True
-        in_flight &= ~self._in_mode("failsafe") & ~self._in_mode("local")
+        local = self._in_mode("local")
+        in_flight &= ~self._in_mode("failsafe") & ~local
         asked = in_flight[self.tree.gpu_server_ordinal] & ~np.isnan(self.commanded_cap_w)
         cap = np.where(gpu_live, np.where(asked, self.commanded_cap_w, self.cap_w), held_w)
         uncap_cycles = np.where(asked, 0.0, 1.0) if asked.any() else None
         # a local-mode agent reports but refuses commands: its power counts, it is not capped
-        commandable = live & ~self._in_mode("local")
+        commandable = live & ~local
         # per server, then per GPU: a job's servers at once (a later job over an earlier one)
         priority = np.full(n_servers, PRIORITY_CODES["normal"], dtype=np.int8)
         phase = np.full(n_servers, PHASE_CODES["compute"], dtype=np.int8)
@@ -1123,12 +1124,12 @@ class ControllerCore:
 
         overdue = np.zeros(n_servers, dtype=bool)
         backoff = 2.0 ** np.minimum(self._resends_unacked, RESEND_MAX_DOUBLINGS)
+        # in flight: sent and still expected; a resend is not counted, so nodes that never
+        # answer (their acks refused by the broker, say) do not hold the window shut
+        n_in_flight = 0
         for server, (_, sent_at) in self.pending.items():
             overdue[server] = now - sent_at > self.settings.ack_timeout_s * backoff[server]
-        # sent and still expected; a resend is not counted, so nodes that never answer
-        # (their acks refused by the broker, say) do not hold the window shut
-        first_try = self._resends_unacked == 0
-        n_in_flight = sum(1 for s in self.pending if first_try[s] and not overdue[s])
+            n_in_flight += int(not overdue[server] and self._resends_unacked[server] == 0)
         counters.commands_in_flight = n_in_flight
         needs_profile = any_per_server(smooth)
         wanted = live & (any_per_server(cap_changed | clock_changed) | needs_profile | overdue)
