@@ -1,6 +1,6 @@
 # powerd: `make demo` runs the whole loop on this machine; `make test` runs ruff, mypy and
 # every test (and installs the core alone at its minimum pins in a throwaway venv:
-# tests/support/lean_install.py).
+# tests/support/lean_install.py). Tests run two at a time, the `realtime` ones alone after.
 # Both create the virtual environment; `make test` also installs the Debian
 # services the tests start (mosquitto, systemd-analyze) when they are missing.
 
@@ -19,9 +19,17 @@ demo: venv
 test: deps venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
-	$(BIN)/python tests/support/lean_install.py
-	$(BIN)/pytest -q --durations=15
+	@# the lean install waits on pip while mypy works: side by side
+	@$(BIN)/python tests/support/lean_install.py > $(VENV)/lean_install.log 2>&1 & lean=$$!; \
+	  $(BIN)/mypy; typed=$$?; \
+	  wait $$lean; installed=$$?; \
+	  if [ $$installed = 0 ]; then grep '^lean install' $(VENV)/lean_install.log; \
+	  else cat $(VENV)/lean_install.log; fi; \
+	  [ $$typed = 0 ] && [ $$installed = 0 ]
+	@# most tests wait on brokers and processes, so two run at a time; the ones that
+	@# assert on wall-clock pacing (marker realtime) then run alone
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not realtime" --durations=10
+	$(BIN)/pytest -q -m realtime --durations=5
 
 lint: venv
 	$(BIN)/ruff check .

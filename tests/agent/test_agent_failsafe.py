@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from powerd.agent.daemon import AgentDaemon
 from powerd.gpu.simulated import open_simulated
 from powerd.protocol import GpuCommand, Status, decode
@@ -23,6 +25,9 @@ from tests.support.agent_harness import (
 )
 from tests.support.brokers import Mosquitto
 from tests.support.keys import VERIFIER
+
+# the failsafe's deadline: run alone (pyproject.toml, markers)
+pytestmark = pytest.mark.realtime
 
 FAILSAFE_AFTER_S = 1.0
 PERIOD_S = 0.1

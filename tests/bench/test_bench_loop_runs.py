@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.brokers import Mosquitto
+
+# the loop benchmark's steps in time: run alone (pyproject.toml, markers)
+pytestmark = pytest.mark.realtime
 
 
 def test_the_loop_benchmark_passes_every_step_on_simulated_gpus(

@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.brokers import Mosquitto
+
+# the smoothing loop's pacing: run alone (pyproject.toml, markers)
+pytestmark = pytest.mark.realtime
 
 
 def test_the_smoothing_loop_reaches_the_job_on_simulated_gpus(

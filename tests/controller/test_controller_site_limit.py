@@ -38,6 +38,9 @@ from tests.support.controller_harness import (
     until,
 )
 
+# a site limit reached within the ramp: run alone (pyproject.toml, markers)
+pytestmark = pytest.mark.realtime
+
 RAMP_W_PER_S = 1000.0
 LIMIT_W = 6000.0
 HOLD_S = 5.0

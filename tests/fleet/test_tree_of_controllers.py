@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 import powerd
 from powerd.controller.config import ControllerConfig
 from powerd.coordinator.config import CoordinatorConfig
@@ -46,6 +48,9 @@ from powerd.topology.scope import leaf_pool_w, parse_scope, scoped
 from tests.support.brokers import Mosquitto, MqttProbe, Received
 from tests.support.controller_harness import controller_argv, until
 from tests.support.keys import key_files
+
+# reaction times and takeover deadlines of a tree of processes: run alone (pyproject.toml, markers)
+pytestmark = pytest.mark.realtime
 
 BUDGETS = Path(powerd.__file__).parent / "data" / "budgets" / "tree-3rows.toml"
 CLUSTER = "tree3"
