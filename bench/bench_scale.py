@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -45,12 +46,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from bench.common import cpu_s, machine, mem_mb, report, run_dir
 from powerd.fleet.app import fleet_argv
 from powerd.fleet.sites import NODES_PER_RACK, RACKS_PER_ROW, SITE_FILE, cut_site
 from powerd.mqtt_url import PASSWORD_ENV
 from powerd.signing import generate_key_files
 from powerd.telemetry_schema import parse_line
+from powerd.topology import load_budgets
+from powerd.topology.grid import GridSpec
 from tests.support.brokers import TEST_PASSWORD, TEST_USER, Mosquitto
 
 NODES_PER_ROW = RACKS_PER_ROW * NODES_PER_RACK
@@ -72,6 +77,10 @@ class Scenario:
     max_raises_per_s: float | None = None  # None: the controller's default
     jobs: int = 0  # the fleet's training jobs (whole racks each), announcing their phases
     verify_every: int = 1  # the fleet checks one command's signature in this many
+    # demand response: an operator's site limit, sent this long into the window, for so long
+    site_limit_w: float | None = None
+    site_limit_after_s: float = 5.0
+    site_limit_for_s: float = 20.0
 
 
 def budgets_for(rows: int, out: Path) -> Path:
@@ -87,11 +96,17 @@ def controller_config(
     ingest_share: float | None,
     grid_smoothing: bool = False,
     max_raises_per_s: float | None = None,
+    operator: bool = False,
 ) -> Path:
     """The controller's config, signing with ``out/controller.key`` (made here; the fleet
-    trusts ``out/controller.pub``): the signing cost is part of what is measured."""
+    trusts ``out/controller.pub``): the signing cost is part of what is measured. With
+    ``operator``, it takes site limits signed with ``out/operator.key`` (made here)."""
     path = out / "controller.toml"
     generate_key_files(out / "controller")
+    operator_keys = ""
+    if operator:
+        generate_key_files(out / "operator")
+        operator_keys = f'operator_keys = ["{out / "operator.pub"}"]\n'
     share = "" if ingest_share is None else f"ingest_share = {ingest_share}\n"
     if grid_smoothing:
         share += "grid_smoothing = true\n"
@@ -101,7 +116,7 @@ def controller_config(
         f'[controller]\nname = "bench"\ncluster = "{CLUSTER}"\n{share}'
         f'[broker]\nurl = "{broker.url}"\n'
         f'[recorder]\nfile = "{out / "controller.lp"}"\nfine_every_s = 10\n'
-        f'[trust]\nsigning_key = "{out / "controller.key"}"\n'
+        f'[trust]\nsigning_key = "{out / "controller.key"}"\n{operator_keys}'
     )
     return path
 
@@ -152,7 +167,12 @@ def run_scenario(
         try:
             ctl_log = out / "controller.log"
             config = controller_config(
-                broker, out, s.ingest_share, s.grid_smoothing, s.max_raises_per_s
+                broker,
+                out,
+                s.ingest_share,
+                s.grid_smoothing,
+                s.max_raises_per_s,
+                operator=s.site_limit_w is not None,
             )
             procs["controller"] = spawn(
                 ["-m", "powerd", "controller", "--config", str(config), "--budgets", str(budgets)],
@@ -206,7 +226,11 @@ def run_scenario(
                 pids["mosquitto"] = mosquitto_pid
             cpu0 = {k: cpu_s(p) for k, p in pids.items()}
             wall0, mono0 = time.time(), time.monotonic()
-            time.sleep(window_s)
+            limit_sent_wall = None
+            if s.site_limit_w is not None:
+                time.sleep(s.site_limit_after_s)
+                limit_sent_wall = send_site_limit(broker, out, s.site_limit_w, s.site_limit_for_s)
+            time.sleep(max(0.0, window_s - (time.monotonic() - mono0)))
             cpu1 = {k: cpu_s(p) for k, p in pids.items()}
             wall1, elapsed = time.time(), time.monotonic() - mono0
             rss_mb, peak_mb = mem_mb(procs["controller"].pid)
@@ -219,13 +243,90 @@ def run_scenario(
             bare = json.loads(bare_json.read_text()) if s.bare else None
             points = decisions(out / "controller.lp", wall0, wall1)
             log_tail = ctl_log.read_text(errors="replace")[-3000:]
+            demand_response = None
+            if s.site_limit_w is not None and limit_sent_wall is not None:
+                demand_response = site_limit_result(
+                    fleet, s, limit_sent_wall, load_budgets(budgets).grid, points
+                )
         finally:
             for proc in procs.values():
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
             broker.stop()
-    return summarise(s, fleet, bare, points, cpu0, cpu1, elapsed, rss_mb, peak_mb, log_tail)
+    result = summarise(s, fleet, bare, points, cpu0, cpu1, elapsed, rss_mb, peak_mb, log_tail)
+    if demand_response is not None:
+        result["site_limit"] = demand_response
+    return result
+
+
+def send_site_limit(broker: Mosquitto, out: Path, limit_w: float, for_s: float) -> float:
+    """``powerd limit set`` as an operator would run it, signed with ``out/operator.key``;
+    the wall clock when it returned (the limit published)."""
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "powerd", "limit", "set",
+            "--site", f"{limit_w:.0f}W", "--for", f"{for_s}s",
+            "--key", str(out / "operator.key"), "--operator", "bench",
+            "--reason", "bench_scale demand response",
+            "--broker", broker.url, "--cluster", CLUSTER,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, PASSWORD_ENV: TEST_PASSWORD},
+        timeout=60,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"powerd limit set failed: {done.stdout}{done.stderr}")
+    return time.time()
+
+
+def site_limit_result(
+    fleet: dict, s: Scenario, sent_wall: float, grid: GridSpec | None, points: list[dict]
+) -> dict:
+    """How the site met an operator's limit, on the fleet's own draw (GPUs and overheads,
+    a round of telemetry each, as the grid sees the site): the draw before, how long it
+    took to get under the limit against the glide at the ramp-down limit, the fastest fall
+    on the way, what went over the limit once under it, and the rise after it expired."""
+    assert s.site_limit_w is not None
+    limit_w = s.site_limit_w
+    sent_s = sent_wall - float(fleet["started_wall"])
+    expires_s = sent_s + s.site_limit_for_s
+    series = np.array(fleet["site_power_w"], dtype=float).reshape(-1, 2)
+    t, power_w = series[:, 0], series[:, 1]
+    period = s.period_s
+    rate = np.diff(power_w) / period  # W/s, ending at t[1:]
+    before = power_w[(t >= sent_s - 5.0) & (t < sent_s)]
+    before_w = float(before.mean()) if before.size else float("nan")
+    ramp_down = math.inf if grid is None else float(grid.ramp_down_w_per_s)
+    ramp_up = math.inf if grid is None else float(grid.ramp_up_w_per_s)
+    under = np.flatnonzero((t >= sent_s) & (t < expires_s) & (power_w <= limit_w))
+    reached_at = float(t[under[0]]) if under.size else None
+    held = (t >= (reached_at if reached_at is not None else expires_s)) & (t < expires_s)
+    gliding = (t[1:] >= sent_s) & (t[1:] < expires_s)
+    released = t[1:] >= expires_s + period
+    over_w = power_w[held] - limit_w
+
+    def round_to(value: float | None, digits: int = 1) -> float | None:
+        return None if value is None or not math.isfinite(value) else round(value, digits)
+
+    return {
+        "limit_w": limit_w,
+        "sent_after_warmup_s": s.site_limit_after_s,
+        "for_s": s.site_limit_for_s,
+        "power_before_w": round_to(before_w, 0),
+        "ramp_down_limit_w_per_s": round_to(ramp_down),
+        "ramp_up_limit_w_per_s": round_to(ramp_up),
+        "glide_s": round_to((before_w - limit_w) / ramp_down, 2),
+        "reached_s": None if reached_at is None else round(reached_at - sent_s, 2),
+        "fall_max_w_per_s": round_to(float(-rate[gliding].min()) if gliding.any() else None),
+        "rounds_over_limit_once_under": int((over_w > 0).sum()),
+        "over_limit_max_w": round_to(float(over_w.max()) if over_w.size else None, 0),
+        "rise_max_after_expiry_w_per_s": round_to(
+            float(rate[released].max()) if released.any() else None
+        ),
+        "limit_in_force_cycles": sum(1 for p in points if p.get("site_limit_w") is not None),
+    }
 
 
 def summarise(
@@ -364,6 +465,15 @@ def main() -> None:
         "checks its own on its own CPU, ~120 us; one process playing 20,736 that checks "
         "them all measures itself) [default: 1, every one]",
     )
+    parser.add_argument(
+        "--site-limit-mw",
+        type=float,
+        help="demand response: an operator sets this temporary site limit (`powerd limit "
+        "set`, signed) --site-limit-after-s into the window, for --site-limit-for-s; the "
+        "results say how the site's draw got under it and stayed [default: none]",
+    )
+    parser.add_argument("--site-limit-after-s", type=float, default=5.0)
+    parser.add_argument("--site-limit-for-s", type=float, default=20.0)
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     if args.verify_every < 1:
@@ -378,6 +488,7 @@ def main() -> None:
         rows = max(1, round(nodes / NODES_PER_ROW))
         name = f"{rows * NODES_PER_ROW} nodes" + (", grid smoothing" if args.grid_smoothing else "")
         name += f", {args.jobs} jobs" if args.jobs else ""
+        name += f", site limit {args.site_limit_mw:g} MW" if args.site_limit_mw else ""
         scenarios.append(
             Scenario(
                 name,
@@ -389,6 +500,9 @@ def main() -> None:
                 max_raises_per_s=args.max_raises_per_s,
                 jobs=args.jobs,
                 verify_every=args.verify_every,
+                site_limit_w=None if args.site_limit_mw is None else args.site_limit_mw * 1e6,
+                site_limit_after_s=args.site_limit_after_s,
+                site_limit_for_s=args.site_limit_for_s,
             )
         )
     if args.overload and not any(s.rows == 16 for s in scenarios):

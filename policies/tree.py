@@ -187,6 +187,13 @@ class Tree:
         total = np.array(per_node, dtype=float)
         return fold_levels(self.level_nodes, self.level_parent, total)
 
+    def fold_down(self, per_node: np.ndarray) -> np.ndarray:
+        """(n_nodes,) each node's value plus the values of every node above it (a new array)."""
+        total = np.array(per_node, dtype=float)
+        for lvl in (ROW, RACK, SERVER):
+            total[self.level_nodes[lvl]] += total[self.level_parent[lvl]]
+        return total
+
     def node_sum(self, per_gpu: np.ndarray) -> np.ndarray:
         """(n_nodes,) a per-GPU quantity summed under every node (GPUs only, no overhead)."""
         total = np.bincount(self.gpu_ancestor[SERVER], weights=per_gpu, minlength=self.n_nodes)
@@ -263,3 +270,9 @@ class ClusterState:
     # None: every GPU heard. Rules 3b and 3c of policies.capping trust a node's place
     # between its bands only while little of its power is such a guess.
     heard: np.ndarray | None = None
+    # Per GPU, whether it may be cut this cycle for a node over its capping threshold but
+    # not over its limit (over a budget, not a breaker; rule 3 of policies.capping). None:
+    # every GPU. A controller that would otherwise command every node of a site or row a
+    # few watts each cycle (a demand-response glide) cuts the nodes in turn, each by a few
+    # cycles' watts; GPUs out of turn give only what those in turn could not.
+    cut_turn: np.ndarray | None = None

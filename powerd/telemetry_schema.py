@@ -383,6 +383,7 @@ DECISION = Measurement(
         Field("ingest_s", FLOAT, "s", "CPU time spent decoding telemetry since the last cycle"),
         Field("raises_deferred", INT, "count", "nodes whose raise or lock waits, max_raises_per_s"),
         Field("uncap_waiting", INT, "count", "capped nodes whose turn to be handed watts is later"),
+        Field("cut_waiting", INT, "count", "nodes whose turn to be cut for a budget is later"),
         Field("clock_policy_gpus", INT, "count", "GPUs whose agent locks clocks on announcements"),
         Field("nodes_drifted", INT, "count", "nodes found holding other caps than commanded"),
         Field(

@@ -87,6 +87,9 @@ RAISE_WORTH_FRACTION = 0.02
 # so a little more or less); the rest is left to other raises (a smoothing profile, a clock
 # lock, levelling)
 UNCAP_TURN_SHARE = 0.75
+# Nodes cut for a budget (not a breaker) take turns when more than this share of
+# max_raises_per_cycle would be cut in one cycle (ControllerCore._cut_in_turn)
+CUT_TURN_SHARE = 0.75
 CAP_BOUND_FRACTION = 0.9  # a capped GPU drawing this share of its cap is held by it
 # Announced phases under which a job that never announces its waits has them inferred.
 INFERRED_FROM = ("compute", "eval")
@@ -198,6 +201,9 @@ class CycleCounters:
     # nodes holding caps below their maximum whose turn to be handed watts back is a later
     # cycle (``ControllerCore._uncap_in_turn``)
     uncap_waiting: int = 0
+    # nodes under a node over its capping threshold (not its limit) whose turn to be cut
+    # for it is a later cycle (``ControllerCore._cut_in_turn``)
+    cut_waiting: int = 0
     # nodes found holding other caps or clock locks than commanded (commanded again)
     nodes_drifted: int = 0
     # nodes whose agents hold a failsafe cap above the budgets file's: the limits were
@@ -323,6 +329,7 @@ class ControllerCore:
         self._returning = np.zeros(n_servers, dtype=bool)
         self._raise_cursor = 0  # where the round robin of deferred raises goes on
         self._uncap_cursor = 0  # ... and of the nodes whose turn it is to be handed watts
+        self._cut_cursor = 0  # ... and of those whose turn it is to be cut for a budget
         # per server: the seq of its newest command, and of the newest it acknowledged
         self._sent_seq = np.full(n_servers, -1, dtype=np.int64)
         self._acked_seq = np.full(n_servers, -1, dtype=np.int64)
@@ -805,6 +812,7 @@ class ControllerCore:
             self._infer_phases(now)
         state, live = self.cluster_state(now, counters, heard)
         state = self._uncap_in_turn(state, live, counters)
+        state = self._cut_in_turn(state, live, counters)
         self._track_holdings(now, live, counters)
         decision = decide(self.tree, state, dt_s, self.cycle_policy(dt_s))
         self._last_node_power_w = decision.node_power_w
@@ -846,18 +854,76 @@ class ControllerCore:
         share = max(1, int(UNCAP_TURN_SHARE * self.settings.max_raises_per_cycle))
         if n_wanting <= share:
             return state
-        rack_of = self._server_turn_order
-        racks, per_rack = np.unique(rack_of[wants], return_counts=True)
-        first = int(np.searchsorted(racks, self._uncap_cursor))
-        racks = np.concatenate([racks[first:], racks[:first]])
-        per_rack = np.concatenate([per_rack[first:], per_rack[:first]])
-        n_racks = max(1, int(np.searchsorted(np.cumsum(per_rack), share, side="right")))
-        self._uncap_cursor = int(racks[n_racks - 1]) + 1
-        turn = wants & np.isin(rack_of, racks[:n_racks])
+        turn, self._uncap_cursor = self._racks_in_turn(wants, share, self._uncap_cursor)
         cycles = np.where(turn, math.ceil(n_wanting / int(turn.sum())), 0.0)
         self._uncap_turn = turn
         counters.uncap_waiting = n_wanting - int(turn.sum())
         return dataclasses.replace(state, uncap_cycles=cycles[ordinal])
+
+    def _racks_in_turn(self, wants: np.ndarray, nodes: int, cursor: int) -> tuple[np.ndarray, int]:
+        """Per server, whether it takes its turn this cycle: of the servers that ``wants``
+        one, those of whole racks in turn order from ``cursor`` on, about ``nodes`` of
+        them (at least one rack); and where the next turn starts."""
+        rack_of = self._server_turn_order
+        racks, per_rack = np.unique(rack_of[wants], return_counts=True)
+        first = int(np.searchsorted(racks, cursor))
+        racks = np.concatenate([racks[first:], racks[:first]])
+        per_rack = np.concatenate([per_rack[first:], per_rack[:first]])
+        n_racks = max(1, int(np.searchsorted(np.cumsum(per_rack), nodes, side="right")))
+        turn: np.ndarray = wants & np.isin(rack_of, racks[:n_racks])
+        return turn, int(racks[n_racks - 1]) + 1
+
+    def _cut_in_turn(
+        self, state: ClusterState, live: np.ndarray, counters: CycleCounters
+    ) -> ClusterState:
+        """Nodes cut for a budget in turn when such cuts would reach more nodes than
+        ``CUT_TURN_SHARE`` of ``max_raises_per_cycle``.
+
+        Cuts go out at once, whatever their number (``_commands``). But a node over its
+        capping threshold and under its limit, a site or row gliding down to an
+        operator's limit at the grid's ramp say, is cut every cycle by what it passed
+        its target by, shared over every GPU under it: on the 150 MW site 0.9 MW a
+        second, 11 W a GPU, a command to every one of its 20,736 nodes every cycle
+        (found by ``bench_scale --site-limit-mw``). So when more nodes than that share
+        are under such nodes, the policy cuts them in turn (``ClusterState.cut_turn``,
+        rule 3 of ``policies.capping``): whole racks round robin, as many as give each
+        GPU in turn about ``cut_turn_max_fraction`` of its range (from what the cycle's
+        cut would give each GPU shared evenly), and no fewer than that share of nodes.
+        What the GPUs in turn cannot give, the others give, as without turns; under a
+        node over its limit every GPU gives at once."""
+        tree = self.tree
+        power = np.asarray(state.power_w, dtype=float)
+        power = np.where(np.isfinite(power), power, tree.failsafe_cap_w)
+        node_power = tree.node_sum(power) + tree.overhead_below_w
+        over = node_power > tree.cap_threshold_w
+        if not over.any():
+            return state
+        cand = live & (tree.fold_down(over) > 0)[tree.server_nodes]
+        n_cand = int(cand.sum())
+        share = max(1, int(CUT_TURN_SHARE * self.settings.max_raises_per_cycle))
+        if n_cand <= share:
+            return state
+        # each GPU's even share of the cuts of the nodes over it (their need over their
+        # controllable GPUs), and how many cycles' of it a turn may carry
+        ctl = np.asarray(state.controllable, dtype=bool)
+        pred = np.where(ctl, np.minimum(power, np.asarray(state.cap_w, dtype=float)), power)
+        need = np.maximum(tree.node_sum(pred) + tree.overhead_below_w - tree.cap_target_w, 0)
+        need_per_gpu = np.where(over, need, 0.0) / np.maximum(tree.node_sum(ctl * 1.0), 1.0)
+        even_w = tree.fold_down(need_per_gpu)[tree.server_nodes][cand]
+        typical_w = float(np.median(even_w))
+        span_w = float(np.median(tree.cap_max_w - tree.cap_min_w))
+        step_w = self.cycle_policy(self.last_dt_s).cut_turn_max_fraction * span_w
+        cycles = math.ceil(n_cand / share)
+        if typical_w > 0:
+            cycles = min(cycles, max(1, int(step_w // typical_w)))
+        if cycles <= 1:
+            return state
+        turn, self._cut_cursor = self._racks_in_turn(
+            cand, math.ceil(n_cand / cycles), self._cut_cursor
+        )
+        counters.cut_waiting = n_cand - int(turn.sum())
+        in_turn = turn | ~cand  # GPUs under no node over its threshold: none of this
+        return dataclasses.replace(state, cut_turn=in_turn[tree.gpu_server_ordinal])
 
     def cycle_policy(self, dt_s: float) -> PolicySettings:
         """The policy a cycle ``dt_s`` after the last decides under: the configured one;
@@ -1070,8 +1136,11 @@ class ControllerCore:
     ) -> list[tuple[str, Command]]:
         """Commands for the nodes whose caps or clock locks change, and resends.
 
-        Cuts and clocks unlocked (or raised) go out at once, whatever their number. A
-        command that only hands watts back, locks a clock (or lowers a lock), restates
+        Cuts and clocks unlocked (or raised) go out at once, whatever their number, but
+        for a levelling's (rule 3c of ``policies.capping``: watts moved between GPUs of one
+        class between the bands, which no limit needs; after a glide cut in turn,
+        ``_cut_in_turn``, every node of a site may be levelled). A
+        command that only hands watts back, or levels, locks a clock (or lowers a lock), restates
         what a node holds after a new epoch, or resends one not acknowledged waits its
         turn when more than ``max_raises_per_cycle`` want one: resends first, then the
         nodes whose GPUs still need the grid smoothing profile, then those whose turn to
@@ -1105,11 +1174,14 @@ class ControllerCore:
         unknown = np.isnan(self.commanded_cap_w)
         clock_changed = clock_moved | unknown | policies.changed
         holds = np.where(unknown, self.cap_w, self.commanded_cap_w)
-        if self._uncap_turn is not None:  # in turn, a raise of a few watts is not worth one
-            worth_w = RAISE_WORTH_FRACTION * (cap_max - self.tree.cap_min_w)
-            rise_w = decision.cap_w - holds
-            cap_changed &= ~((rise_w > 0) & (rise_w < worth_w) & (decision.cap_w < cap_max))
-        cut = cap_changed & (decision.cap_w < holds - CAP_TOLERANCE_W)
+        levelled = decision.levelled if len(decision.levelled) else np.zeros_like(cap_changed)
+        if self._uncap_turn is not None:  # in turn, a raise of a few watts is not worth one,
+            worth_w = RAISE_WORTH_FRACTION * (cap_max - self.tree.cap_min_w)  # nor the cut
+            rise_w = decision.cap_w - holds  # a levelling trades for it
+            small = (np.abs(rise_w) < worth_w) & (decision.cap_w < cap_max)
+            cap_changed &= ~(small & ((rise_w > 0) | levelled))
+        # a levelling's cut gives watts no limit needs: it waits its turn with the raises
+        cut = cap_changed & (decision.cap_w < holds - CAP_TOLERANCE_W) & ~levelled
         with np.errstate(invalid="ignore"):  # NaN: no lock
             freed = clock_moved & (np.isnan(want_clock) | (want_clock > had_clock))
         urgent_gpu = cut | (freed & ~(unknown & np.isnan(want_clock)))

@@ -161,6 +161,7 @@ class Records:
             ingest_s=c.ingest_s,
             raises_deferred=c.raises_deferred,
             uncap_waiting=c.uncap_waiting,
+            cut_waiting=c.cut_waiting,
             clock_policy_gpus=c.clock_policy_gpus,
             nodes_drifted=c.nodes_drifted,
             failsafe_over_plan=c.failsafe_over_plan,

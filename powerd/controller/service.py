@@ -39,7 +39,7 @@ from powerd.controller.leadership import Leadership
 from powerd.controller.records import Records
 from powerd.controller.reload import changes, refusal
 from powerd.controller.scoping import LeafGrants
-from powerd.controller.site_limit import SiteLimits, with_site_threshold
+from powerd.controller.site_limit import SiteLimits
 from powerd.controller.smoothing import grid_ramp_w_per_s, grid_tree
 from powerd.heartbeat import signed_heartbeat, step_down_on_exit
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
@@ -452,14 +452,15 @@ class ControllerService:
         ramp limit (powerd.controller.site_limit); the file's when none is."""
         base = self._base_tree
         measured = self.core.site_power_w
-        threshold = self.site_limits.threshold_w(
-            self._wall(),
+        wall = self._wall()
+        self.core.tree = self.site_limits.tree_under(
+            base,
+            wall,
             float(base.cap_threshold_w[0]) if measured is None else measured,
             self.core.last_dt_s,
             self._ramp_down_w_per_s(),
         )
-        self.core.site_limit_w = self.site_limits.active_w(self._wall())
-        self.core.tree = base if threshold is None else with_site_threshold(base, threshold)
+        self.core.site_limit_w = self.site_limits.active_w(wall)
 
     def _ramp_down_w_per_s(self) -> float:
         """How fast a site limit may bring the site down: the grid spec's ramp-down limit

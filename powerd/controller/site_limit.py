@@ -3,12 +3,18 @@
 An operator (or the utility, through one) publishes a signed, retained
 ``SiteLimit``: "120 MW for 15 minutes, starting now". The controller verifies
 it with ``trust.operator_keys`` and, between ``starts_ts`` and ``expires_ts``
-(wall clock), lowers the site's capping threshold to it: not at once, but from
-the site's measured power down at the site's ramp-down rate (the grid's limit
-on how fast the site may fall), so the cut itself is no swing the grid sees.
-The site's target and uncapping threshold keep their fractions of the
-threshold. At expiry (or a newer message with ``limit_w`` null) the file's
-bands return, and the caps rise under the usual ramp limits.
+(wall clock), brings the site down to it: not at once, but along a line from
+the site's measured power down at ``GLIDE_SHARE_OF_RAMP`` of the site's
+ramp-down limit (the grid's limit on how fast the site may fall), so the cut
+itself is no swing the grid sees. While the line glides, the site's capping
+threshold and target are both on it: every cycle the site is cut by what the
+line fell, never by a band at once (the file's target sits 3 % under its
+threshold: 4.5 MW on the 150 MW site, which the first cycle of a glide cut in one
+step when only the threshold glided; found by ``bench_scale --site-limit-mw``).
+The line ends at the limit's target (the limit times the file's target over its
+threshold); from there the site's bands are the file's, scaled to the limit.
+At expiry (or a newer message with ``limit_w`` null) the file's bands return,
+and the caps rise under the usual ramp limits.
 """
 
 from __future__ import annotations
@@ -23,11 +29,16 @@ import numpy as np
 from policies.tree import SITE, Tree
 from powerd.protocol import SiteLimit
 
+# The glide's share of the ramp-down limit: a cycle that comes late (1.1 s) cuts what the
+# line fell in it, in one step, which a 1 s window of the grid's measure may see whole.
+GLIDE_SHARE_OF_RAMP = 0.9
+
 
 @dataclass
 class SiteLimits:
     limit: SiteLimit | None = None  # the newest taken
-    glide_w: float | None = None  # the site's capping threshold while a limit is in force
+    glide_w: float | None = None  # the glide line while a limit is in force
+    glide_at: float | None = None  # wall clock of its last step
     taken: int = 0
     refused: int = 0
 
@@ -50,34 +61,77 @@ class SiteLimits:
             return None
         return m.limit_w
 
+    def tree_under(
+        self, tree: Tree, wall: float, measured_w: float, dt_s: float, ramp_down_w_per_s: float
+    ) -> Tree:
+        """``tree`` (the file's) as the controller decides under it this cycle: with the
+        site's bands under the limit in force (:func:`with_site_limit`), else itself."""
+        glide = self.threshold_w(
+            wall, measured_w, dt_s, ramp_down_w_per_s, end_share=target_share(tree)
+        )
+        limit = self.active_w(wall)
+        return tree if glide is None or limit is None else with_site_limit(tree, limit, glide)
+
     def threshold_w(
-        self, wall: float, measured_w: float, dt_s: float, ramp_down_w_per_s: float
+        self,
+        wall: float,
+        measured_w: float,
+        dt_s: float,
+        ramp_down_w_per_s: float,
+        end_share: float = 1.0,
     ) -> float | None:
-        """The site's capping threshold this cycle under the limit (None: none in force):
-        from the measured power down toward the limit at ``ramp_down_w_per_s``, then the
-        limit. A raised limit applies at once (the uncapping ramp limits the rise)."""
-        target = self.active_w(wall)
-        if target is None:
-            self.glide_w = None
+        """The glide line this cycle under the limit (None: none in force): from the
+        measured power down toward ``end_share`` of the limit at ``GLIDE_SHARE_OF_RAMP``
+        of ``ramp_down_w_per_s``, then there. Each step falls by the time since the last
+        (``wall``; ``dt_s``, a cycle's length, at the first): a cycle that comes early
+        steps less. A raised limit applies at once (the uncapping ramp limits the rise)."""
+        limit = self.active_w(wall)
+        if limit is None:
+            self.glide_w = self.glide_at = None
             return None
+        if self.glide_at is not None:
+            dt_s = max(0.0, wall - self.glide_at)
+        self.glide_at = wall
+        end = limit * end_share
         start = measured_w if self.glide_w is None else self.glide_w
-        if start <= target or not math.isfinite(ramp_down_w_per_s):
-            self.glide_w = target
+        if start <= end or not math.isfinite(ramp_down_w_per_s):
+            self.glide_w = end
         else:
-            self.glide_w = max(target, start - ramp_down_w_per_s * dt_s)
+            self.glide_w = max(end, start - GLIDE_SHARE_OF_RAMP * ramp_down_w_per_s * dt_s)
         return self.glide_w
 
 
-def with_site_threshold(tree: Tree, threshold_w: float) -> Tree:
-    """``tree`` with its site's capping threshold at most ``threshold_w``, its target and
-    uncapping threshold keeping their ratios to it."""
-    site_threshold = float(tree.cap_threshold_w[SITE])
-    if threshold_w >= site_threshold:
+def target_share(tree: Tree) -> float:
+    """The site's capping target over its capping threshold, in the file's bands: where a
+    limit's glide ends (:meth:`SiteLimits.threshold_w`'s ``end_share``)."""
+    return float(tree.cap_target_w[SITE]) / float(tree.cap_threshold_w[SITE])
+
+
+def with_site_limit(tree: Tree, limit_w: float, glide_w: float) -> Tree:
+    """``tree`` (the file's) with the site's bands under an operator's limit, never above
+    the file's: while ``glide_w`` is above the limit's target, capping threshold and target
+    on the line and the uncapping threshold under it as in the file's bands; then the
+    file's bands scaled to the limit."""
+    threshold = float(tree.cap_threshold_w[SITE])
+    share_target = target_share(tree)
+    share_uncap = float(tree.uncap_threshold_w[SITE]) / threshold
+    if glide_w > limit_w * share_target:
+        bands = {
+            "cap_threshold_w": glide_w,
+            "cap_target_w": glide_w,
+            "uncap_threshold_w": glide_w * share_uncap / share_target,
+        }
+    else:
+        bands = {
+            "cap_threshold_w": limit_w,
+            "cap_target_w": limit_w * share_target,
+            "uncap_threshold_w": limit_w * share_uncap,
+        }
+    if all(bands[name] >= float(getattr(tree, name)[SITE]) for name in bands):
         return tree
-    scale = threshold_w / site_threshold
     arrays: dict[str, Any] = {}
-    for name in ("cap_threshold_w", "cap_target_w", "uncap_threshold_w"):
+    for name, value in bands.items():
         column = np.array(getattr(tree, name), dtype=float)
-        column[SITE] *= scale
+        column[SITE] = min(float(column[SITE]), value)
         arrays[name] = column
     return dataclasses.replace(tree, **arrays)

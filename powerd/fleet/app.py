@@ -117,7 +117,13 @@ def run_fleet(
         raise ConnectionError(f"broker {runner.broker.display}: {exc.strerror or exc}") from None
     summary = report.summary()
     text = json.dumps(
-        {"summary": summary, "pushes": report.pushes, "heartbeat_gaps": report.late_heartbeats()},
+        {
+            "summary": summary,
+            "pushes": report.pushes,
+            "heartbeat_gaps": report.late_heartbeats(),
+            "started_wall": report.started_wall,
+            "site_power_w": report.site_power(),
+        },
         indent=2,
     )
     if report_json is not None:

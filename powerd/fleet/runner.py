@@ -86,6 +86,12 @@ class FleetReport:
     # per telemetry round, as it closes: (seconds since start, the site's GPUs' draw W,
     # GPUs with smoothing switched on)
     rounds: list[tuple[float, float, int]] = field(default_factory=list)
+    started_wall: float = 0.0  # wall clock at the start: what the rounds' times count from
+    overhead_w: float = 0.0  # the site's watts that are not GPUs (constant in the model)
+
+    def site_power(self) -> list[tuple[float, float]]:
+        """(seconds since the start, the site's draw W: GPUs and overheads), a round each."""
+        return [(round(t, 3), round(w + self.overhead_w, 1)) for t, w, _ in self.rounds]
 
     def summary(self) -> dict[str, Any]:
         gaps = np.array(self.heartbeat_gaps_s or [math.nan])
@@ -270,7 +276,8 @@ class FleetRunner:
         model, period = self.model, self.options.period_s
         start = self._started = self._monotonic()
         model.start(start)
-        ts = self._wall()
+        ts = self.report.started_wall = self._wall()
+        self.report.overhead_w = float(model.tree.overhead_below_w[0])
         for stopped in np.flatnonzero(model.offline).tolist():
             self._clients[0].publish(
                 self.topics.status(model.names[stopped]),

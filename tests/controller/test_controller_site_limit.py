@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from powerd.controller.site_limit import SiteLimits, with_site_threshold
+from powerd.controller.site_limit import SiteLimits, target_share, with_site_limit
 from powerd.protocol import SiteLimit
 from powerd.signing import generate_key_files
 from powerd.telemetry_schema import parse_line
-from powerd.topology import parse_budgets
+from powerd.topology import load_budgets, parse_budgets
 from tests.support.brokers import Mosquitto
 from tests.support.controller_harness import (
     SERVERS,
@@ -37,6 +37,7 @@ from tests.support.controller_harness import (
     telemetry_of,
     until,
 )
+from tests.support.paths import REPO
 
 # a site limit reached within the ramp: run alone (pyproject.toml, markers)
 pytestmark = pytest.mark.realtime
@@ -55,13 +56,39 @@ def test_the_threshold_glides_down_at_the_ramp_then_holds_then_returns():
     assert limits.take(message) is None
     assert limits.take(message) is not None  # not newer: refused
     glide = [limits.threshold_w(now + t, 8000.0, 0.5, 1000.0) for t in np.arange(0, 3, 0.5)]
-    assert glide == [7500.0, 7000.0, 6500.0, 6000.0, 6000.0, 6000.0]
+    # at GLIDE_SHARE_OF_RAMP (0.9) of the ramp, 450 W a half second, then the limit
+    assert glide == pytest.approx([7550.0, 7100.0, 6650.0, 6200.0, 6000.0, 6000.0])
     assert limits.threshold_w(now + 10.0, 6000.0, 0.5, 1000.0) is None  # expired
     tree = parse_budgets(TEXT).tree
-    lowered = with_site_threshold(tree, 6000.0)
-    assert lowered.cap_threshold_w[0] == 6000.0
-    assert lowered.cap_target_w[0] == pytest.approx(6000.0 * 0.95 / 0.98)
-    assert with_site_threshold(tree, 1e9) is tree  # above the file's: the file's
+    gliding = with_site_limit(tree, 6000.0, 7000.0)
+    assert gliding.cap_threshold_w[0] == gliding.cap_target_w[0] == 7000.0  # on the line
+    assert gliding.uncap_threshold_w[0] < 7000.0
+    held = with_site_limit(tree, 6000.0, 6000.0 * target_share(tree))  # the line's end
+    assert held.cap_threshold_w[0] == 6000.0
+    assert held.cap_target_w[0] == pytest.approx(6000.0 * 0.95 / 0.98)
+    assert with_site_limit(tree, 1e9, 1e9) is tree  # above the file's: the file's
+
+
+def test_on_the_150mw_site_a_glide_cuts_what_its_line_fell_each_cycle_never_a_band():
+    """The file's target is 3 % under its threshold, 4.5 MW on this site: a glide that
+    moved only the threshold cut the site by that band at its first cycle, 4.5 times the
+    grid's 1 MW/s (found by bench_scale --site-limit-mw). Each cycle's target is now at
+    most what the line fell under the power the site was brought to the cycle before."""
+    top = load_budgets(REPO / "powerd" / "data" / "budgets" / "site-150mw.toml")
+    assert top.grid is not None
+    tree, ramp = top.tree, top.grid.ramp_down_w_per_s
+    limits, now, dt = SiteLimits(), 1000.0, 1.0
+    limits.take(SiteLimit(v=1, operator="op", seq=1, ts=now, limit_w=120e6, starts_ts=now,
+                          expires_ts=now + 3600.0))  # fmt: skip
+    power_w, targets = 135e6, []
+    for k in range(40):
+        under = limits.tree_under(tree, now + k * dt, power_w, dt, ramp)
+        assert under.cap_target_w[0] >= power_w - ramp * dt  # the cut: within the ramp
+        assert under.uncap_threshold_w[0] < under.cap_target_w[0]  # nothing handed back
+        targets.append(float(under.cap_target_w[0]))
+        power_w = min(power_w, targets[-1])  # every GPU follows its cap at once
+    assert targets[-1] == pytest.approx(120e6 * target_share(tree))  # the limit reached
+    assert float(under.cap_threshold_w[0]) == 120e6  # and held under the file's bands
 
 
 def run_limit(broker: Mosquitto, key: Path, *args: str) -> subprocess.CompletedProcess:
@@ -145,8 +172,9 @@ async def test_a_site_limit_is_reached_within_the_ramp_held_and_released(
             ctl.wait(WAIT_S)
     assert set(latest) == set(SERVERS)
     # the site's threshold, cycle by cycle as recorded: from the site's measured power (its
-    # first step under the file's threshold cuts nothing) down to the limit no faster than
-    # the ramp, through values between (not at once), then back to the file's at expiry
+    # first step under the file's threshold cuts nothing) down to the limit's target no
+    # faster than the ramp, through values between (not at once), then the limit, then back
+    # to the file's at expiry
     site = [
         (line.ts_ns / 1e9, float(line.fields["cap_threshold_w"]))
         for line in map(parse_line, recorded.read_text().splitlines())
@@ -159,6 +187,8 @@ async def test_a_site_limit_is_reached_within_the_ramp_held_and_released(
             # milliseconds: 10 % of slack, far from a cut at once (~1.5 kW in one step)
             assert a - b <= 1.1 * RAMP_W_PER_S * (t1 - t0) + 5.0, (t0, a, t1, b)
     thresholds = [w for _, w in site]
-    assert min(thresholds) == pytest.approx(LIMIT_W)
+    # the line ends at the limit's target; from there the threshold is the limit itself
+    assert min(thresholds) >= LIMIT_W * target_share(tree) - 1.0
+    assert any(w == pytest.approx(LIMIT_W) for w in thresholds)
     assert any(LIMIT_W + 100.0 < w < file_w - 100.0 for w in thresholds)  # it glided
     assert thresholds[-1] == pytest.approx(file_w)  # released

@@ -1,6 +1,6 @@
 """Demand response under grid smoothing, in a closed loop with no I/O: the controller's own
-pieces (``SiteLimits`` gliding the site's threshold down at the grid's ramp-down,
-``with_site_threshold``, ``decide`` under the grid policy with ``with_cut_fall``) over the
+pieces (``SiteLimits.tree_under``: the site's bands gliding down at the grid's ramp-down,
+``decide`` under the grid policy with ``with_cut_fall``) over the
 GPUs' smoothed draw (``policies.smoothing.ramp_toward``, the simulators' rule).
 
 The demo site (256 H100, ``[site.grid]`` 20 kW/s each way over 1 s) runs one synchronous
@@ -20,7 +20,7 @@ import pytest
 
 from policies import PHASE_CODES, ClusterState, PolicySettings, decide
 from policies.smoothing import gpu_ramps, grid_policy, ramp_toward, wanted_w, with_cut_fall
-from powerd.controller.site_limit import SiteLimits, with_site_threshold
+from powerd.controller.site_limit import SiteLimits
 from powerd.protocol import SiteLimit
 from powerd.topology import load_budgets
 from tests.support.paths import REPO
@@ -55,8 +55,7 @@ def largest_fall_w_per_s(wait_s: float, limit_at_s: float, policy_of) -> tuple[f
         drawn, falling = ramp_toward(drawn, want, cap, ramps, STEP_S, falling)
         gpus_w.append(drawn.sum())
         measured = float(drawn.sum() + tree.overhead_below_w[0])
-        threshold = limits.threshold_w(t, measured, STEP_S, spec.ramp_down_w_per_s)
-        now_tree = tree if threshold is None else with_site_threshold(tree, threshold)
+        now_tree = limits.tree_under(tree, t, measured, STEP_S, spec.ramp_down_w_per_s)
         phase = PHASE_CODES["communication" if waiting else "compute"]
         state = ClusterState(
             power_w=drawn.copy(),
@@ -95,5 +94,7 @@ def test_cut_at_once_the_glide_breaks_the_share():
     def at_once(down_w_per_s: float) -> PolicySettings:
         return dataclasses.replace(controller_policy(down_w_per_s), cut_fall_w_per_s=np.inf)
 
-    fall, share, _ = largest_fall_w_per_s(2.0, 120.0, at_once)
+    # (as the job begins to wait: with the site's target on the glide line, a glide that
+    # starts in compute cuts no faster than the line falls, cut at once or not)
+    fall, share, _ = largest_fall_w_per_s(2.0, 128.0, at_once)
     assert fall > 1.2 * share
