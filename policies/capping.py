@@ -56,15 +56,18 @@ A node's measured power is the measured power of every GPU under it plus its
    share). Above a limit the cut is whole, at once, as without smoothing.
    Rules 3b and 3c keep to the same bounds.
    **In turn** (``ClusterState.cut_turn``): under a node over its capping threshold and
-   no node over its limit (a budget, not a breaker), the GPUs out of turn give nothing
-   at first and those in turn at most ``cut_turn_max_fraction`` of their range each
-   (within the bounds above); only what they could not give is then taken from every
-   GPU, as without turns. Each level takes the same watts as without turns, from fewer
-   nodes: a glide that cut the 150 MW site's 82,944 GPUs by 11 W each every second
-   (an operator's site limit at the grid's 1 MW/s) commanded all 20,736 nodes every
-   cycle, more than the controller's own bound on raises a second a hundred times over
-   (found by ``bench_scale --site-limit-mw``). Under a node over its limit every GPU
-   gives at once.
+   no node over its limit (a budget, not a breaker), only the GPUs in turn give, each at
+   most ``cut_turn_max_fraction`` of its range (within the bounds above), class by class
+   as above; what they could not give waits for later turns, and a class with watts left
+   out of turn holds it back (the classes above it give nothing for it first). So a level
+   takes at most what it took without turns, from fewer nodes, and a node over a budget
+   may stay over it a few cycles: a budget is not a breaker. Why: a glide that cut the
+   150 MW site's 82,944 GPUs by 11 W each every second (an operator's site limit at the
+   grid's 1 MW/s) commanded all 20,736 nodes every cycle, ten times the controller's own
+   bound on raises a second; and a need inflated by nodes it does not hear (counted at the
+   caps they may hold) cut more nodes still, which fell behind, went unheard, and inflated
+   it further (found by ``bench_scale --site-limit-mw``). Under a node over its limit every
+   GPU gives at once, as without turns.
 3b. **Priority shift, between the bands** (``priority_shift``). A GPU is *held*
    when it is controllable, not staged, not waiting, below ``cap_max``, not cut
    this cycle, and draws within ``stage_headroom_fraction`` of its range below
@@ -269,9 +272,10 @@ class PolicySettings:
     # a 149 MW demand, 21 MW of the feed unused, 6 % of the throughput lost).
     uncap_between_bands: bool = True
     # In turn (ClusterState.cut_turn), the most a GPU in turn gives for a budget in one
-    # cycle before the GPUs out of turn give too, as a fraction of its range (100 W on a
-    # 200-1200 W GB200): the spread of caps a turn leaves among GPUs of one job.
-    cut_turn_max_fraction: float = 0.1
+    # cycle, as a fraction of its range (150 W on a 200-1200 W GB200): the spread of caps
+    # a turn leaves among GPUs of one job. At 0.15 the 150 MW site follows a glide at
+    # 0.9 MW/s with ~1,500 node commands a second (the controller's bound is 2,000).
+    cut_turn_max_fraction: float = 0.15
     # W/s each controllable GPU in a staged phase (`startup`, `checkpoint`) may rise by on
     # its own (software grid smoothing: the job fills up at its GPUs' ramp-up share while it
     # starts, and fills back up before it resumes from a checkpoint): every node's uncapping
@@ -468,17 +472,19 @@ def decide(
             cut_levels[idx] |= np.uint8(1 << lvl)
             node_cut[nodes] += taken[nodes]
             continue
-        # in turn: class by class (LOW first), its GPUs in turn, then what they could not
-        # give from all of the class, before the next class gives anything
+        # in turn: class by class (LOW first), its GPUs in turn; a class with watts left
+        # out of turn holds the rest of a budget's need back for later turns (the classes
+        # above it give nothing first); under a node over its limit, every GPU is in turn
         for mine in class_gpus:
-            for bound in (in_turn, lowest):
-                idx, taken = _cut(tree, lvl, need, pred, cap, node_pred, bound, priority, mine)
-                cut_levels[idx] |= np.uint8(1 << lvl)
-                node_cut[nodes] += taken[nodes]
-                need[over] -= taken[over]
-                need[need <= NEGLIGIBLE_W] = 0.0
+            idx, taken = _cut(tree, lvl, need, pred, cap, node_pred, in_turn, priority, mine)
+            cut_levels[idx] |= np.uint8(1 << lvl)
+            node_cut[nodes] += taken[nodes]
+            need[over] -= taken[over]
+            need[need <= NEGLIGIBLE_W] = 0.0
             if not need[over].any():
                 break
+            left = tree.node_sum(np.where(mine, np.maximum(pred - lowest, 0.0), 0.0))
+            need[over[left[over] > NEGLIGIBLE_W]] = 0.0
 
     # 3b. between the bands, make room for higher-priority GPUs held at their caps
     pressed &= cut_levels == 0  # cut this cycle: held by a node over its threshold

@@ -274,5 +274,5 @@ class ClusterState:
     # not over its limit (over a budget, not a breaker; rule 3 of policies.capping). None:
     # every GPU. A controller that would otherwise command every node of a site or row a
     # few watts each cycle (a demand-response glide) cuts the nodes in turn, each by a few
-    # cycles' watts; GPUs out of turn give only what those in turn could not.
+    # cycles' watts; what those in turn cannot give waits for the next turns.
     cut_turn: np.ndarray | None = None

@@ -888,9 +888,13 @@ class ControllerCore:
         are under such nodes, the policy cuts them in turn (``ClusterState.cut_turn``,
         rule 3 of ``policies.capping``): whole racks round robin, as many as give each
         GPU in turn about ``cut_turn_max_fraction`` of its range (from what the cycle's
-        cut would give each GPU shared evenly), and no fewer than that share of nodes.
-        What the GPUs in turn cannot give, the others give, as without turns; under a
-        node over its limit every GPU gives at once."""
+        cut would give each GPU shared evenly), no fewer than that share of nodes a
+        ``cycle_s`` and no more than ``max_raises_per_cycle`` (an early cycle takes a turn
+        as long as its time since the last). What the GPUs in turn cannot give waits for
+        the next turns: the node stays over its budget a little longer, and the commands
+        stay bounded when the need is inflated by nodes not heard (counted at the caps
+        they may hold), which more commands would only make more (found on the same
+        bench, 13,000 nodes unheard). Under a node over its limit every GPU gives at once."""
         tree = self.tree
         power = np.asarray(state.power_w, dtype=float)
         power = np.where(np.isfinite(power), power, tree.failsafe_cap_w)
@@ -910,17 +914,24 @@ class ControllerCore:
         need = np.maximum(tree.node_sum(pred) + tree.overhead_below_w - tree.cap_target_w, 0)
         need_per_gpu = np.where(over, need, 0.0) / np.maximum(tree.node_sum(ctl * 1.0), 1.0)
         even_w = tree.fold_down(need_per_gpu)[tree.server_nodes][cand]
-        typical_w = float(np.median(even_w))
+        # per second, not per cycle: an early cycle (a rack pushed over its threshold
+        # elsewhere) takes a turn as long as its time, not a whole cycle's
+        dt_s, cycle_s = max(self.last_dt_s, 1e-3), self.settings.cycle_s
+        rate_w_per_s = float(np.median(even_w)) / dt_s  # a GPU's even share, W/s
         span_w = float(np.median(tree.cap_max_w - tree.cap_min_w))
-        step_w = self.cycle_policy(self.last_dt_s).cut_turn_max_fraction * span_w
-        cycles = math.ceil(n_cand / share)
-        if typical_w > 0:
-            cycles = min(cycles, max(1, int(step_w // typical_w)))
-        if cycles <= 1:
+        step_w = self.cycle_policy(dt_s).cut_turn_max_fraction * span_w
+        # a round of turns lasts as long as the share of commands a second needs, but no
+        # longer than a GPU in turn may carry its cut (step_w); and never more nodes a
+        # second than max_raises_per_cycle a cycle: what they cannot give waits (a need
+        # inflated by nodes not heard, counted at the caps they may hold, cuts no more)
+        round_s = n_cand / share * cycle_s
+        if rate_w_per_s > 0:
+            round_s = min(round_s, step_w / rate_w_per_s)
+        if round_s <= dt_s:
             return state
-        turn, self._cut_cursor = self._racks_in_turn(
-            cand, math.ceil(n_cand / cycles), self._cut_cursor
-        )
+        most = self.settings.max_raises_per_cycle * dt_s / cycle_s
+        nodes = max(1, math.ceil(min(n_cand * dt_s / round_s, most)))
+        turn, self._cut_cursor = self._racks_in_turn(cand, nodes, self._cut_cursor)
         counters.cut_waiting = n_cand - int(turn.sum())
         in_turn = turn | ~cand  # GPUs under no node over its threshold: none of this
         return dataclasses.replace(state, cut_turn=in_turn[tree.gpu_server_ordinal])
