@@ -25,6 +25,12 @@ def test_scale_benchmark_runs(tmp_path: Path) -> None:
             "1",
             "--jobs",
             "2",
+            "--site-limit-mw",
+            "12",
+            "--site-limit-after-s",
+            "1",
+            "--site-limit-for-s",
+            "2",
             "--json",
             str(out),
         ],
@@ -49,3 +55,9 @@ def test_scale_benchmark_runs(tmp_path: Path) -> None:
     assert run["jobs"] == 2 and run["phase_events"] >= 2  # each job's startup, at least
     assert run["smoothing"]["gpus"] == 1296 * 4 and run["smoothing"]["on_at_end"] == 0
     assert set(run["gpu_power_w_per_s"]) == {"up_max", "down_max", "up_max_at_s", "down_max_at_s"}
+    # an operator's site limit, signed, taken by the controller over the broker, and how
+    # the site's draw (the fleet's own) went under it
+    limit = run["site_limit"]
+    assert limit["limit_w"] == 12e6 and limit["power_before_w"] > limit["limit_w"]
+    assert limit["limit_in_force_cycles"] > 0
+    assert limit["fall_max_w_per_s"] > 0 and limit["glide_s"] > 0
