@@ -345,6 +345,7 @@ class ControllerCore:
         self._acked_ts = np.full(n_servers, -math.inf)
         self._drift_retry_at = np.full(n_servers, -math.inf)  # monotonic
         self._last_node_power_w: np.ndarray | None = None  # tree node power, last decision
+        self._last_node_predicted_w: np.ndarray | None = None  # ... and what it will draw
         self.site_limit_w: float | None = None  # an operator's temporary site limit in force
         self.epoch = 0
         self.seq = 0
@@ -816,6 +817,7 @@ class ControllerCore:
         self._track_holdings(now, live, counters)
         decision = decide(self.tree, state, dt_s, self.cycle_policy(dt_s))
         self._last_node_power_w = decision.node_power_w
+        self._last_node_predicted_w = decision.node_predicted_w
         commands = self._commands(decision, live, now, counters)
         ingest = self._ingest_health.add(
             now,
@@ -1038,6 +1040,12 @@ class ControllerCore:
     def site_power_w(self) -> float | None:
         """The site's measured power at the last decision (None before the first)."""
         last = self._last_node_power_w
+        return None if last is None else float(last[0])
+
+    @property
+    def site_predicted_w(self) -> float | None:
+        """What the site will draw once the last decision's caps hold (None before it)."""
+        last = self._last_node_predicted_w
         return None if last is None else float(last[0])
 
     def crossed_threshold(self) -> bool:

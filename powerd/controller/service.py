@@ -459,8 +459,15 @@ class ControllerService:
             float(base.cap_threshold_w[0]) if measured is None else measured,
             self.core.last_dt_s,
             self._ramp_down_w_per_s(),
+            committed_w=self.core.site_predicted_w,
+            window_s=self._grid_window_s(),
         )
         self.core.site_limit_w = self.site_limits.active_w(wall)
+
+    def _grid_window_s(self) -> float:
+        """The window the grid measures the site's ramps over ([site.grid]; 1 s without)."""
+        grid = None if self.topology is None else self.topology.grid
+        return 1.0 if grid is None else float(grid.window_s)
 
     def _ramp_down_w_per_s(self) -> float:
         """How fast a site limit may bring the site down: the grid spec's ramp-down limit

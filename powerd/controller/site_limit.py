@@ -7,8 +7,10 @@ it with ``trust.operator_keys`` and, between ``starts_ts`` and ``expires_ts``
 the site's measured power down at ``GLIDE_SHARE_OF_RAMP`` of the site's
 ramp-down limit (the grid's limit on how fast the site may fall), so the cut
 itself is no swing the grid sees. While the line glides, the site's capping
-threshold and target are both on it: every cycle the site is cut by what the
-line fell, never by a band at once (the file's target sits 3 % under its
+threshold and target are both on it (the target never more than the ramp's fall
+under what the site will draw once the last cycle's caps hold, so a site behind
+its line catches up no faster than the ramp): every cycle the site is cut by
+what the line fell, never by a band at once (the file's target sits 3 % under its
 threshold: 4.5 MW on the 150 MW site, which the first cycle of a glide cut in one
 step when only the threshold glided; found by ``bench_scale --site-limit-mw``).
 The line ends at the limit's target (the limit times the file's target over its
@@ -21,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,6 +42,9 @@ class SiteLimits:
     limit: SiteLimit | None = None  # the newest taken
     glide_w: float | None = None  # the glide line while a limit is in force
     glide_at: float | None = None  # wall clock of its last step
+    step_s: float = 0.0  # how long its last step stood for
+    # (wall clock, what the site was to draw after that cycle's caps) of the last cycles
+    committed: deque[tuple[float, float]] = field(default_factory=deque)
     taken: int = 0
     refused: int = 0
 
@@ -62,15 +68,45 @@ class SiteLimits:
         return m.limit_w
 
     def tree_under(
-        self, tree: Tree, wall: float, measured_w: float, dt_s: float, ramp_down_w_per_s: float
+        self,
+        tree: Tree,
+        wall: float,
+        measured_w: float,
+        dt_s: float,
+        ramp_down_w_per_s: float,
+        committed_w: float | None = None,
+        window_s: float = 1.0,
     ) -> Tree:
         """``tree`` (the file's) as the controller decides under it this cycle: with the
-        site's bands under the limit in force (:func:`with_site_limit`), else itself."""
+        site's bands under the limit in force (:func:`with_site_limit`), else itself.
+
+        ``committed_w``: what the site will draw once the last decision's caps hold. The
+        target is then no lower than the line's fall since the last cycle under it (a site
+        behind its line, cuts that waited their turn, catches up no faster than the line
+        falls), nor than the ramp over the grid's ``window_s`` under what the site was to
+        draw a window ago: a cycle's cuts land at once, so two cycles within one window
+        (an early one after a late one) would cut the line's fall over both spans (found
+        by ``bench_scale --site-limit-mw``: 1.2-1.3 MW in a second against 1 MW/s)."""
+        last_at = self.glide_at
         glide = self.threshold_w(
             wall, measured_w, dt_s, ramp_down_w_per_s, end_share=target_share(tree)
         )
         limit = self.active_w(wall)
-        return tree if glide is None or limit is None else with_site_limit(tree, limit, glide)
+        if glide is None or limit is None:
+            self.committed.clear()
+            return tree
+        not_below_w = -math.inf  # over its breaker the site is cut at once, as ever
+        over_breaker = measured_w > float(tree.limit_w[SITE])
+        if committed_w is not None and math.isfinite(ramp_down_w_per_s) and not over_breaker:
+            not_below_w = committed_w - GLIDE_SHARE_OF_RAMP * ramp_down_w_per_s * self.step_s
+            if last_at is not None:
+                self.committed.append((last_at, committed_w))
+            while len(self.committed) > 1 and self.committed[1][0] <= wall - window_s:
+                self.committed.popleft()  # the newest at or before a window ago stays
+            at, then_w = self.committed[0] if self.committed else (wall, committed_w)
+            if at <= wall - window_s:
+                not_below_w = max(not_below_w, then_w - ramp_down_w_per_s * window_s)
+        return with_site_limit(tree, limit, glide, not_below_w)
 
     def threshold_w(
         self,
@@ -91,7 +127,7 @@ class SiteLimits:
             return None
         if self.glide_at is not None:
             dt_s = max(0.0, wall - self.glide_at)
-        self.glide_at = wall
+        self.glide_at, self.step_s = wall, dt_s
         end = limit * end_share
         start = measured_w if self.glide_w is None else self.glide_w
         if start <= end or not math.isfinite(ramp_down_w_per_s):
@@ -107,24 +143,27 @@ def target_share(tree: Tree) -> float:
     return float(tree.cap_target_w[SITE]) / float(tree.cap_threshold_w[SITE])
 
 
-def with_site_limit(tree: Tree, limit_w: float, glide_w: float) -> Tree:
+def with_site_limit(
+    tree: Tree, limit_w: float, glide_w: float, not_below_w: float = -math.inf
+) -> Tree:
     """``tree`` (the file's) with the site's bands under an operator's limit, never above
     the file's: while ``glide_w`` is above the limit's target, capping threshold and target
     on the line and the uncapping threshold under it as in the file's bands; then the
-    file's bands scaled to the limit."""
+    file's bands scaled to the limit. The target is never lower than ``not_below_w`` (once
+    the line has ended, up to the limit)."""
     threshold = float(tree.cap_threshold_w[SITE])
     share_target = target_share(tree)
     share_uncap = float(tree.uncap_threshold_w[SITE]) / threshold
     if glide_w > limit_w * share_target:
         bands = {
             "cap_threshold_w": glide_w,
-            "cap_target_w": glide_w,
+            "cap_target_w": max(glide_w, not_below_w),
             "uncap_threshold_w": glide_w * share_uncap / share_target,
         }
-    else:
+    else:  # a site behind its line still comes down no faster than it
         bands = {
             "cap_threshold_w": limit_w,
-            "cap_target_w": limit_w * share_target,
+            "cap_target_w": max(limit_w * share_target, min(not_below_w, limit_w)),
             "uncap_threshold_w": limit_w * share_uncap,
         }
     if all(bands[name] >= float(getattr(tree, name)[SITE]) for name in bands):

@@ -55,8 +55,9 @@ def glide(max_raises_per_cycle: int, cycles: int = 14) -> tuple[list[set[str]], 
             bench.report(node, gpus_w)
         site_w = sum(sum(w) for w in drawn.values()) + 100.0
         measured.append(site_w)
-        bench.core.tree = limits.tree_under(base, WALL0 + bench.clock.t, site_w, 1.0,
-                                            RAMP_W_PER_S)  # fmt: skip
+        bench.core.tree = limits.tree_under(  # as the service does before each cycle
+            base, WALL0 + bench.clock.t, site_w, 1.0, RAMP_W_PER_S, bench.core.site_predicted_w
+        )
         bench.apply(bench.cycle())
         lower = [n for n in NODES for a, b in zip(caps(bench.caps, n), caps(held, n), strict=True)
                  if a < b]  # fmt: skip

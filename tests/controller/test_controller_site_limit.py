@@ -91,6 +91,33 @@ def test_on_the_150mw_site_a_glide_cuts_what_its_line_fell_each_cycle_never_a_ba
     assert float(under.cap_threshold_w[0]) == 120e6  # and held under the file's bands
 
 
+def test_cycles_close_together_cut_no_more_in_a_window_than_the_ramp():
+    """A cycle's cuts land at once: an early cycle 0.3 s after one that cut a whole second's
+    fall would cut 1.17 times the ramp within one of the grid's 1 s windows (found by
+    bench_scale --site-limit-mw on the 150 MW site: 1.2-1.3 MW in a second against 1 MW/s).
+    With what the site was to draw a window ago, no window sees more than the ramp."""
+    top = load_budgets(REPO / "powerd" / "data" / "budgets" / "site-150mw.toml")
+    assert top.grid is not None
+    tree, ramp, window = top.tree, top.grid.ramp_down_w_per_s, top.grid.window_s
+    limits, now = SiteLimits(), 1000.0
+    limits.take(SiteLimit(v=1, operator="op", seq=1, ts=now, limit_w=120e6, starts_ts=now,
+                          expires_ts=now + 3600.0))  # fmt: skip
+    times = np.cumsum([0.0, 1.0, 0.3, 1.0, 0.2, 0.1, 1.0, 0.4, 1.0, 1.0, 0.25, 1.1, 0.3])
+    level, committed = [], None  # what the site draws after each cycle (caps followed)
+    for t in times:
+        under = limits.tree_under(tree, now + t, 135e6, 1.0, ramp, committed, window)
+        committed = min(135e6, float(under.cap_target_w[0]))
+        level.append(committed)
+
+    def drawn(t: float) -> float:  # the site's draw at t: the last cycle's level at or before
+        k = int(np.searchsorted(times, t, side="right")) - 1
+        return 135e6 if k < 0 else level[k]
+
+    for t in times:  # every window ending at a cycle (just after one that began it)
+        assert drawn(t - window + 1e-9) - drawn(t) <= ramp * window + 1.0, t
+    assert level[-1] < 135e6 - 0.8 * ramp * times[-1]  # and it glided all the while
+
+
 def run_limit(broker: Mosquitto, key: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "powerd", "limit", "set", "--key", str(key), "--broker",
