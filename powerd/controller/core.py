@@ -921,7 +921,7 @@ class ControllerCore:
         dt_s, cycle_s = max(self.last_dt_s, 1e-3), self.settings.cycle_s
         rate_w_per_s = float(np.median(even_w)) / dt_s  # a GPU's even share, W/s
         span_w = float(np.median(tree.cap_max_w - tree.cap_min_w))
-        step_w = self.cycle_policy(dt_s).cut_turn_max_fraction * span_w
+        step_w = self.settings.policy.cut_turn_max_fraction * span_w
         # a round of turns lasts as long as the share of commands a second needs, but no
         # longer than a GPU in turn may carry its cut (step_w); and never more nodes a
         # second than max_raises_per_cycle a cycle: what they cannot give waits (a need
