@@ -870,7 +870,8 @@ def controller_health() -> dict:
             "CPU time spent decoding telemetry per cycle (the budget is ingest_share of the"
             " cycle); nodes whose raise waits for a later cycle (max_raises_per_s, less the"
             " commands in flight); commands sent and not yet answered (agents or the broker"
-            " slow to answer hold hand-backs back); nodes"
+            " slow to answer hold hand-backs back); nodes whose cut for a budget waits its"
+            " turn (a site or row gliding down to an operator's limit); nodes"
             " found holding other caps than commanded (drift); nodes whose agents fall back"
             " to a failsafe cap above the budgets file's (fix their agent config); nodes whose"
             " telemetry says what no GPU can do (counted at their caps, not commanded).",
@@ -882,6 +883,7 @@ def controller_health() -> dict:
                         (
                             ("max({raises_deferred})", "raises deferred"),
                             ("max({commands_in_flight})", "commands in flight"),
+                            ("max({cut_waiting})", "cuts waiting their turn"),
                             ("sum({nodes_drifted})", "drifted"),
                             ("max({failsafe_over_plan})", "failsafe over plan"),
                             ("max({nodes_implausible})", "implausible telemetry"),
