@@ -94,6 +94,11 @@ class CoordinatorCore:
         )
         self.site_overhead_w = float(topology.overhead_w[0])
         self.site_limit_w = float(topology.limit_w[0])
+        # how fast an operator's site limit brings the pool down: the grid's ramp-down
+        # limit on measured power ([site.grid]), else the site's ramp on the sum of caps
+        grid = topology.grid
+        down = math.inf if grid is None else float(grid.ramp_down_w_per_s)
+        self.glide_ramp_w_per_s = down if math.isfinite(down) else self.site.ramp_w_per_s
         self.grant_ttl_s = grant_ttl_s
         self._monotonic = monotonic
         self._wall = wall

@@ -155,9 +155,11 @@ class CoordinatorService:
             raise LinkError(f"connection lost: {link.lost.result()}")
 
     def _grant(self, link: MqttLink) -> None:
-        site = self.core.site
         threshold = self.site_limits.threshold_w(
-            self._wall(), self.core.site_measured_w(), self.config.period_s, site.ramp_w_per_s
+            self._wall(),
+            self.core.site_measured_w(),
+            self.config.period_s,
+            self.core.glide_ramp_w_per_s,
         )
         period = self.core.period(threshold)
         grant_topic, sign = self.topics.grant, self.signer.sign

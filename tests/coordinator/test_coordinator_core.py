@@ -119,3 +119,17 @@ def test_an_operator_site_limit_shrinks_the_pool_by_the_site_threshold():
     period = core.period(29_400.0)  # every leaf is lowered: at once, within the smaller pool
     assert sum(g.budget_w for g in period.grants) <= 30_000.0 + 1e-6
     assert all(g.budget_w < 12_000.0 for g in period.grants)
+
+
+def test_a_site_limit_glides_the_pool_at_the_grids_ramp_down_where_there_is_one():
+    """The grid limits measured power ([site.grid]); the site's own ramp limits the sum of
+    its caps, 12 kW/s here (on the 150 MW site 5 MW/s against the grid's 1 MW/s): the pool
+    under an operator's limit comes down at the grid's ramp-down, as a single controller's
+    site does."""
+    clocks = ManualClock()
+    assert make_core(clocks).glide_ramp_w_per_s == 12_000.0  # no [site.grid]: the site's
+    text = three_rows() + "[site.grid]\nramp_down_kw_per_s = 2\nramp_up_kw_per_s = 3\n"
+    site = parse_budgets(text)
+    scopes = [parse_scope(r) for r in ("r1", "r2", "r3")]
+    core = CoordinatorCore(site, scopes, "co", 10.0, monotonic=clocks.monotonic, wall=clocks.time)
+    assert core.glide_ramp_w_per_s == 2_000.0
