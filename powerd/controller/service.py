@@ -39,7 +39,7 @@ from powerd.controller.leadership import Leadership
 from powerd.controller.records import Records
 from powerd.controller.reload import changes, refusal
 from powerd.controller.scoping import LeafGrants
-from powerd.controller.site_limit import SiteLimits
+from powerd.controller.site_limit import SiteLimits, glide_ramp_w_per_s
 from powerd.controller.smoothing import grid_ramp_w_per_s, grid_tree
 from powerd.heartbeat import signed_heartbeat, step_down_on_exit
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
@@ -473,9 +473,7 @@ class ControllerService:
         """How fast a site limit may bring the site down: the grid spec's ramp-down limit
         ([site.grid]), else the site's ramp limit on the sum of caps."""
         grid = None if self.topology is None else self.topology.grid
-        if grid is not None and math.isfinite(grid.ramp_down_w_per_s):
-            return float(grid.ramp_down_w_per_s)
-        return float(self._base_tree.ramp_w_per_s[0])
+        return glide_ramp_w_per_s(grid, float(self._base_tree.ramp_w_per_s[0]))
 
     def _on_site_limit(self, topic: str, payload: bytes) -> None:
         now = self._monotonic()

@@ -31,6 +31,7 @@ import numpy as np
 
 from policies.tree import SITE, Tree
 from powerd.protocol import SiteLimit
+from powerd.topology.grid import GridSpec
 
 # The glide's share of the ramp-down limit: a cycle that comes late (1.1 s) cuts what the
 # line fell in it, in one step, which a 1 s window of the grid's measure may see whole.
@@ -135,6 +136,15 @@ class SiteLimits:
         else:
             self.glide_w = max(end, start - GLIDE_SHARE_OF_RAMP * ramp_down_w_per_s * dt_s)
         return self.glide_w
+
+
+def glide_ramp_w_per_s(grid: GridSpec | None, site_ramp_w_per_s: float) -> float:
+    """How fast a site limit may bring the site down: the grid spec's ramp-down limit on
+    measured power ([site.grid]), else the site's ramp limit on the sum of caps. The one
+    rule a single controller and a tree's coordinator glide by."""
+    if grid is not None and math.isfinite(grid.ramp_down_w_per_s):
+        return float(grid.ramp_down_w_per_s)
+    return float(site_ramp_w_per_s)
 
 
 def target_share(tree: Tree) -> float:

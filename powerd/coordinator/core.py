@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from policies.coordination import Allocation, Leaves, SitePool, allocate
+from powerd.controller.site_limit import glide_ramp_w_per_s
 from powerd.protocol import Grant, Summary
 from powerd.topology import Topology
 from powerd.topology.scope import Scope, check_scopes, leaf_pool_w, scoped
@@ -94,11 +95,8 @@ class CoordinatorCore:
         )
         self.site_overhead_w = float(topology.overhead_w[0])
         self.site_limit_w = float(topology.limit_w[0])
-        # how fast an operator's site limit brings the pool down: the grid's ramp-down
-        # limit on measured power ([site.grid]), else the site's ramp on the sum of caps
-        grid = topology.grid
-        down = math.inf if grid is None else float(grid.ramp_down_w_per_s)
-        self.glide_ramp_w_per_s = down if math.isfinite(down) else self.site.ramp_w_per_s
+        # how fast an operator's site limit brings the pool down, as a single controller
+        self.glide_ramp_w_per_s = glide_ramp_w_per_s(topology.grid, self.site.ramp_w_per_s)
         self.grant_ttl_s = grant_ttl_s
         self._monotonic = monotonic
         self._wall = wall
