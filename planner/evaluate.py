@@ -131,11 +131,13 @@ from planner.evaluate_site import (
     tdp_caps,
 )
 from planner.mix import Mix, Placement, place
+from planner.oracle import OracleResult, replay_oracle
 from planner.sizing import (
     Sizing,
     WorkloadTrace,
 )
 from planner.whatif import SpeedModel, WhatifResult, WhatifSettings, power_law_speed, replay
+from policies import PolicySettings
 from powerd.gpu.clock_table import ClockTable
 from powerd.topology import Topology
 
@@ -224,7 +226,10 @@ def plans(
     shape = rack_shape(top)
     site_w = site_power_w(top)
     base = WhatifSettings(
-        duration_s=settings.duration_s, seed=settings.seed, synchronised=settings.synchronised
+        duration_s=settings.duration_s,
+        seed=settings.seed,
+        synchronised=settings.synchronised,
+        policy=PolicySettings(safety_by_caps=settings.safety_by_caps),
     )
     out = []
     racks: dict[str, int] = {}
@@ -325,7 +330,22 @@ def evaluate(
     rows = [
         strategy_row(plan, results[plan.key], site_w, settings.gpu_bound_share) for plan in todo
     ]
+    by_key = {plan.key: plan for plan in todo}
+    progress = None if on_step is None else _stage(on_step, len(todo), n_steps, len(todo) + 1)
+    oracle = replay_oracle(
+        by_key["c"].top,
+        by_key["c"].placement,
+        traces,
+        by_key["c"].settings,
+        speed,
+        settings.speed_exponent,
+        on_step=progress,
+    )
+    rows.append(oracle_row(by_key["c"], oracle, site_w))
     table = pd.DataFrame(rows)
+    through = dict(zip(table["strategy"], table["throughput_gpus"], strict=True))
+    for other in ("b", "o"):
+        table[f"vs_{other}"] = table["throughput_gpus"] / through[other]
     tdp = float(table.loc[table["strategy"] == "a", "throughput_gpus"].iloc[0])
     table.insert(
         table.columns.get_loc("throughput_per_mw") + 1,
@@ -333,7 +353,6 @@ def evaluate(
         100.0 * (table["throughput_gpus"] / tdp - 1.0) if tdp > 0 else math.nan,
     )
     notes += _sizing_notes(found.site.sizing, settings)
-    by_key = {plan.key: plan for plan in todo}
     comm = (
         comm_summary(by_key["c"], results["c"], by_key["d"], results["d"], clocks, settings)
         if ("d" in results)
@@ -351,6 +370,10 @@ def evaluate(
         "file_gpus": top.n_gpus,
         "c_racks_probed": [{"racks": n, "nodes_over_limit": over} for n, over in found.probes],
         "speed_model": results["a"].info["speed_model"],
+        "safety": "caps" if settings.safety_by_caps else "bands",
+        "c_vs_b": float(through["c"] / through["b"]),
+        "c_vs_o": float(through["c"] / through["o"]),
+        "oracle_steps_solved": oracle.distinct_steps,
     }
     return Evaluation(table, comm, limit_levels(results), notes, info, results, site_w)
 
@@ -452,6 +475,33 @@ def strategy_row(
         "ramp_down_max_mw_per_s": float(grid["ramp_down_max_w_per_s"]) / W_PER_MW,
         "s_outside_ramp": sum(float(s) for s in outside if s is not None),
         "s_outside_oscillation": grid.get("s_outside_oscillation"),
+    }
+
+
+def oracle_row(plan_c: Plan, oracle: OracleResult, site_w: float) -> dict[str, object]:
+    """(o)'s row: (c)'s site and jobs, the oracle's throughput and draw; no limit is ever
+    passed (by construction), no controller caps, no grid measure."""
+    busy = int(plan_c.placement.job_gpus.sum())
+    thr = oracle.throughput_gpus
+    return {
+        "strategy": "o",
+        "name": STRATEGIES["o"],
+        "gpus": plan_c.top.n_gpus,
+        "racks": racks_of(plan_c.top),
+        "busy_gpus": busy,
+        "caps": "each GPU its optimum under every limit, every step",
+        "throughput_gpus": thr,
+        "throughput_per_mw": thr / (site_w / W_PER_MW),
+        "throughput_lost_pct": 100.0 * (1.0 - thr / busy) if busy else math.nan,
+        "site_mean_mw": oracle.site_mean_w / W_PER_MW,
+        "kwh_per_gpu_hour": oracle.site_mean_w / thr / 1e3 if thr > 0 else math.nan,
+        "s_above_limit": 0.0,
+        "capping_pct_of_steps_max": math.nan,
+        "held_pct_of_steps": math.nan,
+        "ramp_up_max_mw_per_s": math.nan,
+        "ramp_down_max_mw_per_s": math.nan,
+        "s_outside_ramp": math.nan,
+        "s_outside_oscillation": None,
     }
 
 

@@ -38,6 +38,7 @@ STRATEGIES = {
     "c": "oversubscription (powerd)",
     "d": "(c) + communication clock",
     "e": "(c) + grid smoothing",
+    "o": "oracle: (c)'s site, perfect knowledge",
 }
 
 
@@ -54,6 +55,11 @@ class EvaluateSettings:
     samples: int = 100_000
     static_cap_w: float | None = None  # (b); None: the file's failsafe cap per model
     gpu_bound_share: float = 1.0  # (d): the share of a communication wait the clock slows
+    # (c), (d), (e): the controller keeps every level within its limit by the caps in force
+    # (policies.allocation); False: by bands on measured power (policies.capping)
+    safety_by_caps: bool = True
+    # (o): the speed law's exponent the oracle's allocation optimises (planner.oracle)
+    speed_exponent: float = 0.28
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.gpu_bound_share <= 1.0:

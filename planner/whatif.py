@@ -198,6 +198,59 @@ def site_ramps(top: Topology, settings: WhatifSettings) -> GpuRamps:
     )
 
 
+class DemandSource:
+    """What every GPU of the placed jobs demands at each step (module docstring): its job's
+    trace at the job's offset (random, or 0 when synchronised), idle GPUs their model's
+    idle power, communication scaled by ``comm_power_rel``. The replay and the oracle
+    (``planner.oracle``) read the same steps."""
+
+    def __init__(
+        self,
+        top: Topology,
+        placement: Placement,
+        traces: dict[str, WorkloadTrace],
+        settings: WhatifSettings,
+        rng: np.random.Generator,
+    ) -> None:
+        jobs = placement.jobs
+        n_jobs = len(jobs)
+        job_traces = job_power_traces(top, placement, traces)
+        self.lengths = np.array([len(t) for t in job_traces], dtype=np.int64)
+        self.power_table = np.zeros((n_jobs, int(self.lengths.max())))  # a mix has one job
+        self.phase_table = np.full(self.power_table.shape, PHASE_CODES["compute"], dtype=np.int8)
+        for j, job in enumerate(jobs):
+            self.power_table[j, : self.lengths[j]] = job_traces[j]
+            self.phase_table[j, : self.lengths[j]] = traces[job.workload].phase
+        self.offsets = rng.integers(0, self.lengths)  # jobs are not synchronised ...
+        if settings.synchronised:  # ... unless asked: every job from its profile's start
+            self.offsets = np.zeros(n_jobs, dtype=np.int64)
+        self.gpu_job = placement.gpu_job(top)
+        self.busy = self.gpu_job >= 0
+        self.job_of = np.where(self.busy, self.gpu_job, 0)
+        self.idle_w = np.repeat(
+            np.array([GPU_MODELS[m].idle_power_w for m in top.server_model]),
+            top.server_gpu_count,
+        )
+        self.comm_rel = np.repeat(
+            np.array([settings.comm_power_rel.get(m, 1.0) for m in top.server_model]),
+            top.server_gpu_count,
+        )
+        self.scale_comm = bool((self.comm_rel != 1.0).any())
+        self._all_jobs = np.arange(n_jobs)
+
+    def at(self, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Step ``t``: per job its per-GPU draw and phase code; per GPU its demand and phase."""
+        col = (t + self.offsets) % self.lengths
+        now_w = self.power_table[self._all_jobs, col]
+        now_phase = self.phase_table[self._all_jobs, col]
+        demand_w = np.where(self.busy, now_w[self.job_of], self.idle_w)
+        phase = np.where(self.busy, now_phase[self.job_of], PHASE_CODES["idle"]).astype(np.int8)
+        if self.scale_comm:  # a communication phase at the locked clock
+            comm = phase == PHASE_CODES["communication"]
+            demand_w = np.where(comm, demand_w * self.comm_rel, demand_w)
+        return now_w, now_phase, demand_w, phase
+
+
 def replay(
     top: Topology,
     placement: Placement,
@@ -218,16 +271,7 @@ def replay(
     jobs = placement.jobs
     n_jobs = len(jobs)
 
-    job_traces = job_power_traces(top, placement, traces)
-    lengths = np.array([len(t) for t in job_traces], dtype=np.int64)
-    power_table = np.zeros((n_jobs, int(lengths.max())))  # a mix has at least one job
-    phase_table = np.full(power_table.shape, PHASE_CODES["compute"], dtype=np.int8)
-    for j, job in enumerate(jobs):
-        power_table[j, : lengths[j]] = job_traces[j]
-        phase_table[j, : lengths[j]] = traces[job.workload].phase
-    offsets = rng.integers(0, lengths)  # jobs are not synchronised with each other ...
-    if settings.synchronised:  # ... unless asked: every job from its profile's start
-        offsets = np.zeros(n_jobs, dtype=np.int64)
+    source = DemandSource(top, placement, traces, settings, rng)
     ramps = site_ramps(top, settings) if settings.smoothing else NO_SMOOTHING
     policy = settings.policy
     if settings.smoothing:  # the controller's policy and tree under grid smoothing
@@ -240,23 +284,12 @@ def replay(
     n_phases = len(PHASE_CODES)
     held_j_by_phase = np.zeros(n_phases)  # energy burnt holding floors and ramps, by phase
 
-    gpu_job = placement.gpu_job(top)
-    busy = gpu_job >= 0
-    job_of = np.where(busy, gpu_job, 0)
-    idle_w = np.repeat(
-        np.array([GPU_MODELS[m].idle_power_w for m in top.server_model]), top.server_gpu_count
-    )
-    comm_rel = np.repeat(
-        np.array([settings.comm_power_rel.get(m, 1.0) for m in top.server_model]),
-        top.server_gpu_count,
-    )
+    gpu_job, busy, job_of = source.gpu_job, source.busy, source.job_of
     comm_code = np.int8(PHASE_CODES["communication"])
-    scale_comm = bool((comm_rel != 1.0).any())
     job_priority = np.array([j.priority for j in jobs], dtype=np.int8)
     priority = np.where(busy, job_priority[job_of], NORMAL).astype(np.int8)
     floor_w = tree.cap_min_w.copy()
     controllable = np.ones(tree.n_gpus, dtype=bool)
-    idle_phase = np.int8(PHASE_CODES["idle"])
     overhead_w = tree.overhead_below_w
     busy_idx = np.flatnonzero(busy)
     job_start = np.searchsorted(gpu_job[busy_idx], np.arange(n_jobs))  # GPUs of a job: contiguous
@@ -310,13 +343,7 @@ def replay(
     waiting_codes = phase_codes(WAITING_PHASES)
 
     for t in range(n_steps):
-        col = (t + offsets) % lengths
-        now_w = power_table[all_jobs, col]
-        now_phase = phase_table[all_jobs, col]
-        demand_w = np.where(busy, now_w[job_of], idle_w)
-        phase = np.where(busy, now_phase[job_of], idle_phase).astype(np.int8)
-        if scale_comm:  # a communication phase at the locked clock
-            demand_w = np.where(phase == comm_code, demand_w * comm_rel, demand_w)
+        now_w, now_phase, demand_w, phase = source.at(t)
         power_w = np.minimum(demand_w, cap_w)
         natural_w = power_w
         if settings.smoothing:

@@ -299,6 +299,13 @@ class PolicySettings:
     # their ranges, keeping their sum (rule 3c). Off: caps between the bands stay unequal
     # when they were cut at different times (one node heard late, say).
     level_within_class: bool = True
+    # Safety by caps (policies.allocation): every level kept within its limit by the caps
+    # in force, not by bands on measured power; the caps reallocated every cycle to the
+    # GPUs that would use them. Off: the three bands above (Dynamo's).
+    safety_by_caps: bool = False
+    # Under safety_by_caps, a GPU in communication for longer than this lends its
+    # headroom (s); a shorter wait keeps its cap: its job resumes before a loan is back.
+    lend_after_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.uncap_step_fraction <= 1.0:
@@ -325,6 +332,8 @@ class PolicySettings:
             raise ValueError(
                 f"cut_turn_max_fraction must be in (0, 1], not {self.cut_turn_max_fraction}"
             )
+        if not self.lend_after_s >= 0.0:  # inf allowed: never; NaN refused
+            raise ValueError(f"lend_after_s must be >= 0, not {self.lend_after_s}")
         if self.hold_floor_w_per_gpu is not None and not (
             np.isfinite(self.hold_floor_w_per_gpu) and self.hold_floor_w_per_gpu >= 0.0
         ):
@@ -405,23 +414,19 @@ def decide(
         settings = PolicySettings()
     if not (np.isfinite(dt_s) and dt_s > 0):
         raise ValueError(f"dt_s must be a positive number of seconds, not {dt_s}")
+    if settings.safety_by_caps:
+        from policies.allocation import allocate
+
+        decision = allocate(tree, state, dt_s, settings)
+        assert isinstance(decision, Decision)
+        return decision
     n_nodes, n_gpus = tree.n_nodes, tree.n_gpus
     overhead = tree.overhead_below_w
 
     # 1. sanitise
-    cap_min = np.asarray(tree.cap_min_w, dtype=float)
-    cap_max = np.asarray(tree.cap_max_w, dtype=float)
-    ctl = np.asarray(state.controllable, dtype=bool)
-    power = _finite_or(state.power_w, tree.failsafe_cap_w, cap_min, cap_max)
-    np.maximum(power, 0.0, out=power)
-    cap = _finite_or(state.cap_w, tree.failsafe_cap_w, cap_min, cap_max)
-    np.clip(cap, cap_min, cap_max, out=cap)
-    floor = _finite_or(state.floor_w, cap_min, cap_min, cap_max)
-    np.clip(floor, cap_min, cap_max, out=floor)
-    priority = np.asarray(state.priority)
-    if len(priority) and (priority.min() < LOW or priority.max() > HIGH):
-        priority = np.clip(priority, LOW, HIGH)
-    phase = np.asarray(state.phase)
+    s = sanitised(tree, state)
+    power, cap, floor, priority, phase, ctl = s.power, s.cap, s.floor, s.priority, s.phase, s.ctl
+    cap_min, cap_max = s.cap_min, s.cap_max
 
     node_power = tree.node_sum(power) + overhead
     capping = node_power > tree.cap_threshold_w
@@ -610,18 +615,8 @@ def decide(
         pred[~ctl] = power[~ctl]
     node_predicted = tree.node_sum(pred) + overhead
 
-    # 5. clocks
-    clock = np.full(n_gpus, np.nan)
-    if settings.comm_clock_lock:
-        comm = np.flatnonzero(ctl & (phase == _COMM_CODE))
-        clock[comm] = np.asarray(tree.comm_clock_mhz, dtype=float)[comm]
-
-    # 6. what holding a power floor would cost
-    floor_energy = 0.0
-    if settings.hold_floor_w_per_gpu is not None:
-        waiting = ctl & in_codes(phase, _WAITING_CODES)
-        shortfall = np.maximum(settings.hold_floor_w_per_gpu - power[waiting], 0.0)
-        floor_energy = float(shortfall.sum() * dt_s)
+    # 5. clocks; 6. what holding a power floor would cost
+    clock, floor_energy = clocks_and_floor(tree, power, phase, ctl, dt_s, settings)
 
     return Decision(
         cap_w=cap,
@@ -636,6 +631,59 @@ def decide(
         shifted=shifted,
         levelled=levelled,
     )
+
+
+@dataclass(frozen=True)
+class Sanitised:
+    """Rule 1's arrays: what every rule reads (float copies; priorities clipped)."""
+
+    power: np.ndarray
+    cap: np.ndarray
+    floor: np.ndarray
+    priority: np.ndarray
+    phase: np.ndarray
+    ctl: np.ndarray
+    cap_min: np.ndarray
+    cap_max: np.ndarray
+
+
+def sanitised(tree: Tree, state: ClusterState) -> Sanitised:
+    """Rule 1: non-finite power or caps read as the failsafe cap, negative power as 0,
+    caps and floors clipped into the GPU's range, priorities into the classes."""
+    cap_min = np.asarray(tree.cap_min_w, dtype=float)
+    cap_max = np.asarray(tree.cap_max_w, dtype=float)
+    power = _finite_or(state.power_w, tree.failsafe_cap_w, cap_min, cap_max)
+    np.maximum(power, 0.0, out=power)
+    cap = _finite_or(state.cap_w, tree.failsafe_cap_w, cap_min, cap_max)
+    np.clip(cap, cap_min, cap_max, out=cap)
+    floor = _finite_or(state.floor_w, cap_min, cap_min, cap_max)
+    np.clip(floor, cap_min, cap_max, out=floor)
+    priority = np.asarray(state.priority)
+    if len(priority) and (priority.min() < LOW or priority.max() > HIGH):
+        priority = np.clip(priority, LOW, HIGH)
+    ctl = np.asarray(state.controllable, dtype=bool)
+    return Sanitised(power, cap, floor, priority, np.asarray(state.phase), ctl, cap_min, cap_max)
+
+
+def clocks_and_floor(
+    tree: Tree,
+    power: np.ndarray,
+    phase: np.ndarray,
+    ctl: np.ndarray,
+    dt_s: float,
+    settings: PolicySettings,
+) -> tuple[np.ndarray, float]:
+    """Rules 5 and 6: the SM clock locks (NaN: none) and the energy holding a floor costs."""
+    clock = np.full(len(power), np.nan)
+    if settings.comm_clock_lock:
+        comm = np.flatnonzero(ctl & (phase == _COMM_CODE))
+        clock[comm] = np.asarray(tree.comm_clock_mhz, dtype=float)[comm]
+    floor_energy = 0.0
+    if settings.hold_floor_w_per_gpu is not None:
+        waiting = ctl & in_codes(phase, _WAITING_CODES)
+        shortfall = np.maximum(settings.hold_floor_w_per_gpu - power[waiting], 0.0)
+        floor_energy = float(shortfall.sum() * dt_s)
+    return clock, floor_energy
 
 
 def held_at_cap(

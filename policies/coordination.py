@@ -277,4 +277,5 @@ def with_root_budget(
     ramp = np.array(tree.ramp_w_per_s, dtype=float)
     ramp[0] = ramp_w_per_s
     arrays["ramp_w_per_s"] = ramp
-    return dataclasses.replace(tree, **arrays)
+    # under safety by caps (policies.allocation) the grant bounds the caps in force
+    return dataclasses.replace(tree, **arrays, root_caps_limit_w=budget_w)

@@ -82,6 +82,10 @@ class Tree:
     comm_clock_mhz: np.ndarray  # SM clock lock for communication phases, NaN: none
     # --- names, by tree index (empty: an unnamed tree) ---
     names: tuple[str, ...] = ()
+    # What the caps in force under the root may add up to, overheads in, besides its
+    # limit_w (policies.allocation): an operator's site limit gliding down, a
+    # coordinator's grant to a leaf. inf: only the limits.
+    root_caps_limit_w: float = float("inf")
     # --- derived ---
     level_nodes: tuple[np.ndarray, ...] = field(init=False, repr=False)  # intp node ids per level
     level_parent: tuple[np.ndarray, ...] = field(init=False, repr=False)  # intp, their parents

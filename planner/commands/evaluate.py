@@ -42,12 +42,16 @@ Strategies, each replayed through `powerplan whatif` for --duration-s:
                         and time from the model's clock table (--clock-table);
                         --gpu-bound-share of each wait slows with the clock
   e  c + smoothing      grid smoothing within the file's [site.grid]
+  o  oracle             c's site, each GPU's power chosen every step with perfect
+                        knowledge of every demand, no delay, priorities ignored
+                        (water-filling on the speed law): the most work possible
 Per strategy: GPUs hosted; throughput (GPUs at full speed), per MW of P and
-against (a); site energy per GPU-hour of work; the worst node's seconds above
-its limit; the most-capping node's and the jobs' held share of steps; the worst
-site ramps and seconds outside the grid spec. For d against c: the GPU energy
-in communication phases, saved, and the iteration time it costs. The method and
-its assumptions: planner/evaluate.py, docs/EVALUATION.md.
+against (a) and over (b)'s and (o)'s (vs_b, vs_o); site energy per GPU-hour
+of work; the worst node's seconds above its limit; the most-capping node's and
+the jobs' held share of steps; the worst site ramps and seconds outside the
+grid spec. For d against c: the GPU energy in communication phases, saved, and
+the iteration time it costs. The method and its assumptions: planner/evaluate.py,
+docs/EVALUATION.md.
 
 \b
 -o OUTDIR writes evaluation.md (or evaluation.html with --html) and evaluation.png;
@@ -90,6 +94,14 @@ Examples:
     help="(d): the share of a communication wait that slows with the clock (1: all of it, "
     "the conservative bound).",
 )
+@click.option(
+    "--safety",
+    type=click.Choice(["caps", "bands"]),
+    default="caps",
+    show_default=True,
+    help="(c)-(e): how the controller keeps every level within its limit: the caps in "
+    "force (policies/allocation.py) or bands on measured power (policies/capping.py).",
+)
 @speed_options("A cap sweep CSV (Zeus columns, as `powerplan caps` reads) for the speed.")
 @click.option(
     "-o",
@@ -113,6 +125,7 @@ def command(
     static_cap_w: float | None,
     clock_table_path: Path | None,
     gpu_bound_share: float,
+    safety: str,
     speed_exponent: float,
     sweep_paths: tuple[Path, ...],
     outdir: Path | None,
@@ -147,6 +160,8 @@ def command(
         samples=samples,
         static_cap_w=static_cap_w,
         gpu_bound_share=gpu_bound_share,
+        safety_by_caps=safety == "caps",
+        speed_exponent=speed_exponent,
     )
     tables = _clock_tables(inputs.top, clock_table_path)
     try:

@@ -61,6 +61,10 @@ from powerd.vocabulary import PROTOCOL_VERSION
 log = logging.getLogger("powerd.agent")
 
 MAX_ACK_ERRORS = 32
+# In failsafe, a GPU below its failsafe cap rises this share of failsafe_after_s after the
+# others came down (enter_failsafe): longer than any two agents' deadlines for the same
+# heartbeats differ by (their sample period and the broker's jitter).
+FAILSAFE_RAISE_SHARE = 0.5
 
 
 @dataclass
@@ -125,6 +129,7 @@ class AgentCore:
         self._heartbeat_deadline = float("-inf")  # monotonic time the live heartbeat expires
         self._command_deadline: float | None = None  # set once a command has a ttl running
         self._command_ttl_s: float | None = None
+        self._failsafe_raise_at: float | None = None  # GPUs below their failsafe caps rise
         # clock policies the controller granted: the jobs' announcements move those clocks
         self.phase_clocks = PhaseClocks(self.gpus, topics, monotonic)
         self._bad_input_log = LogOncePer(log)
@@ -205,6 +210,7 @@ class AgentCore:
         if self.mode == "failsafe":
             log.info("live controller %s (epoch %d): leaving failsafe", beat.controller, beat.epoch)
             self.mode = "controlled"
+            self._failsafe_raise_at = None  # the controller says what they hold
 
     def _open(self, cls: type[M], topic: str, payload: bytes) -> M:
         """A signed, valid message, or ProtocolError (counted as unverified or rejected)."""
@@ -294,10 +300,16 @@ class AgentCore:
         return self.phase_clocks.topics()
 
     def tick(self) -> None:
-        """Check the deadlines; enter failsafe when the controller is gone."""
+        """Check the deadlines; enter failsafe when the controller is gone; raise the GPUs
+        left below their failsafe caps once the others have had time to come down."""
+        now_mono = self._monotonic()
+        if self.mode == "failsafe" and self._failsafe_raise_at is not None:
+            if now_mono >= self._failsafe_raise_at:
+                self._failsafe_raise_at = None
+                for index, gpu in self.gpus.items():
+                    apply_failsafe(gpu, self.failsafe_caps_w[index])
         if self.mode != "controlled":
             return
-        now_mono = self._monotonic()
         if now_mono > self._heartbeat_deadline:
             self.enter_failsafe(f"no controller heartbeat for {self.failsafe_after_s:g} s")
         elif self._command_deadline is not None and now_mono > self._command_deadline:
@@ -310,8 +322,24 @@ class AgentCore:
         self._heartbeat_deadline = float("-inf")
         self._command_deadline = None
         self._command_ttl_s = None
+        # Make before break, as the controller does: a cap above its failsafe comes down at
+        # once, one below rises only FAILSAFE_RAISE_SHARE of the deadline later. Every
+        # agent of a site misses the same heartbeats, so by then the GPUs a controller had
+        # lent this one's watts to are back at their failsafe caps: the caps under every
+        # breaker never add up to more than their failsafe caps or the controller's.
+        later = False
         for index, gpu in self.gpus.items():
-            apply_failsafe(gpu, self.failsafe_caps_w[index])
+            failsafe_w = self.failsafe_caps_w[index]
+            try:
+                now_w = gpu.power_limit_w()
+            except GpuError:
+                now_w = failsafe_w  # unknown: the failsafe cap at once
+            below = now_w < failsafe_w - 0.5
+            apply_failsafe(gpu, now_w if below else failsafe_w)  # clocks unlocked either way
+            later |= below
+        self._failsafe_raise_at = (
+            self._monotonic() + FAILSAFE_RAISE_SHARE * self.failsafe_after_s if later else None
+        )
         self.phase_clocks.end_all("failsafe", release=False)  # apply_failsafe unlocked them
 
     def controller_live(self, now_mono: float | None = None) -> bool:

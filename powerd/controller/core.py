@@ -813,7 +813,8 @@ class ControllerCore:
             self._infer_phases(now)
         state, live = self.cluster_state(now, counters, heard)
         state = self._uncap_in_turn(state, live, counters)
-        state = self._cut_in_turn(state, live, counters)
+        if not self.settings.policy.safety_by_caps:  # caps cut only what raises take
+            state = self._cut_in_turn(state, live, counters)
         self._track_holdings(now, live, counters)
         decision = decide(self.tree, state, dt_s, self.cycle_policy(dt_s))
         self._last_node_power_w = decision.node_power_w
@@ -1118,7 +1119,10 @@ class ControllerCore:
         local = self._in_mode("local")
         in_flight &= ~self._in_mode("failsafe") & ~local
         asked = in_flight[self.tree.gpu_server_ordinal] & ~np.isnan(self.commanded_cap_w)
-        cap = np.where(gpu_live, np.where(asked, self.commanded_cap_w, self.cap_w), held_w)
+        asked_w = self.commanded_cap_w
+        if self.settings.policy.safety_by_caps:  # in force: the higher of old and new
+            asked_w = np.fmax(asked_w, self.cap_w)
+        cap = np.where(gpu_live, np.where(asked, asked_w, self.cap_w), held_w)
         uncap_cycles = np.where(asked, 0.0, 1.0) if asked.any() else None
         # a local-mode agent reports but refuses commands: its power counts, it is not capped
         commandable = live & ~local

@@ -183,4 +183,6 @@ def with_site_limit(
         column = np.array(getattr(tree, name), dtype=float)
         column[SITE] = min(float(column[SITE]), value)
         arrays[name] = column
-    return dataclasses.replace(tree, **arrays)
+    # under safety by caps (policies.allocation) the caps in force glide on the same line
+    caps_w = min(tree.root_caps_limit_w, float(arrays["cap_threshold_w"][SITE]))
+    return dataclasses.replace(tree, **arrays, root_caps_limit_w=caps_w)

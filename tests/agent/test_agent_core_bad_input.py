@@ -50,13 +50,14 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def node(clock: ManualClock) -> Node:
-    """Controlled by a live leader, with (2, 5) applied: GPU i at 300 + 10 i W, locked 1200."""
+    """Controlled by a live leader, with (2, 5) applied: GPU i at 600 + 10 i W (above the
+    failsafe cap), locked 1200."""
     core, gpus = controlled_core(clock, epoch=2)
     ack = core.on_command(
         command(
             2,
             5,
-            *[GpuCommand(index=i, cap_w=300.0 + 10 * i, max_sm_clock_mhz=1200) for i in range(4)],
+            *[GpuCommand(index=i, cap_w=600.0 + 10 * i, max_sm_clock_mhz=1200) for i in range(4)],
         )
     )
     assert ack.result == "applied"
@@ -309,7 +310,7 @@ def test_malformed_heartbeat_with_a_higher_epoch_does_not_raise_the_epoch(
 
 def test_stop_restore_puts_back_defaults_and_unlocks(node: Node) -> None:
     core, gpus = node
-    assert settings_of(gpus) == [(300.0 + 10 * i, 1200) for i in range(4)]
+    assert settings_of(gpus) == [(600.0 + 10 * i, 1200) for i in range(4)]
     core.stop("restore")
     assert settings_of(gpus) == [(700.0, None)] * 4  # H100 default limit
 
@@ -318,7 +319,7 @@ def test_stop_restore_survives_a_failing_gpu(node: Node) -> None:
     core, gpus = node
     gpus[2].inject_error("set_power_limit_w", GpuPermissionError("not root"))
     core.stop("restore")  # logs, does not raise
-    assert [g.power_limit_w() for g in gpus] == [700.0, 700.0, 320.0, 700.0]
+    assert [g.power_limit_w() for g in gpus] == [700.0, 700.0, 620.0, 700.0]
 
 
 def test_stop_keep_changes_nothing(node: Node) -> None:

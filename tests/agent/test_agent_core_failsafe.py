@@ -7,7 +7,7 @@ from functools import partial
 import pytest
 
 from powerd.agent.config import FailsafeConfig
-from powerd.agent.core import AgentCore
+from powerd.agent.core import FAILSAFE_RAISE_SHARE, AgentCore
 from powerd.gpu import GpuPermissionError
 from powerd.protocol import Command, GpuCommand, encode
 from tests.support.agent_core_harness import (
@@ -44,15 +44,16 @@ def node(clock: ManualClock) -> Node:
 
 
 def controlled_with_command(clock: ManualClock, core: AgentCore, ttl_s: float = 30.0) -> None:
-    """Live leader heartbeat, then (1, 1): every GPU at 300 W, clocks locked at 1200 MHz."""
+    """Live leader heartbeat, then (1, 1): every GPU at 600 W (above its 500 W failsafe cap),
+    clocks locked at 1200 MHz."""
     core.on_heartbeat(heartbeat(clock))
     assert core.mode == "controlled"
-    ack = core.on_command(command(1, 1, *all_gpus(len(core.gpus), 300.0, 1200), ttl_s=ttl_s))
+    ack = core.on_command(command(1, 1, *all_gpus(len(core.gpus), 600.0, 1200), ttl_s=ttl_s))
     assert ack.result == "applied"
 
 
 FAILSAFE_STATE = [(FAILSAFE_W, None)] * 4
-COMMANDED_STATE = [(300.0, 1200)] * 4
+COMMANDED_STATE = [(600.0, 1200)] * 4
 
 
 # --- start ---------------------------------------------------------------------
@@ -117,7 +118,7 @@ def test_local_mode(clock: ManualClock) -> None:
     assert settings_of(gpus) == FAILSAFE_STATE  # failsafe caps in local mode too
     core.on_heartbeat(heartbeat(clock))  # a controller exists, but this agent is local
     assert core.mode == "local"
-    ack = core.on_command(command(1, 1, *all_gpus(4, 300.0)))
+    ack = core.on_command(command(1, 1, *all_gpus(4, 600.0)))
     assert ack.result == "rejected"
     assert "local" in ack.errors[0].message
     assert ack.errors[0].index is None
@@ -133,7 +134,7 @@ def test_local_mode(clock: ManualClock) -> None:
 
 def test_commands_refused_before_a_heartbeat(clock: ManualClock, node: Node) -> None:
     core, gpus = node
-    ack = core.on_command(command(1, 1, *all_gpus(4, 300.0)))
+    ack = core.on_command(command(1, 1, *all_gpus(4, 600.0)))
     assert (ack.result, ack.epoch, ack.seq, ack.gpus) == ("rejected", 1, 1, [])
     assert "heartbeat" in ack.errors[0].message
     assert settings_of(gpus) == FAILSAFE_STATE
@@ -141,7 +142,7 @@ def test_commands_refused_before_a_heartbeat(clock: ManualClock, node: Node) -> 
     assert core.counters.payloads_rejected == 0  # well-formed: refused, not malformed
     # a refused command takes no place in the order: once the leader is live it applies
     core.on_heartbeat(heartbeat(clock))
-    assert core.on_command(command(1, 1, *all_gpus(4, 300.0))).result == "applied"
+    assert core.on_command(command(1, 1, *all_gpus(4, 600.0))).result == "applied"
 
 
 def test_leader_heartbeat_makes_it_controlled(clock: ManualClock, node: Node) -> None:
@@ -159,7 +160,7 @@ def test_old_heartbeat_does_not_count(clock: ManualClock, node: Node, age_s: flo
     core.on_heartbeat(heartbeat(clock, age_s=age_s))  # e.g. a stale retained heartbeat
     assert core.mode == "failsafe"
     assert core.counters.heartbeats_ignored == 1
-    assert core.on_command(command(1, 1, *all_gpus(4, 300.0))).result == "rejected"
+    assert core.on_command(command(1, 1, *all_gpus(4, 600.0))).result == "rejected"
     assert settings_of(gpus) == FAILSAFE_STATE
 
 
@@ -185,7 +186,7 @@ def test_standby_heartbeats_do_not_count(clock: ManualClock, node: Node) -> None
     core.on_heartbeat(heartbeat(clock, epoch=1, state="standby"))
     assert core.mode == "failsafe"
     assert core.counters.heartbeats_ignored == 1
-    assert core.on_command(command(1, 1, *all_gpus(4, 300.0))).result == "rejected"
+    assert core.on_command(command(1, 1, *all_gpus(4, 600.0))).result == "rejected"
     # nor do they keep a leader's liveness going
     core.on_heartbeat(heartbeat(clock, epoch=1))
     heartbeat_each_second(clock, core, 12, partial(heartbeat, epoch=1, state="standby"))
@@ -215,7 +216,7 @@ def test_no_heartbeat_for_failsafe_after_s_enters_failsafe(clock: ManualClock, n
     assert settings_of(gpus) == FAILSAFE_STATE
     assert core.counters.failsafe_entries == 1
     # commands are refused until a leader is back, and ticks do not re-enter
-    assert core.on_command(command(1, 2, *all_gpus(4, 300.0))).result == "rejected"
+    assert core.on_command(command(1, 2, *all_gpus(4, 600.0))).result == "rejected"
     clock.advance(AFTER_S * 2)
     core.tick()
     assert core.counters.failsafe_entries == 1
@@ -282,7 +283,7 @@ def test_stale_command_does_not_extend_the_ttl(clock: ManualClock, node: Node) -
     core, _ = node
     controlled_with_command(clock, core, ttl_s=3.0)
     clock.advance(2.0)
-    assert core.on_command(command(1, 1, *all_gpus(4, 300.0), ttl_s=60.0)).result == "stale"
+    assert core.on_command(command(1, 1, *all_gpus(4, 600.0), ttl_s=60.0)).result == "stale"
     assert mode_after(clock, core, 1.5) == "failsafe"
 
 
@@ -293,7 +294,7 @@ def test_ttl_is_measured_from_receipt_not_sender_ts(clock: ManualClock, node: No
     old = sign(
         COMMAND_TOPIC,
         encode(
-            Command(v=1, epoch=1, seq=1, ts=clock.wall - 3600, ttl_s=5.0, gpus=all_gpus(4, 300.0))
+            Command(v=1, epoch=1, seq=1, ts=clock.wall - 3600, ttl_s=5.0, gpus=all_gpus(4, 600.0))
         ),
     )
     assert core.on_command(old).result == "applied"
@@ -314,9 +315,9 @@ def test_heartbeat_returning_makes_it_controlled_again(clock: ManualClock, node:
     assert core.node_state == "online"
     # failsafe caps stay until the controller says otherwise
     assert settings_of(gpus) == FAILSAFE_STATE
-    assert core.on_command(command(1, 1, *all_gpus(4, 320.0))).result == "stale"
-    assert core.on_command(command(1, 2, *all_gpus(4, 320.0))).result == "applied"
-    assert [g.power_limit_w() for g in gpus] == [320.0] * 4
+    assert core.on_command(command(1, 1, *all_gpus(4, 620.0))).result == "stale"
+    assert core.on_command(command(1, 2, *all_gpus(4, 620.0))).result == "applied"
+    assert [g.power_limit_w() for g in gpus] == [620.0] * 4
 
     # and a second loss is a second failsafe entry
     assert mode_after(clock, core, AFTER_S + 1) == "failsafe"
@@ -334,3 +335,33 @@ def test_failsafe_with_a_lost_gpu_still_protects_the_others(clock: ManualClock, 
     telemetry = core.telemetry()
     assert [g.index for g in telemetry.gpus] == [1, 2, 3]
     assert core.counters.gpu_read_errors == 1
+
+
+def test_failsafe_cuts_at_once_and_raises_what_was_below_it_later(
+    clock: ManualClock, node: Node
+) -> None:
+    """Make before break on the agent's side: with the controller gone, a GPU whose cap is
+    above its failsafe cap comes down at once; one below (a controller lent its watts to
+    another GPU under the same breaker) rises only FAILSAFE_RAISE_SHARE of the deadline
+    later, when every other agent has come down to its failsafe caps."""
+    core, gpus = node
+    core.on_heartbeat(heartbeat(clock))
+    below = [
+        GpuCommand(index=i, cap_w=300.0 if i < 2 else 650.0, max_sm_clock_mhz=1200)
+        for i in range(4)
+    ]
+    assert core.on_command(command(1, 1, *below)).result == "applied"
+    assert mode_after(clock, core, AFTER_S + 0.5) == "failsafe"
+    assert settings_of(gpus) == [(300.0, None)] * 2 + [(FAILSAFE_W, None)] * 2
+    assert mode_after(clock, core, FAILSAFE_RAISE_SHARE * AFTER_S - 0.1) == "failsafe"
+    assert settings_of(gpus)[:2] == [(300.0, None)] * 2
+    assert mode_after(clock, core, 0.2) == "failsafe"
+    assert settings_of(gpus) == FAILSAFE_STATE
+    # a controller back before the raise: it says what the GPUs hold, nothing rises
+    core, gpus = node
+    core.on_heartbeat(heartbeat(clock))
+    assert core.on_command(command(1, 2, *all_gpus(4, 300.0))).result == "applied"
+    assert mode_after(clock, core, AFTER_S + 0.5) == "failsafe"
+    core.on_heartbeat(heartbeat(clock))
+    assert mode_after(clock, core, FAILSAFE_RAISE_SHARE * AFTER_S + 0.1) == "controlled"
+    assert [cap for cap, _ in settings_of(gpus)] == [300.0] * 4

@@ -47,7 +47,7 @@ async def test_heartbeat_loss_gives_failsafe_within_one_period(mosquitto):
                 1,
                 1,
                 [
-                    GpuCommand(index=0, cap_w=300.0, max_sm_clock_mhz=1100),
+                    GpuCommand(index=0, cap_w=600.0, max_sm_clock_mhz=1100),
                     GpuCommand(index=1, cap_w=650.0),
                 ],
             ),
@@ -80,7 +80,7 @@ async def test_expired_command_ttl_gives_failsafe_before_heartbeat_loss(mosquitt
     ):
         await become_controlled(p)
         sent_at = time.monotonic()
-        ack = await send(p, command(1, 1, [GpuCommand(index=0, cap_w=250.0)], ttl_s=0.3))
+        ack = await send(p, command(1, 1, [GpuCommand(index=0, cap_w=600.0)], ttl_s=0.3))
         got = await p.expect(
             TOPICS.telemetry(NODE), lambda m: telemetry(m.payload).mode == "failsafe"
         )

@@ -22,7 +22,7 @@ async def test_broker_restart_is_survived(mosquitto):
     async with running_agent(mosquitto, gpus, failsafe_after_s=1.0) as daemon:
         async with probe(mosquitto) as p:
             await become_controlled(p)
-            await send(p, command(1, 1, [GpuCommand(index=0, cap_w=280.0)]))
+            await send(p, command(1, 1, [GpuCommand(index=0, cap_w=600.0)]))
         mosquitto.stop()
         # with the broker gone, the controller is gone too: the node makes itself safe
         await daemon.wait_for(lambda: daemon.core.mode == "failsafe", timeout_s=10)

@@ -1,0 +1,211 @@
+"""Safety by caps: every level within its limit by the caps in force, the caps where the work is.
+
+``allocate(tree, state, dt_s, settings)`` is the cycle ``policies.decide`` runs with
+``PolicySettings.safety_by_caps``. Pure, vectorised; the solver is ``policies.fill``.
+
+The invariant
+-------------
+For every tree node (server, rack, row, site) the sum of the caps in force of the GPUs
+under it plus the node's non-GPU power (``Tree.overhead_below_w``) is within its
+``limit_w``. A GPU enforces its cap in hardware within ~0.1 s (docs/HARDWARE.md), so
+while the invariant holds no demand, however sudden, can take a node over its limit,
+and the level may run to its limit: no band below it (the capping thresholds and
+targets of ``policies.capping`` are not used). *In force* is the controller's to
+count: a GPU with a command not yet acknowledged counts at the higher of its old and
+new cap (``ClusterState.cap_w``), a GPU it cannot command at the cap it may hold (its
+failsafe cap, or higher last caps), and the failsafe caps of a sized plan fit every
+limit (``planner.sizing.failsafe_caps``), so an agent left alone keeps it too.
+
+The rules, in order
+-------------------
+Terms: ``span = cap_max - cap_min``, ``h = stage_headroom_fraction * span`` (50 W on a
+GB200). A controllable GPU is *working* in ``compute`` or ``startup``; it *asks* when
+working, drawing within ``h / 2`` of its cap, below ``cap_max``, and not told to wait
+(``ClusterState.uncap_cycles`` 0: a command in flight, or not its turn); it is *held
+back* when it would ask but waits. A controllable GPU *lends* when it is in
+``checkpoint``, ``idle`` or ``shutdown``, in ``communication`` for longer than
+``lend_after_s`` (a short wait keeps its cap: its job resumes before a loan could be
+taken back), or working and drawing more than ``2 h`` under its cap; it may give down
+to ``power + h`` (its floor at least).
+
+1. **Bases.** A GPU that lends starts at what it may give down to, one that asks or is
+   held back at its floor, every other at its cap in force (kept: nothing needs its
+   watts taken). Under a node where even the bases do not fit (the invariant broken:
+   a limit lowered, caps read back higher than counted), every controllable GPU starts
+   at its floor and the kept ones join their class below.
+2. **The target, class by class** (HIGH, NORMAL, LOW): the GPUs that ask rise towards
+   ``cap_max``, those held back (and kept, under a node whose bases did not fit)
+   towards their cap in force, all of a class to one share of their ranges
+   (``policies.fill``, max-min fair: equal caps for GPUs of one model, which a
+   synchronous job needs) within every node's limit less what is already placed. So a
+   class takes from the classes below it, from every lender's loan, and levels its own
+   GPUs; a class above is never cut for one below.
+3. **Loans last.** What is left goes back to the lenders, up to their caps in force:
+   a lender gives only what a GPU that asks takes.
+4. **Make before break.** Cuts (target below the cap in force, by at least
+   ``uncap_min_step_w``) go at once. Raises (target above it by as much) are granted,
+   class by class and max-min fair again, only within each node's limit less the caps
+   in force, the GPUs being cut counted at their old caps: the watts a cut frees are
+   raised on once it is acknowledged, the next cycle. At the site the net rise of the
+   caps is also within ``ramp_w_per_s * dt_s`` (the grid sees the site; a reallocation
+   between racks or rows moves no power at the site, and its rows' ramps are left to
+   ``policies.capping``'s bands). Moves smaller than ``uncap_min_step_w`` are not made
+   (commands are not worth it), except to restore the invariant.
+5. **Clocks and the floor's cost** as rules 5 and 6 of ``policies.capping``.
+
+Why it does at least a static cap's work: a static cap is one allocation within every
+limit; this one starts from the failsafe caps (themselves within every limit) and only
+moves watts from GPUs that do not use them to GPUs that would, so at every level the
+caps are at least as useful, and the level may use its whole limit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.fill import fill
+from policies.tree import (
+    HIGH,
+    LOW,
+    PHASE_CODES,
+    SERVER,
+    SITE,
+    ClusterState,
+    Tree,
+    in_codes,
+    phase_codes,
+)
+
+# Phases whose GPUs do no work and lend their headroom at once.
+LENDING_PHASES = ("checkpoint", "idle", "shutdown")
+# Phases whose GPUs may ask for more (their draw is their work).
+WORKING_PHASES = ("compute", "startup")
+_LENDING_CODES = phase_codes(LENDING_PHASES)
+_WORKING_CODES = phase_codes(WORKING_PHASES)
+_COMM_CODE = PHASE_CODES["communication"]
+_FULL_W = 1.0  # a node within a watt of its limit is full
+
+
+def allocate(
+    tree: Tree,
+    state: ClusterState,
+    dt_s: float,
+    settings: object,
+) -> object:
+    """One cycle under the invariant (module docstring); a ``policies.capping.Decision``."""
+    from policies.capping import Decision, PolicySettings, clocks_and_floor, sanitised
+
+    assert isinstance(settings, PolicySettings)
+    s = sanitised(tree, state)
+    power, cap, floor, priority, phase, ctl = s.power, s.cap, s.floor, s.priority, s.phase, s.ctl
+    cap_min, cap_max = s.cap_min, s.cap_max
+    overhead = tree.overhead_below_w
+    span = cap_max - cap_min
+    slope = np.where(span > 0, span, 1.0)
+    h = settings.stage_headroom_fraction * span
+    room = np.asarray(tree.limit_w, dtype=float) - overhead
+    room[0] = min(room[0], tree.root_caps_limit_w - overhead[0])
+
+    working = ctl & in_codes(phase, _WORKING_CODES)
+    near_cap = power >= cap - 0.5 * h
+    may_ask = (
+        np.ones(len(cap), dtype=bool)
+        if state.uncap_cycles is None
+        else np.asarray(state.uncap_cycles, dtype=float) > 0
+    )
+    wants_more = working & near_cap & (cap < cap_max - 1e-9)
+    asks = wants_more & may_ask
+    held_back = wants_more & ~may_ask
+    long_comm = phase == _COMM_CODE
+    if state.phase_s is not None:
+        phase_s = np.asarray(state.phase_s, dtype=float)
+        long_comm &= np.nan_to_num(phase_s, nan=0.0) > settings.lend_after_s
+    else:
+        long_comm &= False
+    lends = ctl & ~wants_more
+    lends &= in_codes(phase, _LENDING_CODES) | long_comm | (working & (power + 2 * h < cap))
+    give_to = np.clip(power + h, floor, cap)
+
+    # 1. bases
+    base = cap.copy()
+    base[lends] = give_to[lends]
+    ranked = asks | held_back  # the GPUs a class's share is worked out for
+    base[ranked] = np.minimum(floor[ranked], cap[ranked])
+    node_base = tree.node_sum(base)
+    broken = node_base > room + 1e-6
+    if broken.any():
+        under = (tree.fold_down(broken.astype(float)) > 0)[tree.gpu_ancestor[SERVER]] & ctl
+        base[under] = np.minimum(floor[under], cap[under])
+        ranked = ranked | (under & ~lends)
+    want = cap.copy()
+    want[asks] = cap_max[asks]
+
+    # 2. the target, class by class; 3. loans last
+    x = base
+    for prio in range(HIGH, LOW - 1, -1):
+        mine = ranked & (priority == prio)
+        if mine.any():
+            x = fill(tree, cap_min, slope, x, np.where(mine, want, x), room)
+    if lends.any():
+        x = fill(tree, cap_min, slope, x, np.where(lends, cap, x), room)
+    target = x
+
+    # 4. make before break
+    step = settings.uncap_min_step_w
+    cut = ctl & (target < cap - step)
+    over = tree.node_sum(cap) > room + 1e-9  # the invariant broken: every watt cut counts
+    if over.any():
+        under_over = (tree.fold_down(over * 1.0) > 0)[tree.gpu_ancestor[SERVER]]
+        cut |= ctl & (target < cap - 1e-9) & under_over
+    rise = ctl & (target > cap + step)
+    new = cap.copy()
+    new[cut] = target[cut]
+    if rise.any():
+        raise_room = room.copy()
+        sum_in_force = tree.node_sum(cap)
+        ramp_w = float(tree.ramp_w_per_s[SITE]) * dt_s
+        if np.isfinite(ramp_w):
+            freed_w = float(np.sum(cap[cut] - target[cut]))
+            raise_room[SITE] = min(raise_room[SITE], sum_in_force[SITE] + ramp_w + freed_w)
+        y = cap.copy()
+        for prio in range(HIGH, LOW - 1, -1):
+            mine = rise & (priority == prio)
+            if mine.any():
+                y = fill(tree, cap_min, slope, y, np.where(mine, target, y), raise_room)
+        granted = rise & (y > cap + 1e-9)
+        new[granted] = y[granted]
+    new = np.where(ctl, np.clip(new, cap_min, cap_max), cap)
+
+    pred = np.where(ctl, np.minimum(power, new), power)
+    node_power = tree.node_sum(power) + overhead
+    node_caps = tree.node_sum(new) + overhead
+    short = asks & (new < want - 1e-9)
+    capping = (node_caps >= np.asarray(tree.limit_w, dtype=float) - _FULL_W) & (
+        tree.node_sum(short * 1.0) > 0
+    )
+    node_cut = np.bincount(
+        tree.gpu_ancestor[SERVER], weights=np.where(cut, cap - new, 0.0), minlength=tree.n_nodes
+    )
+    cut_levels = np.where(cut, np.uint8(1 << SITE), np.uint8(0)).astype(np.uint8)
+    clock, floor_energy = clocks_and_floor(tree, power, phase, ctl, dt_s, settings)
+    return Decision(
+        cap_w=new,
+        max_sm_clock_mhz=clock,
+        node_power_w=node_power,
+        node_predicted_w=tree.node_sum(pred) + overhead,
+        node_capping=capping,
+        floor_hold_energy_j=floor_energy,
+        node_cut_w=node_cut,
+        cut_levels=cut_levels,
+        node_shift_w=np.zeros(tree.n_nodes),
+        shifted=np.zeros(len(new), dtype=bool),
+        levelled=np.zeros(len(new), dtype=bool),
+    )
+
+
+def caps_in_force_fit(tree: Tree, cap_w: np.ndarray, tolerance_w: float = 1e-6) -> np.ndarray:
+    """(n_nodes,) whether each node's caps in force plus its overheads are within its
+    limit: the invariant, as a check (tests, the replay, the controller's health)."""
+    total = tree.node_sum(np.asarray(cap_w, dtype=float)) + tree.overhead_below_w
+    fits: np.ndarray = total <= np.asarray(tree.limit_w, dtype=float) + tolerance_w
+    return fits
