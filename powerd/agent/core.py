@@ -303,11 +303,11 @@ class AgentCore:
         """Check the deadlines; enter failsafe when the controller is gone; raise the GPUs
         left below their failsafe caps once the others have had time to come down."""
         now_mono = self._monotonic()
-        if self.mode == "failsafe" and self._failsafe_raise_at is not None:
-            if now_mono >= self._failsafe_raise_at:
-                self._failsafe_raise_at = None
-                for index, gpu in self.gpus.items():
-                    apply_failsafe(gpu, self.failsafe_caps_w[index])
+        raise_at = self._failsafe_raise_at
+        if self.mode == "failsafe" and raise_at is not None and now_mono >= raise_at:
+            self._failsafe_raise_at = None
+            for index, gpu in self.gpus.items():
+                apply_failsafe(gpu, self.failsafe_caps_w[index])
         if self.mode != "controlled":
             return
         if now_mono > self._heartbeat_deadline:
