@@ -1026,10 +1026,11 @@ class AgentFuzz:
                 tally.violate(
                     generator, payload, f"clock lock out of range: gpu {index} at {lock!r}, {clk}"
                 )
-            if failsafe and (
-                abs(gpu.power_limit_w() - self.core.failsafe_caps_w[index]) > CAP_TOLERANCE_W
-                or lock is not None
-            ):
+            failsafe_w = self.core.failsafe_caps_w[index]
+            off_w = gpu.power_limit_w() - failsafe_w
+            if self.core.failsafe_raise_pending:  # below it, the raise waits (enter_failsafe)
+                off_w = max(off_w, 0.0)
+            if failsafe and (abs(off_w) > CAP_TOLERANCE_W or lock is not None):
                 tally.violate(
                     generator,
                     payload,

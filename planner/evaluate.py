@@ -244,7 +244,7 @@ def plans(
                 f"{_caps_text(cap_w)} ({shape.rack_w(cap_w):,.0f} W a rack)"
             )
         site = static_topology(top, shape, n_racks, cap_w, STRATEGIES[key])
-        static = dataclasses.replace(base, static_caps=True)
+        static = dataclasses.replace(base, static_caps=True, policy=PolicySettings())
         out.append(Plan(key, site, place(site, mix), static, _caps_text(cap_w)))
     found = oversubscribed_site(top, shape, mix, traces, settings, least_racks=racks["b"])
     sized_top, placement, sizing = found.site.top, found.site.placement, found.site.sizing

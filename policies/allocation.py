@@ -20,13 +20,14 @@ The rules, in order
 -------------------
 Terms: ``span = cap_max - cap_min``, ``h = stage_headroom_fraction * span`` (50 W on a
 GB200). A controllable GPU is *working* in ``compute`` or ``startup``; it *asks* when
-working, drawing within ``h / 2`` of its cap, below ``cap_max``, and not told to wait
-(``ClusterState.uncap_cycles`` 0: a command in flight, or not its turn); it is *held
-back* when it would ask but waits. A controllable GPU *lends* when it is in
-``checkpoint``, ``idle`` or ``shutdown``, in ``communication`` for longer than
-``lend_after_s`` (a short wait keeps its cap: its job resumes before a loan could be
-taken back), or working and drawing more than ``2 h`` under its cap; it may give down
-to ``power + h`` (its floor at least).
+working, drawing within ``h`` of its cap (rule 3b's test of ``policies.capping``), below
+``cap_max``, and not told to wait (``ClusterState.uncap_cycles`` 0: a command in flight,
+or not its turn); it is *held back* when it would ask but waits. A controllable GPU
+*lends* when it is in ``checkpoint``, ``idle`` or ``shutdown``, in ``communication`` for
+longer than ``lend_after_s`` (a short wait keeps its cap: its job resumes before a loan
+could be taken back), or working and drawing more than ``3 h`` under its cap; it may
+give down to ``power + 2 h`` (its floor at least), from where it neither lends nor asks:
+a GPU whose draw is steady is not commanded back and forth.
 
 1. **Bases.** A GPU that lends starts at what it may give down to, one that asks or is
    held back at its floor, every other at its cap in force (kept: nothing needs its
@@ -107,7 +108,7 @@ def allocate(
     room[0] = min(room[0], tree.root_caps_limit_w - overhead[0])
 
     working = ctl & in_codes(phase, _WORKING_CODES)
-    near_cap = power >= cap - 0.5 * h
+    near_cap = power >= cap - h
     may_ask = (
         np.ones(len(cap), dtype=bool)
         if state.uncap_cycles is None
@@ -123,8 +124,8 @@ def allocate(
     else:
         long_comm &= False
     lends = ctl & ~wants_more
-    lends &= in_codes(phase, _LENDING_CODES) | long_comm | (working & (power + 2 * h < cap))
-    give_to = np.clip(power + h, floor, cap)
+    lends &= in_codes(phase, _LENDING_CODES) | long_comm | (working & (power + 3 * h < cap))
+    give_to = np.clip(power + 2 * h, floor, cap)
 
     # 1. bases
     base = cap.copy()

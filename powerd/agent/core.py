@@ -29,7 +29,12 @@ from dataclasses import dataclass
 
 from powerd import __version__
 from powerd.agent.config import DEFAULT_MAX_COMMAND_TTL_S, AgentMode, FailsafeConfig
-from powerd.agent.controls import apply_failsafe, apply_gpu_command, smoothing_state
+from powerd.agent.controls import (
+    FAILSAFE_RAISE_SHARE,
+    apply_failsafe,
+    apply_gpu_command,
+    smoothing_state,
+)
 from powerd.agent.phase_clock import PhaseClocks
 from powerd.gpu import Gpu, GpuError, PowerLimitRange
 from powerd.gpu.software_smoothing import SoftwareSmoothing
@@ -61,10 +66,6 @@ from powerd.vocabulary import PROTOCOL_VERSION
 log = logging.getLogger("powerd.agent")
 
 MAX_ACK_ERRORS = 32
-# In failsafe, a GPU below its failsafe cap rises this share of failsafe_after_s after the
-# others came down (enter_failsafe): longer than any two agents' deadlines for the same
-# heartbeats differ by (their sample period and the broker's jitter).
-FAILSAFE_RAISE_SHARE = 0.5
 
 
 @dataclass
@@ -341,6 +342,11 @@ class AgentCore:
             self._monotonic() + FAILSAFE_RAISE_SHARE * self.failsafe_after_s if later else None
         )
         self.phase_clocks.end_all("failsafe", release=False)  # apply_failsafe unlocked them
+
+    @property
+    def failsafe_raise_pending(self) -> bool:
+        """In failsafe with GPUs still below their failsafe caps, to rise later."""
+        return self.mode == "failsafe" and self._failsafe_raise_at is not None
 
     def controller_live(self, now_mono: float | None = None) -> bool:
         now_mono = self._monotonic() if now_mono is None else now_mono

@@ -68,7 +68,7 @@ import numpy as np
 from msgspec import UNSET
 
 from policies.tree import RACK
-from powerd.agent.controls import profile_of, smoothing_wire
+from powerd.agent.controls import FAILSAFE_RAISE_SHARE, profile_of, smoothing_wire
 from powerd.agent.phase_clock import LOCKING_PHASE
 from powerd.gpu.base import SmoothingProfile, SmoothingRange, smoothed_draw
 from powerd.gpu.clock_table import ClockTable
@@ -254,6 +254,7 @@ class FleetModel:
         self.last_applied: list[tuple[int, int]] = [(-1, -1)] * n_nodes
         self.newest_epoch = -1
         self.heartbeat_deadline = -math.inf
+        self.failsafe_raise_at: float | None = None  # failsafe: the caps below rise then
         pick = self._rng.permutation(n_nodes)
         n_silent = round(options.silent_fraction * n_nodes)
         n_offline = round(options.offline_fraction * n_nodes)
@@ -420,15 +421,26 @@ class FleetModel:
         self.heartbeat_ts = beat.ts
         self.heartbeat_deadline = max(self.heartbeat_deadline, deadline)
         self.failsafe = False
+        self.failsafe_raise_at = None
         return True
 
     def tick(self, now: float) -> bool:
-        """Deadlines: True if the fleet has just entered failsafe."""
+        """Deadlines: True if the fleet has just entered failsafe. As agents do
+        (``AgentCore.enter_failsafe``): caps above the failsafe cap come down at once, those
+        below rise ``FAILSAFE_RAISE_SHARE`` of ``failsafe_after_s`` later."""
+        if self.failsafe and self.failsafe_raise_at is not None and now >= self.failsafe_raise_at:
+            self.failsafe_raise_at = None
+            self.cap_w[:] = self.failsafe_cap_w.tolist()
         if self.failsafe or now <= self.heartbeat_deadline:
             return False
         self.failsafe = True
         self.counters.failsafe_entries += 1
-        self.cap_w[:] = self.failsafe_cap_w.tolist()
+        held = np.asarray(self.cap_w, dtype=float)
+        below = held < self.failsafe_cap_w - 0.5
+        self.cap_w[:] = np.where(below, held, self.failsafe_cap_w).tolist()
+        self.failsafe_raise_at = (
+            now + FAILSAFE_RAISE_SHARE * self.options.failsafe_after_s if below.any() else None
+        )
         self.lock_mhz[:] = [None] * self.n_gpus
         self._end_policies(release=False)  # the locks are gone already
         return True

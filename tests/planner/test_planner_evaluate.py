@@ -4,6 +4,7 @@ reproduced, 0 s above any limit with powerd on the demo site, and the JSON's fie
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -104,14 +105,30 @@ def test_each_strategy_hosts_what_fits_and_does_the_work_the_speed_law_says():
     # (a) a rack at TDP: 4 x 700 + 100 + 100 = 3,000 W: 3 racks (12 GPUs) in 10 kW
     # (b) at 400 W: 4 x 400 + 200 = 1,800 W: 5 racks (20 GPUs), 9 kW
     # (c) demand 4 x 500 + 200 = 2,200 W a rack: 4 racks (8.8 kW) fit the feed, 5 (11 kW) do
-    # not, so (c) hosts (b)'s 5, the least it may; its site is sized to 95 % of the feed
-    # (9,500 W). Step 0 at the failsafe cap, (10,000 - 5 x 200) / 20 = 450 W a GPU; then the
-    # controller holds the site at its capping target, 0.95 x 9,500 = 9,025 W: 401.25 W a GPU
+    # not, so (c) hosts (b)'s 5, the least it may. Its failsafe cap, (10,000 - 5 x 200) / 20
+    # = 450 W a GPU, fills the feed to the watt; safety by caps keeps it there (every GPU
+    # wants more, none has any to lend), and so does the oracle (o)
     assert t.loc["a", "gpus"] == 12 and t.loc["a", "racks"] == 3
     assert t.loc["b", "gpus"] == 20 and t.loc["b", "racks"] == 5
     assert t.loc["c", "gpus"] == 20 and t.loc["c", "racks"] == 5
+    assert t.loc["o", "gpus"] == 20
     speed_b = (400 / 500) ** 0.28  # 0.9395: every GPU held at 400 W of its 500 W
-    speed_c = 0.01 * (450 / 500) ** 0.28 + 0.99 * (401.25 / 500) ** 0.28  # 0.9406
+    speed_c = (450 / 500) ** 0.28  # 0.9709
+    assert t.loc["o", "throughput_gpus"] == pytest.approx(20 * speed_c)
+    assert t.loc["c", "vs_o"] == pytest.approx(1.0)
+    assert t.loc["c", "vs_b"] == pytest.approx(speed_c / speed_b)
+    assert ev.info["c_vs_b"] == pytest.approx(speed_c / speed_b)
+    assert ev.info["safety"] == "caps"
+    # under the bands (Dynamo's) its site is sized to 95 % of the feed (9,500 W); step 0 at
+    # the failsafe cap, then the controller holds the site at its capping target, 0.95 x
+    # 9,500 = 9,025 W: 401.25 W a GPU, a hair above (b)
+    bands = evaluate(top, EVERYONE, flat(500.0), replace(settings, safety_by_caps=False))
+    speed_bands = 0.01 * (450 / 500) ** 0.28 + 0.99 * (401.25 / 500) ** 0.28  # 0.9406
+    tb = bands.table.set_index("strategy")
+    assert tb.loc["c", "throughput_gpus"] == pytest.approx(20 * speed_bands)
+    assert tb.loc["c", "kwh_per_gpu_hour"] == pytest.approx(
+        (0.01 * 10_000 + 0.99 * 9_025) / (20 * speed_bands) / 1e3
+    )
     assert t.loc["a", "throughput_gpus"] == pytest.approx(12.0)
     assert t.loc["b", "throughput_gpus"] == pytest.approx(20 * speed_b)
     assert t.loc["c", "throughput_gpus"] == pytest.approx(20 * speed_c)
@@ -123,8 +140,7 @@ def test_each_strategy_hosts_what_fits_and_does_the_work_the_speed_law_says():
     assert t.loc["b", "kwh_per_gpu_hour"] == pytest.approx(
         (20 * 400 + 5 * 200) / (20 * speed_b) / 1e3
     )
-    site_c_w = 0.01 * 10_000 + 0.99 * 9_025
-    assert t.loc["c", "kwh_per_gpu_hour"] == pytest.approx(site_c_w / (20 * speed_c) / 1e3)
+    assert t.loc["c", "kwh_per_gpu_hour"] == pytest.approx(10_000 / (20 * speed_c) / 1e3)
     assert t.loc["b", "held_pct_of_steps"] == 100.0  # the static cap holds every step ...
     assert t.loc["b", "capping_pct_of_steps_max"] == 0.0  # ... though no node ever caps
     assert (t["s_above_limit"] == 0).all()
@@ -272,7 +288,7 @@ def test_demo_site_json_has_every_field_and_powerd_keeps_every_limit():
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     rows = {row["strategy"]: row for row in doc["strategies"]}
-    assert set(rows) == {"a", "b", "c", "d", "e"}
+    assert set(rows) == {"a", "b", "c", "d", "e", "o"}
     fields = {
         "name",
         "gpus",
@@ -296,7 +312,11 @@ def test_demo_site_json_has_every_field_and_powerd_keeps_every_limit():
     for row in rows.values():
         assert fields <= set(row)
     assert rows["c"]["s_above_limit"] == 0 and rows["d"]["s_above_limit"] == 0
-    assert {lv["strategy"] for lv in doc["limits"]} == set(rows)
+    # the oracle passes no limit by construction: no replay, no per-level count
+    assert {lv["strategy"] for lv in doc["limits"]} == set(rows) - {"o"}
+    assert doc["c_vs_b"] == pytest.approx(rows["c"]["vs_b"])
+    assert doc["c_vs_o"] == pytest.approx(rows["c"]["vs_o"]) and doc["c_vs_o"] <= 1.0 + 1e-9
+    assert rows["o"]["vs_o"] == 1.0 and doc["safety"] == "caps"
     assert all(lv["s_above_limit_max"] == 0 for lv in doc["limits"] if lv["strategy"] in "cd")
     comm = doc["communication"]
     for key in (
@@ -324,8 +344,9 @@ def test_a_mix_in_gpus_is_refused_with_the_reason():
 
 
 def test_tdp_and_static_caps_have_no_controller_to_stage_a_checkpoint():
-    """With powerd, a checkpoint's staged caps hold the job for a while after it (rule 2);
-    provisioned at TDP or a static cap there is no controller, so nothing is ever held."""
+    """With powerd's bands, a checkpoint's staged caps hold the job for a while after it
+    (rule 2); provisioned at TDP or a static cap there is no controller, so nothing is ever
+    held; and safety by caps stages nothing: the job is held no more than the oracle's."""
     power = np.full(20, 500.0)
     phase = np.full(20, COMPUTE, np.int8)
     power[5:10], phase[5:10] = 100.0, PHASE_CODES["checkpoint"]
@@ -334,7 +355,12 @@ def test_tdp_and_static_caps_have_no_controller_to_stage_a_checkpoint():
     t = ev.table.set_index("strategy")
     assert t.loc["a", "throughput_lost_pct"] == 0.0
     assert t.loc["a", "throughput_gpus"] == t.loc["a", "busy_gpus"]
-    assert t.loc["c", "throughput_lost_pct"] > 0.0  # the controller's staged caps
+    assert t.loc["c", "throughput_lost_pct"] == pytest.approx(t.loc["o", "throughput_lost_pct"])
+    bands = evaluate(
+        site(**SMALL), EVERYONE, traces, EvaluateSettings(duration_s=40, safety_by_caps=False)
+    )
+    tb = bands.table.set_index("strategy")
+    assert tb.loc["c", "throughput_lost_pct"] > t.loc["c", "throughput_lost_pct"]  # staged
 
 
 @pytest.mark.parametrize("as_html", [False, True], ids=["markdown", "html"])

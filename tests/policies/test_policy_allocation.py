@@ -165,8 +165,9 @@ def test_an_idle_gpu_lends_to_one_held_at_its_cap_cut_first_raised_once_acknowle
         tree, power_w=[900.0, 900.0, 900.0, 100.0], cap_w=900.0, phase=[COMPUTE] * 3 + [IDLE]
     )
     first = decide(tree, state, 1.0, CAPS)
-    # the idle GPU is cut to what it draws plus its headroom; nothing is raised yet
-    assert first.cap_w[3] == pytest.approx(150.0 + 50.0)
+    # the idle GPU is cut to its floor (it draws less than that less its headroom); nothing
+    # is raised yet
+    assert first.cap_w[3] == pytest.approx(200.0)
     np.testing.assert_allclose(first.cap_w[:3], 900.0)
     # acknowledged: the watts it freed go to the three that want them, evenly
     state.cap_w = first.cap_w
@@ -240,6 +241,6 @@ def test_a_gpu_with_a_command_in_flight_asks_no_more():
 def test_normal_priority_default_state_is_stable():
     """Caps that already fit, GPUs neither asking nor lending: no command."""
     tree = one_rack(4 * 800.0)
-    # within h / 2 of the cap (25 W on this range) a GPU asks; more than 2 h under, it lends
-    state = make_state(tree, power_w=[700.0, 690.0, 720.0, 705.0], cap_w=760.0, priority=NORMAL)
-    np.testing.assert_array_equal(decide(tree, state, 1.0, CAPS).cap_w, 760.0)
+    # within h of the cap (50 W on this range) a GPU asks; more than 3 h under, it lends
+    state = make_state(tree, power_w=[700.0, 690.0, 720.0, 705.0], cap_w=800.0, priority=NORMAL)
+    np.testing.assert_array_equal(decide(tree, state, 1.0, CAPS).cap_w, 800.0)
