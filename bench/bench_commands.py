@@ -92,6 +92,7 @@ def run(
     withhold_share: float = 0.0,
     lose_share: float = 0.0,
     ack_delay_s: int = 0,
+    safety_by_caps: bool = False,
 ) -> dict:
     topology = load_budgets(budgets)
     clock = [1000.0]
@@ -105,6 +106,9 @@ def run(
     settings = ControllerConfig(name="bench", cluster="bench", grid_smoothing=smoothing).settings()
     if smoothing:
         settings = dataclasses.replace(settings, smoothing=grid_smoothing(topology))
+    if safety_by_caps:
+        policy = dataclasses.replace(settings.policy, safety_by_caps=True)
+        settings = dataclasses.replace(settings, policy=policy)
     core = ControllerCore(topology.tree, settings, monotonic=mono, wall=wall)
     core.new_epoch(1)
     signer = Signer.generate()
@@ -252,6 +256,11 @@ def main() -> None:
         default=0,
         help="acks reach the controller this many periods after their command [default: 0]",
     )
+    parser.add_argument(
+        "--safety-by-caps",
+        action="store_true",
+        help="the controller's [policy] safety_by_caps (policies/allocation.py)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     shares = (args.withhold_share, args.lose_share)
@@ -273,6 +282,7 @@ def main() -> None:
         withhold_share=args.withhold_share,
         lose_share=args.lose_share,
         ack_delay_s=args.ack_delay_s,
+        safety_by_caps=args.safety_by_caps,
     )
     report({k: v for k, v in result.items() if k != "per_second"}, None)  # the rows: JSON only
     if args.json is not None:

@@ -81,6 +81,7 @@ class Scenario:
     site_limit_w: float | None = None
     site_limit_after_s: float = 5.0
     site_limit_for_s: float = 20.0
+    safety_by_caps: bool = False  # the controller's [policy] safety_by_caps
 
 
 def budgets_for(rows: int, out: Path) -> Path:
@@ -97,6 +98,7 @@ def controller_config(
     grid_smoothing: bool = False,
     max_raises_per_s: float | None = None,
     operator: bool = False,
+    safety_by_caps: bool = False,
 ) -> Path:
     """The controller's config, signing with ``out/controller.key`` (made here; the fleet
     trusts ``out/controller.pub``): the signing cost is part of what is measured. With
@@ -117,6 +119,7 @@ def controller_config(
         f'[broker]\nurl = "{broker.url}"\n'
         f'[recorder]\nfile = "{out / "controller.lp"}"\nfine_every_s = 10\n'
         f'[trust]\nsigning_key = "{out / "controller.key"}"\n{operator_keys}'
+        + ("[policy]\nsafety_by_caps = true\n" if safety_by_caps else "")
     )
     return path
 
@@ -173,6 +176,7 @@ def run_scenario(
                 s.grid_smoothing,
                 s.max_raises_per_s,
                 operator=s.site_limit_w is not None,
+                safety_by_caps=s.safety_by_caps,
             )
             procs["controller"] = spawn(
                 ["-m", "powerd", "controller", "--config", str(config), "--budgets", str(budgets)],
@@ -474,6 +478,12 @@ def main() -> None:
     )
     parser.add_argument("--site-limit-after-s", type=float, default=5.0)
     parser.add_argument("--site-limit-for-s", type=float, default=20.0)
+    parser.add_argument(
+        "--safety-by-caps",
+        action="store_true",
+        help="the controller keeps every level within its limit by the caps in force "
+        "([policy] safety_by_caps, policies/allocation.py) [default: bands]",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     if args.verify_every < 1:
@@ -489,6 +499,7 @@ def main() -> None:
         name = f"{rows * NODES_PER_ROW} nodes" + (", grid smoothing" if args.grid_smoothing else "")
         name += f", {args.jobs} jobs" if args.jobs else ""
         name += f", site limit {args.site_limit_mw:g} MW" if args.site_limit_mw else ""
+        name += ", safety by caps" if args.safety_by_caps else ""
         scenarios.append(
             Scenario(
                 name,
@@ -503,6 +514,7 @@ def main() -> None:
                 site_limit_w=None if args.site_limit_mw is None else args.site_limit_mw * 1e6,
                 site_limit_after_s=args.site_limit_after_s,
                 site_limit_for_s=args.site_limit_for_s,
+                safety_by_caps=args.safety_by_caps,
             )
         )
     if args.overload and not any(s.rows == 16 for s in scenarios):

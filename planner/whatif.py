@@ -221,6 +221,16 @@ class DemandSource:
         for j, job in enumerate(jobs):
             self.power_table[j, : self.lengths[j]] = job_traces[j]
             self.phase_table[j, : self.lengths[j]] = traces[job.workload].phase
+        # per job and step, how long the job has been in that step's phase (s): what its
+        # announcements tell the controller (ClusterState.phase_s)
+        self.phase_s_table = np.zeros(self.power_table.shape)
+        step_s = next(iter(traces.values())).step_s
+        for j in range(n_jobs):
+            row = self.phase_table[j, : self.lengths[j]]
+            since = np.zeros(len(row))
+            for k in range(1, len(row)):
+                since[k] = since[k - 1] + step_s if row[k] == row[k - 1] else 0.0
+            self.phase_s_table[j, : self.lengths[j]] = since
         self.offsets = rng.integers(0, self.lengths)  # jobs are not synchronised ...
         if settings.synchronised:  # ... unless asked: every job from its profile's start
             self.offsets = np.zeros(n_jobs, dtype=np.int64)
@@ -237,6 +247,11 @@ class DemandSource:
         )
         self.scale_comm = bool((self.comm_rel != 1.0).any())
         self._all_jobs = np.arange(n_jobs)
+
+    def phase_s(self, t: int) -> np.ndarray:
+        """Step ``t``: per GPU, how long its job has been in its phase (NaN: no job)."""
+        col = (t + self.offsets) % self.lengths
+        return np.where(self.busy, self.phase_s_table[self._all_jobs, col][self.job_of], np.nan)
 
     def at(self, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Step ``t``: per job its per-GPU draw and phase code; per GPU its demand and phase."""
@@ -358,7 +373,9 @@ def replay(
             held_j_by_phase += np.bincount(phase, weights=above, minlength=n_phases) * step_s
             moved_sum_w = float(moved_w.sum())
             power_w = drawn_w
-        state = ClusterState(power_w, cap_w, priority, floor_w, phase, controllable)
+        state = ClusterState(
+            power_w, cap_w, priority, floor_w, phase, controllable, phase_s=source.phase_s(t)
+        )
         decision = decide(tree, state, step_s, policy)
         node_w = decision.node_power_w
         site_w[t] = node_w[0]

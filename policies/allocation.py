@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from policies.capping import Decision, PolicySettings, clocks_and_floor, sanitised
 from policies.fill import fill
 from policies.tree import (
     HIGH,
@@ -87,16 +88,8 @@ _COMM_CODE = PHASE_CODES["communication"]
 _FULL_W = 1.0  # a node within a watt of its limit is full
 
 
-def allocate(
-    tree: Tree,
-    state: ClusterState,
-    dt_s: float,
-    settings: object,
-) -> object:
-    """One cycle under the invariant (module docstring); a ``policies.capping.Decision``."""
-    from policies.capping import Decision, PolicySettings, clocks_and_floor, sanitised
-
-    assert isinstance(settings, PolicySettings)
+def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySettings) -> Decision:
+    """One cycle under the invariant (module docstring); ``policies.decide`` calls it."""
     s = sanitised(tree, state)
     power, cap, floor, priority, phase, ctl = s.power, s.cap, s.floor, s.priority, s.phase, s.ctl
     cap_min, cap_max = s.cap_min, s.cap_max

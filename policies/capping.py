@@ -415,11 +415,9 @@ def decide(
     if not (np.isfinite(dt_s) and dt_s > 0):
         raise ValueError(f"dt_s must be a positive number of seconds, not {dt_s}")
     if settings.safety_by_caps:
-        from policies.allocation import allocate
+        from policies.allocation import allocate  # it builds on this module's rule 1, 5, 6
 
-        decision = allocate(tree, state, dt_s, settings)
-        assert isinstance(decision, Decision)
-        return decision
+        return allocate(tree, state, dt_s, settings)
     n_nodes, n_gpus = tree.n_nodes, tree.n_gpus
     overhead = tree.overhead_below_w
 
