@@ -34,13 +34,18 @@ a GPU whose draw is steady is not commanded back and forth.
    watts taken). Under a node where even the bases do not fit (the invariant broken:
    a limit lowered, caps read back higher than counted), every controllable GPU starts
    at its floor and the kept ones join their class below.
-2. **The target, class by class** (HIGH, NORMAL, LOW): the GPUs that ask rise towards
-   ``cap_max``, those held back (and kept, under a node whose bases did not fit)
-   towards their cap in force, all of a class to one share of their ranges
-   (``policies.fill``, max-min fair: equal caps for GPUs of one model, which a
-   synchronous job needs) within every node's limit less what is already placed. So a
-   class takes from the classes below it, from every lender's loan, and levels its own
-   GPUs; a class above is never cut for one below.
+2. **The target.** First every GPU that asks or is held back (and every kept one,
+   under a node whose bases did not fit), whatever its class, rises towards its
+   *entitlement*, its failsafe cap (the plan's static allocation, which fits every
+   limit), all to one share of their ranges (``policies.fill``, max-min fair: equal
+   caps for GPUs of one model, which a synchronous job needs) within every node's
+   limit less what is already placed. Then class by class (HIGH, NORMAL, LOW) the
+   GPUs that ask rise on towards ``cap_max``, those held back towards their cap in
+   force. So a GPU that works gets its static cap back before any other gets more
+   (a loan is returned when its lender works again, whatever their classes), a class
+   takes the loans, the free room and the watts above their entitlements of the
+   classes below it, and levels its own GPUs; a class above is never cut for one
+   below, and no class below its entitlement for one above.
 3. **Loans last.** What is left goes back to the lenders, up to their caps in force:
    a lender gives only what a GPU that asks takes.
 4. **Make before break.** Cuts (target below the cap in force, by at least
@@ -55,9 +60,11 @@ a GPU whose draw is steady is not commanded back and forth.
 5. **Clocks and the floor's cost** as rules 5 and 6 of ``policies.capping``.
 
 Why it does at least a static cap's work: a static cap is one allocation within every
-limit; this one starts from the failsafe caps (themselves within every limit) and only
-moves watts from GPUs that do not use them to GPUs that would, so at every level the
-caps are at least as useful, and the level may use its whole limit.
+limit, the failsafe caps another (a planner's static cap is its failsafe cap). Every GPU
+that works is given its failsafe cap back first (rule 2), and only watts a GPU does not
+draw move to GPUs held at their caps, so between phase changes every GPU holds at least
+what the static plan gives it, and the level may use its whole limit; what a change of
+phase costs is the cycle a returned loan waits for its cut (rule 4).
 """
 
 from __future__ import annotations
@@ -134,8 +141,10 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     want = cap.copy()
     want[asks] = cap_max[asks]
 
-    # 2. the target, class by class; 3. loans last
-    x = base
+    # 2. the target: every GPU that asks up to its failsafe cap, then class by class;
+    # 3. loans last
+    entitled = np.clip(np.asarray(tree.failsafe_cap_w, dtype=float), floor, cap_max)
+    x = fill(tree, cap_min, slope, base, np.where(ranked, np.minimum(want, entitled), base), room)
     for prio in range(HIGH, LOW - 1, -1):
         mine = ranked & (priority == prio)
         if mine.any():
