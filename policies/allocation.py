@@ -114,7 +114,9 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
         if state.uncap_cycles is None
         else np.asarray(state.uncap_cycles, dtype=float) > 0
     )
-    wants_more = working & near_cap & (cap < cap_max - 1e-9)
+    # a draw not measured (read as the failsafe cap by rule 1) is not known to want more
+    measured = np.isfinite(np.asarray(state.power_w, dtype=float))
+    wants_more = working & near_cap & measured & (cap < cap_max - 1e-9)
     asks = wants_more & may_ask
     held_back = wants_more & ~may_ask
     long_comm = phase == _COMM_CODE
