@@ -96,8 +96,10 @@ SCENARIOS = {
 }
 
 
-def measure(tree: Tree, state: ClusterState, runs: int, warmup: int = 3) -> dict:
-    settings = PolicySettings(hold_floor_w_per_gpu=500.0)
+def measure(
+    tree: Tree, state: ClusterState, runs: int, warmup: int = 3, safety_by_caps: bool = False
+) -> dict:
+    settings = PolicySettings(hold_floor_w_per_gpu=500.0, safety_by_caps=safety_by_caps)
     for _ in range(warmup):
         decision = decide(tree, state, 1.0, settings)
     times = []
@@ -121,12 +123,20 @@ def measure(tree: Tree, state: ClusterState, runs: int, warmup: int = 3) -> dict
     }
 
 
-def run(rows: int, racks: int, servers: int, gpus: int, runs: int, seed: int = 0) -> dict:
+def run(
+    rows: int,
+    racks: int,
+    servers: int,
+    gpus: int,
+    runs: int,
+    seed: int = 0,
+    safety_by_caps: bool = False,
+) -> dict:
     tree = gb200_site(rows, racks, servers, gpus)
     results = {}
     for name, make in SCENARIOS.items():
         state = make(tree, np.random.default_rng(seed))
-        results[name] = measure(tree, state, runs)
+        results[name] = measure(tree, state, runs, safety_by_caps=safety_by_caps)
     argv = " ".join(sys.argv[1:])
     return {
         "benchmark": "policy",
@@ -152,9 +162,21 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=18, help="servers per rack")
     parser.add_argument("--gpus", type=int, default=4, help="GPUs per server")
     parser.add_argument("--runs", type=int, default=30, help="timed calls per scenario")
+    parser.add_argument(
+        "--safety-by-caps",
+        action="store_true",
+        help="time policies.allocation (PolicySettings.safety_by_caps) instead of the bands",
+    )
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
-    result = run(args.rows, args.racks, args.servers, args.gpus, args.runs)
+    result = run(
+        args.rows,
+        args.racks,
+        args.servers,
+        args.gpus,
+        args.runs,
+        safety_by_caps=args.safety_by_caps,
+    )
     report(result, args.json)
 
 

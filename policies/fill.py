@@ -27,12 +27,17 @@ kept), so the cost is a few dozen passes over the GPUs per level that has a full
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 from policies.tree import RACK, ROW, SERVER, SITE, Tree
 
-# Halvings of each level's search interval: 2**-24 of a GPU's range is far below a watt.
-ITERATIONS = 24
+# The most evaluations of a level's search (Illinois regula falsi, every third step a
+# halving): it ends sooner where every node's sum is within TOLERANCE_W of its room.
+ITERATIONS = 40
+TOLERANCE_W = 1e-3
 
 
 def nested_sum(tree: Tree, x: np.ndarray, room: np.ndarray, down_to: int) -> np.ndarray:
@@ -53,6 +58,68 @@ def _nest(tree: Tree, total: np.ndarray, room: np.ndarray, down_to: int) -> np.n
         total[nodes] = np.minimum(total[nodes], room[nodes])
         total += np.bincount(tree.level_parent[lvl], weights=total[nodes], minlength=tree.n_nodes)
     return total
+
+
+@dataclass(frozen=True)
+class _LevelSums:
+    """The sums under one level's nodes for a level per node: only the GPUs under the
+    nodes searched (``sub``; ``sub_of``: their node's place) move, the rest is ``base``."""
+
+    tree: Tree
+    room: np.ndarray
+    lvl: int
+    nodes: np.ndarray
+    base: np.ndarray
+    sub: np.ndarray
+    sub_of: np.ndarray
+    server_sums: Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+    def __call__(self, theta: np.ndarray) -> np.ndarray:
+        total = self.base + self.server_sums(theta[self.sub_of], self.sub)
+        sums: np.ndarray = _nest(self.tree, total, self.room, self.lvl)[self.nodes]
+        return sums
+
+
+def _search(
+    level_sums: Callable[[np.ndarray], np.ndarray],
+    over: np.ndarray,
+    bottom: float,
+    hi: np.ndarray,
+    s_hi: np.ndarray,
+    need: np.ndarray,
+) -> np.ndarray:
+    """Per node the largest level at most ``hi`` whose sum fits ``need`` (``over``: the
+    nodes whose ``hi`` does not; the others keep it). The sums are monotone and piecewise
+    linear in the level, so regula falsi (Illinois: a side kept twice has its value
+    halved) converges in a few steps; every third step halves the bracket, so a kinked
+    stretch never stalls it. The lower, fitting end is returned."""
+    lo = np.where(over, bottom, hi)
+    s_lo = level_sums(lo)
+    hi = hi.copy()
+    open_ = over & (s_lo <= need)  # a node whose GPUs at their lows do not fit: its lows
+    w_lo, w_hi = s_lo - need, s_hi - need  # the regula falsi's values, halved in turn
+    side = np.zeros(len(hi), dtype=np.int8)  # which end moved last: -1 low, 1 high
+    for step in range(ITERATIONS):
+        if not open_.any():
+            break
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = -w_lo / (w_hi - w_lo)
+        share = np.where(np.isfinite(share), np.clip(share, 0.0, 1.0), 0.5)
+        if step % 3 == 2:
+            share = np.full(len(hi), 0.5)
+        mid = np.where(open_, lo + share * (hi - lo), hi)
+        s_mid = level_sums(mid)
+        fits = open_ & (s_mid <= need)
+        over_mid = open_ & ~fits
+        lo, s_lo = np.where(fits, mid, lo), np.where(fits, s_mid, s_lo)
+        hi = np.where(over_mid, mid, hi)
+        w_lo = np.where(fits, s_mid - need, w_lo)
+        w_hi = np.where(over_mid, s_mid - need, w_hi)
+        w_hi = np.where(fits & (side == -1), 0.5 * w_hi, w_hi)  # the high end kept twice
+        w_lo = np.where(over_mid & (side == 1), 0.5 * w_lo, w_lo)  # the low end kept twice
+        side = np.where(fits, -1, np.where(over_mid, 1, side)).astype(np.int8)
+        open_ &= (need - s_lo > TOLERANCE_W) & (hi > lo)
+    return np.where(over, lo, hi)
 
 
 def fill(
@@ -87,12 +154,11 @@ def fill(
         tree.gpu_ancestor[SERVER], weights=np.where(free, 0.0, low), minlength=tree.n_nodes
     )
     off_f, slope_f, low_f, high_f = offset[idx], slope[idx], low[idx], high[idx]
+    all_free = np.arange(len(idx))
 
-    def level_sums(theta_gpu: np.ndarray, lvl: int, nodes: np.ndarray) -> np.ndarray:
-        xs = np.clip(off_f + theta_gpu * slope_f, low_f, high_f)
-        total = fixed + np.bincount(server_of, weights=xs, minlength=tree.n_nodes)
-        sums: np.ndarray = _nest(tree, total, room, lvl)[nodes]
-        return sums
+    def server_sums(theta_gpu: np.ndarray, sel: np.ndarray) -> np.ndarray:
+        xs = np.clip(off_f[sel] + theta_gpu * slope_f[sel], low_f[sel], high_f[sel])
+        return np.bincount(server_of[sel], weights=xs, minlength=tree.n_nodes)
 
     for lvl in (SITE, ROW, RACK, SERVER):
         nodes = tree.level_nodes[lvl]
@@ -105,26 +171,19 @@ def fill(
         where[nodes] = np.arange(len(nodes))
         of_gpu = where[tree.gpu_ancestor[lvl][idx]]
         need = room[nodes]
-        s_hi = level_sums(hi[of_gpu], lvl, nodes)
+        s_hi = _nest(tree, fixed + server_sums(hi[of_gpu], all_free), room, lvl)[nodes]
         over = s_hi > need
         if not over.any():
             continue
-        lo = np.where(over, bottom, hi)
-        s_lo = np.where(over, -np.inf, s_hi)  # not yet known: the bottom may not fit
-        for _ in range(iterations):
-            mid = np.where(over, 0.5 * (lo + hi), hi)
-            s_mid = level_sums(mid[of_gpu], lvl, nodes)
-            fits = s_mid <= need
-            lo, s_lo = np.where(over & fits, mid, lo), np.where(over & fits, s_mid, s_lo)
-            hi, s_hi = np.where(over & ~fits, mid, hi), np.where(over & ~fits, s_mid, s_hi)
-        # the sums are piecewise linear in theta: one secant step closes the last gap
-        with np.errstate(invalid="ignore", divide="ignore"):
-            share = (need - s_lo) / (s_hi - s_lo)
-        known = over & np.isfinite(share) & (share > 0)
-        if known.any():
-            guess = np.where(known, lo + np.clip(share, 0.0, 1.0) * (hi - lo), lo)
-            fits = level_sums(guess[of_gpu], lvl, nodes) <= need
-            lo = np.where(known & fits, guess, lo)
-        theta_node[nodes] = np.where(over, lo, hi)
+        # only the GPUs under the nodes over their room move in the search: the others
+        # stay at their level's top, a constant part of every sum
+        moving = over[of_gpu]
+        still = np.flatnonzero(~moving)
+        base_sums = fixed + server_sums(hi[of_gpu[still]], still)
+        sub, sub_of = np.flatnonzero(moving), of_gpu[moving]
+
+        level_sums = _LevelSums(tree, room, lvl, nodes, base_sums, sub, sub_of, server_sums)
+
+        theta_node[nodes] = _search(level_sums, over, bottom, hi, s_hi, need)
     x[idx] = np.clip(off_f + theta_node[server_of] * slope_f, low_f, high_f)
     return x
