@@ -20,9 +20,10 @@ Two uses, one solver:
 A laminar family of limits (each node's GPUs are its children's) makes the greedy
 top-down levels exact: the most a subtree can take at a level, every node in it at
 its own best level, is the nested sum ``G_n(theta) = min(room_n, sum_children
-G_c(theta))``, monotone in ``theta``; each level's nodes are solved together by
-bisection (``ITERATIONS`` halvings of the level's interval, the lower, feasible end
-kept), so the cost is a few dozen passes over the GPUs per level that has a full node.
+G_c(theta))``, monotone and piecewise linear in ``theta``; each level's nodes are
+solved together (``_search``: regula falsi, the lower, fitting end kept), each step a
+pass over the GPUs under the nodes searched, about ten steps per level that has a full
+node.
 """
 
 from __future__ import annotations
@@ -129,7 +130,6 @@ def fill(
     low: np.ndarray,
     high: np.ndarray,
     room: np.ndarray,
-    iterations: int = ITERATIONS,
 ) -> np.ndarray:
     """Per GPU ``clip(offset + theta * slope, low, high)``, each node's level the largest
     whose subtree fits ``room`` (module docstring). ``slope`` > 0 where ``low < high``;
