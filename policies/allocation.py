@@ -49,14 +49,17 @@ a GPU whose draw is steady is not commanded back and forth.
 3. **Loans last.** What is left goes back to the lenders, up to their caps in force:
    a lender gives only what a GPU that asks takes.
 4. **Make before break.** Cuts (target below the cap in force, by at least
-   ``uncap_min_step_w``) go at once. Raises (target above it by as much) are granted,
-   class by class and max-min fair again, only within each node's limit less the caps
-   in force, the GPUs being cut counted at their old caps: the watts a cut frees are
-   raised on once it is acknowledged, the next cycle. At the site the net rise of the
-   caps is also within ``ramp_w_per_s * dt_s`` (the grid sees the site; a reallocation
-   between racks or rows moves no power at the site, and its rows' ramps are left to
-   ``policies.capping``'s bands). Moves smaller than ``uncap_min_step_w`` are not made
-   (commands are not worth it), except to restore the invariant.
+   ``uncap_min_step_w``) go at once, but those that only restore a broken invariant
+   under nodes that all draw within their limits (``Decision.levelled``: the controller
+   sends them in turn with its raises, as the bands' levelling). Raises (target above it
+   by as much) are granted, class by class and max-min fair again, only within each
+   node's limit less the caps in force, the GPUs being cut counted at their old caps:
+   the watts a cut frees are raised on once it is acknowledged, the next cycle. At the
+   site the net rise of the caps is also within ``ramp_w_per_s * dt_s`` (the grid sees
+   the site; a reallocation between racks or rows moves no power at the site, and its
+   rows' ramps are left to ``policies.capping``'s bands). Moves smaller than
+   ``uncap_min_step_w`` are not made (commands are not worth it), except to restore the
+   invariant.
 5. **Clocks and the floor's cost** as rules 5 and 6 of ``policies.capping``.
 
 Why it does at least a static cap's work: a static cap is one allocation within every
@@ -192,6 +195,16 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
         tree.gpu_ancestor[SERVER], weights=np.where(cut, cap - new, 0.0), minlength=tree.n_nodes
     )
     cut_levels = np.where(cut, np.uint8(1 << SITE), np.uint8(0)).astype(np.uint8)
+    # cuts that restore the invariant where no node over them draws above its limit: no
+    # breaker needs them this instant, so they may wait their turn with the raises (a site
+    # taken over from the bands with every cap at its maximum: 20,736 nodes to cut)
+    drawn_over = node_power > np.asarray(tree.limit_w, dtype=float)
+    needed_now = (tree.fold_down(drawn_over * 1.0) > 0)[tree.gpu_ancestor[SERVER]]
+    may_wait = cut & ~needed_now
+    if over.any():
+        may_wait &= (tree.fold_down(over * 1.0) > 0)[tree.gpu_ancestor[SERVER]]
+    else:
+        may_wait &= False
     clock, floor_energy = clocks_and_floor(tree, power, phase, ctl, dt_s, settings)
     return Decision(
         cap_w=new,
@@ -204,7 +217,7 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
         cut_levels=cut_levels,
         node_shift_w=np.zeros(tree.n_nodes),
         shifted=np.zeros(len(new), dtype=bool),
-        levelled=np.zeros(len(new), dtype=bool),
+        levelled=may_wait,
     )
 
 

@@ -244,3 +244,19 @@ def test_normal_priority_default_state_is_stable():
     # within h of the cap (50 W on this range) a GPU asks; more than 3 h under, it lends
     state = make_state(tree, power_w=[700.0, 690.0, 720.0, 705.0], cap_w=800.0, priority=NORMAL)
     np.testing.assert_array_equal(decide(tree, state, 1.0, CAPS).cap_w, 800.0)
+
+
+def test_cuts_that_restore_the_invariant_wait_their_turn_unless_a_limit_is_drawn_over():
+    """Caps over a limit (a site taken over from the bands, every cap at its maximum): the
+    cuts are made, but where every node over the GPUs draws within its limit they are
+    marked to go in turn with the raises (Decision.levelled); where one draws over it,
+    at once."""
+    tree = one_rack(4 * 600.0)
+    state = make_state(tree, power_w=400.0, cap_w=1200.0, phase=COMPUTE)
+    d = decide(tree, state, 1.0, CAPS)
+    assert caps_in_force_fit(tree, d.cap_w).all()
+    assert d.levelled.all() and (d.cut_levels != 0).all()
+    state.power_w = np.full(4, 700.0)  # 2,800 W drawn on a 2,400 W limit
+    d = decide(tree, state, 1.0, CAPS)
+    assert caps_in_force_fit(tree, d.cap_w).all()
+    assert not d.levelled.any() and (d.cut_levels != 0).all()
