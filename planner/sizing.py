@@ -378,8 +378,15 @@ def size(
             "over_limit_s_per_day": cols["p_over_limit"][view] * SECONDS_PER_DAY,
             "resolution_s_per_day": SECONDS_PER_DAY / cols["n_eff"][view],
             "failsafe_power_w": failsafe_power_w[view],
+            # safety by caps (policies.allocation): every level whose failsafe power fits
+            # its limit is guaranteed by the caps in force; beyond, measured power guards it.
+            # With every GPU at its maximum cap the node would draw max_caps_w: above its
+            # limit by caps_over_limit_w, the share of its caps a controller may move.
+            "by_caps": failsafe_power_w[view] <= limit_w[view] + 1e-6,
+            "max_caps_w": (max_gpu_w + top.subtree_sum(np.zeros(len(count)), own_w))[view],
         }
     )
+    table["caps_over_limit_w"] = np.maximum(table["max_caps_w"] - table["limit_w"], 0.0)
     info = {
         "quantile": p,
         "samples_per_node": n_samples,

@@ -130,6 +130,12 @@ def test_failsafe_cap_keeps_every_node_within_its_limit_and_is_the_largest_that_
     assert np.all(back.failsafe_power_w() <= back.limit_w)
     per_server = back.server_gpu_count * (cap_w + 1)
     assert np.any(back.subtree_sum(per_server, back.overhead_w) > back.limit_w)
+    # so every level is guaranteed by the caps in force (safety by caps), and the racks'
+    # maximum caps are over their breakers by what the controller may move
+    table = sized.table.set_index("name")
+    assert table["by_caps"].all()
+    assert table.loc["r1-k1", "max_caps_w"] == pytest.approx(16 * 700 + 4 * 100)
+    assert table.loc["r1-k1", "caps_over_limit_w"] == pytest.approx(16 * 700 + 4 * 100 - 9000)
 
 
 def test_no_failsafe_cap_fits_names_the_node():
