@@ -132,6 +132,8 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     lends &= in_codes(phase, _LENDING_CODES) | long_comm | (working & (power + 3 * h < cap))
     give_to = np.clip(power + 2 * h, floor, cap)
 
+    over = tree.node_sum(cap) > room + 1e-9  # the invariant broken: every watt cut counts
+
     # 1. bases
     base = cap.copy()
     base[lends] = give_to[lends]
@@ -155,13 +157,17 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
         if mine.any():
             x = fill(tree, cap_min, slope, x, np.where(mine, want, x), room)
     if lends.any():
-        x = fill(tree, cap_min, slope, x, np.where(lends, cap, x), room)
+        if not over.any() and np.all(x[ranked] <= cap[ranked] + 1e-9):
+            # nobody took more than it holds, and the caps in force fit: every loan stays
+            # (what the fill would give, without its search)
+            x = np.where(lends, cap, x)
+        else:
+            x = fill(tree, cap_min, slope, x, np.where(lends, cap, x), room)
     target = x
 
     # 4. make before break
     step = settings.uncap_min_step_w
     cut = ctl & (target < cap - step)
-    over = tree.node_sum(cap) > room + 1e-9  # the invariant broken: every watt cut counts
     if over.any():
         under_over = (tree.fold_down(over * 1.0) > 0)[tree.gpu_ancestor[SERVER]]
         cut |= ctl & (target < cap - 1e-9) & under_over
