@@ -14,6 +14,8 @@ Three states, each timed over ``--runs`` calls after a warm-up:
   those levels water-fills across all of its GPUs (the most sorting there is).
 - ``worst_half_uncapping``: the site below its uncapping threshold with half
   of its GPUs capped low: every level's ramp limit binds.
+- ``steady_one_rack_pushed``: every GPU at 960 W computing at ~720 W, one rack pushed
+  to its caps (the fleet simulator's steady state).
 
     python -m bench.bench_policy [--runs 30] [--json out.json] [--rows 16 --racks 72 ...]
 """
@@ -89,10 +91,29 @@ def half_uncapping(tree: Tree, rng: np.random.Generator) -> ClusterState:
     )
 
 
+def steady_below_caps(tree: Tree, rng: np.random.Generator) -> ClusterState:
+    """The fleet simulator's steady state: every GPU at the plan's 960 W, computing at
+    ~720 W (2 % noise) with a rack pushed to its caps: nothing to do but that rack."""
+    n = tree.n_gpus
+    cap = np.full(n, 960.0)
+    power = 720.0 * (1.0 + 0.02 * rng.standard_normal(n))
+    pushed = tree.gpu_ancestor[2] == tree.gpu_ancestor[2][0]
+    power[pushed] = cap[pushed]
+    return ClusterState(
+        power_w=power,
+        cap_w=cap,
+        priority=np.full(n, 1, dtype=np.int8),
+        floor_w=tree.cap_min_w.copy(),
+        phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
+        controllable=np.ones(n, dtype=bool),
+    )
+
+
 SCENARIOS = {
     "realistic": realistic,
     "worst_all_racks_over": all_racks_over,
     "worst_half_uncapping": half_uncapping,
+    "steady_one_rack_pushed": steady_below_caps,
 }
 
 

@@ -64,3 +64,24 @@ def test_lost_samples_and_late_acks(tmp_path: Path) -> None:
     assert rows[1]["in_flight"] == rows[0]["commands"] > 0
     assert rows[2]["in_flight"] == rows[1]["commands"]
     assert 0 < max(r["stale_nodes"] for r in rows) < 72
+
+
+def test_under_safety_by_caps_the_site_is_commanded_once_and_then_left_alone(
+    tmp_path: Path,
+) -> None:
+    """``--safety-by-caps``: every node's first command, then only the pushed racks'
+    raises and their loans: no cut after the start with the jobs' GPUs below their caps."""
+    report = run_commands_bench(
+        tmp_path,
+        "--seconds",
+        "20",
+        "--compute-s",
+        "4",
+        "--communication-s",
+        "2",
+        "--safety-by-caps",
+    )
+    totals = report["totals"]
+    assert totals["first"] == 72
+    assert totals["commands"] - totals["first"] < 72  # not a command a node a second
+    assert all(r["cut"] == 0 for r in report["per_second"][2:])
