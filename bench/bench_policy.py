@@ -64,31 +64,29 @@ def realistic(tree: Tree, rng: np.random.Generator) -> ClusterState:
     )
 
 
-def all_racks_over(tree: Tree, rng: np.random.Generator) -> ClusterState:
+def computing(tree: Tree, power_w: np.ndarray, cap_w: np.ndarray) -> ClusterState:
+    """Every GPU computing, normal priority, controllable: the synthetic states below."""
     n = tree.n_gpus
     return ClusterState(
-        power_w=rng.uniform(1100.0, 1200.0, n),
-        cap_w=np.full(n, 1200.0),
+        power_w=power_w,
+        cap_w=cap_w,
         priority=np.full(n, 1, dtype=np.int8),
         floor_w=tree.cap_min_w.copy(),
         phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
         controllable=np.ones(n, dtype=bool),
     )
+
+
+def all_racks_over(tree: Tree, rng: np.random.Generator) -> ClusterState:
+    n = tree.n_gpus
+    return computing(tree, rng.uniform(1100.0, 1200.0, n), np.full(n, 1200.0))
 
 
 def half_uncapping(tree: Tree, rng: np.random.Generator) -> ClusterState:
     n = tree.n_gpus
     capped = rng.random(n) < 0.5
     cap = np.where(capped, rng.uniform(400.0, 700.0, n), 1200.0)
-    power = np.minimum(rng.uniform(600.0, 800.0, n), cap)
-    return ClusterState(
-        power_w=power,
-        cap_w=cap,
-        priority=np.full(n, 1, dtype=np.int8),
-        floor_w=tree.cap_min_w.copy(),
-        phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
-        controllable=np.ones(n, dtype=bool),
-    )
+    return computing(tree, np.minimum(rng.uniform(600.0, 800.0, n), cap), cap)
 
 
 def steady_below_caps(tree: Tree, rng: np.random.Generator) -> ClusterState:
@@ -99,14 +97,7 @@ def steady_below_caps(tree: Tree, rng: np.random.Generator) -> ClusterState:
     power = 720.0 * (1.0 + 0.02 * rng.standard_normal(n))
     pushed = tree.gpu_ancestor[2] == tree.gpu_ancestor[2][0]
     power[pushed] = cap[pushed]
-    return ClusterState(
-        power_w=power,
-        cap_w=cap,
-        priority=np.full(n, 1, dtype=np.int8),
-        floor_w=tree.cap_min_w.copy(),
-        phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
-        controllable=np.ones(n, dtype=bool),
-    )
+    return computing(tree, power, cap)
 
 
 SCENARIOS = {
