@@ -145,6 +145,8 @@ def fill(
     if np.any(slope[free] <= 0) or not np.all(np.isfinite(slope[free])):
         raise ValueError("fill: every free GPU's slope must be a positive number")
     room = np.where(np.isnan(room), -np.inf, np.asarray(room, dtype=float))
+    if np.all(tree.node_sum(high) <= room):  # every GPU at its high fits: no search
+        return high.copy()
     bottom = float(np.min(((low - offset) / slope)[free]))  # every GPU at its low
     top = float(np.max(((high - offset) / slope)[free]))  # every GPU at its high
     theta_node = np.full(tree.n_nodes, top)
