@@ -74,6 +74,13 @@ from powerd.cli.options import Quantity, old_spelling, record_option, setup_logg
     help="How long each job's one checkpoint takes, 0.5 to 600; it begins after half the run "
     "[default: 3 s, compressed: a real one takes tens of seconds].",
 )
+@click.option(
+    "--safety-by-caps",
+    is_flag=True,
+    help="The controller keeps every rack, row and the site within its limit by the caps in "
+    "force and moves caps to the GPUs held at theirs, instead of the bands on measured power "
+    "(docs/CONTROLLER.md, 'Safety by caps').",
+)
 def command(
     duration_s: float,
     summary_json: Path | None,
@@ -85,6 +92,7 @@ def command(
     compute_s: float | None,
     comm_s: float | None,
     checkpoint_s: float | None,
+    safety_by_caps: bool,
 ) -> None:
     """The whole loop on this machine, no servers: broker, controller, agents, jobs.
 
@@ -163,6 +171,7 @@ def command(
         topology=topology,
         record=record,
         smoothing=smoothing,
+        safety_by_caps=safety_by_caps,
         compute_s=compute_s,
         comm_s=comm_s,
         checkpoint_s=checkpoint_s,

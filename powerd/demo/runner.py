@@ -96,6 +96,9 @@ class DemoOptions:
     compute_s: float = COMPUTE_S
     comm_s: float = COMM_S
     checkpoint_s: float = CHECKPOINT_S
+    # the controller keeps every level within its limit by the caps in force
+    # (policies/allocation.py) instead of the bands
+    safety_by_caps: bool = False
 
 
 @dataclass
@@ -454,7 +457,7 @@ def _controller_config(url: str, options: DemoOptions) -> ControllerConfig:
         command_ttl_s=20 * cycle_s,
         takeover_after_s=4 * cycle_s,
         epoch_discovery_s=0.2,
-        policy=_policy_for(cycle_s),
+        policy=_policy_for(cycle_s, options.safety_by_caps),
         grid_smoothing=options.smoothing,
         agent_comm_clock=options.agent_comm_clock,
     )
@@ -520,10 +523,10 @@ async def _record(
         on_tick(state)
 
 
-def _policy_for(cycle_s: float) -> PolicySettings:
+def _policy_for(cycle_s: float, safety_by_caps: bool = False) -> PolicySettings:
     """The default policy, its per-cycle steps scaled so it hands watts back as fast per second
     as the defaults do at their 1 s cycle (not twice as fast at 0.5 s)."""
-    default = PolicySettings()
+    default = PolicySettings(safety_by_caps=safety_by_caps)
     scale = min(1.0, cycle_s / 1.0)
     return dataclasses.replace(
         default,
