@@ -32,8 +32,10 @@ a GPU whose draw is steady is not commanded back and forth.
 1. **Bases.** A GPU that lends starts at what it may give down to, one that asks or is
    held back at its floor, every other at its cap in force (kept: nothing needs its
    watts taken). Under a node where even the bases do not fit (the invariant broken:
-   a limit lowered, caps read back higher than counted), every controllable GPU starts
-   at its floor and the kept ones join their class below.
+   a limit lowered, an operator's limit gliding down, caps read back higher than
+   counted), the kept GPUs start at their floors and join their classes below; only
+   where that does not fit either do the lenders start at their floors, below their
+   draw: a gliding limit takes the watts GPUs do not draw first.
 2. **The target.** First every GPU that asks or is held back (and every kept one,
    under a node whose bases did not fit), whatever its class, rises towards its
    *entitlement*, its failsafe cap (the plan's static allocation, which fits every
@@ -141,10 +143,16 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     base[ranked] = np.minimum(floor[ranked], cap[ranked])
     node_base = tree.node_sum(base)
     broken = node_base > room + 1e-6
-    if broken.any():
+    if broken.any():  # the kept GPUs under it join their classes, from their floors ...
         under = (tree.fold_down(broken.astype(float)) > 0)[tree.gpu_ancestor[SERVER]] & ctl
-        base[under] = np.minimum(floor[under], cap[under])
-        ranked = ranked | (under & ~lends)
+        kept = under & ~lends
+        base[kept] = np.minimum(floor[kept], cap[kept])
+        ranked = ranked | kept
+        broken = tree.node_sum(base) > room + 1e-6
+        if broken.any():  # ... and where that is not enough, the lenders below their draw
+            under = (tree.fold_down(broken.astype(float)) > 0)[tree.gpu_ancestor[SERVER]]
+            low = under & lends
+            base[low] = np.minimum(floor[low], cap[low])
     want = cap.copy()
     want[asks] = cap_max[asks]
 
