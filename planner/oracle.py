@@ -56,8 +56,7 @@ def oracle_power(
     most = np.where(busy & (demand_w > 0), demand_w, least)
     a = min(max(exponent, 1e-6), 0.999)
     weight = np.power(np.maximum(demand_w, 1e-9), -a / (1.0 - a))
-    room = np.asarray(tree.limit_w, dtype=float) - tree.overhead_below_w
-    return fill(tree, np.zeros(len(demand_w)), weight, least, most, room)
+    return fill(tree, np.zeros(len(demand_w)), weight, least, most, tree.gpu_room_w)
 
 
 def replay_oracle(

@@ -76,7 +76,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies.capping import Decision, PolicySettings, clocks_and_floor, sanitised
+from policies.capping import (
+    Decision,
+    PolicySettings,
+    clocks_and_floor,
+    sanitised,
+    under_a_passed_limit,
+)
 from policies.fill import fill
 from policies.tree import (
     HIGH,
@@ -109,7 +115,7 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     span = cap_max - cap_min
     slope = np.where(span > 0, span, 1.0)
     h = settings.stage_headroom_fraction * span
-    room = np.asarray(tree.limit_w, dtype=float) - overhead
+    room = tree.gpu_room_w.copy()
     room[0] = min(room[0], tree.root_caps_limit_w - overhead[0])
 
     working = ctl & in_codes(phase, _WORKING_CODES)
@@ -124,17 +130,16 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     wants_more = working & near_cap & measured & (cap < cap_max - 1e-9)
     asks = wants_more & may_ask
     held_back = wants_more & ~may_ask
-    long_comm = phase == _COMM_CODE
+    long_comm = np.zeros(len(cap), dtype=bool)  # phase times unknown: not known to be long
     if state.phase_s is not None:
-        phase_s = np.asarray(state.phase_s, dtype=float)
-        long_comm &= np.nan_to_num(phase_s, nan=0.0) > settings.lend_after_s
-    else:
-        long_comm &= False
+        phase_s = np.nan_to_num(np.asarray(state.phase_s, dtype=float), nan=0.0)
+        long_comm = (phase == _COMM_CODE) & (phase_s > settings.lend_after_s)
     lends = ctl & ~wants_more
     lends &= in_codes(phase, _LENDING_CODES) | long_comm | (working & (power + 3 * h < cap))
     give_to = np.clip(power + 2 * h, floor, cap)
 
     over = tree.node_sum(cap) > room + 1e-9  # the invariant broken: every watt cut counts
+    under_over = tree.gpus_under(over)
 
     # 1. bases
     base = cap.copy()
@@ -144,14 +149,12 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     node_base = tree.node_sum(base)
     broken = node_base > room + 1e-6
     if broken.any():  # the kept GPUs under it join their classes, from their floors ...
-        under = (tree.fold_down(broken.astype(float)) > 0)[tree.gpu_ancestor[SERVER]] & ctl
-        kept = under & ~lends
+        kept = tree.gpus_under(broken) & ctl & ~lends
         base[kept] = np.minimum(floor[kept], cap[kept])
         ranked = ranked | kept
         broken = tree.node_sum(base) > room + 1e-6
         if broken.any():  # ... and where that is not enough, the lenders below their draw
-            under = (tree.fold_down(broken.astype(float)) > 0)[tree.gpu_ancestor[SERVER]]
-            low = under & lends
+            low = tree.gpus_under(broken) & lends
             base[low] = np.minimum(floor[low], cap[low])
     want = cap.copy()
     want[asks] = cap_max[asks]
@@ -176,9 +179,7 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     # 4. make before break
     step = settings.uncap_min_step_w
     cut = ctl & (target < cap - step)
-    if over.any():
-        under_over = (tree.fold_down(over * 1.0) > 0)[tree.gpu_ancestor[SERVER]]
-        cut |= ctl & (target < cap - 1e-9) & under_over
+    cut |= ctl & (target < cap - 1e-9) & under_over
     rise = ctl & (target > cap + step)
     new = cap.copy()
     new[cut] = target[cut]
@@ -212,13 +213,7 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     # cuts that restore the invariant where no node over them draws above its limit: no
     # breaker needs them this instant, so they may wait their turn with the raises (a site
     # taken over from the bands with every cap at its maximum: 20,736 nodes to cut)
-    drawn_over = node_power > np.asarray(tree.limit_w, dtype=float)
-    needed_now = (tree.fold_down(drawn_over * 1.0) > 0)[tree.gpu_ancestor[SERVER]]
-    may_wait = cut & ~needed_now
-    if over.any():
-        may_wait &= (tree.fold_down(over * 1.0) > 0)[tree.gpu_ancestor[SERVER]]
-    else:
-        may_wait &= False
+    may_wait = cut & under_over & ~under_a_passed_limit(tree, node_power)
     clock, floor_energy = clocks_and_floor(tree, power, phase, ctl, dt_s, settings)
     return Decision(
         cap_w=new,
@@ -238,6 +233,7 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
 def caps_in_force_fit(tree: Tree, cap_w: np.ndarray, tolerance_w: float = 1e-6) -> np.ndarray:
     """(n_nodes,) whether each node's caps in force plus its overheads are within its
     limit: the invariant, as a check (tests, the replay, the controller's health)."""
-    total = tree.node_sum(np.asarray(cap_w, dtype=float)) + tree.overhead_below_w
-    fits: np.ndarray = total <= np.asarray(tree.limit_w, dtype=float) + tolerance_w
+    fits: np.ndarray = tree.node_sum(np.asarray(cap_w, dtype=float)) <= (
+        tree.gpu_room_w + tolerance_w
+    )
     return fits

@@ -920,19 +920,15 @@ def _lowest_cut(
     (its server included) draws above its limit."""
     if not np.isfinite(fall_w):
         return floor
-    urgent = _under_a_passed_limit(tree, node_power)
+    urgent = under_a_passed_limit(tree, node_power)
     glide = np.maximum(floor, pred - np.where(waiting, 0.0, fall_w))
     lowest: np.ndarray = np.where(urgent, floor, glide)
     return lowest
 
 
-def _under_a_passed_limit(tree: Tree, node_power: np.ndarray) -> np.ndarray:
+def under_a_passed_limit(tree: Tree, node_power: np.ndarray) -> np.ndarray:
     """(n_gpus,) bool: a node over the GPU (its server included) draws above its limit."""
-    over_limit = node_power > tree.limit_w
-    urgent = np.zeros(tree.n_gpus, dtype=bool)
-    for lvl in LEVELS_BOTTOM_UP:
-        urgent |= over_limit[tree.gpu_ancestor[lvl]]
-    return urgent
+    return tree.gpus_under(node_power > tree.limit_w)
 
 
 def _lowest_in_turn(
@@ -947,7 +943,7 @@ def _lowest_in_turn(
     """How low rule 3 may cut each GPU before the GPUs out of turn give (rule 3, "in
     turn"): under a node over its limit, ``lowest``; else in turn, no more than
     ``cut_turn_max_fraction`` of its range under what it draws; out of turn, nothing."""
-    urgent = _under_a_passed_limit(tree, node_power)
+    urgent = under_a_passed_limit(tree, node_power)
     step = np.where(np.asarray(cut_turn, dtype=bool), settings.cut_turn_max_fraction * span, 0.0)
     out: np.ndarray = np.where(urgent, lowest, np.maximum(lowest, pred - step))
     return out

@@ -203,6 +203,23 @@ class Tree:
         total = np.bincount(self.gpu_ancestor[SERVER], weights=per_gpu, minlength=self.n_nodes)
         return fold_levels(self.level_nodes, self.level_parent, total.astype(float, copy=False))
 
+    def gpus_under(self, node_mask: np.ndarray) -> np.ndarray:
+        """(n_gpus,) bool: some node over the GPU (its server included) is in
+        ``node_mask`` (n_nodes,)."""
+        mask = np.asarray(node_mask, dtype=bool)
+        under = np.zeros(self.n_gpus, dtype=bool)
+        for ancestors in self.gpu_ancestor:
+            under |= mask[ancestors]
+        return under
+
+    @cached_property
+    def gpu_room_w(self) -> np.ndarray:
+        """(n_nodes,) what the GPUs under each node may draw (or be capped at) together:
+        its limit less the non-GPU power at and below it (read-only)."""
+        room: np.ndarray = np.asarray(self.limit_w, dtype=float) - self.overhead_below_w
+        room.setflags(write=False)
+        return room
+
     @cached_property
     def overhead_below_w(self) -> np.ndarray:
         """(n_nodes,) each node's own overhead plus that of every node below it (read-only)."""
