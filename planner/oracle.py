@@ -75,14 +75,7 @@ def replay_oracle(
     step_s = next(iter(traces.values())).step_s
     n_steps = max(1, math.ceil(settings.duration_s / step_s))
     source = DemandSource(top, placement, traces, settings, np.random.default_rng(settings.seed))
-    busy = source.busy
-    busy_idx = np.flatnonzero(busy)
     n_jobs = len(placement.jobs)
-    job_start = np.searchsorted(source.gpu_job[busy_idx], np.arange(n_jobs))
-    groups: dict[str, np.ndarray] = {}
-    for w in dict.fromkeys(job.workload for job in placement.jobs):
-        js = [j for j, job in enumerate(placement.jobs) if job.workload == w]
-        groups[w] = np.flatnonzero(np.isin(source.gpu_job[busy_idx], js))
     overhead_w = float(top.tree.overhead_below_w[0])
     solved: dict[bytes, tuple[np.ndarray, float]] = {}
     speed_sum = np.zeros(n_jobs)
@@ -91,13 +84,8 @@ def replay_oracle(
         now_w, now_phase, demand_w, _ = source.at(t)
         key = now_w.tobytes() + (now_phase.tobytes() if source.scale_comm else b"")
         if key not in solved:
-            x = oracle_power(top, demand_w, busy, exponent)
-            d = demand_w[busy_idx]
-            ratio = np.divide(x[busy_idx], d, out=np.ones_like(d), where=d > 0)
-            gpu_speed = np.ones(len(busy_idx))
-            for w, idx in groups.items():
-                gpu_speed[idx] = speed(w, ratio[idx])
-            solved[key] = (np.minimum.reduceat(gpu_speed, job_start), float(x.sum()))
+            x = oracle_power(top, demand_w, source.busy, exponent)
+            solved[key] = (source.speeds(x, demand_w, speed)[1], float(x.sum()))
         job_speed, gpus_w = solved[key]
         speed_sum += job_speed
         site_sum_w += gpus_w + overhead_w

@@ -247,6 +247,29 @@ class DemandSource:
         )
         self.scale_comm = bool((self.comm_rel != 1.0).any())
         self._all_jobs = np.arange(n_jobs)
+        # the busy GPUs, job by job (a job's GPUs are contiguous), and by workload
+        self.busy_idx = np.flatnonzero(self.busy)
+        self.job_start = np.searchsorted(self.gpu_job[self.busy_idx], np.arange(n_jobs))
+        by_workload: dict[str, list[int]] = {}
+        for j, job in enumerate(jobs):
+            by_workload.setdefault(job.workload, []).append(j)
+        self.workload_gpus = {
+            w: np.flatnonzero(np.isin(self.gpu_job[self.busy_idx], js))
+            for w, js in by_workload.items()
+        }
+
+    def speeds(
+        self, power_w: np.ndarray, demand_w: np.ndarray, speed: SpeedModel
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per busy GPU its speed at ``power_w`` of its ``demand_w`` (by its workload's
+        curve), and per job the speed of its slowest GPU, which sets a synchronous job's
+        pace."""
+        d = demand_w[self.busy_idx]
+        ratio = np.divide(power_w[self.busy_idx], d, out=np.ones_like(d), where=d > 0)
+        gpu_speed = np.ones(len(self.busy_idx))
+        for w, idx in self.workload_gpus.items():
+            gpu_speed[idx] = speed(w, ratio[idx])
+        return gpu_speed, np.minimum.reduceat(gpu_speed, self.job_start)
 
     def phase_s(self, t: int) -> np.ndarray:
         """Step ``t``: per GPU, how long its job has been in its phase (NaN: no job)."""
@@ -299,20 +322,14 @@ def replay(
     n_phases = len(PHASE_CODES)
     held_j_by_phase = np.zeros(n_phases)  # energy burnt holding floors and ramps, by phase
 
-    gpu_job, busy, job_of = source.gpu_job, source.busy, source.job_of
+    busy, job_of = source.busy, source.job_of
     comm_code = np.int8(PHASE_CODES["communication"])
     job_priority = np.array([j.priority for j in jobs], dtype=np.int8)
     priority = np.where(busy, job_priority[job_of], NORMAL).astype(np.int8)
     floor_w = tree.cap_min_w.copy()
     controllable = np.ones(tree.n_gpus, dtype=bool)
     overhead_w = tree.overhead_below_w
-    busy_idx = np.flatnonzero(busy)
-    job_start = np.searchsorted(gpu_job[busy_idx], np.arange(n_jobs))  # GPUs of a job: contiguous
-    workload_of = [job.workload for job in jobs]
-    groups: dict[str, list[int]] = {}
-    for j, w in enumerate(workload_of):
-        groups.setdefault(w, []).append(j)
-    gpu_groups = {w: np.flatnonzero(np.isin(gpu_job[busy_idx], js)) for w, js in groups.items()}
+    busy_idx, job_start = source.busy_idx, source.job_start  # a job's GPUs: contiguous
 
     all_jobs = np.arange(n_jobs)
     cap_w = tree.failsafe_cap_w.copy()  # agents start at their failsafe caps
@@ -346,7 +363,6 @@ def replay(
     }
     job_lost = np.zeros((n_jobs, len(LOST_CAUSES)))  # by cause (policies.causes.lost_index)
     causes = initial_causes(tree.n_gpus)  # why each GPU's cap is where it is
-    speed_gpu = np.ones(len(busy_idx))
     site_w = np.empty(n_steps)  # the site's measured power, for the grid
     site_natural_w = site_w  # ... and what it would draw with no floor held (smoothing: below)
     if settings.smoothing:
@@ -398,10 +414,7 @@ def replay(
         np.maximum(acc["peak_w"], node_w, out=acc["peak_w"])
         np.maximum(acc["peak_demand_w"], node_demand_w, out=acc["peak_demand_w"])
         d = demand_w[busy_idx]
-        ratio = np.divide(power_w[busy_idx], d, out=np.ones_like(d), where=d > 0)
-        for w, idx in gpu_groups.items():
-            speed_gpu[idx] = speed(w, ratio[idx])
-        job_speed = np.minimum.reduceat(speed_gpu, job_start)  # the slowest GPU sets the pace
+        speed_gpu, job_speed = source.speeds(power_w, demand_w, speed)
         job_acc["speed"] += job_speed
         gpu_cause = held_causes(power_w[busy_idx], d, natural_w[busy_idx], causes[busy_idx])
         held = gpu_cause != NOT_HELD
