@@ -3,9 +3,11 @@
 Every step (``step_s``, the controller's cycle) each GPU of a placed job
 demands its job's trace at the job's own random offset (idle GPUs their
 model's idle power), draws ``min(demand, cap)`` with the cap the controller
-set the step before, and ``policies.decide`` (the function the controller
-runs) sets the next caps from that. Agents start at their failsafe caps, as
-they do. Counted per tree node: steps above the capping threshold (how often
+set the step before, and ``policies.turns.decide_in_turn`` (what the
+controller runs: the turns nodes take under its ``max_raises_per_s``, then
+``policies.decide``) sets the next caps from that, under the controller's tree
+(``powerd.controller.smoothing.file_tree_in_force``). Agents start at their
+failsafe caps, as they do. Counted per tree node: steps above the capping threshold (how often
 capping bites), the watts it takes (``node_cut_w``: how deep) and the watts
 held below demand under it, seconds above the budget and above the limit,
 and, for comparison, seconds the uncapped demand would be above the limit.
@@ -63,7 +65,6 @@ from policies import (
     ClusterState,
     PolicySettings,
     Tree,
-    decide,
 )
 from policies.capping import WAITING_PHASES
 from policies.causes import (
@@ -86,10 +87,11 @@ from policies.smoothing import (
     ramp_toward,
     wanted_w,
     with_cut_fall,
-    with_grid_ramp,
 )
 from policies.storage import DEFAULT_HORIZON_S, DEFAULT_ROUND_TRIP, Storage, dispatch
 from policies.tree import LEVEL_NAMES, RACK, in_codes, phase_codes
+from policies.turns import MAX_RAISES_PER_S, Turns, decide_in_turn
+from powerd.controller.smoothing import file_tree_in_force
 from powerd.gpu.models import GPU_MODELS
 from powerd.topology import Topology
 from powerd.topology.grid import GridSpec, grid_report
@@ -155,6 +157,9 @@ class WhatifSettings:
     # Per GPU model, what a communication phase draws relative to its profile: the SM clock
     # locked during communication (planner.evaluate reads it off a clock table). 1: no lock.
     comm_power_rel: Mapping[str, float] = field(default_factory=dict)
+    # The controller's bound on commands that may wait: its decisions take turns under it
+    # (policies.turns), a step being a cycle
+    max_raises_per_s: float = MAX_RAISES_PER_S
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):
@@ -304,18 +309,19 @@ def replay(
     step_s = next(iter(traces.values())).step_s
     n_steps = max(1, math.ceil(settings.duration_s / step_s))
     rng = np.random.default_rng(settings.seed)
-    tree = top.tree
+    policy = settings.policy
+    # the controller's tree: its site ramp the grid's where the caps bound the draw's rise
+    tree = file_tree_in_force(top, settings.smoothing, policy.safety_by_caps)
     n_nodes = tree.n_nodes
     jobs = placement.jobs
     n_jobs = len(jobs)
 
     source = DemandSource(top, placement, traces, settings, rng)
     ramps = site_ramps(top, settings) if settings.smoothing else NO_SMOOTHING
-    policy = settings.policy
-    if settings.smoothing:  # the controller's policy and tree under grid smoothing
+    if settings.smoothing:  # the controller's policy under grid smoothing
         policy = with_cut_fall(grid_policy(policy), ramps.down_w_per_s)
-        assert top.grid is not None  # site_ramps refused a file without one
-        tree = with_grid_ramp(tree, top.grid.ramp_up_w_per_s)
+    turns, all_live = Turns.of(tree), np.ones(tree.n_servers, dtype=bool)
+    max_raises = max(1, round(settings.max_raises_per_s * step_s))
     not_running = np.array([PHASE_CODES["idle"], PHASE_CODES["shutdown"]], dtype=np.int8)
     drawn_w: np.ndarray | None = None  # the draw under smoothing, carried step to step
     falling_s = np.zeros(0)  # how long each GPU has wanted to fall (the hysteresis)
@@ -392,7 +398,9 @@ def replay(
         state = ClusterState(
             power_w, cap_w, priority, floor_w, phase, controllable, phase_s=source.phase_s(t)
         )
-        decision = decide(tree, state, step_s, policy)
+        decision, _ = decide_in_turn(
+            tree, state, all_live, step_s, policy, turns, max_raises, step_s
+        )
         node_w = decision.node_power_w
         site_w[t] = node_w[0]
         if settings.smoothing:

@@ -57,9 +57,11 @@ a GPU whose draw is steady is not commanded back and forth.
    by as much) are granted, class by class and max-min fair again, only within each
    node's limit less the caps in force, the GPUs being cut counted at their old caps:
    the watts a cut frees are raised on once it is acknowledged, the next cycle. At the
-   site the net rise of the caps is also within ``ramp_w_per_s * dt_s`` (the grid sees
-   the site; a reallocation between racks or rows moves no power at the site, and its
-   rows' ramps are left to ``policies.capping``'s bands). Moves smaller than
+   site the raises are also within ``ramp_w_per_s * dt_s`` plus the draw the cycle's
+   cuts take off (the grid sees the site's draw: a GPU that asks draws a raise at once,
+   while a cut of a lender's headroom moves none; a reallocation between racks or rows
+   that moves draw moves none at the site; the rows' ramps are left to
+   ``policies.capping``'s bands). Moves smaller than
    ``uncap_min_step_w`` are not made (commands are not worth it), except to restore the
    invariant.
 5. **Clocks and the floor's cost** as rules 5 and 6 of ``policies.capping``.
@@ -115,8 +117,7 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     span = cap_max - cap_min
     slope = np.where(span > 0, span, 1.0)
     h = settings.stage_headroom_fraction * span
-    room = tree.gpu_room_w.copy()
-    room[0] = min(room[0], tree.root_caps_limit_w - overhead[0])
+    room = caps_room_w(tree)
 
     working = ctl & in_codes(phase, _WORKING_CODES)
     near_cap = power >= cap - h
@@ -136,20 +137,28 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
         long_comm = (phase == _COMM_CODE) & (phase_s > settings.lend_after_s)
     lends = ctl & ~wants_more
     lends &= in_codes(phase, _LENDING_CODES) | long_comm | (working & (power + 3 * h < cap))
-    give_to = np.clip(power + 2 * h, floor, cap)
+    give_to = _give_to(power, h, floor, cap)
 
     over = tree.node_sum(cap) > room + 1e-9  # the invariant broken: every watt cut counts
     under_over = tree.gpus_under(over)
+    node_power = tree.node_sum(power) + overhead
+    passed = under_a_passed_limit(tree, node_power)
+    # out of turn (policies.turns.cut_in_turn): held at its cap in force, neither cut nor
+    # raised, unless a node over it draws above its limit
+    frozen = np.zeros(len(cap), dtype=bool)
+    if state.cut_turn is not None:
+        frozen = ctl & under_over & ~np.asarray(state.cut_turn, dtype=bool) & ~passed
+    lends &= ~frozen
 
     # 1. bases
     base = cap.copy()
     base[lends] = give_to[lends]
-    ranked = asks | held_back  # the GPUs a class's share is worked out for
+    ranked = (asks | held_back) & ~frozen  # the GPUs a class's share is worked out for
     base[ranked] = np.minimum(floor[ranked], cap[ranked])
     node_base = tree.node_sum(base)
     broken = node_base > room + 1e-6
     if broken.any():  # the kept GPUs under it join their classes, from their floors ...
-        kept = tree.gpus_under(broken) & ctl & ~lends
+        kept = tree.gpus_under(broken) & ctl & ~lends & ~frozen
         base[kept] = np.minimum(floor[kept], cap[kept])
         ranked = ranked | kept
         broken = tree.node_sum(base) > room + 1e-6
@@ -183,12 +192,22 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     rise = ctl & (target > cap + step)
     new = cap.copy()
     new[cut] = target[cut]
+    ramp_w = float(tree.ramp_w_per_s[SITE]) * dt_s
+    gliding = over[SITE] and tree.node_sum(cap)[SITE] <= tree.gpu_room_w[SITE] + 1e-9
+    if gliding and np.isfinite(ramp_w):  # the site's caps within its breaker, over an
+        # operator's limit or a grant: its draw falls no faster than its ramp, save under a
+        # node drawing above its limit; headroom nobody draws goes at once
+        drawn = np.minimum(power, cap)
+        fall = np.where(cut & ~passed, np.maximum(drawn - target, 0.0), 0.0)
+        total_w = float(fall.sum())
+        if total_w > ramp_w:
+            new = np.where(fall > 0, np.maximum(target, drawn - fall * (ramp_w / total_w)), new)
     if rise.any():
         raise_room = room.copy()
         sum_in_force = tree.node_sum(cap)
-        ramp_w = float(tree.ramp_w_per_s[SITE]) * dt_s
-        if np.isfinite(ramp_w):
-            freed_w = float(np.sum(cap[cut] - target[cut]))
+        if np.isfinite(ramp_w):  # the draw the cuts take off pays for raises beyond it
+            drawn = np.minimum(power[cut], cap[cut])
+            freed_w = float(np.sum(drawn - np.minimum(drawn, target[cut])))
             raise_room[SITE] = min(raise_room[SITE], sum_in_force[SITE] + ramp_w + freed_w)
         y = cap.copy()
         for prio in range(HIGH, LOW - 1, -1):
@@ -200,7 +219,6 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     new = np.where(ctl, np.clip(new, cap_min, cap_max), cap)
 
     pred = np.where(ctl, np.minimum(power, new), power)
-    node_power = tree.node_sum(power) + overhead
     node_caps = tree.node_sum(new) + overhead
     short = asks & (new < want - 1e-9)
     capping = (node_caps >= np.asarray(tree.limit_w, dtype=float) - _FULL_W) & (
@@ -213,7 +231,9 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     # cuts that restore the invariant where no node over them draws above its limit: no
     # breaker needs them this instant, so they may wait their turn with the raises (a site
     # taken over from the bands with every cap at its maximum: 20,736 nodes to cut)
-    may_wait = cut & under_over & ~under_a_passed_limit(tree, node_power)
+    may_wait = cut & under_over & ~passed
+    if state.cut_turn is not None:  # in turn: the cuts that restore it go at once
+        may_wait &= ~np.asarray(state.cut_turn, dtype=bool)
     clock, floor_energy = clocks_and_floor(tree, power, phase, ctl, dt_s, settings)
     return Decision(
         cap_w=new,
@@ -228,6 +248,30 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
         shifted=np.zeros(len(new), dtype=bool),
         levelled=may_wait,
     )
+
+
+def _give_to(power: np.ndarray, h: np.ndarray, floor: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """How far a GPU that lends may give: two headrooms over its draw (rule 1's terms)."""
+    given: np.ndarray = np.clip(power + 2 * h, floor, cap)
+    return given
+
+
+def caps_room_w(tree: Tree) -> np.ndarray:
+    """(n_nodes,) what the caps of the GPUs under each node may sum to: its limit less its
+    overheads, the root's also within ``Tree.root_caps_limit_w`` less the site's."""
+    room = tree.gpu_room_w.copy()
+    room[0] = min(room[0], tree.root_caps_limit_w - tree.overhead_below_w[0])
+    return room
+
+
+def caps_at_draw_w(tree: Tree, state: ClusterState, settings: PolicySettings) -> float:
+    """The site's caps in force, each no higher than what a GPU that lends may give down
+    to, plus the site's overheads: where the caps could be without moving any draw (where
+    an operator's line on the caps starts, ``powerd.controller.site_limit``)."""
+    s = sanitised(tree, state)
+    h = settings.stage_headroom_fraction * (s.cap_max - s.cap_min)
+    at_draw = np.where(s.ctl, _give_to(s.power, h, s.floor, s.cap), s.cap)
+    return float(np.sum(at_draw)) + float(tree.overhead_below_w[SITE])
 
 
 def caps_in_force_fit(tree: Tree, cap_w: np.ndarray, tolerance_w: float = 1e-6) -> np.ndarray:

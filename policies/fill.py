@@ -37,7 +37,7 @@ from policies.tree import RACK, ROW, SERVER, SITE, Tree
 
 # The most evaluations of a level's search (Illinois regula falsi, every third step a
 # halving): it ends sooner where every node's sum is within TOLERANCE_W of its room.
-ITERATIONS = 40
+ITERATIONS = 60
 TOLERANCE_W = 1e-3
 
 

@@ -13,7 +13,7 @@ from powerd.controller.core import ControllerCore
 from powerd.controller.records import Records
 from powerd.controller.scoping import LeafGrants
 from powerd.controller.service import ControllerService
-from powerd.controller.smoothing import grid_ramp_w_per_s, grid_smoothing, grid_tree
+from powerd.controller.smoothing import file_tree_in_force, grid_ramp_w_per_s, grid_smoothing
 from powerd.protocol import GpuSmoothing
 from powerd.recorder import Recorder, open_recorder
 from powerd.signing import Signer
@@ -63,8 +63,8 @@ def build_service(
         bound = grid_ramp_w_per_s(settings.smoothing, topology.tree.n_gpus)
         leaf = LeafGrants(scope.name, topology, max_ramp_w_per_s=bound)
         tree = leaf.tree_for(0.0)  # no grant yet: the file's budget, at most its ramp bound
-    elif config.grid_smoothing:  # a leaf: its share, bounded by its GPUs' grid shares (above)
-        tree = grid_tree(topology)
+    else:  # a leaf: its share, bounded by its GPUs' grid shares (above)
+        tree = file_tree_in_force(topology, config.grid_smoothing, settings.policy.safety_by_caps)
     core = ControllerCore(tree, settings)
     records = None
     if recorder is not None:

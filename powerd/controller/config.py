@@ -10,6 +10,7 @@ from typing import Any
 
 from policies import PolicySettings
 from policies.smoothing import grid_policy
+from policies.turns import MAX_RAISES_PER_S
 from powerd.configfile import (
     BROKER_KEYS,
     ConfigError,
@@ -100,7 +101,7 @@ class ControllerConfig:
     # Commands that only hand watts back or lock clocks, and resends, go to at most this many
     # nodes a second, less those still in flight; cuts and clock unlocks are never held back
     # (docs/CONTROLLER.md).
-    max_raises_per_s: float = 2000.0
+    max_raises_per_s: float = MAX_RAISES_PER_S
     broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
     policy: PolicySettings = field(default_factory=PolicySettings)
     recorder: RecorderConfig = field(default_factory=RecorderConfig)

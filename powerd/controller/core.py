@@ -19,10 +19,18 @@ from typing import TypeVar
 
 import numpy as np
 
-from policies import ClusterState, Decision, PolicySettings, Tree, decide, infer_phases
-from policies.capping import WAITING_PHASES, may_ask_to_uncap
+from policies import ClusterState, Decision, PolicySettings, Tree, infer_phases
+from policies.allocation import caps_at_draw_w
+from policies.capping import WAITING_PHASES
 from policies.smoothing import with_cut_fall
-from policies.tree import PHASE_CODES, PRIORITY_CODES, RACK
+from policies.tree import PHASE_CODES, PRIORITY_CODES
+from policies.turns import (
+    CAP_TOLERANCE_W,
+    MAX_RAISES_PER_S,
+    Turns,
+    decide_in_turn,
+    serve_raises,
+)
 from powerd.controller.inbox import Waiting
 from powerd.controller.ingest_health import IngestHealth
 from powerd.protocol import (
@@ -73,7 +81,6 @@ POWER_ABSURD_RATIO = 2.0
 RANGE_TOLERANCE_W = 1.0  # a cap outside [cap_min, cap_max], or a range not the model's
 SEQ_RESTART_MAX = 16  # seq back to this or below is an agent that restarted, not a replay
 PLAUSIBLE_TO_CLEAR = 5  # consecutive plausible samples before a node is believed again
-CAP_TOLERANCE_W = 1.0  # smaller cap changes are not worth a command
 # A command still not acknowledged ack_timeout_s after it was sent is resent; each resend
 # since the node's last ack doubles that wait, up to 2**this times: agents (or a broker) that
 # are slow to answer are not sent every command again each ack_timeout_s
@@ -83,13 +90,6 @@ RESEND_MAX_DOUBLINGS = 3
 # is left of a breaker's room shared out (the site's last 100 kW to 82,944 GPUs, 20 W a
 # command), and the nodes keep their caps, which is safe
 RAISE_WORTH_FRACTION = 0.02
-# The share of max_raises_per_cycle that nodes handed watts back in turn take (whole racks,
-# so a little more or less); the rest is left to other raises (a smoothing profile, a clock
-# lock, levelling)
-UNCAP_TURN_SHARE = 0.75
-# Nodes cut for a budget (not a breaker) take turns when more than this share of
-# max_raises_per_cycle would be cut in one cycle (ControllerCore._cut_in_turn)
-CUT_TURN_SHARE = 0.75
 CAP_BOUND_FRACTION = 0.9  # a capped GPU drawing this share of its cap is held by it
 # Announced phases under which a job that never announces its waits has them inferred.
 INFERRED_FROM = ("compute", "eval")
@@ -108,7 +108,7 @@ class ControllerSettings:
     infer_phases: bool = True
     infer_window_s: float = 30.0
     # commands that only hand watts back, per cycle (cuts, clock changes, resends: all)
-    max_raises_per_cycle: int = 2000
+    max_raises_per_cycle: int = round(MAX_RAISES_PER_S)  # at the default 1 s cycle
     policy: PolicySettings = field(default_factory=PolicySettings)
     # A node sending telemetry faster than twice its reported rate (status period_s), or,
     # before it reported one, faster than this (Hz; agents' fastest period is 0.05 s), is
@@ -233,21 +233,6 @@ class ClockPolicies:
     follows: np.ndarray
 
 
-def _interleaved_rack_order(tree: Tree) -> np.ndarray:
-    """Per tree node, a rack's place when racks are taken a row at a time in turn (the
-    first rack of each row, then the second ...); -1 for nodes that are not racks."""
-    place = np.full(tree.n_nodes, -1, dtype=np.int64)
-    racks = tree.level_nodes[RACK]
-    rows = tree.level_parent[RACK]
-    rank = np.zeros(len(racks), dtype=np.int64)  # its place among its row's racks
-    seen: dict[int, int] = {}
-    for k, row in enumerate(rows.tolist()):
-        rank[k] = seen.get(row, 0)
-        seen[row] = rank[k] + 1
-    place[racks[np.lexsort((rows, rank))]] = np.arange(len(racks))
-    return place
-
-
 def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Elementwise equal, NaN equal to NaN (no lock, no policy)."""
     return (np.isnan(a) & np.isnan(b)) | (a == b)
@@ -327,19 +312,14 @@ class ControllerCore:
         # servers we could not command since they were last commanded: what they hold is
         # read back from their telemetry when they are back (_track_holdings)
         self._returning = np.zeros(n_servers, dtype=bool)
-        self._raise_cursor = 0  # where the round robin of deferred raises goes on
-        self._uncap_cursor = 0  # ... and of the nodes whose turn it is to be handed watts
-        self._cut_cursor = 0  # ... and of those whose turn it is to be cut for a budget
+        # the round robins of the turns nodes take (policies.turns): the racks interleaved a
+        # row at a time, so a turn spreads over the rows, each with a ramp of its own
+        self.turns = Turns.of(tree)
         # per server: the seq of its newest command, and of the newest it acknowledged
         self._sent_seq = np.full(n_servers, -1, dtype=np.int64)
         self._acked_seq = np.full(n_servers, -1, dtype=np.int64)
         # per server, commands resent since its last ack: each doubles the wait for the next
         self._resends_unacked = np.zeros(tree.n_servers, dtype=np.int64)
-        self._uncap_turn: np.ndarray | None = None  # per server: its turn this cycle
-        # per server, its rack's place in the order racks take turns: the first rack of every
-        # row, then the second of every row ...: a turn spreads over the rows, each of which
-        # has a ramp of its own (policies.capping rule 4)
-        self._server_turn_order = _interleaved_rack_order(tree)[tree.parent[tree.server_nodes]]
         # agent clock (ts) of each node's newest decoded telemetry and of its last ack of ours
         self._sample_ts = np.full(n_servers, -math.inf)
         self._acked_ts = np.full(n_servers, -math.inf)
@@ -347,6 +327,9 @@ class ControllerCore:
         self._last_node_power_w: np.ndarray | None = None  # tree node power, last decision
         self._last_node_predicted_w: np.ndarray | None = None  # ... and what it will draw
         self.site_limit_w: float | None = None  # an operator's temporary site limit in force
+        # safety by caps, after each cycle: where the site's caps in force could be without
+        # moving any draw (policies.allocation.caps_at_draw_w), overheads included
+        self.site_caps_at_draw_w: float | None = None
         self.epoch = 0
         self.seq = 0
         self.counters = CycleCounters()
@@ -812,13 +795,24 @@ class ControllerCore:
             self._remember_power(now, heard)
             self._infer_phases(now)
         state, live = self.cluster_state(now, counters, heard)
-        state = self._uncap_in_turn(state, live, counters)
-        if not self.settings.policy.safety_by_caps:  # caps cut only what raises take
-            state = self._cut_in_turn(state, live, counters)
+        wanting = live.copy()  # the nodes that may take turns, as heard (returning ones too)
         self._track_holdings(now, live, counters)
-        decision = decide(self.tree, state, dt_s, self.cycle_policy(dt_s))
+        decision, state = decide_in_turn(
+            self.tree,
+            state,
+            wanting,
+            dt_s,
+            self.cycle_policy(dt_s),
+            self.turns,
+            self.settings.max_raises_per_cycle,
+            self.settings.cycle_s,
+        )
+        counters.uncap_waiting = self.turns.uncap_waiting
+        counters.cut_waiting = self.turns.cut_waiting
         self._last_node_power_w = decision.node_power_w
         self._last_node_predicted_w = decision.node_predicted_w
+        if self.settings.policy.safety_by_caps:  # where an operator's line on the caps is
+            self.site_caps_at_draw_w = caps_at_draw_w(self.tree, state, self.settings.policy)
         commands = self._commands(decision, live, now, counters)
         ingest = self._ingest_health.add(
             now,
@@ -830,114 +824,6 @@ class ControllerCore:
         if ingest is not None:
             self._log.warning("telemetry-dropped", now, "%s", ingest)
         return CycleResult(decision, commands, counters, time.perf_counter() - started, state)
-
-    def _uncap_in_turn(
-        self, state: ClusterState, live: np.ndarray, counters: CycleCounters
-    ) -> ClusterState:
-        """Racks handed watts back in turn when more nodes want them than raises may go out.
-
-        A raise waits its turn when more than ``max_raises_per_cycle`` nodes want one
-        (``_commands``), and the policy, deciding again from the caps nodes hold, would
-        give each node in its turn one cycle's step: ten commands or more for a node to
-        climb back from a staged start. So when more nodes than ``UNCAP_TURN_SHARE`` of
-        that bound could be handed watts back (``policies.capping.may_ask_to_uncap``),
-        the policy hands them back only under that many nodes' racks this cycle, whole
-        racks round robin (a rack's breaker is shared: its nodes take it together), each
-        asking what the cycles until its next turn would give, within its share of the
-        room above it (``ClusterState.uncap_cycles``). The rest of the bound is left to
-        other raises (smoothing profiles, clock locks, levelling)."""
-        self._uncap_turn = None
-        tree, ordinal = self.tree, self.tree.gpu_server_ordinal
-        could = may_ask_to_uncap(tree, state)
-        if state.uncap_cycles is not None:  # a raise in flight: not before it is answered
-            could &= np.asarray(state.uncap_cycles) > 0
-        could &= np.asarray(state.cap_w) < tree.cap_max_w - CAP_TOLERANCE_W
-        wants = live & (np.bincount(ordinal, weights=could, minlength=tree.n_servers) > 0)
-        n_wanting = int(wants.sum())
-        share = max(1, int(UNCAP_TURN_SHARE * self.settings.max_raises_per_cycle))
-        if n_wanting <= share:
-            return state
-        turn, self._uncap_cursor = self._racks_in_turn(wants, share, self._uncap_cursor)
-        cycles = np.where(turn, math.ceil(n_wanting / int(turn.sum())), 0.0)
-        self._uncap_turn = turn
-        counters.uncap_waiting = n_wanting - int(turn.sum())
-        return dataclasses.replace(state, uncap_cycles=cycles[ordinal])
-
-    def _racks_in_turn(self, wants: np.ndarray, nodes: int, cursor: int) -> tuple[np.ndarray, int]:
-        """Per server, whether it takes its turn this cycle: of the servers that ``wants``
-        one, those of whole racks in turn order from ``cursor`` on, about ``nodes`` of
-        them (at least one rack); and where the next turn starts."""
-        rack_of = self._server_turn_order
-        racks, per_rack = np.unique(rack_of[wants], return_counts=True)
-        first = int(np.searchsorted(racks, cursor))
-        racks = np.concatenate([racks[first:], racks[:first]])
-        per_rack = np.concatenate([per_rack[first:], per_rack[:first]])
-        n_racks = max(1, int(np.searchsorted(np.cumsum(per_rack), nodes, side="right")))
-        turn: np.ndarray = wants & np.isin(rack_of, racks[:n_racks])
-        return turn, int(racks[n_racks - 1]) + 1
-
-    def _cut_in_turn(
-        self, state: ClusterState, live: np.ndarray, counters: CycleCounters
-    ) -> ClusterState:
-        """Nodes cut for a budget in turn when such cuts would reach more nodes than
-        ``CUT_TURN_SHARE`` of ``max_raises_per_cycle``.
-
-        Cuts go out at once, whatever their number (``_commands``). But a node over its
-        capping threshold and under its limit, a site or row gliding down to an
-        operator's limit at the grid's ramp say, is cut every cycle by what it passed
-        its target by, shared over every GPU under it: on the 150 MW site 0.9 MW a
-        second, 11 W a GPU, a command to every one of its 20,736 nodes every cycle
-        (found by ``bench_scale --site-limit-mw``). So when more nodes than that share
-        are under such nodes, the policy cuts them in turn (``ClusterState.cut_turn``,
-        rule 3 of ``policies.capping``): whole racks round robin, as many as give each
-        GPU in turn about ``cut_turn_max_fraction`` of its range (from what the cycle's
-        cut would give each GPU shared evenly), no fewer than that share of nodes a
-        ``cycle_s`` and no more than ``max_raises_per_cycle`` (an early cycle takes a turn
-        as long as its time since the last). What the GPUs in turn cannot give waits for
-        the next turns: the node stays over its budget a little longer, and the commands
-        stay bounded when the need is inflated by nodes not heard (counted at the caps
-        they may hold), which more commands would only make more (found on the same
-        bench, 13,000 nodes unheard). Under a node over its limit every GPU gives at once."""
-        tree = self.tree
-        power = np.asarray(state.power_w, dtype=float)
-        power = np.where(np.isfinite(power), power, tree.failsafe_cap_w)
-        node_power = tree.node_sum(power) + tree.overhead_below_w
-        over = node_power > tree.cap_threshold_w
-        if not over.any():
-            return state
-        cand = live & (tree.fold_down(over) > 0)[tree.server_nodes]
-        n_cand = int(cand.sum())
-        share = max(1, int(CUT_TURN_SHARE * self.settings.max_raises_per_cycle))
-        if n_cand <= share:
-            return state
-        # each GPU's even share of the cuts of the nodes over it (their need over their
-        # controllable GPUs), and how many cycles' of it a turn may carry
-        ctl = np.asarray(state.controllable, dtype=bool)
-        pred = np.where(ctl, np.minimum(power, np.asarray(state.cap_w, dtype=float)), power)
-        need = np.maximum(tree.node_sum(pred) + tree.overhead_below_w - tree.cap_target_w, 0)
-        need_per_gpu = np.where(over, need, 0.0) / np.maximum(tree.node_sum(ctl * 1.0), 1.0)
-        even_w = tree.fold_down(need_per_gpu)[tree.server_nodes][cand]
-        # per second, not per cycle: an early cycle (a rack pushed over its threshold
-        # elsewhere) takes a turn as long as its time, not a whole cycle's
-        dt_s, cycle_s = max(self.last_dt_s, 1e-3), self.settings.cycle_s
-        rate_w_per_s = float(np.median(even_w)) / dt_s  # a GPU's even share, W/s
-        span_w = float(np.median(tree.cap_max_w - tree.cap_min_w))
-        step_w = self.settings.policy.cut_turn_max_fraction * span_w
-        # a round of turns lasts as long as the share of commands a second needs, but no
-        # longer than a GPU in turn may carry its cut (step_w); and never more nodes a
-        # second than max_raises_per_cycle a cycle: what they cannot give waits (a need
-        # inflated by nodes not heard, counted at the caps they may hold, cuts no more)
-        round_s = n_cand / share * cycle_s
-        if rate_w_per_s > 0:
-            round_s = min(round_s, step_w / rate_w_per_s)
-        if round_s <= dt_s:
-            return state
-        most = self.settings.max_raises_per_cycle * dt_s / cycle_s
-        nodes = max(1, math.ceil(min(n_cand * dt_s / round_s, most)))
-        turn, self._cut_cursor = self._racks_in_turn(cand, nodes, self._cut_cursor)
-        counters.cut_waiting = n_cand - int(turn.sum())
-        in_turn = turn | ~cand  # GPUs under no node over its threshold: none of this
-        return dataclasses.replace(state, cut_turn=in_turn[tree.gpu_server_ordinal])
 
     def cycle_policy(self, dt_s: float) -> PolicySettings:
         """The policy a cycle ``dt_s`` after the last decides under: the configured one;
@@ -1198,7 +1084,7 @@ class ControllerCore:
         clock_changed = clock_moved | unknown | policies.changed
         holds = np.where(unknown, self.cap_w, self.commanded_cap_w)
         levelled = decision.levelled if len(decision.levelled) else np.zeros_like(cap_changed)
-        if self._uncap_turn is not None:  # in turn, a raise of a few watts is not worth one,
+        if self.turns.uncap_turn is not None:  # in turn, a raise of a few watts is not worth one,
             worth_w = RAISE_WORTH_FRACTION * (cap_max - self.tree.cap_min_w)  # nor the cut
             rise_w = decision.cap_w - holds  # a levelling trades for it
             small = (np.abs(rise_w) < worth_w) & (decision.cap_w < cap_max)
@@ -1232,22 +1118,9 @@ class ControllerCore:
         raises = np.flatnonzero(wanted & ~must)
         # a window: no more than max_raises_per_cycle commands in flight (cuts go anyway)
         budget = max(0, self.settings.max_raises_per_cycle - n_in_flight)
-        if len(raises) > budget:  # resends, profiles, turns, then round robin
-            late = overdue[raises]
-            profile = needs_profile[raises] & ~late  # the grid's protection first
-            turn = np.zeros(len(raises), dtype=bool)
-            if self._uncap_turn is not None:
-                turn = self._uncap_turn[raises] & ~late & ~profile
-            others = raises[~late & ~profile & ~turn]
-            first = int(np.searchsorted(others, self._raise_cursor))
-            others = np.concatenate([others[first:], others[:first]])
-            ahead = int(late.sum() + profile.sum() + turn.sum())
-            served = np.concatenate([raises[late], raises[profile], raises[turn], others])
-            served = served[:budget]
-            if len(served) > ahead:  # some of the others: the round robin goes on after them
-                self._raise_cursor = int(served[-1]) + 1
-            counters.raises_deferred = len(raises) - len(served)
-            raises = served
+        raises, counters.raises_deferred = serve_raises(
+            raises, overdue[raises], needs_profile[raises], budget, self.turns
+        )
         send = np.sort(np.concatenate([np.flatnonzero(must), raises]))
         # a resend (no ack) says our profile again where it was carried and not refused
         resmooth = self.smoothing_capable & ~self.smoothing_refused

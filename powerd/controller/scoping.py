@@ -20,7 +20,7 @@ of its GPUs' shares of the grid's ramp-up (``powerd.controller.smoothing.
 grid_ramp_w_per_s``), so the leaves' caps together rise within the grid's limit
 whatever the coordinator splits.
 
-``tree_for`` gives the core's tree under what is in force (``with_root_budget``);
+``tree_for`` gives the core's tree under what is in force (``policies.in_force``);
 ``summary`` builds the leaf's report for the coordinator after a cycle.
 """
 
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from policies import ClusterState, Decision, PolicySettings, Tree
-from policies.coordination import summarise, with_root_budget
+from policies.coordination import summarise
+from policies.in_force import RootBudget, tree_in_force
 from powerd.protocol import Grant, Summary
 from powerd.topology import Topology
 from powerd.vocabulary import PROTOCOL_VERSION
@@ -140,9 +141,8 @@ class LeafGrants:
         key = (force.budget_w, force.ramp_w_per_s)
         if key != self._tree_key:
             self._tree_key = key
-            self._tree = with_root_budget(
-                self.base_tree, force.budget_w, force.ramp_w_per_s, self.fractions
-            )
+            budget = RootBudget(force.budget_w, force.ramp_w_per_s, self.fractions)
+            self._tree = tree_in_force(self.base_tree, root_budget=budget)
         return self._tree
 
     def summary(

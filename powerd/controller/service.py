@@ -31,6 +31,7 @@ import math
 import time
 from collections.abc import Callable
 
+from policies.in_force import SiteLine, tree_in_force
 from powerd.backoff import Backoff
 from powerd.controller.config import ControllerConfig
 from powerd.controller.core import ControllerCore, CycleResult
@@ -40,7 +41,7 @@ from powerd.controller.records import Records
 from powerd.controller.reload import changes, refusal
 from powerd.controller.scoping import LeafGrants
 from powerd.controller.site_limit import SiteLimits, glide_ramp_w_per_s
-from powerd.controller.smoothing import grid_ramp_w_per_s, grid_tree
+from powerd.controller.smoothing import file_tree_in_force, grid_ramp_w_per_s
 from powerd.heartbeat import signed_heartbeat, step_down_on_exit
 from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
@@ -138,6 +139,7 @@ class ControllerService:
         self.site_limits = SiteLimits()
         self.operator_verifier = config.operator_verifier()
         self._base_tree = core.tree  # the file's, under which a site limit lowers the site
+        self._site_line: SiteLine | None = None  # the operator's line the core's tree is under
         self._summary_at = -math.inf  # monotonic time of the last summary
         self.ingest_period_s = min(INGEST_PERIOD_S, config.cycle_s / 4)
         self._counted = (0, 0)  # the inbox's received and replaced, as last counted
@@ -449,20 +451,28 @@ class ControllerService:
 
     def _apply_site_limit(self) -> None:
         """The site's bands under an operator's limit in force, gliding down at the site's
-        ramp limit (powerd.controller.site_limit); the file's when none is."""
-        base = self._base_tree
-        measured = self.core.site_power_w
+        ramp limit (powerd.controller.site_limit); the file's when none is. Under safety
+        by caps the line is on the caps in force (``SiteLimits.line``)."""
+        base, core = self._base_tree, self.core
+        by_caps = core.settings.policy.safety_by_caps
+        measured = core.site_power_w
         wall = self._wall()
-        self.core.tree = self.site_limits.tree_under(
+        line = self.site_limits.line(
             base,
             wall,
             float(base.cap_threshold_w[0]) if measured is None else measured,
-            self.core.last_dt_s,
+            core.last_dt_s,
             self._ramp_down_w_per_s(),
-            committed_w=self.core.site_predicted_w,
+            committed_w=core.site_caps_at_draw_w if by_caps else core.site_predicted_w,
             window_s=self._grid_window_s(),
+            by_caps=by_caps,
         )
-        self.core.site_limit_w = self.site_limits.active_w(wall)
+        if line is None:
+            core.tree = base
+        elif line != self._site_line:
+            core.tree = tree_in_force(base, site_line=line, by_caps=by_caps)
+        self._site_line = line
+        core.site_limit_w = self.site_limits.active_w(wall)
 
     def _grid_window_s(self) -> float:
         """The window the grid measures the site's ramps over ([site.grid]; 1 s without)."""
@@ -519,8 +529,10 @@ class ControllerService:
             self.leaf = self.leaf.rebased(new, grid_ramp_w_per_s(smoothing, new.tree.n_gpus))
             self.core.tree = self.leaf.tree_for(self._monotonic())
         else:
-            base = new.tree if smoothing is None else grid_tree(new)
+            by_caps = self.core.settings.policy.safety_by_caps
+            base = file_tree_in_force(new, smoothing is not None, by_caps)
             self._base_tree = self.core.tree = base
+            self._site_line = None  # the next cycle puts the line over the new file
         if smoothing != self.core.settings.smoothing:
             self.core.settings = dataclasses.replace(self.core.settings, smoothing=smoothing)
             self.core.smoothing_sent_seq[:] = -1

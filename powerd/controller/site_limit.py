@@ -21,21 +21,14 @@ and the caps rise under the usual ramp limits.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
-
+from policies.in_force import GLIDE_SHARE_OF_RAMP, SiteLine, target_share, tree_in_force
 from policies.tree import SITE, Tree
 from powerd.protocol import SiteLimit
 from powerd.topology.grid import GridSpec
-
-# The glide's share of the ramp-down limit: a cycle that comes late (1.1 s) cuts what the
-# line fell in it, in one step, which a 1 s window of the grid's measure may see whole.
-GLIDE_SHARE_OF_RAMP = 0.9
 
 
 @dataclass
@@ -77,9 +70,29 @@ class SiteLimits:
         ramp_down_w_per_s: float,
         committed_w: float | None = None,
         window_s: float = 1.0,
+        *,
+        by_caps: bool = False,
     ) -> Tree:
-        """``tree`` (the file's) as the controller decides under it this cycle: with the
-        site's bands under the limit in force (:func:`with_site_limit`), else itself.
+        """``tree`` (the file's) as the controller decides under it this cycle: under
+        :meth:`line` (``policies.in_force.tree_in_force``), else itself."""
+        line = self.line(
+            tree, wall, measured_w, dt_s, ramp_down_w_per_s, committed_w, window_s, by_caps=by_caps
+        )
+        return tree if line is None else tree_in_force(tree, site_line=line, by_caps=by_caps)
+
+    def line(
+        self,
+        tree: Tree,
+        wall: float,
+        measured_w: float,
+        dt_s: float,
+        ramp_down_w_per_s: float,
+        committed_w: float | None = None,
+        window_s: float = 1.0,
+        *,
+        by_caps: bool = False,
+    ) -> SiteLine | None:
+        """The limit in force and this cycle's point on the line down to it (None: none).
 
         ``committed_w``: what the site will draw once the last decision's caps hold. The
         target is then no lower than the line's fall since the last cycle under it (a site
@@ -87,15 +100,27 @@ class SiteLimits:
         falls), nor than the ramp over the grid's ``window_s`` under what the site was to
         draw a window ago: a cycle's cuts land at once, so two cycles within one window
         (an early one after a late one) would cut the line's fall over both spans (found
-        by ``bench_scale --site-limit-mw``: 1.2-1.3 MW in a second against 1 MW/s)."""
+        by ``bench_scale --site-limit-mw``: 1.2-1.3 MW in a second against 1 MW/s).
+
+        Under safety by caps (``by_caps``) the line bounds the caps under the site and ends
+        at the limit itself, and ``committed_w`` is where the caps in force could be without
+        moving any draw (``policies.allocation.caps_at_draw_w``): headroom nobody draws is
+        cut at once, the rest no faster than the line (``policies.in_force``). Held to the
+        measured power's line alone, the first cycle cut the draw by the headroom the caps
+        keep over it, at once (2.3 MW/s against the grid's 1 MW/s on the 150 MW site,
+        ``bench_scale --site-limit-mw 110 --safety-by-caps``)."""
         last_at = self.glide_at
         glide = self.threshold_w(
-            wall, measured_w, dt_s, ramp_down_w_per_s, end_share=target_share(tree)
+            wall,
+            measured_w,
+            dt_s,
+            ramp_down_w_per_s,
+            end_share=target_share(tree, by_caps),
         )
         limit = self.active_w(wall)
         if glide is None or limit is None:
             self.committed.clear()
-            return tree
+            return None
         not_below_w = -math.inf  # over its breaker the site is cut at once, as ever
         over_breaker = measured_w > float(tree.limit_w[SITE])
         if committed_w is not None and math.isfinite(ramp_down_w_per_s) and not over_breaker:
@@ -107,7 +132,7 @@ class SiteLimits:
             at, then_w = self.committed[0] if self.committed else (wall, committed_w)
             if at <= wall - window_s:
                 not_below_w = max(not_below_w, then_w - ramp_down_w_per_s * window_s)
-        return with_site_limit(tree, limit, glide, not_below_w)
+        return SiteLine(limit, glide, not_below_w)
 
     def threshold_w(
         self,
@@ -145,44 +170,3 @@ def glide_ramp_w_per_s(grid: GridSpec | None, site_ramp_w_per_s: float) -> float
     if grid is not None and math.isfinite(grid.ramp_down_w_per_s):
         return float(grid.ramp_down_w_per_s)
     return float(site_ramp_w_per_s)
-
-
-def target_share(tree: Tree) -> float:
-    """The site's capping target over its capping threshold, in the file's bands: where a
-    limit's glide ends (:meth:`SiteLimits.threshold_w`'s ``end_share``)."""
-    return float(tree.cap_target_w[SITE]) / float(tree.cap_threshold_w[SITE])
-
-
-def with_site_limit(
-    tree: Tree, limit_w: float, glide_w: float, not_below_w: float = -math.inf
-) -> Tree:
-    """``tree`` (the file's) with the site's bands under an operator's limit, never above
-    the file's: while ``glide_w`` is above the limit's target, capping threshold and target
-    on the line and the uncapping threshold under it as in the file's bands; then the
-    file's bands scaled to the limit. The target is never lower than ``not_below_w`` (once
-    the line has ended, up to the limit)."""
-    threshold = float(tree.cap_threshold_w[SITE])
-    share_target = target_share(tree)
-    share_uncap = float(tree.uncap_threshold_w[SITE]) / threshold
-    if glide_w > limit_w * share_target:
-        bands = {
-            "cap_threshold_w": glide_w,
-            "cap_target_w": max(glide_w, not_below_w),
-            "uncap_threshold_w": glide_w * share_uncap / share_target,
-        }
-    else:  # a site behind its line still comes down no faster than it
-        bands = {
-            "cap_threshold_w": limit_w,
-            "cap_target_w": max(limit_w * share_target, min(not_below_w, limit_w)),
-            "uncap_threshold_w": limit_w * share_uncap,
-        }
-    if all(bands[name] >= float(getattr(tree, name)[SITE]) for name in bands):
-        return tree
-    arrays: dict[str, Any] = {}
-    for name, value in bands.items():
-        column = np.array(getattr(tree, name), dtype=float)
-        column[SITE] = min(float(column[SITE]), value)
-        arrays[name] = column
-    # under safety by caps (policies.allocation) the caps in force glide on the same line
-    caps_w = min(tree.root_caps_limit_w, float(arrays["cap_threshold_w"][SITE]))
-    return dataclasses.replace(tree, **arrays, root_caps_limit_w=caps_w)

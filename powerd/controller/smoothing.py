@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 
-from policies.smoothing import DEFAULT_MARGIN, gpu_profile_values, gpu_ramps, with_grid_ramp
+from policies.in_force import tree_in_force
+from policies.smoothing import DEFAULT_MARGIN, gpu_profile_values, gpu_ramps
 from policies.tree import Tree
 from powerd.protocol import SMOOTHING_MAX_RAMP_W_PER_S, GpuSmoothing
 from powerd.topology import BudgetError, Topology
@@ -51,17 +52,22 @@ def grid_smoothing(site: Topology, margin: float = DEFAULT_MARGIN) -> GpuSmoothi
     )
 
 
-def grid_tree(site: Topology) -> Tree:
-    """The tree a site's single controller runs under grid smoothing: its sum-of-caps ramp
-    at most the GPUs' share of the grid's ramp-up (``policies.smoothing.with_grid_ramp``)."""
-    spec = site.grid
-    return site.tree if spec is None else with_grid_ramp(site.tree, spec.ramp_up_w_per_s)
+def file_tree_in_force(site: Topology, grid_smoothing: bool, by_caps: bool) -> Tree:
+    """The tree a site's single controller runs under, before any operator's limit
+    (``policies.in_force.tree_in_force``): its sum-of-caps ramp at most the GPUs' share of
+    the grid's ramp-up where the caps bound the draw's rise, under grid smoothing (GPUs
+    smoothed in software rise as fast as their caps let them) or safety by caps (a GPU
+    that asks draws at its cap)."""
+    ramp_up = math.inf if site.grid is None else site.grid.ramp_up_w_per_s
+    return tree_in_force(
+        site.tree, grid_ramp_up_w_per_s=ramp_up, by_caps=by_caps, grid_smoothing=grid_smoothing
+    )
 
 
 def grid_ramp_w_per_s(smoothing: GpuSmoothing | None, n_gpus: int) -> float:
     """The most the caps of ``n_gpus`` GPUs may rise together under ``smoothing``: the sum of
     their shares of the grid's ramp-up (a leaf's bound in a tree of controllers; for the
-    whole site it is the margin × the grid's ramp-up that ``grid_tree`` applies). ``inf``
+    whole site it is the margin × the grid's ramp-up that ``file_tree_in_force`` applies). ``inf``
     without smoothing."""
     if smoothing is None:
         return math.inf

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from powerd.controller.site_limit import SiteLimits, target_share, with_site_limit
+from policies.in_force import target_share, with_site_limit
+from powerd.controller.site_limit import SiteLimits
 from powerd.protocol import SiteLimit
 from powerd.signing import generate_key_files
 from powerd.telemetry_schema import parse_line
