@@ -225,9 +225,18 @@ def test_the_site_caps_rise_no_faster_than_its_ramp_and_the_root_limit_holds():
     state = make_state(tree, power_w=500.0, cap_w=500.0, phase=COMPUTE)
     d = decide(tree, state, 1.0, CAPS)
     assert d.cap_w.sum() == pytest.approx(2000.0 + 100.0)
+    # a root limit lowered under the caps (an operator's line, a grant): the draw the cuts
+    # take off is at most the site's ramp a cycle ...
     tree = dataclasses.replace(tree, root_caps_limit_w=1800.0)
     d = decide(tree, state, 1.0, CAPS)
+    assert d.cap_w.sum() == pytest.approx(2000.0 - 100.0)
+    # ... headroom nobody draws goes at once
+    d = decide(tree, make_state(tree, power_w=400.0, cap_w=500.0, phase=COMPUTE), 1.0, CAPS)
     assert d.cap_w.sum() == pytest.approx(1800.0)
+    # ... and over the breaker (its limit) every watt goes at once
+    tree = dataclasses.replace(tree, limit_w=tree.overhead_below_w + 1700.0)
+    d = decide(tree, state, 1.0, CAPS)
+    assert d.cap_w.sum() <= 1700.0 + 1e-6
 
 
 def test_a_gpu_with_a_command_in_flight_asks_no_more():
