@@ -36,18 +36,19 @@ a GPU whose draw is steady is not commanded back and forth.
    counted), the kept GPUs start at their floors and join their classes below; only
    where that does not fit either do the lenders start at their floors, below their
    draw: a gliding limit takes the watts GPUs do not draw first.
-2. **The target.** First every GPU that asks or is held back (and every kept one,
-   under a node whose bases did not fit), whatever its class, rises towards its
-   *entitlement*, its failsafe cap (the plan's static allocation, which fits every
-   limit), all to one share of their ranges (``policies.fill``, max-min fair: equal
-   caps for GPUs of one model, which a synchronous job needs) within every node's
-   limit less what is already placed. Then class by class (HIGH, NORMAL, LOW) the
-   GPUs that ask rise on towards ``cap_max``, those held back towards their cap in
-   force. So a GPU that works gets its static cap back before any other gets more
-   (a loan is returned when its lender works again, whatever their classes), a class
-   takes the loans, the free room and the watts above their entitlements of the
-   classes below it, and levels its own GPUs; a class above is never cut for one
-   below, and no class below its entitlement for one above.
+2. **The target.** First every GPU that asks or is held back (and every kept one, under a
+   node whose bases did not fit), whatever its class, rises towards its *entitlement*, its
+   failsafe cap (the plan's static allocation, which fits every limit), all to one share of
+   their ranges (``policies.fill``, max-min fair: equal caps for GPUs of one model, which a
+   synchronous job needs) within every node's limit less what is already placed. Then class
+   by class (HIGH, NORMAL, LOW) those held back rise back towards their cap in force, then
+   the GPUs that ask rise on towards ``cap_max`` (a GPU whose raise is in flight is not
+   levelled down by the askers of its class: the same watts would go back and forth). So a
+   GPU that works gets its static cap back before any other gets more (a loan is returned
+   when its lender works again, whatever their classes), a class takes the loans, the free
+   room and the watts above their entitlements of the classes below it, and levels its own
+   GPUs; a class above is never cut for one below, and no class below its entitlement for
+   one above.
 3. **Loans last.** What is left goes back to the lenders, up to their caps in force:
    a lender gives only what a GPU that asks takes.
 4. **Make before break.** Cuts (target below the cap in force, by at least
@@ -81,6 +82,7 @@ import numpy as np
 from policies.capping import (
     Decision,
     PolicySettings,
+    Sanitised,
     clocks_and_floor,
     sanitised,
     under_a_passed_limit,
@@ -120,15 +122,12 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     room = caps_room_w(tree)
 
     working = ctl & in_codes(phase, _WORKING_CODES)
-    near_cap = power >= cap - h
     may_ask = (
         np.ones(len(cap), dtype=bool)
         if state.uncap_cycles is None
         else np.asarray(state.uncap_cycles, dtype=float) > 0
     )
-    # a draw not measured (read as the failsafe cap by rule 1) is not known to want more
-    measured = np.isfinite(np.asarray(state.power_w, dtype=float))
-    wants_more = working & near_cap & measured & (cap < cap_max - 1e-9)
+    wants_more = _wants_more(s, state, h)
     asks = wants_more & may_ask
     held_back = wants_more & ~may_ask
     long_comm = np.zeros(len(cap), dtype=bool)  # phase times unknown: not known to be long
@@ -175,6 +174,9 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     for prio in range(HIGH, LOW - 1, -1):
         mine = ranked & (priority == prio)
         if mine.any():
+            waits = mine & held_back  # its class's askers do not level it down
+            if waits.any():
+                x = fill(tree, cap_min, slope, x, np.where(waits, want, x), room)
             x = fill(tree, cap_min, slope, x, np.where(mine, want, x), room)
     if lends.any():
         if not over.any() and np.all(x[ranked] <= cap[ranked] + 1e-9):
@@ -248,6 +250,16 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
         shifted=np.zeros(len(new), dtype=bool),
         levelled=may_wait,
     )
+
+
+def _wants_more(s: Sanitised, state: ClusterState, h: np.ndarray) -> np.ndarray:
+    """Working (``compute``, ``startup``), drawing within ``h`` of its cap, below its
+    maximum, and measured (a draw not measured, read as the failsafe cap, is not known to
+    want more): a GPU that asks unless told to wait (the rules' terms)."""
+    working = s.ctl & in_codes(s.phase, _WORKING_CODES)
+    measured = np.isfinite(np.asarray(state.power_w, dtype=float))
+    wants: np.ndarray = working & (s.power >= s.cap - h) & measured & (s.cap < s.cap_max - 1e-9)
+    return wants
 
 
 def _give_to(power: np.ndarray, h: np.ndarray, floor: np.ndarray, cap: np.ndarray) -> np.ndarray:

@@ -8,12 +8,16 @@ node of a site. So the decision itself takes turns, whole racks round robin (a r
 breaker is shared: its nodes take it together; racks interleaved a row at a time, so a
 turn spreads over the rows):
 
-1. **Watts handed back in turn** (``uncap_in_turn``): when more nodes than
+1. **Watts handed back in turn** (``uncap_in_turn``, the bands only): when more nodes than
    ``UNCAP_TURN_SHARE`` of ``max_raises`` could be handed watts back
    (``policies.capping.may_ask_to_uncap``), only that many nodes' racks are, each asking
    what the cycles until its next turn would give, within its share of the room above it
    (``ClusterState.uncap_cycles``). The rest of the bound is left to other raises
-   (smoothing profiles, clock locks, levelling).
+   (smoothing profiles, clock locks, levelling). Not under safety by caps: a synchronous
+   job runs at its slowest GPU, so raising the GPUs of some racks in turn raises no job's
+   speed (``powerplan evaluate``'s (c) did exactly (b)'s work on the 150 MW site with
+   raises in turn by racks); its raises are bounded by the site's ramp instead, all of a
+   job's GPUs together, and their commands by the window (rule 3).
 2. **Cuts for a budget in turn** (``cut_in_turn``; under safety by caps
    ``invariant_cut_in_turn``, the cuts that restore the invariant): a node over its capping
    threshold and under its limit (a site gliding down to an operator's limit at the grid's
@@ -226,13 +230,10 @@ def decide_in_turn(
     cycle_s: float,
 ) -> tuple[Decision, ClusterState]:
     """One cycle: rules 1 and 2 under the bands (``uncap_in_turn``, ``cut_in_turn``), rule 2
-    alone under safety by caps (``invariant_cut_in_turn``: its raises are bounded by the
-    site's ramp, and the bands' notion of a node that may be handed watts back picked
-    turns in which no GPU asked: (c) = (b) exactly on the 150 MW synchronised evaluation),
-    then
-    ``policies.decide`` (the bands, or safety by caps); the decision and the state it
-    was made on. ``live``: per server, whether it can be commanded (heard, believed)."""
-    if settings.safety_by_caps:  # raises bounded by the site's ramp (the allocation's rule 4)
+    alone under safety by caps (``invariant_cut_in_turn``), then ``policies.decide`` (the
+    bands, or safety by caps); the decision and the state it was made on. ``live``: per
+    server, whether it can be commanded (heard, believed)."""
+    if settings.safety_by_caps:
         turns.uncap_turn, turns.uncap_waiting = None, 0
         state = invariant_cut_in_turn(tree, state, live, max_raises, turns)
     else:
