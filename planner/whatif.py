@@ -236,6 +236,18 @@ class DemandSource:
             for k in range(1, len(row)):
                 since[k] = since[k - 1] + step_s if row[k] == row[k - 1] else 0.0
             self.phase_s_table[j, : self.lengths[j]] = since
+        # ... and how long that phase lasts in the profile: what a job that says how long
+        # its phases last announces (PhaseEvent.expected_s, ClusterState.phase_expected_s)
+        self.phase_expected_table = np.zeros(self.power_table.shape)
+        for j in range(n_jobs):
+            row = self.phase_table[j, : self.lengths[j]]
+            length = np.zeros(len(row))
+            for k in range(len(row) - 1, -1, -1):
+                last = k == len(row) - 1 or row[k + 1] != row[k]
+                length[k] = step_s if last else length[k + 1] + step_s
+            self.phase_expected_table[j, : self.lengths[j]] = (
+                self.phase_s_table[j, : self.lengths[j]] + length
+            )
         self.offsets = rng.integers(0, self.lengths)  # jobs are not synchronised ...
         if settings.synchronised:  # ... unless asked: every job from its profile's start
             self.offsets = np.zeros(n_jobs, dtype=np.int64)
@@ -280,6 +292,12 @@ class DemandSource:
         """Step ``t``: per GPU, how long its job has been in its phase (NaN: no job)."""
         col = (t + self.offsets) % self.lengths
         return np.where(self.busy, self.phase_s_table[self._all_jobs, col][self.job_of], np.nan)
+
+    def phase_expected_s(self, t: int) -> np.ndarray:
+        """Step ``t``: per GPU, how long its job's phase lasts (NaN: no job)."""
+        col = (t + self.offsets) % self.lengths
+        table = self.phase_expected_table[self._all_jobs, col]
+        return np.where(self.busy, table[self.job_of], np.nan)
 
     def at(self, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Step ``t``: per job its per-GPU draw and phase code; per GPU its demand and phase."""
@@ -396,7 +414,14 @@ def replay(
             moved_sum_w = float(moved_w.sum())
             power_w = drawn_w
         state = ClusterState(
-            power_w, cap_w, priority, floor_w, phase, controllable, phase_s=source.phase_s(t)
+            power_w,
+            cap_w,
+            priority,
+            floor_w,
+            phase,
+            controllable,
+            phase_s=source.phase_s(t),
+            phase_expected_s=source.phase_expected_s(t),
         )
         decision, _ = decide_in_turn(
             tree, state, all_live, step_s, policy, turns, max_raises, step_s

@@ -27,28 +27,33 @@ or not its turn); it is *held back* when it would ask but waits. A controllable 
 longer than ``lend_after_s`` (a short wait keeps its cap: its job resumes before a loan
 could be taken back), or working and drawing more than ``3 h`` under its cap; it may
 give down to ``power + 2 h`` (its floor at least), from where it neither lends nor asks:
-a GPU whose draw is steady is not commanded back and forth.
+a GPU whose draw is steady is not commanded back and forth. A job may say how long a
+phase lasts (``PhaseEvent.expected_s``, ``ClusterState.phase_expected_s``): a
+``communication`` said to last longer than ``lend_after_s`` lends from its start, and a
+GPU that would lend in a phase said to end within ``return_ahead_s`` is *returning*: it
+asks for its entitlement (below) instead, so the cut that pays for it and its raise are
+made before its job resumes.
 
-1. **Bases.** A GPU that lends starts at what it may give down to, one that asks or is
-   held back at its floor, every other at its cap in force (kept: nothing needs its
-   watts taken). Under a node where even the bases do not fit (the invariant broken:
-   a limit lowered, an operator's limit gliding down, caps read back higher than
-   counted), the kept GPUs start at their floors and join their classes below; only
-   where that does not fit either do the lenders start at their floors, below their
-   draw: a gliding limit takes the watts GPUs do not draw first.
-2. **The target.** First every GPU that asks or is held back (and every kept one, under a
-   node whose bases did not fit), whatever its class, rises towards its *entitlement*, its
-   failsafe cap (the plan's static allocation, which fits every limit), all to one share of
-   their ranges (``policies.fill``, max-min fair: equal caps for GPUs of one model, which a
-   synchronous job needs) within every node's limit less what is already placed. Then class
-   by class (HIGH, NORMAL, LOW) those held back rise back towards their cap in force, then
-   the GPUs that ask rise on towards ``cap_max`` (a GPU whose raise is in flight is not
-   levelled down by the askers of its class: the same watts would go back and forth). So a
-   GPU that works gets its static cap back before any other gets more (a loan is returned
-   when its lender works again, whatever their classes), a class takes the loans, the free
-   room and the watts above their entitlements of the classes below it, and levels its own
-   GPUs; a class above is never cut for one below, and no class below its entitlement for
-   one above.
+1. **Bases.** A GPU that lends starts at what it may give down to, one that asks, is held
+   back or is returning at its floor, every other at its cap in force (kept: nothing needs
+   its watts taken). Under a node where even the bases do not fit (the invariant broken: a
+   limit lowered, an operator's limit gliding down, caps read back higher than counted), the
+   kept GPUs start at their floors and join their classes below; only where that does not
+   fit either do the lenders start at their floors, below their draw: a gliding limit takes
+   the watts GPUs do not draw first.
+2. **The target.** First every GPU that asks, is held back or is returning (and every kept
+   one, under a node whose bases did not fit), whatever its class, rises towards its
+   *entitlement*, its failsafe cap (the plan's static allocation, which fits every limit),
+   all to one share of their ranges (``policies.fill``, max-min fair: equal caps for GPUs of
+   one model, which a synchronous job needs) within every node's limit less what is already
+   placed. Then class by class (HIGH, NORMAL, LOW) those held back rise back towards their
+   cap in force, then the GPUs that ask rise on towards ``cap_max`` (a GPU whose raise is in
+   flight is not levelled down by the askers of its class: the same watts would go back and
+   forth). So a GPU that works gets its static cap back before any other gets more (a loan
+   is returned when its lender works again, whatever their classes), a class takes the
+   loans, the free room and the watts above their entitlements of the classes below it, and
+   levels its own GPUs; a class above is never cut for one below, and no class below its
+   entitlement for one above.
 3. **Loans last.** What is left goes back to the lenders, up to their caps in force:
    a lender gives only what a GPU that asks takes.
 4. **Make before break.** Cuts (target below the cap in force, by at least
@@ -130,12 +135,11 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     wants_more = _wants_more(s, state, h)
     asks = wants_more & may_ask
     held_back = wants_more & ~may_ask
-    long_comm = np.zeros(len(cap), dtype=bool)  # phase times unknown: not known to be long
-    if state.phase_s is not None:
-        phase_s = np.nan_to_num(np.asarray(state.phase_s, dtype=float), nan=0.0)
-        long_comm = (phase == _COMM_CODE) & (phase_s > settings.lend_after_s)
+    long_comm, ends_soon = _announced(state, phase, settings)
     lends = ctl & ~wants_more
     lends &= in_codes(phase, _LENDING_CODES) | long_comm | (working & (power + 3 * h < cap))
+    returning = lends & ends_soon  # a wait about to end: its entitlement back ahead of it
+    lends &= ~returning
     give_to = _give_to(power, h, floor, cap)
 
     over = tree.node_sum(cap) > room + 1e-9  # the invariant broken: every watt cut counts
@@ -150,10 +154,16 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     lends &= ~frozen
 
     # 1. bases
+    entitled = np.clip(np.asarray(tree.failsafe_cap_w, dtype=float), floor, cap_max)
     base = cap.copy()
     base[lends] = give_to[lends]
-    ranked = (asks | held_back) & ~frozen  # the GPUs a class's share is worked out for
+    ranked = (asks | held_back | returning) & ~frozen  # whose class's share is worked out
     base[ranked] = np.minimum(floor[ranked], cap[ranked])
+    # a GPU holding more than its entitlement (a loan, asking no more: at its maximum, or
+    # drawing a little under its cap) gives it back to those that ask for theirs
+    borrowing = ctl & ~lends & ~ranked & ~frozen & (cap > entitled + 1e-9)
+    base[borrowing] = entitled[borrowing]
+    ranked |= borrowing
     node_base = tree.node_sum(base)
     broken = node_base > room + 1e-6
     if broken.any():  # the kept GPUs under it join their classes, from their floors ...
@@ -166,10 +176,10 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
             base[low] = np.minimum(floor[low], cap[low])
     want = cap.copy()
     want[asks] = cap_max[asks]
+    want[returning] = np.maximum(cap[returning], entitled[returning])
 
     # 2. the target: every GPU that asks up to its failsafe cap, then class by class;
     # 3. loans last
-    entitled = np.clip(np.asarray(tree.failsafe_cap_w, dtype=float), floor, cap_max)
     x = fill(tree, cap_min, slope, base, np.where(ranked, np.minimum(want, entitled), base), room)
     for prio in range(HIGH, LOW - 1, -1):
         mine = ranked & (priority == prio)
@@ -250,6 +260,29 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
         shifted=np.zeros(len(new), dtype=bool),
         levelled=may_wait,
     )
+
+
+def _announced(
+    state: ClusterState, phase: np.ndarray, settings: PolicySettings
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per GPU, from its job's announcements: in a ``communication`` longer than
+    ``lend_after_s`` (announced so, or lasted so), and in a phase said to end within
+    ``return_ahead_s``. Times not known (no job, a phase inferred from power): neither."""
+    n = len(phase)
+    if state.phase_s is None:
+        return np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    phase_s = np.asarray(state.phase_s, dtype=float)
+    expected = (
+        np.full(n, np.nan)
+        if state.phase_expected_s is None
+        else np.asarray(state.phase_expected_s, dtype=float)
+    )
+    comm = phase == _COMM_CODE
+    with np.errstate(invalid="ignore"):  # NaN: not known
+        left_s = expected - phase_s
+        long_comm = comm & ((phase_s > settings.lend_after_s) | (left_s > settings.return_ahead_s))
+        ends_soon = left_s <= settings.return_ahead_s
+    return long_comm, ends_soon
 
 
 def _wants_more(s: Sanitised, state: ClusterState, h: np.ndarray) -> np.ndarray:

@@ -306,6 +306,11 @@ class PolicySettings:
     # Under safety_by_caps, a GPU in communication for longer than this lends its
     # headroom (s); a shorter wait keeps its cap: its job resumes before a loan is back.
     lend_after_s: float = 5.0
+    # Under safety_by_caps, a GPU whose job announced how long its wait lasts
+    # (``ClusterState.phase_expected_s``) gets its entitlement back this long before the
+    # wait ends (s): the cut that pays for it and the raise are made by then, and the job
+    # resumes at its static cap, not a cycle or two under it. 0: at the end.
+    return_ahead_s: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.uncap_step_fraction <= 1.0:
@@ -334,6 +339,8 @@ class PolicySettings:
             )
         if not self.lend_after_s >= 0.0:  # inf allowed: never; NaN refused
             raise ValueError(f"lend_after_s must be >= 0, not {self.lend_after_s}")
+        if not (np.isfinite(self.return_ahead_s) and self.return_ahead_s >= 0.0):
+            raise ValueError(f"return_ahead_s must be >= 0, not {self.return_ahead_s}")
         if self.hold_floor_w_per_gpu is not None and not (
             np.isfinite(self.hold_floor_w_per_gpu) and self.hold_floor_w_per_gpu >= 0.0
         ):

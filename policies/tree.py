@@ -280,6 +280,9 @@ class ClusterState:
     # policies.capping then counts no rise of its own after a wait.
     phase_s: np.ndarray | None = None
     wait_before_s: np.ndarray | None = None
+    # Seconds each GPU's job said its announced phase would last (``PhaseEvent.expected_s``,
+    # from the phase's start). None, or NaN for a GPU: not said.
+    phase_expected_s: np.ndarray | None = None
     # How many cycles of uncapping each GPU's request stands for (rule 4 of
     # policies.capping): 0, it asks nothing this cycle; k, it asks what k cycles of steps
     # would give. None: 1 for every GPU. A controller that may command only so many raises

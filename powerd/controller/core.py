@@ -153,6 +153,7 @@ class Job:
     # wait it left then lasted (0: it left no wait): policies.ClusterState's phase times
     phase_since_mono: float = math.nan
     wait_before_s: float = 0.0
+    expected_s: float = math.nan  # how long it said its phase would last (NaN: not said)
 
     def enter(self, phase: str, now: float) -> None:
         """Take ``phase`` as announced at ``now``: a change starts its time, and one out of a
@@ -728,6 +729,7 @@ class ControllerCore:
                 self.server_job[server] = job_name
         job.priority, job.since_mono = event.priority, self._monotonic()
         job.enter(event.phase, job.since_mono)
+        job.expected_s = math.nan if event.expected_s is None else float(event.expected_s)
         if event.phase in WAITING_PHASES:
             job.announces_waits = True
         job.inferred_phase = None  # an announcement overrides an inference until the next cycle
@@ -1017,15 +1019,18 @@ class ControllerCore:
         phase = np.full(n_servers, PHASE_CODES["compute"], dtype=np.int8)
         phase_s = np.full(n_servers, np.nan)  # announced phases only
         wait_before_s = np.zeros(n_servers)
+        expected_s = np.full(n_servers, np.nan)
         for job in self.jobs.values():
             servers = self._servers_of(job)
             priority[servers] = PRIORITY_CODES[job.priority]
             phase[servers] = PHASE_CODES[job.effective_phase]
             phase_s[servers] = now - job.phase_since_mono if job.inferred_phase is None else np.nan
             wait_before_s[servers] = job.wait_before_s
+            expected_s[servers] = job.expected_s if job.inferred_phase is None else np.nan
         on_server = self.tree.gpu_server_ordinal
         priority, phase = priority[on_server], phase[on_server]
         phase_s, wait_before_s = phase_s[on_server], wait_before_s[on_server]
+        expected_s = expected_s[on_server]
         state = ClusterState(
             power_w=power,
             cap_w=cap,
@@ -1035,6 +1040,7 @@ class ControllerCore:
             controllable=commandable[self.tree.gpu_server_ordinal],
             phase_s=phase_s,
             wait_before_s=wait_before_s,
+            phase_expected_s=expected_s,
             heard=gpu_live,
             uncap_cycles=uncap_cycles,
         )

@@ -29,6 +29,7 @@ from tests.controller.test_controller_core import (
     WALL0,
     Bench,
     ack_payload,
+    phase_payload,
     telemetry_payload,
 )
 from tests.support.clock import ManualClock
@@ -325,6 +326,21 @@ def test_under_grid_smoothing_a_long_wait_keeps_its_rise_out_of_the_ramp() -> No
     bench.core.jobs["llm"].inferred_phase = "communication"  # as _infer_phases sets it
     _, phase_s, _ = state_after(bench, 0.0)
     assert np.isnan(phase_s).all()
+
+
+def test_a_phase_s_expected_length_reaches_the_policy_until_the_next_announcement() -> None:
+    bench = smoothing_bench(smoothing=None)
+    gpus = slice(0, 2)  # k1-n1's
+    bench.phase("llm", "startup", ["k1-n1"])
+    bench.core.on_phase("llm", phase_payload("llm", "checkpoint", expected_s=45.0))
+    state, phase_s, _ = state_after(bench, 1.0)
+    assert state.phase_expected_s is not None
+    np.testing.assert_allclose(state.phase_expected_s[gpus], 45.0)
+    np.testing.assert_allclose(phase_s[gpus], 1.0)
+    assert np.isnan(state.phase_expected_s[2:]).all()  # no job there
+    bench.phase("llm", "compute")  # said nothing of its length
+    state, _, _ = state_after(bench, 0.0)
+    assert state.phase_expected_s is not None and np.isnan(state.phase_expected_s).all()
 
 
 def test_under_grid_smoothing_caps_over_a_budget_are_cut_at_the_ramp_down_share() -> None:

@@ -188,6 +188,28 @@ def test_a_short_communication_wait_keeps_its_cap_a_long_one_lends():
     assert decide(tree, state, 1.0, CAPS).cap_w[1] == 900.0
 
 
+def test_an_announced_wait_lends_from_its_start_and_its_cap_is_back_before_it_ends():
+    tree = dataclasses.replace(one_rack(2 * 900.0, gpus=2), failsafe_cap_w=np.full(2, 900.0))
+    state = make_state(tree, power_w=[900.0, 200.0], cap_w=900.0, phase=[COMPUTE, COMM])
+    state.phase_s = np.array([1.0, 0.5])
+    state.phase_expected_s = np.array([np.nan, 10.0])  # said to last 10 s: lends at once
+    np.testing.assert_allclose(decide(tree, state, 1.0, CAPS).cap_w, [900.0, 600.0])
+    state.phase_expected_s = np.array([np.nan, CAPS.return_ahead_s])  # ends too soon
+    np.testing.assert_allclose(decide(tree, state, 1.0, CAPS).cap_w, [900.0, 900.0])
+    # lent; the wait ends within return_ahead_s: the borrower is cut at once, the lender
+    # raised to its entitlement once that is acknowledged, both before the job resumes
+    state.power_w, state.cap_w = np.array([1200.0, 200.0]), np.array([1200.0, 600.0])
+    state.phase_s = np.array([9.0, 10.0 - CAPS.return_ahead_s + 0.5])
+    state.phase_expected_s = np.array([np.nan, 10.0])
+    d = decide(tree, state, 1.0, CAPS)
+    np.testing.assert_allclose(d.cap_w, [900.0, 600.0])
+    state.cap_w = d.cap_w
+    np.testing.assert_allclose(decide(tree, state, 1.0, CAPS).cap_w, [900.0, 900.0])
+    # not said: it lends on until its job resumes
+    state.cap_w, state.phase_expected_s = np.array([1200.0, 600.0]), None
+    np.testing.assert_allclose(decide(tree, state, 1.0, CAPS).cap_w, [1200.0, 600.0])
+
+
 def test_high_takes_from_low_under_a_full_node_and_never_the_reverse():
     tree = one_rack(2 * 700.0, gpus=2)
     state = make_state(
