@@ -41,19 +41,20 @@ made before its job resumes.
    kept GPUs start at their floors and join their classes below; only where that does not
    fit either do the lenders start at their floors, below their draw: a gliding limit takes
    the watts GPUs do not draw first.
-2. **The target.** First every GPU that asks, is held back or is returning (and every kept
-   one, under a node whose bases did not fit), whatever its class, rises towards its
-   *entitlement*, its failsafe cap (the plan's static allocation, which fits every limit),
-   all to one share of their ranges (``policies.fill``, max-min fair: equal caps for GPUs of
-   one model, which a synchronous job needs) within every node's limit less what is already
-   placed. Then class by class (HIGH, NORMAL, LOW) those held back rise back towards their
-   cap in force, then the GPUs that ask rise on towards ``cap_max`` (a GPU whose raise is in
-   flight is not levelled down by the askers of its class: the same watts would go back and
-   forth). So a GPU that works gets its static cap back before any other gets more (a loan
-   is returned when its lender works again, whatever their classes), a class takes the
-   loans, the free room and the watts above their entitlements of the classes below it, and
-   levels its own GPUs; a class above is never cut for one below, and no class below its
-   entitlement for one above.
+2. **The target.** First every GPU that asks, is held back, is returning or holds more than
+   its entitlement (a loan it asks no more for; and every kept one, under a node whose bases
+   did not fit), whatever its class, rises towards its *entitlement*, its failsafe cap (the
+   plan's static allocation, which fits every limit), all to one share of their ranges
+   (``policies.fill``, max-min fair: equal caps for GPUs of one model, which a synchronous
+   job needs) within every node's limit less what is already placed. Then class by class
+   (HIGH, NORMAL, LOW) those held back and those holding more than their entitlement rise
+   back towards their cap in force, then the GPUs that ask rise on towards ``cap_max`` (the
+   askers of a class do not level its GPUs whose raise is in flight, nor its borrowers: the
+   same watts would go back and forth, a command each). So a GPU that works gets its static
+   cap back before any other gets more (a loan is returned when its lender works again,
+   whatever their classes), a class takes the loans, the free room and the watts above their
+   entitlements of the classes below it, and levels its own GPUs; a class above is never cut
+   for one below, and no class below its entitlement for one above.
 3. **Loans last.** What is left goes back to the lenders, up to their caps in force:
    a lender gives only what a GPU that asks takes.
 4. **Make before break.** Cuts (target below the cap in force, by at least
@@ -184,7 +185,7 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     for prio in range(HIGH, LOW - 1, -1):
         mine = ranked & (priority == prio)
         if mine.any():
-            waits = mine & held_back  # its class's askers do not level it down
+            waits = mine & (held_back | borrowing)  # its class's askers do not level it
             if waits.any():
                 x = fill(tree, cap_min, slope, x, np.where(waits, want, x), room)
             x = fill(tree, cap_min, slope, x, np.where(mine, want, x), room)

@@ -136,6 +136,21 @@ def uncap_in_turn(
     return dataclasses.replace(state, uncap_cycles=cycles[ordinal])
 
 
+def _cut_share(max_raises: int) -> int:
+    return max(1, int(CUT_TURN_SHARE * max_raises))
+
+
+def _under_too_many(
+    tree: Tree, over: np.ndarray, live: np.ndarray, max_raises: int
+) -> np.ndarray | None:
+    """Per server, live and under a node ``over``; None when they are too few to take
+    turns (no more than ``CUT_TURN_SHARE`` of ``max_raises``)."""
+    if not over.any():
+        return None
+    cand: np.ndarray = live & (tree.fold_down(over) > 0)[tree.server_nodes]
+    return cand if int(cand.sum()) > _cut_share(max_raises) else None
+
+
 def cut_in_turn(
     tree: Tree,
     state: ClusterState,
@@ -153,13 +168,10 @@ def cut_in_turn(
     power = np.where(np.isfinite(power), power, tree.failsafe_cap_w)
     node_power = tree.node_sum(power) + tree.overhead_below_w
     over = node_power > tree.cap_threshold_w
-    if not over.any():
+    cand = _under_too_many(tree, over, live, max_raises)
+    if cand is None:
         return state
-    cand = live & (tree.fold_down(over) > 0)[tree.server_nodes]
-    n_cand = int(cand.sum())
-    share = max(1, int(CUT_TURN_SHARE * max_raises))
-    if n_cand <= share:
-        return state
+    n_cand, share = int(cand.sum()), _cut_share(max_raises)
     # each GPU's even share of the cuts of the nodes over it (their need over their
     # controllable GPUs), and how many cycles' of it a turn may carry
     ctl = np.asarray(state.controllable, dtype=bool)
@@ -206,14 +218,13 @@ def invariant_cut_in_turn(
         tree.node_sum(np.where(np.isfinite(cap), cap, tree.failsafe_cap_w))
         > caps_room_w(tree) + 1e-9
     )
-    if not over.any():
+    cand = _under_too_many(tree, over, live, max_raises)
+    if cand is None:
         return state
-    cand = live & (tree.fold_down(over) > 0)[tree.server_nodes]
     n_cand = int(cand.sum())
-    share = max(1, int(CUT_TURN_SHARE * max_raises))
-    if n_cand <= share:
-        return state
-    turn, turns.cut_cursor = racks_in_turn(turns.rack_of, cand, share, turns.cut_cursor)
+    turn, turns.cut_cursor = racks_in_turn(
+        turns.rack_of, cand, _cut_share(max_raises), turns.cut_cursor
+    )
     turns.cut_waiting = n_cand - int(turn.sum())
     in_turn = turn | ~cand
     return dataclasses.replace(state, cut_turn=in_turn[tree.gpu_server_ordinal])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from policies.in_force import GLIDE_SHARE_OF_RAMP, SiteLine, target_share, tree_in_force
 from policies.tree import SITE, Tree
@@ -61,23 +62,10 @@ class SiteLimits:
             return None
         return m.limit_w
 
-    def tree_under(
-        self,
-        tree: Tree,
-        wall: float,
-        measured_w: float,
-        dt_s: float,
-        ramp_down_w_per_s: float,
-        committed_w: float | None = None,
-        window_s: float = 1.0,
-        *,
-        by_caps: bool = False,
-    ) -> Tree:
+    def tree_under(self, tree: Tree, *args: Any, by_caps: bool = False) -> Tree:
         """``tree`` (the file's) as the controller decides under it this cycle: under
-        :meth:`line` (``policies.in_force.tree_in_force``), else itself."""
-        line = self.line(
-            tree, wall, measured_w, dt_s, ramp_down_w_per_s, committed_w, window_s, by_caps=by_caps
-        )
+        :meth:`line` (same arguments; ``policies.in_force.tree_in_force``), else itself."""
+        line = self.line(tree, *args, by_caps=by_caps)
         return tree if line is None else tree_in_force(tree, site_line=line, by_caps=by_caps)
 
     def line(
