@@ -58,19 +58,26 @@ made before its job resumes.
 3. **Loans last.** What is left goes back to the lenders, up to their caps in force:
    a lender gives only what a GPU that asks takes.
 4. **Make before break.** Cuts (target below the cap in force, by at least
-   ``uncap_min_step_w``) go at once, but those that only restore a broken invariant
-   under nodes that all draw within their limits (``Decision.levelled``: the controller
-   sends them in turn with its raises, as the bands' levelling). Raises (target above it
-   by as much) are granted, class by class and max-min fair again, only within each
-   node's limit less the caps in force, the GPUs being cut counted at their old caps:
-   the watts a cut frees are raised on once it is acknowledged, the next cycle. At the
-   site the raises are also within ``ramp_w_per_s * dt_s`` plus the draw the cycle's
-   cuts take off (the grid sees the site's draw: a GPU that asks draws a raise at once,
-   while a cut of a lender's headroom moves none; a reallocation between racks or rows
-   that moves draw moves none at the site; the rows' ramps are left to
-   ``policies.capping``'s bands). Moves smaller than
-   ``uncap_min_step_w`` are not made (commands are not worth it), except to restore the
-   invariant.
+   ``uncap_min_step_w``) go at once, but those that only restore a broken invariant under
+   nodes that all draw within their limits (``Decision.levelled``: the controller sends them
+   in turn with its raises, as the bands' levelling). Raises (target above it by as much)
+   are granted, class by class and max-min fair again, only within each node's limit less
+   the caps in force, the GPUs being cut counted at their old caps: the watts a cut frees
+   are raised on once it is acknowledged, the next cycle. At the site the raises are also
+   within ``ramp_w_per_s * dt_s`` plus the draw the cycle's cuts take off (the grid sees the
+   site's draw: a GPU that asks draws a raise at once, while a cut of a lender's headroom
+   moves none; a reallocation between racks or rows that moves draw moves none at the site;
+   the rows' ramps are left to ``policies.capping``'s bands). While the site's caps are
+   within its breaker, a cycle's cuts take off no more draw than ``ramp_w_per_s * dt_s``
+   less what the cuts still in flight will (``ClusterState.pending_cap_w``), spread over the
+   GPUs cut: a limit gliding down, and a reallocation too (its cuts go a cycle before the
+   raises they pay for, a dip the grid sees); headroom nobody draws goes at once, and under
+   a node drawing over its limit every watt. A cut in flight stands (a GPU kept at its cap
+   in force is not raised back to it). While the site's caps are over what they may sum to
+   (an operator's limit, a lowered grant), only the racks in turn are cut
+   (``policies.turns.invariant_cut_in_turn``, ``ClusterState.cut_turn``; the others keep
+   their caps). Moves smaller than ``uncap_min_step_w`` are not made (commands are not worth
+   it), except to restore the invariant.
 5. **Clocks and the floor's cost** as rules 5 and 6 of ``policies.capping``.
 
 Why it does at least a static cap's work: a static cap is one allocation within every
@@ -206,15 +213,18 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     new = cap.copy()
     new[cut] = target[cut]
     ramp_w = float(tree.ramp_w_per_s[SITE]) * dt_s
-    gliding = over[SITE] and tree.node_sum(cap)[SITE] <= tree.gpu_room_w[SITE] + 1e-9
-    if gliding and np.isfinite(ramp_w):  # the site's caps within its breaker, over an
-        # operator's limit or a grant: its draw falls no faster than its ramp, save under a
-        # node drawing above its limit; headroom nobody draws goes at once
-        drawn = np.minimum(power, cap)
+    within_breaker = tree.node_sum(cap)[SITE] <= tree.gpu_room_w[SITE] + 1e-9
+    if within_breaker and np.isfinite(ramp_w):  # the site's draw falls no faster than its
+        # ramp (a limit gliding down, a reallocation: a cut made before the raise it pays
+        # for is a dip the grid sees), save under a node drawing above its limit; headroom
+        # nobody draws goes at once
+        drawn = _after_pending(state, np.minimum(power, cap))
         fall = np.where(cut & ~passed, np.maximum(drawn - target, 0.0), 0.0)
         total_w = float(fall.sum())
-        if total_w > ramp_w:
-            new = np.where(fall > 0, np.maximum(target, drawn - fall * (ramp_w / total_w)), new)
+        landing_w = float(np.sum(np.where(ctl & ~passed, np.minimum(power, cap) - drawn, 0.0)))
+        budget_w = max(ramp_w - landing_w, 0.0)
+        if total_w > budget_w:
+            new = np.where(fall > 0, np.maximum(target, drawn - fall * (budget_w / total_w)), new)
     if rise.any():
         raise_room = room.copy()
         sum_in_force = tree.node_sum(cap)
@@ -229,6 +239,10 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
                 y = fill(tree, cap_min, slope, y, np.where(mine, target, y), raise_room)
         granted = rise & (y > cap + 1e-9)
         new[granted] = y[granted]
+    if state.pending_cap_w is not None:  # a cut in flight stands: kept, it is not undone
+        pending = np.asarray(state.pending_cap_w, dtype=float)
+        with np.errstate(invalid="ignore"):  # NaN: nothing pending
+            new = np.where(pending < cap, np.minimum(new, pending), new)
     new = np.where(ctl, np.clip(new, cap_min, cap_max), cap)
 
     pred = np.where(ctl, np.minimum(power, new), power)
@@ -261,6 +275,18 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
         shifted=np.zeros(len(new), dtype=bool),
         levelled=may_wait,
     )
+
+
+def _after_pending(state: ClusterState, drawn: np.ndarray) -> np.ndarray:
+    """Each GPU's draw once the cuts sent and not yet acknowledged land: they count against
+    this cycle's fall (found by ``bench_scale --site-limit-mw 110 --safety-by-caps`` over a
+    broker: with acks a cycle late, the next racks in turn were cut as well, 1.56 MW/s
+    against 1 MW/s)."""
+    if state.pending_cap_w is None:
+        return drawn
+    pending = np.asarray(state.pending_cap_w, dtype=float)
+    after: np.ndarray = np.where(np.isfinite(pending), np.minimum(drawn, pending), drawn)
+    return after
 
 
 def _announced(

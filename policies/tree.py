@@ -300,3 +300,8 @@ class ClusterState:
     # few watts each cycle (a demand-response glide) cuts the nodes in turn, each by a few
     # cycles' watts; what those in turn cannot give waits for the next turns.
     cut_turn: np.ndarray | None = None
+    # Per GPU, the cap a command not yet acknowledged asked of it (NaN: none pending; None:
+    # none anywhere). ``cap_w`` counts such a GPU at the higher of old and new under safety
+    # by caps; the draw its pending cut will take off counts against the site's fall
+    # (policies.allocation rule 4): the agent applies it whenever its ack comes back.
+    pending_cap_w: np.ndarray | None = None

@@ -1012,6 +1012,7 @@ class ControllerCore:
             asked_w = np.fmax(asked_w, self.cap_w)
         cap = np.where(gpu_live, np.where(asked, asked_w, self.cap_w), held_w)
         uncap_cycles = np.where(asked, 0.0, 1.0) if asked.any() else None
+        pending = np.where(asked & gpu_live, self.commanded_cap_w, np.nan) if asked.any() else None
         # a local-mode agent reports but refuses commands: its power counts, it is not capped
         commandable = live & ~local
         # per server, then per GPU: a job's servers at once (a later job over an earlier one)
@@ -1043,6 +1044,7 @@ class ControllerCore:
             phase_expected_s=expected_s,
             heard=gpu_live,
             uncap_cycles=uncap_cycles,
+            pending_cap_w=pending,
         )
         return state, commandable
 
