@@ -1,7 +1,9 @@
 """Safety by caps: every level within its limit by the caps in force, the caps where the work is.
 
 ``allocate(tree, state, dt_s, settings)`` is the cycle ``policies.decide`` runs with
-``PolicySettings.safety_by_caps``. Pure, vectorised; the solver is ``policies.fill``.
+``PolicySettings.safety_by_caps``. Pure, vectorised; the solver is ``policies.fill``. One
+function per rule below: ``_roles`` (the terms), ``_bases`` (1), ``_target`` (2 and 3),
+``_make_before_break`` (4), ``_decision`` (what is reported, and 5).
 
 The invariant
 -------------
@@ -90,6 +92,8 @@ phase costs is the cycle a returned loan waits for its cut (rule 4).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from policies.capping import (
@@ -126,89 +130,149 @@ _FULL_W = 1.0  # a node within a watt of its limit is full
 def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySettings) -> Decision:
     """One cycle under the invariant (module docstring); ``policies.decide`` calls it."""
     s = sanitised(tree, state)
-    power, cap, floor, priority, phase, ctl = s.power, s.cap, s.floor, s.priority, s.phase, s.ctl
-    cap_min, cap_max = s.cap_min, s.cap_max
-    overhead = tree.overhead_below_w
-    span = cap_max - cap_min
-    slope = np.where(span > 0, span, 1.0)
-    h = settings.stage_headroom_fraction * span
     room = caps_room_w(tree)
+    r = _roles(tree, state, s, settings, room)
+    base, ranked = _bases(tree, s, r, room)
+    target, want = _target(tree, s, r, base, ranked, room)
+    new, cut = _make_before_break(tree, state, s, r, target, room, dt_s, settings)
+    return _decision(tree, state, s, r, new, cut, want, dt_s, settings)
 
-    working = ctl & in_codes(phase, _WORKING_CODES)
+
+@dataclass(frozen=True)
+class _Roles:
+    """The rules' terms for one cycle (module docstring), per GPU unless said."""
+
+    slope: np.ndarray  # the fill's slope: the GPU's range
+    asks: np.ndarray
+    held_back: np.ndarray
+    lends: np.ndarray
+    returning: np.ndarray
+    borrowing: np.ndarray  # holds more than its entitlement, neither asks nor lends
+    frozen: np.ndarray  # out of its turn under a broken invariant: keeps its cap
+    give_to: np.ndarray  # how far a lender may give
+    entitled: np.ndarray  # its failsafe cap, within its floor and maximum
+    over: np.ndarray  # per node: the invariant broken (caps in force over its room)
+    under_over: np.ndarray
+    passed: np.ndarray  # under a node drawing above its limit
+    node_power_w: np.ndarray  # per node: measured, overheads in
+
+
+def _roles(
+    tree: Tree, state: ClusterState, s: Sanitised, settings: PolicySettings, room: np.ndarray
+) -> _Roles:
+    """Who asks, waits, lends, returns, borrows, is out of turn (the rules' terms)."""
+    power, cap, ctl = s.power, s.cap, s.ctl
+    span = s.cap_max - s.cap_min
+    h = settings.stage_headroom_fraction * span
+    working = ctl & in_codes(s.phase, _WORKING_CODES)
     may_ask = (
         np.ones(len(cap), dtype=bool)
         if state.uncap_cycles is None
         else np.asarray(state.uncap_cycles, dtype=float) > 0
     )
     wants_more = _wants_more(s, state, h)
-    asks = wants_more & may_ask
-    held_back = wants_more & ~may_ask
-    long_comm, ends_soon = _announced(state, phase, settings)
+    long_comm, ends_soon = _announced(state, s.phase, settings)
     lends = ctl & ~wants_more
-    lends &= in_codes(phase, _LENDING_CODES) | long_comm | (working & (power + 3 * h < cap))
+    lends &= in_codes(s.phase, _LENDING_CODES) | long_comm | (working & (power + 3 * h < cap))
     returning = lends & ends_soon  # a wait about to end: its entitlement back ahead of it
-    lends &= ~returning
-    give_to = _give_to(power, h, floor, cap)
-
     over = tree.node_sum(cap) > room + 1e-9  # the invariant broken: every watt cut counts
     under_over = tree.gpus_under(over)
-    node_power = tree.node_sum(power) + overhead
+    node_power = tree.node_sum(power) + tree.overhead_below_w
     passed = under_a_passed_limit(tree, node_power)
-    # out of turn (policies.turns.cut_in_turn): held at its cap in force, neither cut nor
-    # raised, unless a node over it draws above its limit
+    # out of turn (policies.turns.invariant_cut_in_turn): held at its cap in force, neither
+    # cut nor raised, unless a node over it draws above its limit
     frozen = np.zeros(len(cap), dtype=bool)
     if state.cut_turn is not None:
         frozen = ctl & under_over & ~np.asarray(state.cut_turn, dtype=bool) & ~passed
-    lends &= ~frozen
-
-    # 1. bases
-    entitled = np.clip(np.asarray(tree.failsafe_cap_w, dtype=float), floor, cap_max)
-    base = cap.copy()
-    base[lends] = give_to[lends]
-    ranked = (asks | held_back | returning) & ~frozen  # whose class's share is worked out
-    base[ranked] = np.minimum(floor[ranked], cap[ranked])
+    lends &= ~returning & ~frozen
+    asks, held_back = wants_more & may_ask, wants_more & ~may_ask
+    entitled = np.clip(np.asarray(tree.failsafe_cap_w, dtype=float), s.floor, s.cap_max)
+    ranked = (asks | held_back | returning) & ~frozen
     # a GPU holding more than its entitlement (a loan, asking no more: at its maximum, or
     # drawing a little under its cap) gives it back to those that ask for theirs
     borrowing = ctl & ~lends & ~ranked & ~frozen & (cap > entitled + 1e-9)
-    base[borrowing] = entitled[borrowing]
-    ranked |= borrowing
-    node_base = tree.node_sum(base)
-    broken = node_base > room + 1e-6
+    return _Roles(
+        slope=np.where(span > 0, span, 1.0),
+        asks=asks,
+        held_back=held_back,
+        lends=lends,
+        returning=returning,
+        borrowing=borrowing,
+        frozen=frozen,
+        give_to=_give_to(power, h, s.floor, cap),
+        entitled=entitled,
+        over=over,
+        under_over=under_over,
+        passed=passed,
+        node_power_w=node_power,
+    )
+
+
+def _bases(tree: Tree, s: Sanitised, r: _Roles, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rule 1: each GPU's base, and the GPUs whose class's share is worked out."""
+    cap, floor, ctl = s.cap, s.floor, s.ctl
+    base = cap.copy()
+    base[r.lends] = r.give_to[r.lends]
+    ranked = (r.asks | r.held_back | r.returning) & ~r.frozen
+    base[ranked] = np.minimum(floor[ranked], cap[ranked])
+    base[r.borrowing] = r.entitled[r.borrowing]
+    ranked |= r.borrowing
+    broken = tree.node_sum(base) > room + 1e-6
     if broken.any():  # the kept GPUs under it join their classes, from their floors ...
-        kept = tree.gpus_under(broken) & ctl & ~lends & ~frozen
+        kept = tree.gpus_under(broken) & ctl & ~r.lends & ~r.frozen
         base[kept] = np.minimum(floor[kept], cap[kept])
         ranked = ranked | kept
         broken = tree.node_sum(base) > room + 1e-6
         if broken.any():  # ... and where that is not enough, the lenders below their draw
-            low = tree.gpus_under(broken) & lends
+            low = tree.gpus_under(broken) & r.lends
             base[low] = np.minimum(floor[low], cap[low])
-    want = cap.copy()
-    want[asks] = cap_max[asks]
-    want[returning] = np.maximum(cap[returning], entitled[returning])
+    return base, ranked
 
-    # 2. the target: every GPU that asks up to its failsafe cap, then class by class;
-    # 3. loans last
-    x = fill(tree, cap_min, slope, base, np.where(ranked, np.minimum(want, entitled), base), room)
+
+def _target(
+    tree: Tree, s: Sanitised, r: _Roles, base: np.ndarray, ranked: np.ndarray, room: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rules 2 and 3: the caps each GPU would have, and what each wants."""
+    cap, cap_min, priority = s.cap, s.cap_min, s.priority
+    want = cap.copy()
+    want[r.asks] = s.cap_max[r.asks]
+    want[r.returning] = np.maximum(cap[r.returning], r.entitled[r.returning])
+    # every GPU that asks up to its entitlement, then class by class
+    x = fill(
+        tree, cap_min, r.slope, base, np.where(ranked, np.minimum(want, r.entitled), base), room
+    )
     for prio in range(HIGH, LOW - 1, -1):
         mine = ranked & (priority == prio)
         if mine.any():
-            waits = mine & (held_back | borrowing)  # its class's askers do not level it
+            waits = mine & (r.held_back | r.borrowing)  # its class's askers do not level it
             if waits.any():
-                x = fill(tree, cap_min, slope, x, np.where(waits, want, x), room)
-            x = fill(tree, cap_min, slope, x, np.where(mine, want, x), room)
-    if lends.any():
-        if not over.any() and np.all(x[ranked] <= cap[ranked] + 1e-9):
+                x = fill(tree, cap_min, r.slope, x, np.where(waits, want, x), room)
+            x = fill(tree, cap_min, r.slope, x, np.where(mine, want, x), room)
+    if r.lends.any():  # loans last
+        if not r.over.any() and np.all(x[ranked] <= cap[ranked] + 1e-9):
             # nobody took more than it holds, and the caps in force fit: every loan stays
             # (what the fill would give, without its search)
-            x = np.where(lends, cap, x)
+            x = np.where(r.lends, cap, x)
         else:
-            x = fill(tree, cap_min, slope, x, np.where(lends, cap, x), room)
-    target = x
+            x = fill(tree, cap_min, r.slope, x, np.where(r.lends, cap, x), room)
+    return x, want
 
-    # 4. make before break
+
+def _make_before_break(
+    tree: Tree,
+    state: ClusterState,
+    s: Sanitised,
+    r: _Roles,
+    target: np.ndarray,
+    room: np.ndarray,
+    dt_s: float,
+    settings: PolicySettings,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rule 4: the caps to command, and which GPUs are cut."""
+    power, cap, ctl = s.power, s.cap, s.ctl
     step = settings.uncap_min_step_w
     cut = ctl & (target < cap - step)
-    cut |= ctl & (target < cap - 1e-9) & under_over
+    cut |= ctl & (target < cap - 1e-9) & r.under_over
     rise = ctl & (target > cap + step)
     new = cap.copy()
     new[cut] = target[cut]
@@ -219,9 +283,9 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
         # for is a dip the grid sees), save under a node drawing above its limit; headroom
         # nobody draws goes at once
         drawn = _after_pending(state, np.minimum(power, cap))
-        fall = np.where(cut & ~passed, np.maximum(drawn - target, 0.0), 0.0)
+        fall = np.where(cut & ~r.passed, np.maximum(drawn - target, 0.0), 0.0)
         total_w = float(fall.sum())
-        landing_w = float(np.sum(np.where(ctl & ~passed, np.minimum(power, cap) - drawn, 0.0)))
+        landing_w = float(np.sum(np.where(ctl & ~r.passed, np.minimum(power, cap) - drawn, 0.0)))
         budget_w = max(ramp_w - landing_w, 0.0)
         if total_w > budget_w:
             new = np.where(fall > 0, np.maximum(target, drawn - fall * (budget_w / total_w)), new)
@@ -234,20 +298,35 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
             raise_room[SITE] = min(raise_room[SITE], sum_in_force[SITE] + ramp_w + freed_w)
         y = cap.copy()
         for prio in range(HIGH, LOW - 1, -1):
-            mine = rise & (priority == prio)
+            mine = rise & (s.priority == prio)
             if mine.any():
-                y = fill(tree, cap_min, slope, y, np.where(mine, target, y), raise_room)
+                y = fill(tree, s.cap_min, r.slope, y, np.where(mine, target, y), raise_room)
         granted = rise & (y > cap + 1e-9)
         new[granted] = y[granted]
     if state.pending_cap_w is not None:  # a cut in flight stands: kept, it is not undone
         pending = np.asarray(state.pending_cap_w, dtype=float)
         with np.errstate(invalid="ignore"):  # NaN: nothing pending
             new = np.where(pending < cap, np.minimum(new, pending), new)
-    new = np.where(ctl, np.clip(new, cap_min, cap_max), cap)
+    return np.where(ctl, np.clip(new, s.cap_min, s.cap_max), cap), cut
 
+
+def _decision(
+    tree: Tree,
+    state: ClusterState,
+    s: Sanitised,
+    r: _Roles,
+    new: np.ndarray,
+    cut: np.ndarray,
+    want: np.ndarray,
+    dt_s: float,
+    settings: PolicySettings,
+) -> Decision:
+    """The caps with what the controller reports of them, and rule 5 (clocks, floors)."""
+    power, cap, ctl = s.power, s.cap, s.ctl
+    overhead = tree.overhead_below_w
     pred = np.where(ctl, np.minimum(power, new), power)
     node_caps = tree.node_sum(new) + overhead
-    short = asks & (new < want - 1e-9)
+    short = r.asks & (new < want - 1e-9)
     capping = (node_caps >= np.asarray(tree.limit_w, dtype=float) - _FULL_W) & (
         tree.node_sum(short * 1.0) > 0
     )
@@ -258,14 +337,14 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     # cuts that restore the invariant where no node over them draws above its limit: no
     # breaker needs them this instant, so they may wait their turn with the raises (a site
     # taken over from the bands with every cap at its maximum: 20,736 nodes to cut)
-    may_wait = cut & under_over & ~passed
+    may_wait = cut & r.under_over & ~r.passed
     if state.cut_turn is not None:  # in turn: the cuts that restore it go at once
         may_wait &= ~np.asarray(state.cut_turn, dtype=bool)
-    clock, floor_energy = clocks_and_floor(tree, power, phase, ctl, dt_s, settings)
+    clock, floor_energy = clocks_and_floor(tree, power, s.phase, ctl, dt_s, settings)
     return Decision(
         cap_w=new,
         max_sm_clock_mhz=clock,
-        node_power_w=node_power,
+        node_power_w=r.node_power_w,
         node_predicted_w=tree.node_sum(pred) + overhead,
         node_capping=capping,
         floor_hold_energy_j=floor_energy,
