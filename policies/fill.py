@@ -147,6 +147,12 @@ def fill(
     room = np.where(np.isnan(room), -np.inf, np.asarray(room, dtype=float))
     if np.all(tree.node_sum(high) <= room):  # every GPU at its high fits: no search
         return high.copy()
+    # a GPU under a node already full at the lows stays at its low (no level there can
+    # rise): it is not searched (make before break's raises, under caps in force that
+    # fill their limits, are mostly such)
+    free &= ~tree.gpus_under(tree.node_sum(low) >= room)
+    if not free.any():
+        return x
     bottom = float(np.min(((low - offset) / slope)[free]))  # every GPU at its low
     top = float(np.max(((high - offset) / slope)[free]))  # every GPU at its high
     theta_node = np.full(tree.n_nodes, top)
