@@ -48,7 +48,10 @@ period, slower than the leaves' cycle. Three pure functions:
        sum(raised leaves' budgets in force)``. A lowered leaf gets its new budget
        at once; the raise completes next period, once its summary shows the
        lower budget in force. So at no instant do the budgets in force exceed
-       the pool, whatever order the grants arrive in.
+       the pool, whatever order the grants arrive in. A leaf under safety by
+       caps counts at the higher of its budget and the caps in force it reports
+       (``caps_in_force_w``): its cuts to a lowered grant land at its ramp, and
+       until they do it may draw up to its caps.
     5. **Ramp shares.** The site's ramp limit is split among the leaves in
        proportion to each one's room to rise (its grant at target less its
        predicted power) plus 5 % of its file budget: the shares sum to the
@@ -164,6 +167,10 @@ class Leaves:
     budget_w: np.ndarray  # in force, as last reported (file budget if never heard)
     file_budget_w: np.ndarray
     limit_w: np.ndarray
+    # under safety by caps, the caps in force plus overheads each leaf reported (NaN: a
+    # leaf under the bands, or not reported): it may hold them above its budget while its
+    # cuts to a lowered grant land, so they count as in force (rule 4)
+    caps_in_force_w: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -182,8 +189,11 @@ def allocate(leaves: Leaves, site: SitePool) -> Allocation:
     """The grants for one coordinator period; see the module docstring for the rules."""
     heard = np.asarray(leaves.heard, dtype=bool)
     file_w = np.asarray(leaves.file_budget_w, dtype=float)
-    in_force = np.where(heard, np.asarray(leaves.budget_w, dtype=float), 0.0)
-    silent_reserve = np.where(~heard, np.maximum(leaves.budget_w, file_w), 0.0)
+    holds_w = np.asarray(leaves.budget_w, dtype=float)
+    if leaves.caps_in_force_w is not None:  # a leaf under caps holds its caps, if higher
+        holds_w = np.fmax(holds_w, np.asarray(leaves.caps_in_force_w, dtype=float))
+    in_force = np.where(heard, holds_w, 0.0)
+    silent_reserve = np.where(~heard, np.maximum(holds_w, file_w), 0.0)
     reserved = float(silent_reserve.sum())
     ceiling = np.where(heard, np.asarray(leaves.limit_w, dtype=float) / site.cap_threshold, 0.0)
     tgt, unc = site.cap_target, site.uncap_threshold

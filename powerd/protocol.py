@@ -441,6 +441,10 @@ class Summary(_Payload):
     stale_nodes: NonNegInt
     grant_epoch: NonNegInt | None = None
     grant_seq: NonNegInt | None = None
+    # optional addition to v1: a leaf under safety by caps says the caps in force under its
+    # root plus its overheads (what it may draw whatever its demand: above ``budget_w``
+    # until its cuts to a lowered grant land, at its ramp); null: a leaf under the bands
+    caps_in_force_w: NonNegFloat | None = None
 
 
 class Grant(_Payload):

@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from policies import ClusterState, Decision, PolicySettings, Tree
 from policies.coordination import summarise
 from policies.in_force import RootBudget, tree_in_force
@@ -182,4 +184,9 @@ class LeafGrants:
             stale_nodes=stale_nodes,
             grant_epoch=None if force.grant is None else force.grant.epoch,
             grant_seq=None if force.grant is None else force.grant.seq,
+            caps_in_force_w=(
+                float(np.sum(state.cap_w)) + float(tree.overhead_below_w[0])
+                if policy is not None and policy.safety_by_caps
+                else None
+            ),
         )

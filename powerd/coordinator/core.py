@@ -145,10 +145,13 @@ class CoordinatorCore:
         fixed, predicted = np.zeros(n), np.zeros(n)
         demand, held = np.zeros((n, 3)), np.zeros((n, 3))
         budget = self.file_budget_w.copy()
+        caps = np.full(n, np.nan)  # a leaf under the bands reports none
         for k, summary in enumerate(self.summaries):
             if summary is None:
                 continue
             budget[k] = summary.budget_w  # in force as last reported, heard or not
+            if summary.caps_in_force_w is not None:
+                caps[k] = summary.caps_in_force_w
             if heard[k]:
                 fixed[k], predicted[k] = summary.fixed_w, summary.predicted_w
                 demand[k], held[k] = summary.demand_w, summary.held_w
@@ -161,6 +164,7 @@ class CoordinatorCore:
             budget_w=budget,
             file_budget_w=self.file_budget_w,
             limit_w=self.limit_w,
+            caps_in_force_w=caps,
         )
 
     def site_measured_w(self) -> float:

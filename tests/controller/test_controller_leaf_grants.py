@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
+from policies import NORMAL, PHASE_CODES, ClusterState, PolicySettings, decide
 from powerd.controller.scoping import LeafGrants
 from powerd.protocol import Grant
 from powerd.topology import parse_budgets
@@ -124,3 +126,25 @@ def test_under_grid_smoothing_a_leaf_ramps_at_most_its_gpus_share_of_the_grid():
     assert service.leaf.in_force(0.0).ramp_w_per_s == pytest.approx(720.0)
     assert service.core.tree.ramp_w_per_s[0] == pytest.approx(720.0)
     assert site.grid is not None and scope_top.grid is None  # the site's, not the leaf's
+
+
+def test_a_leaf_under_caps_reports_its_caps_in_force_and_one_under_the_bands_none():
+    grants = leaf()
+    tree = grants.tree_for(0.0)
+    n = tree.n_gpus
+    state = ClusterState(
+        power_w=np.full(n, 500.0),
+        cap_w=np.full(n, 700.0),
+        priority=np.full(n, NORMAL, dtype=np.int8),
+        floor_w=np.asarray(tree.cap_min_w, dtype=float),
+        phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
+        controllable=np.ones(n, dtype=bool),
+    )
+    by_caps = PolicySettings(safety_by_caps=True)
+    decision = decide(tree, state, 1.0, by_caps)
+    fields: dict[str, Any] = dict(controller="l", epoch=1, seq=1, ts=WALL, now_mono=0.0,
+                                  stale_nodes=0)  # fmt: skip
+    caps = grants.summary(tree, state, decision, policy=by_caps, **fields)
+    assert caps.caps_in_force_w == pytest.approx(700.0 * n + float(tree.overhead_below_w[0]))
+    bands = grants.summary(tree, state, decision, policy=PolicySettings(), **fields)
+    assert bands.caps_in_force_w is None

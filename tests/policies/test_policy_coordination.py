@@ -8,6 +8,8 @@ threshold 1.0.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -159,6 +161,21 @@ def test_rises_take_only_watts_free_while_lowered_leaves_still_hold_theirs():
         leaves([10, 10], [[10, 0, 0], [120, 0, 0]], budget=[float(got.budget_w[0]), 150]), SITE
     )
     assert again.budget_w[1] == pytest.approx(again.wanted_w[1])
+
+
+def test_a_leaf_under_caps_counts_at_its_caps_in_force_until_its_cuts_land():
+    # as above, but leaf 0 runs under safety by caps: it reports its lower budget in
+    # force while its caps (cut at its ramp) still sum to 120 W
+    state = leaves([10, 10], [[10, 0, 0], [120, 0, 0]], budget=[40, 150])
+    caps = dataclasses.replace(state, caps_in_force_w=np.array([120.0, 150.0]))
+    assert allocate(caps, SITE).budget_w[1] == pytest.approx(300.0 - 120.0)
+    # its cuts landed: leaf 1 rises to what it wants
+    landed = dataclasses.replace(state, caps_in_force_w=np.array([40.0, 150.0]))
+    got = allocate(landed, SITE)
+    assert got.budget_w[1] == pytest.approx(got.wanted_w[1])
+    # a leaf under the bands (NaN) counts at its budget, as ever
+    bands = dataclasses.replace(state, caps_in_force_w=np.array([np.nan, np.nan]))
+    assert allocate(bands, SITE).budget_w[1] == pytest.approx(got.wanted_w[1])
 
 
 def test_a_silent_leaf_is_reserved_the_larger_of_its_last_budget_and_its_file_budget():
