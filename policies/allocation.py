@@ -71,18 +71,15 @@ made before its job resumes.
    moves none; a reallocation between racks or rows that moves draw moves none at the site;
    the rows' ramps are left to ``policies.capping``'s bands). While the site's caps are
    within its breaker, a cycle's cuts take off no more draw than ``ramp_w_per_s * dt_s``
-   beyond what the cuts still in flight will (``ClusterState.pending_cap_w``: the last
-   cycle's), spread over the GPUs cut: a limit gliding down, and a reallocation too (its
-   cuts go a cycle before the raises they pay for, a dip the grid sees); headroom nobody
-   draws goes at once, and under a node drawing over its limit every watt. A cut in flight
-   stands (a GPU kept at its cap in force is not raised back to it: with acks a cycle late,
-   racks cut in one turn were raised back in the next while the next racks were cut, 1.56
-   MW/s against 1 MW/s over a broker, ``bench_scale --site-limit-mw 110 --safety-by-caps``).
-   While the site's caps are over what they may sum to (an operator's limit, a lowered
-   grant), only the racks in turn are cut (``policies.turns.invariant_cut_in_turn``,
-   ``ClusterState.cut_turn``; the others keep their caps). Moves smaller than
-   ``uncap_min_step_w`` are not made (commands are not worth it), except to restore the
-   invariant.
+   less what the cuts still in flight will (``ClusterState.pending_cap_w``), spread over the
+   GPUs cut: a limit gliding down, and a reallocation too (its cuts go a cycle before the
+   raises they pay for, a dip the grid sees); headroom nobody draws goes at once, and under
+   a node drawing over its limit every watt. A cut in flight stands (a GPU kept at its cap
+   in force is not raised back to it). While the site's caps are over what they may sum to
+   (an operator's limit, a lowered grant), only the racks in turn are cut
+   (``policies.turns.invariant_cut_in_turn``, ``ClusterState.cut_turn``; the others keep
+   their caps). Moves smaller than ``uncap_min_step_w`` are not made (commands are not worth
+   it), except to restore the invariant.
 5. **Clocks and the floor's cost** as rules 5 and 6 of ``policies.capping``.
 
 Why it does at least a static cap's work: a static cap is one allocation within every
@@ -285,11 +282,13 @@ def _make_before_break(
         # ramp (a limit gliding down, a reallocation: a cut made before the raise it pays
         # for is a dip the grid sees), save under a node drawing above its limit; headroom
         # nobody draws goes at once
-        drawn = _after_pending(state, np.minimum(power, cap))  # a cut in flight, as landed
+        drawn = _after_pending(state, np.minimum(power, cap))
         fall = np.where(cut & ~r.passed, np.maximum(drawn - target, 0.0), 0.0)
         total_w = float(fall.sum())
-        if total_w > ramp_w:
-            new = np.where(fall > 0, np.maximum(target, drawn - fall * (ramp_w / total_w)), new)
+        landing_w = float(np.sum(np.where(ctl & ~r.passed, np.minimum(power, cap) - drawn, 0.0)))
+        budget_w = max(ramp_w - landing_w, 0.0)
+        if total_w > budget_w:
+            new = np.where(fall > 0, np.maximum(target, drawn - fall * (budget_w / total_w)), new)
     if rise.any():
         raise_room = room.copy()
         sum_in_force = tree.node_sum(cap)
@@ -358,8 +357,10 @@ def _decision(
 
 
 def _after_pending(state: ClusterState, drawn: np.ndarray) -> np.ndarray:
-    """Each GPU's draw once the cuts sent and not yet acknowledged land (a cycle's fall is
-    counted from there: that cut was the last cycle's)."""
+    """Each GPU's draw once the cuts sent and not yet acknowledged land: they count against
+    this cycle's fall (found by ``bench_scale --site-limit-mw 110 --safety-by-caps`` over a
+    broker: with acks a cycle late, the next racks in turn were cut as well, 1.56 MW/s
+    against 1 MW/s)."""
     if state.pending_cap_w is None:
         return drawn
     pending = np.asarray(state.pending_cap_w, dtype=float)
@@ -417,13 +418,10 @@ def caps_room_w(tree: Tree) -> np.ndarray:
 def caps_at_draw_w(tree: Tree, state: ClusterState, settings: PolicySettings) -> float:
     """The site's caps in force, each no higher than what a GPU that lends may give down
     to, plus the site's overheads: where the caps could be without moving any draw (where
-    an operator's line on the caps starts, ``powerd.controller.site_limit``); a cut in flight
-    counted as landed (else, with acks a cycle late, the line on the caps stepped every
-    other cycle: half the ramp, the real-process site-limit test under caps)."""
+    an operator's line on the caps starts, ``powerd.controller.site_limit``)."""
     s = sanitised(tree, state)
     h = settings.stage_headroom_fraction * (s.cap_max - s.cap_min)
-    cap = _after_pending(state, s.cap)  # a cut in flight as landed: the agent applied it
-    at_draw = np.where(s.ctl, _give_to(s.power, h, s.floor, cap), cap)
+    at_draw = np.where(s.ctl, _give_to(s.power, h, s.floor, s.cap), s.cap)
     return float(np.sum(at_draw)) + float(tree.overhead_below_w[SITE])
 
 

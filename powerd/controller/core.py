@@ -813,11 +813,8 @@ class ControllerCore:
         counters.cut_waiting = self.turns.cut_waiting
         self._last_node_power_w = decision.node_power_w
         self._last_node_predicted_w = decision.node_predicted_w
-        if self.settings.policy.safety_by_caps:  # where an operator's line on the caps is:
-            # this decision's cuts counted as landed (from the state before them, the next
-            # cycle's line stood where this one cut to: half the ramp, every other cycle)
-            landed = dataclasses.replace(state, pending_cap_w=decision.cap_w)
-            self.site_caps_at_draw_w = caps_at_draw_w(self.tree, landed, self.settings.policy)
+        if self.settings.policy.safety_by_caps:  # where an operator's line on the caps is
+            self.site_caps_at_draw_w = caps_at_draw_w(self.tree, state, self.settings.policy)
         commands = self._commands(decision, live, now, counters)
         ingest = self._ingest_health.add(
             now,

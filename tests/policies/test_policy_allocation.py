@@ -252,15 +252,14 @@ def test_the_site_caps_rise_no_faster_than_its_ramp_and_the_root_limit_holds():
     tree = dataclasses.replace(tree, root_caps_limit_w=1800.0)
     d = decide(tree, state, 1.0, CAPS)
     assert d.cap_w.sum() == pytest.approx(2000.0 - 100.0)
-    # ... counted from where the cuts still in flight (the last cycle's, acks not yet back)
-    # leave the draw: the two racks cut last cycle are out of turn and their cuts stand
-    # (they were raised back to the caps counted in force), those in turn give the ramp
+    # ... less what cuts still in flight will take off (their acks not yet back): the two
+    # racks cut last cycle are out of turn, their cuts stand; those in turn give nothing
     pending = dataclasses.replace(
         state,
         pending_cap_w=np.array([450.0, 450.0, np.nan, np.nan]),
         cut_turn=np.array([False, False, True, True]),
     )
-    np.testing.assert_allclose(decide(tree, pending, 1.0, CAPS).cap_w, [450.0] * 4)
+    np.testing.assert_allclose(decide(tree, pending, 1.0, CAPS).cap_w, [450.0] * 2 + [500.0] * 2)
     # ... headroom nobody draws goes at once
     d = decide(tree, make_state(tree, power_w=400.0, cap_w=500.0, phase=COMPUTE), 1.0, CAPS)
     assert d.cap_w.sum() == pytest.approx(1800.0)
