@@ -147,6 +147,7 @@ class _Roles:
     held_back: np.ndarray
     lends: np.ndarray
     returning: np.ndarray
+    asking: np.ndarray  # asks, held back or returning, and in its turn: ranked from its floor
     borrowing: np.ndarray  # holds more than its entitlement, neither asks nor lends
     frozen: np.ndarray  # out of its turn under a broken invariant: keeps its cap
     give_to: np.ndarray  # how far a lender may give
@@ -187,16 +188,17 @@ def _roles(
     lends &= ~returning & ~frozen
     asks, held_back = wants_more & may_ask, wants_more & ~may_ask
     entitled = np.clip(np.asarray(tree.failsafe_cap_w, dtype=float), s.floor, s.cap_max)
-    ranked = (asks | held_back | returning) & ~frozen
+    asking = (asks | held_back | returning) & ~frozen
     # a GPU holding more than its entitlement (a loan, asking no more: at its maximum, or
     # drawing a little under its cap) gives it back to those that ask for theirs
-    borrowing = ctl & ~lends & ~ranked & ~frozen & (cap > entitled + 1e-9)
+    borrowing = ctl & ~lends & ~asking & ~frozen & (cap > entitled + 1e-9)
     return _Roles(
         slope=np.where(span > 0, span, 1.0),
         asks=asks,
         held_back=held_back,
         lends=lends,
         returning=returning,
+        asking=asking,
         borrowing=borrowing,
         frozen=frozen,
         give_to=_give_to(power, h, s.floor, cap),
@@ -213,7 +215,7 @@ def _bases(tree: Tree, s: Sanitised, r: _Roles, room: np.ndarray) -> tuple[np.nd
     cap, floor, ctl = s.cap, s.floor, s.ctl
     base = cap.copy()
     base[r.lends] = r.give_to[r.lends]
-    ranked = (r.asks | r.held_back | r.returning) & ~r.frozen
+    ranked = r.asking.copy()
     base[ranked] = np.minimum(floor[ranked], cap[ranked])
     base[r.borrowing] = r.entitled[r.borrowing]
     ranked |= r.borrowing
