@@ -116,6 +116,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from planner.demand import SpeedModel
 from planner.evaluate_site import (
     STRATEGIES,
     EvaluateError,
@@ -136,7 +137,7 @@ from planner.sizing import (
     Sizing,
     WorkloadTrace,
 )
-from planner.whatif import SpeedModel, WhatifResult, WhatifSettings, power_law_speed, replay
+from planner.whatif import WhatifResult, WhatifSettings, power_law_speed, replay
 from policies import PolicySettings
 from powerd.gpu.clock_table import ClockTable
 from powerd.topology import Topology

@@ -1,7 +1,7 @@
 """The oracle: the most work any controller could do on a site's limits (pure).
 
 Strategy (o) of ``powerplan evaluate``. At every step of the replay
-(``planner.whatif.DemandSource``: the same jobs, offsets and demands as (c)) each
+(``planner.demand.DemandSource``: the same jobs, offsets and demands as (c)) each
 GPU's power ``x`` is chosen with perfect knowledge of every GPU's demand ``d``, no
 reaction delay and priorities ignored, to maximise ``sum (x / d) ** a`` (the speed law
 the replay uses, exponent ``a``) subject to every node's limit: GPU power under it plus
@@ -25,15 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.demand import DemandSource, SpeedModel
 from planner.mix import Placement
 from planner.sizing import WorkloadTrace
-from planner.whatif import (
-    DEFAULT_SPEED_EXPONENT,
-    DemandSource,
-    SpeedModel,
-    WhatifSettings,
-    power_law_speed,
-)
+from planner.whatif import DEFAULT_SPEED_EXPONENT, WhatifSettings, power_law_speed
 from policies.fill import fill
 from powerd.topology import Topology
 
@@ -74,7 +69,10 @@ def replay_oracle(
     speed = speed or power_law_speed(exponent)
     step_s = next(iter(traces.values())).step_s
     n_steps = max(1, math.ceil(settings.duration_s / step_s))
-    source = DemandSource(top, placement, traces, settings, np.random.default_rng(settings.seed))
+    rng = np.random.default_rng(settings.seed)
+    source = DemandSource(
+        top, placement, traces, rng, settings.synchronised, settings.comm_power_rel
+    )
     n_jobs = len(placement.jobs)
     overhead_w = float(top.tree.overhead_below_w[0])
     solved: dict[bytes, tuple[np.ndarray, float]] = {}

@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from planner.demand import SpeedModel
 from planner.mix import Placement
 from planner.profiles import SWING_SHARE
 from planner.report_doc import Document
 from planner.sizing import SizingSettings, WorkloadTrace, size
 from planner.sweep import foreign_sweeps, sweep_label_warnings
-from planner.whatif import SpeedModel, WhatifResult, WhatifSettings, grid_table, replay
+from planner.whatif import WhatifResult, WhatifSettings, grid_table, replay
 from policies.causes import largest_causes
 from policies.tree import SERVER
 from powerd.topology import Topology

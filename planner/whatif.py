@@ -56,8 +56,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from planner.demand import DemandSource, SpeedModel
 from planner.mix import Placement
-from planner.sizing import WorkloadTrace, job_power_traces
+from planner.sizing import WorkloadTrace
 from policies import (
     NORMAL,
     PHASE_CODES,
@@ -92,15 +93,11 @@ from policies.storage import DEFAULT_HORIZON_S, DEFAULT_ROUND_TRIP, Storage, dis
 from policies.tree import LEVEL_NAMES, RACK, in_codes, phase_codes
 from policies.turns import MAX_RAISES_PER_S, Turns, decide_in_turn
 from powerd.controller.smoothing import file_tree_in_force
-from powerd.gpu.models import GPU_MODELS
 from powerd.topology import Topology
 from powerd.topology.grid import GridSpec, grid_report
 from powerd.vocabulary import PROGRESS_PHASES
 
 DEFAULT_SPEED_EXPONENT = 0.28  # ln(0.95) / ln(1000 / 1200): docs/DOMAIN.md, Meta's GB200
-
-# (workload, power / demand in (0, 1]) -> relative speed in (0, 1]
-SpeedModel = Callable[[str, np.ndarray], np.ndarray]
 
 
 def power_law_speed(exponent: float = DEFAULT_SPEED_EXPONENT) -> SpeedModel:
@@ -203,115 +200,6 @@ def site_ramps(top: Topology, settings: WhatifSettings) -> GpuRamps:
     )
 
 
-class DemandSource:
-    """What every GPU of the placed jobs demands at each step (module docstring): its job's
-    trace at the job's offset (random, or 0 when synchronised), idle GPUs their model's
-    idle power, communication scaled by ``comm_power_rel``. The replay and the oracle
-    (``planner.oracle``) read the same steps."""
-
-    def __init__(
-        self,
-        top: Topology,
-        placement: Placement,
-        traces: dict[str, WorkloadTrace],
-        settings: WhatifSettings,
-        rng: np.random.Generator,
-    ) -> None:
-        jobs = placement.jobs
-        n_jobs = len(jobs)
-        job_traces = job_power_traces(top, placement, traces)
-        self.lengths = np.array([len(t) for t in job_traces], dtype=np.int64)
-        self.power_table = np.zeros((n_jobs, int(self.lengths.max())))  # a mix has one job
-        self.phase_table = np.full(self.power_table.shape, PHASE_CODES["compute"], dtype=np.int8)
-        for j, job in enumerate(jobs):
-            self.power_table[j, : self.lengths[j]] = job_traces[j]
-            self.phase_table[j, : self.lengths[j]] = traces[job.workload].phase
-        # per job and step, how long the job has been in that step's phase (s): what its
-        # announcements tell the controller (ClusterState.phase_s)
-        self.phase_s_table = np.zeros(self.power_table.shape)
-        step_s = next(iter(traces.values())).step_s
-        for j in range(n_jobs):
-            row = self.phase_table[j, : self.lengths[j]]
-            since = np.zeros(len(row))
-            for k in range(1, len(row)):
-                since[k] = since[k - 1] + step_s if row[k] == row[k - 1] else 0.0
-            self.phase_s_table[j, : self.lengths[j]] = since
-        # ... and how long that phase lasts in the profile: what a job that says how long
-        # its phases last announces (PhaseEvent.expected_s, ClusterState.phase_expected_s)
-        self.phase_expected_table = np.zeros(self.power_table.shape)
-        for j in range(n_jobs):
-            row = self.phase_table[j, : self.lengths[j]]
-            length = np.zeros(len(row))
-            for k in range(len(row) - 1, -1, -1):
-                last = k == len(row) - 1 or row[k + 1] != row[k]
-                length[k] = step_s if last else length[k + 1] + step_s
-            self.phase_expected_table[j, : self.lengths[j]] = (
-                self.phase_s_table[j, : self.lengths[j]] + length
-            )
-        self.offsets = rng.integers(0, self.lengths)  # jobs are not synchronised ...
-        if settings.synchronised:  # ... unless asked: every job from its profile's start
-            self.offsets = np.zeros(n_jobs, dtype=np.int64)
-        self.gpu_job = placement.gpu_job(top)
-        self.busy = self.gpu_job >= 0
-        self.job_of = np.where(self.busy, self.gpu_job, 0)
-        self.idle_w = np.repeat(
-            np.array([GPU_MODELS[m].idle_power_w for m in top.server_model]),
-            top.server_gpu_count,
-        )
-        self.comm_rel = np.repeat(
-            np.array([settings.comm_power_rel.get(m, 1.0) for m in top.server_model]),
-            top.server_gpu_count,
-        )
-        self.scale_comm = bool((self.comm_rel != 1.0).any())
-        self._all_jobs = np.arange(n_jobs)
-        # the busy GPUs, job by job (a job's GPUs are contiguous), and by workload
-        self.busy_idx = np.flatnonzero(self.busy)
-        self.job_start = np.searchsorted(self.gpu_job[self.busy_idx], np.arange(n_jobs))
-        by_workload: dict[str, list[int]] = {}
-        for j, job in enumerate(jobs):
-            by_workload.setdefault(job.workload, []).append(j)
-        self.workload_gpus = {
-            w: np.flatnonzero(np.isin(self.gpu_job[self.busy_idx], js))
-            for w, js in by_workload.items()
-        }
-
-    def speeds(
-        self, power_w: np.ndarray, demand_w: np.ndarray, speed: SpeedModel
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Per busy GPU its speed at ``power_w`` of its ``demand_w`` (by its workload's
-        curve), and per job the speed of its slowest GPU, which sets a synchronous job's
-        pace."""
-        d = demand_w[self.busy_idx]
-        ratio = np.divide(power_w[self.busy_idx], d, out=np.ones_like(d), where=d > 0)
-        gpu_speed = np.ones(len(self.busy_idx))
-        for w, idx in self.workload_gpus.items():
-            gpu_speed[idx] = speed(w, ratio[idx])
-        return gpu_speed, np.minimum.reduceat(gpu_speed, self.job_start)
-
-    def phase_s(self, t: int) -> np.ndarray:
-        """Step ``t``: per GPU, how long its job has been in its phase (NaN: no job)."""
-        col = (t + self.offsets) % self.lengths
-        return np.where(self.busy, self.phase_s_table[self._all_jobs, col][self.job_of], np.nan)
-
-    def phase_expected_s(self, t: int) -> np.ndarray:
-        """Step ``t``: per GPU, how long its job's phase lasts (NaN: no job)."""
-        col = (t + self.offsets) % self.lengths
-        table = self.phase_expected_table[self._all_jobs, col]
-        return np.where(self.busy, table[self.job_of], np.nan)
-
-    def at(self, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Step ``t``: per job its per-GPU draw and phase code; per GPU its demand and phase."""
-        col = (t + self.offsets) % self.lengths
-        now_w = self.power_table[self._all_jobs, col]
-        now_phase = self.phase_table[self._all_jobs, col]
-        demand_w = np.where(self.busy, now_w[self.job_of], self.idle_w)
-        phase = np.where(self.busy, now_phase[self.job_of], PHASE_CODES["idle"]).astype(np.int8)
-        if self.scale_comm:  # a communication phase at the locked clock
-            comm = phase == PHASE_CODES["communication"]
-            demand_w = np.where(comm, demand_w * self.comm_rel, demand_w)
-        return now_w, now_phase, demand_w, phase
-
-
 def replay(
     top: Topology,
     placement: Placement,
@@ -334,7 +222,9 @@ def replay(
     jobs = placement.jobs
     n_jobs = len(jobs)
 
-    source = DemandSource(top, placement, traces, settings, rng)
+    source = DemandSource(
+        top, placement, traces, rng, settings.synchronised, settings.comm_power_rel
+    )
     ramps = site_ramps(top, settings) if settings.smoothing else NO_SMOOTHING
     if settings.smoothing:  # the controller's policy under grid smoothing
         policy = with_cut_fall(grid_policy(policy), ramps.down_w_per_s)
