@@ -22,7 +22,7 @@ In order, each a function of its own:
    the ramp (``policies.allocation`` rule 4 spreads a cycle's fall). The line ends at the
    limit itself (no band below a limit the caps guarantee).
 3. **The grid's ramp-up** (``with_grid_ramp``, policies/smoothing.py): the site's
-   sum-of-caps ramp at most ``GLIDE_SHARE_OF_RAMP`` of the grid's ramp-up limit, where the
+   sum-of-caps ramp at most ``DEFAULT_MARGIN`` (0.9) of the grid's ramp-up limit, where the
    caps are the draw's bound on its rise: under grid smoothing (GPUs smoothed in software
    rise as fast as their caps let them) and under safety by caps (a GPU that asks draws at
    its cap, so a raise is drawn at once).
@@ -41,9 +41,9 @@ from policies.coordination import with_root_budget
 from policies.smoothing import with_grid_ramp
 from policies.tree import SITE, Tree
 
-# The share of the grid's ramp limits a controller moves the site by: a glide's fall and,
-# where the caps bound the draw's rise, the site's ramp-up. A cycle that comes late (1.1 s)
-# moves what the line fell in it in one step, which a 1 s window of the grid may see whole.
+# The share of the grid's ramp-down an operator's line falls at: a cycle that comes late
+# (1.1 s) cuts what the line fell in it in one step, which a 1 s window of the grid may see
+# whole. (The rise's share is policies.smoothing.DEFAULT_MARGIN, the same 0.9.)
 GLIDE_SHARE_OF_RAMP = 0.9
 
 
@@ -89,7 +89,7 @@ def tree_in_force(
         )
     if not (by_caps or grid_smoothing):
         return tree
-    return with_grid_ramp(tree, grid_ramp_up_w_per_s, GLIDE_SHARE_OF_RAMP)
+    return with_grid_ramp(tree, grid_ramp_up_w_per_s)
 
 
 def target_share(tree: Tree, by_caps: bool = False) -> float:

@@ -63,7 +63,7 @@ def build_service(
         bound = grid_ramp_w_per_s(settings.smoothing, topology.tree.n_gpus)
         leaf = LeafGrants(scope.name, topology, max_ramp_w_per_s=bound)
         tree = leaf.tree_for(0.0)  # no grant yet: the file's budget, at most its ramp bound
-    else:  # a leaf: its share, bounded by its GPUs' grid shares (above)
+    else:  # the site's single controller: the grid's ramp where the caps bound the rise
         tree = file_tree_in_force(topology, config.grid_smoothing, settings.policy.safety_by_caps)
     core = ControllerCore(tree, settings)
     records = None
