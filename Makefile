@@ -42,15 +42,15 @@ format: venv
 
 bench: venv
 	$(BIN)/python -m bench.bench_agent --seconds 60 --json bench/results/agent.json
-	$(BIN)/python -m bench.bench_policy --json bench/results/policy.json
-	$(BIN)/python -m bench.bench_policy --safety-by-caps --json bench/results/policy-caps.json
+	$(BIN)/python -m bench.bench_policy --safety bands --json bench/results/policy.json
+	$(BIN)/python -m bench.bench_policy --safety caps --json bench/results/policy-caps.json
 	$(BIN)/python -m bench.bench_controller --cycles 10 --json bench/results/controller.json
 	$(BIN)/python -m bench.bench_controller --cycles 10 --fine-every-s 10 --json bench/results/controller-fine10.json
 	$(BIN)/python -m bench.bench_planner --whatif-s 60 --json bench/results/planner.json
-	$(BIN)/python -m bench.bench_scale --overload --json bench/results/scale.json
-	$(BIN)/python -m bench.bench_scale --nodes 20736 --no-bare --verify-every 16 --site-limit-mw 110 --window-s 60 --site-limit-for-s 30 --json bench/results/scale-demand-response.json
-	$(BIN)/python -m bench.bench_scale --nodes 20736 --jobs 2 --verify-every 16 --warmup-s 90 --safety-by-caps --json bench/results/scale-jobs2-caps-v16-warm90.json
-	$(BIN)/python -m bench.bench_commands --seconds 120 --json bench/results/commands-jobs2.json
+	$(BIN)/python -m bench.bench_scale --overload --safety bands --json bench/results/scale.json
+	$(BIN)/python -m bench.bench_scale --nodes 20736 --no-bare --verify-every 16 --site-limit-mw 110 --window-s 60 --site-limit-for-s 30 --safety bands --json bench/results/scale-demand-response.json
+	$(BIN)/python -m bench.bench_scale --nodes 20736 --jobs 2 --verify-every 16 --warmup-s 90 --safety caps --json bench/results/scale-jobs2-caps-v16-warm90.json
+	$(BIN)/python -m bench.bench_commands --seconds 120 --safety bands --json bench/results/commands-jobs2.json
 	$(BIN)/python -m bench.bench_tree --site-rows 16,8 --json bench/results/tree.json
 	$(BIN)/python -m bench.bench_grid --json bench/results/grid.json
 	$(BIN)/python -m bench.bench_clock_policy --clock-mhz 1100 --clock-mhz 1811 --json bench/results/clock_policy.json

@@ -92,7 +92,7 @@ def run(
     withhold_share: float = 0.0,
     lose_share: float = 0.0,
     ack_delay_s: int = 0,
-    safety_by_caps: bool = False,
+    safety_by_caps: bool = True,
 ) -> dict:
     topology = load_budgets(budgets)
     clock = [1000.0]
@@ -106,9 +106,8 @@ def run(
     settings = ControllerConfig(name="bench", cluster="bench", grid_smoothing=smoothing).settings()
     if smoothing:
         settings = dataclasses.replace(settings, smoothing=grid_smoothing(topology))
-    if safety_by_caps:
-        policy = dataclasses.replace(settings.policy, safety_by_caps=True)
-        settings = dataclasses.replace(settings, policy=policy)
+    policy = dataclasses.replace(settings.policy, safety_by_caps=safety_by_caps)
+    settings = dataclasses.replace(settings, policy=policy)
     core = ControllerCore(topology.tree, settings, monotonic=mono, wall=wall)
     core.new_epoch(1)
     signer = Signer.generate()
@@ -257,9 +256,12 @@ def main() -> None:
         help="acks reach the controller this many periods after their command [default: 0]",
     )
     parser.add_argument(
-        "--safety-by-caps",
-        action="store_true",
-        help="the controller's [policy] safety_by_caps (policies/allocation.py)",
+        "--safety",
+        choices=("caps", "bands"),
+        default="caps",
+        help="the controller's [policy] safety_by_caps: caps, every level within its limit "
+        "by the caps in force (policies/allocation.py); bands, Dynamo's bands on measured "
+        "power (policies/capping.py) [default: caps]",
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
@@ -282,7 +284,7 @@ def main() -> None:
         withhold_share=args.withhold_share,
         lose_share=args.lose_share,
         ack_delay_s=args.ack_delay_s,
-        safety_by_caps=args.safety_by_caps,
+        safety_by_caps=args.safety == "caps",
     )
     report({k: v for k, v in result.items() if k != "per_second"}, None)  # the rows: JSON only
     if args.json is not None:

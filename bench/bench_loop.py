@@ -12,8 +12,10 @@ and, on real GPUs, from NVML read by this process every 50 ms (the ground truth)
 1. the agent alone: its failsafe cap on every GPU before any controller;
 2. the controller starts: the first command applied, the agent controlled;
 3. under load (real GPUs: a bf16 matmul loop each; simulated ones compute from the
-   start) with a rack budget below the GPUs' draw: how long until the node draws within
-   the budget, and the seconds over the budget and the limit after that;
+   start) with a node budget below the GPUs' draw and a limit a little above it: the
+   seconds over the budget and the limit; under the bands (``--safety bands``) how long
+   until the node draws within the budget, under safety by caps (the default) the caps
+   hold it within its limit;
 4. the job announces ``communication`` (powerd.jobhook): how long until the SM clock is
    locked at the budgets file's communication clock; ``compute``: until it is released;
 5. the controller is killed (SIGKILL): how long until the agent holds its failsafe caps
@@ -363,6 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "budget_w": budget_w,
         "limit_w": limit_w,
         "failsafe_cap_w": failsafe_w,
+        "safety": args.safety,
         "comm_clock_mhz": COMM_CLOCK_MHZ,
     }
     steps: dict[str, Any] = {}
@@ -385,6 +388,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with processes() as start:
             generate_keys(work / "ctl")
             (work / "budgets.toml").write_text(budgets_toml(node.model, node.gpus, failsafe_w))
+            by_caps = "true" if args.safety == "caps" else "false"
+            (work / "controller.toml").write_text(f"[policy]\nsafety_by_caps = {by_caps}\n")
             (work / "agent.toml").write_text(
                 agent_toml(url, work / "ctl.pub", failsafe_w, failsafe_after_s, args.agent_period_s)
             )
@@ -413,6 +418,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "controller",
                 [
                     "controller",
+                    *("--config", str(work / "controller.toml")),
                     *("--budgets", str(work / "budgets.toml"), "--broker", url),
                     *("--signing-key", str(work / "ctl.key"), "--cycle-s", "0.5", "--no-record"),
                 ],
@@ -638,6 +644,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--broker", metavar="URL", help="a running broker (default: embedded)")
     parser.add_argument("--quick", action="store_true", help="1 s holds, failsafe after 2 s")
     parser.add_argument("--keep", action="store_true", help="keep the logs and files")
+    parser.add_argument(
+        "--safety",
+        choices=("caps", "bands"),
+        default="caps",
+        help="the controller's [policy] safety_by_caps: caps, the node within its limit by "
+        "its caps (policies/allocation.py); bands, Dynamo's bands on measured power, the node "
+        "capped to its budget (policies/capping.py) [default: caps]",
+    )
     parser.add_argument(
         "--agent-period-s", type=float, default=0.5, help="the agent's telemetry period (0.5)"
     )

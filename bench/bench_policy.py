@@ -109,7 +109,7 @@ SCENARIOS = {
 
 
 def measure(
-    tree: Tree, state: ClusterState, runs: int, warmup: int = 3, safety_by_caps: bool = False
+    tree: Tree, state: ClusterState, runs: int, warmup: int = 3, safety_by_caps: bool = True
 ) -> dict:
     settings = PolicySettings(hold_floor_w_per_gpu=500.0, safety_by_caps=safety_by_caps)
     for _ in range(warmup):
@@ -142,7 +142,7 @@ def run(
     gpus: int,
     runs: int,
     seed: int = 0,
-    safety_by_caps: bool = False,
+    safety_by_caps: bool = True,
 ) -> dict:
     tree = gb200_site(rows, racks, servers, gpus)
     results = {}
@@ -175,9 +175,11 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=4, help="GPUs per server")
     parser.add_argument("--runs", type=int, default=30, help="timed calls per scenario")
     parser.add_argument(
-        "--safety-by-caps",
-        action="store_true",
-        help="time policies.allocation (PolicySettings.safety_by_caps) instead of the bands",
+        "--safety",
+        choices=("caps", "bands"),
+        default="caps",
+        help="caps: time policies.allocation (PolicySettings.safety_by_caps); bands: the "
+        "bands of policies/capping.py [default: caps]",
     )
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
@@ -187,7 +189,7 @@ def main() -> None:
         args.servers,
         args.gpus,
         args.runs,
-        safety_by_caps=args.safety_by_caps,
+        safety_by_caps=args.safety == "caps",
     )
     report(result, args.json)
 

@@ -81,7 +81,7 @@ class Scenario:
     site_limit_w: float | None = None
     site_limit_after_s: float = 5.0
     site_limit_for_s: float = 20.0
-    safety_by_caps: bool = False  # the controller's [policy] safety_by_caps
+    safety_by_caps: bool = True  # the controller's [policy] safety_by_caps
 
 
 def budgets_for(rows: int, out: Path) -> Path:
@@ -98,7 +98,7 @@ def controller_config(
     grid_smoothing: bool = False,
     max_raises_per_s: float | None = None,
     operator: bool = False,
-    safety_by_caps: bool = False,
+    safety_by_caps: bool = True,
 ) -> Path:
     """The controller's config, signing with ``out/controller.key`` (made here; the fleet
     trusts ``out/controller.pub``): the signing cost is part of what is measured. With
@@ -119,7 +119,7 @@ def controller_config(
         f'[broker]\nurl = "{broker.url}"\n'
         f'[recorder]\nfile = "{out / "controller.lp"}"\nfine_every_s = 10\n'
         f'[trust]\nsigning_key = "{out / "controller.key"}"\n{operator_keys}'
-        + ("[policy]\nsafety_by_caps = true\n" if safety_by_caps else "")
+        + f"[policy]\nsafety_by_caps = {'true' if safety_by_caps else 'false'}\n"
     )
     return path
 
@@ -479,10 +479,12 @@ def main() -> None:
     parser.add_argument("--site-limit-after-s", type=float, default=5.0)
     parser.add_argument("--site-limit-for-s", type=float, default=20.0)
     parser.add_argument(
-        "--safety-by-caps",
-        action="store_true",
-        help="the controller keeps every level within its limit by the caps in force "
-        "([policy] safety_by_caps, policies/allocation.py) [default: bands]",
+        "--safety",
+        choices=("caps", "bands"),
+        default="caps",
+        help="the controller's [policy] safety_by_caps: caps, every level within its limit "
+        "by the caps in force (policies/allocation.py); bands, Dynamo's bands on measured "
+        "power (policies/capping.py) [default: caps]",
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
@@ -499,7 +501,7 @@ def main() -> None:
         name = f"{rows * NODES_PER_ROW} nodes" + (", grid smoothing" if args.grid_smoothing else "")
         name += f", {args.jobs} jobs" if args.jobs else ""
         name += f", site limit {args.site_limit_mw:g} MW" if args.site_limit_mw else ""
-        name += ", safety by caps" if args.safety_by_caps else ""
+        name += ", safety by caps" if args.safety == "caps" else ", bands"
         scenarios.append(
             Scenario(
                 name,
@@ -514,7 +516,7 @@ def main() -> None:
                 site_limit_w=None if args.site_limit_mw is None else args.site_limit_mw * 1e6,
                 site_limit_after_s=args.site_limit_after_s,
                 site_limit_for_s=args.site_limit_for_s,
-                safety_by_caps=args.safety_by_caps,
+                safety_by_caps=args.safety == "caps",
             )
         )
     if args.overload and not any(s.rows == 16 for s in scenarios):
@@ -527,6 +529,7 @@ def main() -> None:
                 bare=not args.no_bare,
                 grid_smoothing=args.grid_smoothing,
                 max_raises_per_s=args.max_raises_per_s,
+                safety_by_caps=args.safety == "caps",
             )
         )
     results = []
@@ -549,6 +552,7 @@ def main() -> None:
                 bare=False,
                 grid_smoothing=args.grid_smoothing,
                 max_raises_per_s=args.max_raises_per_s,
+                safety_by_caps=args.safety == "caps",
             ),
             Scenario(
                 "overload: 2x the telemetry rate",
@@ -558,6 +562,7 @@ def main() -> None:
                 bare=False,
                 grid_smoothing=args.grid_smoothing,
                 max_raises_per_s=args.max_raises_per_s,
+                safety_by_caps=args.safety == "caps",
             ),
         ):
             print(f"running {s.name} ...", file=sys.stderr, flush=True)

@@ -94,6 +94,9 @@ class _Writer:
         ]
         if self.s.overhead_w[node] > 0:
             out.append(f"overhead_w = {_num(self.s.overhead_w[node])}")
+        if len(self.s.oversubscription_w) and self.s.oversubscription_w[node] > 0:
+            out.append(f"oversubscription_w = {_num(self.s.oversubscription_w[node])}")
+            out.append(f"rise_margin_w = {_num(self.s.rise_margin_w[node])}")
         ramp = float(self.top.ramp_w_per_s[node])
         if math.isfinite(ramp):
             out.append(f"ramp_w_per_s = {_num(ramp)}")
@@ -199,6 +202,8 @@ def check_round_trip(text: str, top: Topology, sizing: Sizing) -> None:
         ("cap_target", top.cap_target, back.cap_target),
         ("uncap_threshold", top.uncap_threshold, back.uncap_threshold),
         ("server_gpu_count", top.server_gpu_count, back.server_gpu_count),
+        ("oversubscription_w", *_both(sizing.oversubscription_w, back.oversubscription_w, top)),
+        ("rise_margin_w", *_both(sizing.rise_margin_w, back.rise_margin_w, top)),
         (
             "failsafe_cap_w",
             np.array([sizing.failsafe_cap_w[m] for m in top.server_model]),
@@ -219,6 +224,12 @@ def check_round_trip(text: str, top: Topology, sizing: Sizing) -> None:
                 f"the budgets file written does not load back the same {model} communication "
                 "clock and clock table"
             )
+
+
+def _both(want: np.ndarray, got: np.ndarray | None, top: Topology) -> tuple[np.ndarray, np.ndarray]:
+    """An oversubscription column written and read back, absent ones as zeros."""
+    zeros = np.zeros(top.n_nodes)
+    return (want if len(want) else zeros), (zeros if got is None else got)
 
 
 def _same_table(a: ClockTable | None, b: ClockTable | None) -> bool:

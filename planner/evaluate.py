@@ -245,7 +245,12 @@ def plans(
                 f"{_caps_text(cap_w)} ({shape.rack_w(cap_w):,.0f} W a rack)"
             )
         site = static_topology(top, shape, n_racks, cap_w, STRATEGIES[key])
-        static = dataclasses.replace(base, static_caps=True, policy=PolicySettings())
+        # no controller: the replay's decisions only say which nodes draw over their capping
+        # thresholds (the bands' test, as before safety by caps was the default); under
+        # safety by caps a static site at its caps, its GPUs short of their demand, would
+        # read as capping every step
+        bands = PolicySettings(safety_by_caps=False)
+        static = dataclasses.replace(base, static_caps=True, policy=bands)
         out.append(Plan(key, site, place(site, mix), static, _caps_text(cap_w)))
     found = oversubscribed_site(top, shape, mix, traces, settings, least_racks=racks["b"])
     sized_top, placement, sizing = found.site.top, found.site.placement, found.site.sizing

@@ -117,7 +117,14 @@ def replay_tree(
     )
     in_force = file_w.copy()
     ramp = np.array([float(p.ramp_w_per_s[0]) for p in parts])
-    trees = list(base)
+    by_caps = (policy or PolicySettings()).safety_by_caps
+    # every leaf under the budget in force from the start, its file budget, as a leaf's
+    # core runs (LeafGrants.tree_for): under safety by caps it bounds the leaf's caps
+    # (Tree.root_caps_limit_w), where the file's rows would let them fill their breakers
+    trees = [
+        with_root_budget(b, float(w), float(r), f)
+        for b, w, r, f in zip(base, in_force, ramp, fractions, strict=True)
+    ]
     n_steps, n_leaves = len(demand_w), len(parts)
     tree = site.tree
     cap = tree.failsafe_cap_w.astype(float).copy()
@@ -135,11 +142,13 @@ def replay_tree(
         out.budget_w[t] = in_force
         new_cap = cap.copy()
         summaries: list[LeafSummary] = []
-        for leaf_tree, gpus in zip(trees, maps, strict=True):
+        caps_w = np.zeros(n_leaves)  # each leaf's caps in force plus its overheads
+        for k, (leaf_tree, gpus) in enumerate(zip(trees, maps, strict=True)):
             state = _state(power[gpus], cap[gpus], priority[gpus], leaf_tree.cap_min_w.copy())
             decision = decide(leaf_tree, state, step_s, policy)
             new_cap[gpus] = decision.cap_w
             summaries.append(summarise(leaf_tree, state, decision, policy))
+            caps_w[k] = float(state.cap_w.sum()) + float(leaf_tree.overhead_below_w[0])
         cap = new_cap
         if (t + 1) % period_steps == 0:  # the coordinator's period
             got = allocate(
@@ -152,6 +161,9 @@ def replay_tree(
                     budget_w=in_force,
                     file_budget_w=file_w,
                     limit_w=limit_w,
+                    # a leaf under caps reports them (powerd.controller.scoping), and the
+                    # coordinator counts it at them until its cuts land
+                    caps_in_force_w=caps_w if by_caps else None,
                 ),
                 pool,
             )

@@ -55,6 +55,9 @@ from powerd.topology import PLAUSIBLE_W, Topology
 from powerd.topology.scope import leaf_pool_w, rows_budget_w, rows_within_site
 
 SECONDS_PER_DAY = 86_400.0
+# A rise's cut in force, p99, at 20,736 nodes over a broker: 1.2-1.9 s measured, 2 s its
+# bound (bench/RESULTS.md, bench_scale); the default reaction an oversubscribed band covers.
+REACTION_S = 2.0
 # The sample matrix (jobs × samples, float64) stays below this; samples shrink to fit.
 MAX_SAMPLE_BYTES = 512 * 2**20
 # Aggregates are computed for at most this many bytes of unique compositions at a time.
@@ -92,6 +95,12 @@ class SizingSettings:
     # A budget is at most this share of the node's limit: the rest is the margin for the
     # cycles between a rise and the cap that answers it (docs/BUDGETS.md keeps ~5-10 %).
     max_budget_fraction: float = 0.95
+    # Levels (RACK, ROW, SITE) whose caps may sum beyond their limits, guarded by a band on
+    # measured power (oversubscription_w, rise_margin_w); the others are guaranteed by caps.
+    oversubscribe: tuple[int, ...] = ()
+    # The controller's reaction, a rise measured to its cut in force: the band keeps the
+    # quantile of a level's rise within it below the limit.
+    reaction_s: float = REACTION_S
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.quantile < 1.0:
@@ -104,6 +113,10 @@ class SizingSettings:
             )
         if self.min_tail_points < 1:
             raise ValueError(f"min_tail_points must be at least 1, not {self.min_tail_points}")
+        if not set(self.oversubscribe) <= {RACK, ROW, SITE}:
+            raise ValueError(f"oversubscribe: levels are RACK, ROW, SITE, not {self.oversubscribe}")
+        if not (math.isfinite(self.reaction_s) and self.reaction_s > 0):
+            raise ValueError(f"reaction_s must be a positive number, not {self.reaction_s}")
 
 
 @dataclass
@@ -125,6 +138,10 @@ class Sizing:
     # fit_rows_to_leaf_pool lowers a row's budget. Rows only: one sample per distinct
     # job composition, shared by the rows that have it.
     row_samples: dict[int, tuple[np.ndarray, float]] = field(default_factory=dict, repr=False)
+    # (n_nodes,) an oversubscribed level's allowance and the rise its band keeps below its
+    # limit (0 at a level guaranteed by caps); empty: none (policies.allocation)
+    oversubscription_w: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    rise_margin_w: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 # --- profiles -> traces ----------------------------------------------------------
@@ -351,6 +368,19 @@ def size(
                     row_samples[node] = (row, float(shift))
 
     failsafe, failsafe_power_w = failsafe_caps(top, limit_w, own_w)
+    overhead_below_w = top.subtree_sum(np.zeros(len(count)), own_w)
+    max_caps_w = max_gpu_w + overhead_below_w
+    oversubscription_w, rise_margin_w = _oversubscribed(
+        top,
+        placement,
+        sample,
+        horizon,
+        limit_w,
+        max_caps_w,
+        overhead_below_w,
+        step_s(traces),
+        settings,
+    )
     view = np.arange(0, top.level_start[SERVER])
     level = np.asarray(top.level)[view]
     gpus_under = top.subtree_sum(count)[view]
@@ -378,12 +408,16 @@ def size(
             "over_limit_s_per_day": cols["p_over_limit"][view] * SECONDS_PER_DAY,
             "resolution_s_per_day": SECONDS_PER_DAY / cols["n_eff"][view],
             "failsafe_power_w": failsafe_power_w[view],
-            # safety by caps (policies.allocation): every level whose failsafe power fits
-            # its limit is guaranteed by the caps in force; beyond, measured power guards it.
-            # With every GPU at its maximum cap the node would draw max_caps_w: above its
-            # limit by caps_over_limit_w, the share of its caps a controller may move.
-            "by_caps": failsafe_power_w[view] <= limit_w[view] + 1e-6,
-            "max_caps_w": (max_gpu_w + top.subtree_sum(np.zeros(len(count)), own_w))[view],
+            # safety by caps (policies.allocation): a level is guaranteed by the caps in
+            # force (its caps plus overheads within its limit), or oversubscribed: its caps
+            # may sum beyond its limit by oversubscription_w, a band rise_margin_w under the
+            # limit guarding it (the rise_quantile of its rise within reaction_s). With every
+            # GPU at its maximum cap the node would draw max_caps_w: above its limit by
+            # caps_over_limit_w, the share of its caps a controller may move.
+            "guarantee": np.where(oversubscription_w[view] > 0, "band", "caps"),
+            "oversubscription_w": oversubscription_w[view],
+            "rise_margin_w": rise_margin_w[view],
+            "max_caps_w": max_caps_w[view],
         }
     )
     table["caps_over_limit_w"] = np.maximum(table["max_caps_w"] - table["limit_w"], 0.0)
@@ -392,7 +426,9 @@ def size(
         "samples_per_node": n_samples,
         "draws": draws,
         "horizon_steps": horizon,
-        "step_s": next(iter(traces.values())).step_s if traces else float("nan"),
+        "step_s": step_s(traces),
+        "reaction_s": settings.reaction_s,
+        "oversubscribed_levels": [LEVEL_NAMES[lvl] for lvl in sorted(settings.oversubscribe)],
         "seed": settings.seed,
         "min_tail_points": settings.min_tail_points,
         "tail_rule": (
@@ -409,7 +445,62 @@ def size(
         info=info,
         demand_p50_w=cols["demand_p50_w"],
         row_samples=row_samples,
+        oversubscription_w=oversubscription_w,
+        rise_margin_w=rise_margin_w,
     )
+
+
+def step_s(traces: dict[str, WorkloadTrace]) -> float:
+    """The profiles' step (s); NaN without a profile."""
+    return next(iter(traces.values())).step_s if traces else float("nan")
+
+
+def _oversubscribed(
+    top: Topology,
+    placement: Placement,
+    sample: np.ndarray,
+    horizon: int,
+    limit_w: np.ndarray,
+    max_caps_w: np.ndarray,
+    overhead_w: np.ndarray,
+    profile_step_s: float,
+    settings: SizingSettings,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(n_nodes,) each oversubscribed node's allowance (what every GPU at its maximum cap,
+    overheads in, would draw beyond its limit) and rise margin (the ``quantile`` of its
+    GPUs' rise within ``reaction_s``, empirical over the Monte Carlo draws: the most the
+    aggregate climbs from a step within the steps that cover the reaction); zeros at the
+    other levels and where the caps cannot exceed the limit anyway."""
+    over = np.zeros(top.n_nodes)
+    margin = np.zeros(top.n_nodes)
+    if not settings.oversubscribe:
+        return over, margin
+    steps = max(1, math.ceil(settings.reaction_s / profile_step_s - 1e-9))
+    steps = min(steps, horizon - 1)
+    draws = sample.shape[1] // horizon
+    for lvl in sorted(settings.oversubscribe):
+        nodes = np.arange(top.level_start[lvl], top.level_start[lvl + 1])
+        comp = _compositions(top, placement, lvl)
+        unique, inverse = np.unique(comp, axis=0, return_inverse=True)
+        for u in range(len(unique)):
+            agg = (unique[u] @ sample).reshape(draws, horizon)
+            if steps < 1:
+                q = 0.0
+            else:
+                rise = np.zeros((draws, horizon - steps))
+                for j in range(1, steps + 1):
+                    np.maximum(
+                        rise, agg[:, j : horizon - steps + j] - agg[:, : horizon - steps], out=rise
+                    )
+                q = float(np.quantile(rise, settings.quantile))
+            for node in nodes[inverse.ravel() == u].tolist():
+                allowance = max(max_caps_w[node] - limit_w[node], 0.0)
+                # a margin that leaves no band above the node's own non-GPU power: the
+                # level cannot be guarded by measured power; its caps guarantee it
+                if allowance > 0 and limit_w[node] - math.ceil(q) > overhead_w[node]:
+                    over[node] = allowance
+                    margin[node] = max(math.ceil(q), 1.0)
+    return over, margin
 
 
 def over_limit(table: pd.DataFrame) -> pd.DataFrame:
@@ -436,7 +527,14 @@ def sized_topology(top: Topology, sizing: Sizing) -> Topology:
     )
     for column in (limit_w, budget_w, overhead_w):
         column.setflags(write=False)  # as every Topology column
-    return dataclasses.replace(top, limit_w=limit_w, budget_w=budget_w, overhead_w=overhead_w)
+    sized = dataclasses.replace(top, limit_w=limit_w, budget_w=budget_w, overhead_w=overhead_w)
+    if len(sizing.oversubscription_w):
+        sized = dataclasses.replace(
+            sized,
+            oversubscription_w=sizing.oversubscription_w,
+            rise_margin_w=sizing.rise_margin_w,
+        )
+    return sized
 
 
 def fit_rows_to_leaf_pool(top: Topology, sizing: Sizing) -> tuple[Sizing, float]:

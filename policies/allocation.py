@@ -18,6 +18,20 @@ new cap (``ClusterState.cap_w``), a GPU it cannot command at the cap it may hold
 failsafe cap, or higher last caps), and the failsafe caps of a sized plan fit every
 limit (``planner.sizing.failsafe_caps``), so an agent left alone keeps it too.
 
+Oversubscription
+----------------
+A plan may bet that a level never draws all its caps (``powerplan size --oversubscribe``):
+its caps may then sum beyond its limit by its ``Tree.oversubscription_w``, and a band on
+measured power guards it: ``band = limit_w - rise_margin_w``, the margin the plan's
+quantile of the level's rise within the controller's reaction (a rise measured to its
+cut in force). Below its band by ``d`` the level's caps may sum to its room plus
+``min(d, oversubscription_w)`` (``allowance_w``: continuous in the draw, so a level
+near its band is not cut and raised in turn); in its band, to its room alone, and its
+GPUs are cut at once, as under a node drawing above its limit. Safe at the bet: a level
+at most ``d`` under its band rises within the reaction to at most ``limit - d``, and by
+then its caps are within its limit. The failsafe caps still fit every limit. Every level
+without an oversubscription is guaranteed by its caps.
+
 The rules, in order
 -------------------
 Terms: ``span = cap_max - cap_min``, ``h = stage_headroom_fraction * span`` (50 W on a
@@ -58,28 +72,35 @@ made before its job resumes.
    entitlements of the classes below it, and levels its own GPUs; a class above is never cut
    for one below, and no class below its entitlement for one above.
 3. **Loans last.** What is left goes back to the lenders, up to their caps in force:
-   a lender gives only what a GPU that asks takes.
+   a lender gives only what a GPU that asks takes. Under grid smoothing
+   (``startup_rise_w_per_s`` > 0) a GPU in a staged phase (``startup``, ``checkpoint``)
+   then holds at most its draw plus ``h`` (its floor at least), as ``policies.capping``'s
+   rule 2: a start fills up within the site's ramp instead of jumping to its entitlement
+   at its first step of compute.
 4. **Make before break.** Cuts (target below the cap in force, by at least
    ``uncap_min_step_w``) go at once, but those that only restore a broken invariant under
-   nodes that all draw within their limits (``Decision.levelled``: the controller sends them
-   in turn with its raises, as the bands' levelling). Raises (target above it by as much)
-   are granted, class by class and max-min fair again, only within each node's limit less
-   the caps in force, the GPUs being cut counted at their old caps: the watts a cut frees
-   are raised on once it is acknowledged, the next cycle. At the site the raises are also
-   within ``ramp_w_per_s * dt_s`` plus the draw the cycle's cuts take off (the grid sees the
-   site's draw: a GPU that asks draws a raise at once, while a cut of a lender's headroom
-   moves none; a reallocation between racks or rows that moves draw moves none at the site;
-   the rows' ramps are left to ``policies.capping``'s bands). While the site's caps are
-   within its breaker, a cycle's cuts take off no more draw than ``ramp_w_per_s * dt_s``
-   less what the cuts still in flight will (``ClusterState.pending_cap_w``), spread over the
-   GPUs cut: a limit gliding down, and a reallocation too (its cuts go a cycle before the
-   raises they pay for, a dip the grid sees); headroom nobody draws goes at once, and under
-   a node drawing over its limit every watt. A cut in flight stands (a GPU kept at its cap
-   in force is not raised back to it). While the site's caps are over what they may sum to
-   (an operator's limit, a lowered grant), only the racks in turn are cut
+   nodes that all draw within their limits (``Decision.levelled``: the controller sends
+   them in turn with its raises, as the bands' levelling). Raises (target above it by as
+   much) are granted, class by class and max-min fair again, only within each node's limit
+   less the caps in force, the GPUs being cut counted at their old caps: the watts a cut
+   frees are raised on once it is acknowledged, the next cycle. At the site the raises are
+   also within ``ramp_w_per_s * dt_s`` (less, under grid smoothing, what GPUs rise by on
+   their own: ``policies.capping.own_rise_w_per_s``) plus the draw the cycle's cuts take
+   off (the grid sees the site's draw: a GPU that asks draws a raise at once, while a cut
+   of a lender's headroom moves none; a reallocation between racks or rows that moves draw
+   moves none at the site; the rows' ramps are left to ``policies.capping``'s bands). While
+   the site's caps are within its breaker, a cycle's cuts take off no more draw than
+   ``ramp_w_per_s * dt_s`` less what the cuts still in flight will
+   (``ClusterState.pending_cap_w``), spread over the GPUs cut: a limit gliding down, and a
+   reallocation too (its cuts go a cycle before the raises they pay for, a dip the grid
+   sees); headroom nobody draws goes at once, and under a node drawing over its limit, or
+   whose caps are over its breaker (a limit lowered, caps read back higher than counted:
+   the guarantee before the grid), every watt. A cut in flight stands (a GPU kept at its
+   cap in force is not raised back to it). While the site's caps are over what they may sum
+   to (an operator's limit, a lowered grant), only the racks in turn are cut
    (``policies.turns.invariant_cut_in_turn``, ``ClusterState.cut_turn``; the others keep
-   their caps). Moves smaller than ``uncap_min_step_w`` are not made (commands are not worth
-   it), except to restore the invariant.
+   their caps). Moves smaller than ``uncap_min_step_w`` are not made (commands are not
+   worth it), except to restore the invariant.
 5. **Clocks and the floor's cost** as rules 5 and 6 of ``policies.capping``.
 
 Why it does at least a static cap's work: a static cap is one allocation within every
@@ -97,10 +118,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.capping import (
+    STAGED_PHASES,
     Decision,
     PolicySettings,
     Sanitised,
     clocks_and_floor,
+    own_rise_w_per_s,
     sanitised,
     under_a_passed_limit,
 )
@@ -123,6 +146,7 @@ LENDING_PHASES = ("checkpoint", "idle", "shutdown")
 WORKING_PHASES = ("compute", "startup")
 _LENDING_CODES = phase_codes(LENDING_PHASES)
 _WORKING_CODES = phase_codes(WORKING_PHASES)
+_STAGED_CODES = phase_codes(STAGED_PHASES)
 _COMM_CODE = PHASE_CODES["communication"]
 _FULL_W = 1.0  # a node within a watt of its limit is full
 
@@ -130,7 +154,7 @@ _FULL_W = 1.0  # a node within a watt of its limit is full
 def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySettings) -> Decision:
     """One cycle under the invariant (module docstring); ``policies.decide`` calls it."""
     s = sanitised(tree, state)
-    room = caps_room_w(tree)
+    room = caps_room_w(tree, node_draw_w(tree, s.power))
     r = _roles(tree, state, s, settings, room)
     base, ranked = _bases(tree, s, r, room)
     target, want = _target(tree, s, r, base, ranked, room)
@@ -151,6 +175,8 @@ class _Roles:
     borrowing: np.ndarray  # holds more than its entitlement, neither asks nor lends
     frozen: np.ndarray  # out of its turn under a broken invariant: keeps its cap
     give_to: np.ndarray  # how far a lender may give
+    staged: np.ndarray  # in a staged phase under grid smoothing: its cap follows its draw
+    stage_cap: np.ndarray  # the most a staged GPU asks for: its draw plus one headroom
     entitled: np.ndarray  # its failsafe cap, within its floor and maximum
     over: np.ndarray  # per node: the invariant broken (caps in force over its room)
     under_over: np.ndarray
@@ -173,13 +199,14 @@ def _roles(
     )
     wants_more = _wants_more(s, state, h)
     long_comm, ends_soon = _announced(state, s.phase, settings)
+    staged = _staged_for_the_grid(s, settings)
     lends = ctl & ~wants_more
     lends &= in_codes(s.phase, _LENDING_CODES) | long_comm | (working & (power + 3 * h < cap))
     returning = lends & ends_soon  # a wait about to end: its entitlement back ahead of it
     over = tree.node_sum(cap) > room + 1e-9  # the invariant broken: every watt cut counts
     under_over = tree.gpus_under(over)
-    node_power = tree.node_sum(power) + tree.overhead_below_w
-    passed = under_a_passed_limit(tree, node_power)
+    node_power = node_draw_w(tree, power)
+    passed = under_a_passed_limit(tree, node_power) | tree.gpus_under(in_band(tree, node_power))
     # out of turn (policies.turns.invariant_cut_in_turn): held at its cap in force, neither
     # cut nor raised, unless a node over it draws above its limit
     frozen = np.zeros(len(cap), dtype=bool)
@@ -192,6 +219,7 @@ def _roles(
     # a GPU holding more than its entitlement (a loan, asking no more: at its maximum, or
     # drawing a little under its cap) gives it back to those that ask for theirs
     borrowing = ctl & ~lends & ~asking & ~frozen & (cap > entitled + 1e-9)
+    give_to = _give_to(power, h, s.floor, cap)
     return _Roles(
         slope=np.where(span > 0, span, 1.0),
         asks=asks,
@@ -201,7 +229,9 @@ def _roles(
         asking=asking,
         borrowing=borrowing,
         frozen=frozen,
-        give_to=_give_to(power, h, s.floor, cap),
+        give_to=give_to,
+        staged=staged,
+        stage_cap=np.maximum(power + h, s.floor),
         entitled=entitled,
         over=over,
         under_over=under_over,
@@ -239,6 +269,7 @@ def _target(
     want = cap.copy()
     want[r.asks] = s.cap_max[r.asks]
     want[r.returning] = np.maximum(cap[r.returning], r.entitled[r.returning])
+    want[r.staged & r.asks] = np.minimum(want, r.stage_cap)[r.staged & r.asks]
     # every GPU that asks up to its entitlement, then class by class
     x = fill(
         tree, cap_min, r.slope, base, np.where(ranked, np.minimum(want, r.entitled), base), room
@@ -257,6 +288,8 @@ def _target(
             x = np.where(r.lends, cap, x)
         else:
             x = fill(tree, cap_min, r.slope, x, np.where(r.lends, cap, x), room)
+    # under grid smoothing a staged GPU holds no more than its draw plus a headroom
+    x = np.where(r.staged, np.minimum(x, r.stage_cap), x)
     return x, want
 
 
@@ -279,13 +312,19 @@ def _make_before_break(
     new = cap.copy()
     new[cut] = target[cut]
     ramp_w = float(tree.ramp_w_per_s[SITE]) * dt_s
-    within_breaker = tree.node_sum(cap)[SITE] <= tree.gpu_room_w[SITE] + 1e-9
+    # the breakers' invariant broken (a limit lowered, caps read back higher than counted):
+    # its cuts go at once, whatever the grid's ramp; an operator's line and a grant
+    # (Tree.root_caps_limit_w) glide
+    breakers = tree.gpu_room_w + allowance_w(tree, r.node_power_w)
+    broken = tree.node_sum(cap) > breakers + 1e-9
+    within_breaker = not broken[SITE]
     if within_breaker and np.isfinite(ramp_w):  # the site's draw falls no faster than its
         # ramp (a limit gliding down, a reallocation: a cut made before the raise it pays
-        # for is a dip the grid sees), save under a node drawing above its limit; headroom
-        # nobody draws goes at once
+        # for is a dip the grid sees), save under a node drawing above its limit or whose
+        # caps are over its breaker; headroom nobody draws goes at once
         drawn = _after_pending(state, np.minimum(power, cap))
-        fall = np.where(cut & ~r.passed, np.maximum(drawn - target, 0.0), 0.0)
+        paced = cut & ~r.passed & ~tree.gpus_under(broken)
+        fall = np.where(paced, np.maximum(drawn - target, 0.0), 0.0)
         total_w = float(fall.sum())
         landing_w = float(np.sum(np.where(ctl & ~r.passed, np.minimum(power, cap) - drawn, 0.0)))
         budget_w = max(ramp_w - landing_w, 0.0)
@@ -297,7 +336,11 @@ def _make_before_break(
         if np.isfinite(ramp_w):  # the draw the cuts take off pays for raises beyond it
             drawn = np.minimum(power[cut], cap[cut])
             freed_w = float(np.sum(drawn - np.minimum(drawn, target[cut])))
-            raise_room[SITE] = min(raise_room[SITE], sum_in_force[SITE] + ramp_w + freed_w)
+            own_w = own_rise_w_per_s(tree, state, s.phase, ctl, r.staged, settings)[SITE] * dt_s
+            # and a staged GPU's headroom, which it draws at once when its compute begins
+            own_w += float(np.sum(np.where(r.staged, r.stage_cap - power, 0.0)))
+            allowed_w = max(ramp_w - own_w, 0.0) + freed_w
+            raise_room[SITE] = min(raise_room[SITE], sum_in_force[SITE] + allowed_w)
         y = cap.copy()
         for prio in range(HIGH, LOW - 1, -1):
             mine = rise & (s.priority == prio)
@@ -355,12 +398,13 @@ def _decision(
         node_shift_w=np.zeros(tree.n_nodes),
         shifted=np.zeros(len(new), dtype=bool),
         levelled=may_wait,
+        short=short & tree.gpus_under(capping),
     )
 
 
 def _after_pending(state: ClusterState, drawn: np.ndarray) -> np.ndarray:
     """Each GPU's draw once the cuts sent and not yet acknowledged land: they count against
-    this cycle's fall (found by ``bench_scale --site-limit-mw 110 --safety-by-caps`` over a
+    this cycle's fall (found by ``bench_scale --site-limit-mw 110 --safety caps`` over a
     broker: with acks a cycle late, the next racks in turn were cut as well, 1.56 MW/s
     against 1 MW/s)."""
     if state.pending_cap_w is None:
@@ -403,18 +447,69 @@ def _wants_more(s: Sanitised, state: ClusterState, h: np.ndarray) -> np.ndarray:
     return wants
 
 
+def _staged_for_the_grid(s: Sanitised, settings: PolicySettings) -> np.ndarray:
+    """Under grid smoothing (``startup_rise_w_per_s`` > 0), the GPUs in a staged phase
+    (``startup``, ``checkpoint``): their caps follow their draw up by one headroom, so a
+    start fills up within the site's ramp and its first step of compute does not jump to
+    its entitlement (``policies.capping``'s rule 2, for the same reason)."""
+    if not settings.startup_rise_w_per_s > 0:
+        return np.zeros(len(s.cap), dtype=bool)
+    staged: np.ndarray = s.ctl & in_codes(s.phase, _STAGED_CODES)
+    return staged
+
+
 def _give_to(power: np.ndarray, h: np.ndarray, floor: np.ndarray, cap: np.ndarray) -> np.ndarray:
     """How far a GPU that lends may give: two headrooms over its draw (rule 1's terms)."""
     given: np.ndarray = np.clip(power + 2 * h, floor, cap)
     return given
 
 
-def caps_room_w(tree: Tree) -> np.ndarray:
+def caps_room_w(tree: Tree, node_power_w: np.ndarray | None = None) -> np.ndarray:
     """(n_nodes,) what the caps of the GPUs under each node may sum to: its limit less its
-    overheads, the root's also within ``Tree.root_caps_limit_w`` less the site's."""
+    overheads, plus an oversubscribed node's allowance at its draw ``node_power_w``
+    (``allowance_w``; None: none), the root's also within ``Tree.root_caps_limit_w`` less
+    the site's."""
     room = tree.gpu_room_w.copy()
+    if node_power_w is not None:
+        room += allowance_w(tree, node_power_w)
     room[0] = min(room[0], tree.root_caps_limit_w - tree.overhead_below_w[0])
     return room
+
+
+def node_draw_w(tree: Tree, power_w: np.ndarray) -> np.ndarray:
+    """(n_nodes,) each node's measured draw: its GPUs' power plus its overheads."""
+    drawn: np.ndarray = tree.node_sum(power_w) + tree.overhead_below_w
+    return drawn
+
+
+def band_w(tree: Tree) -> np.ndarray:
+    """(n_nodes,) an oversubscribed node's band, ``limit_w - rise_margin_w``: drawing at
+    most this, it stays within its limit for the controller's reaction time at the plan's
+    quantile. inf where the node is guaranteed by its caps."""
+    band = np.full(tree.n_nodes, np.inf)
+    if tree.rise_margin_w is not None:
+        over = tree.oversubscribed
+        band[over] = (np.asarray(tree.limit_w, dtype=float) - tree.rise_margin_w)[over]
+    return band
+
+
+def in_band(tree: Tree, node_power_w: np.ndarray) -> np.ndarray:
+    """(n_nodes,) bool: an oversubscribed node draws above its band."""
+    inside: np.ndarray = np.asarray(node_power_w, dtype=float) > band_w(tree)
+    return inside
+
+
+def allowance_w(tree: Tree, node_power_w: np.ndarray) -> np.ndarray:
+    """(n_nodes,) how far the caps under each node may sum beyond its limit this cycle:
+    an oversubscribed node's ``oversubscription_w``, less as its draw comes within that of
+    its band, 0 in it; 0 at every other node. Continuous in the draw, so a node near its
+    band is not cut and raised in turn."""
+    if tree.oversubscription_w is None or not tree.oversubscribed.any():
+        return np.zeros(tree.n_nodes)
+    below = band_w(tree) - np.asarray(node_power_w, dtype=float)
+    with np.errstate(invalid="ignore"):  # inf - inf at a guaranteed node: 0 below
+        allowed = np.clip(below, 0.0, tree.oversubscription_w)
+    return np.where(tree.oversubscribed, allowed, 0.0)
 
 
 def caps_at_draw_w(tree: Tree, state: ClusterState, settings: PolicySettings) -> float:
@@ -427,10 +522,17 @@ def caps_at_draw_w(tree: Tree, state: ClusterState, settings: PolicySettings) ->
     return float(np.sum(at_draw)) + float(tree.overhead_below_w[SITE])
 
 
-def caps_in_force_fit(tree: Tree, cap_w: np.ndarray, tolerance_w: float = 1e-6) -> np.ndarray:
+def caps_in_force_fit(
+    tree: Tree,
+    cap_w: np.ndarray,
+    tolerance_w: float = 1e-6,
+    node_power_w: np.ndarray | None = None,
+) -> np.ndarray:
     """(n_nodes,) whether each node's caps in force plus its overheads are within its
-    limit: the invariant, as a check (tests, the replay, the controller's health)."""
-    fits: np.ndarray = tree.node_sum(np.asarray(cap_w, dtype=float)) <= (
-        tree.gpu_room_w + tolerance_w
-    )
+    limit (an oversubscribed node's: plus its allowance at ``node_power_w``): the
+    invariant, as a check (tests, the replay, the controller's health)."""
+    room = tree.gpu_room_w
+    if node_power_w is not None:
+        room = room + allowance_w(tree, node_power_w)
+    fits: np.ndarray = tree.node_sum(np.asarray(cap_w, dtype=float)) <= room + tolerance_w
     return fits

@@ -299,10 +299,11 @@ class PolicySettings:
     # their ranges, keeping their sum (rule 3c). Off: caps between the bands stay unequal
     # when they were cut at different times (one node heard late, say).
     level_within_class: bool = True
-    # Safety by caps (policies.allocation): every level kept within its limit by the caps
-    # in force, not by bands on measured power; the caps reallocated every cycle to the
-    # GPUs that would use them. Off: the three bands above (Dynamo's).
-    safety_by_caps: bool = False
+    # Safety by caps (policies.allocation), the default: every level kept within its limit
+    # by the caps in force, not by bands on measured power; the caps reallocated every cycle
+    # to the GPUs that would use them. Off: the three bands above (Dynamo's) on measured
+    # power, which cap a node above its capping threshold down to its capping target.
+    safety_by_caps: bool = True
     # Under safety_by_caps, a GPU in communication for longer than this lends its
     # headroom (s); a shorter wait keeps its cap: its job resumes before a loan is back.
     lend_after_s: float = 5.0
@@ -370,6 +371,9 @@ class Decision:
     shifted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     # (n_gpus,) bool: caps moved (up or down) to level a class between the bands (rule 3c)
     levelled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # (n_gpus,) bool, under safety by caps: asks for more than it was given, under a node
+    # whose caps are at its limit (what holds it is the limit, shared: policies.causes)
+    short: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
 def rising_after_wait(
@@ -400,6 +404,25 @@ def rising_after_wait(
             step_share = np.minimum(1.0, rates * (wait_s - after_s) / after_s)
         share = np.where(resumed, step_share, share)
     return np.where(controllable, share, 0.0)
+
+
+def own_rise_w_per_s(
+    tree: Tree,
+    state: ClusterState,
+    phase: np.ndarray,
+    controllable: np.ndarray,
+    staged: np.ndarray,
+    settings: PolicySettings,
+) -> np.ndarray:
+    """(n_nodes,) W/s the GPUs under each node rise by on their own under grid smoothing,
+    each at ``startup_rise_w_per_s``: a ``staged`` start filling up, and a GPU rising back
+    after a wait (``rising_after_wait``, its share); what the caps handed back must leave
+    of a node's ramp. Zeros without grid smoothing."""
+    if not settings.startup_rise_w_per_s > 0:
+        return np.zeros(tree.n_nodes)
+    rising = np.maximum(staged, rising_after_wait(state, phase, controllable, settings))
+    own: np.ndarray = settings.startup_rise_w_per_s * tree.node_sum(rising)
+    return own
 
 
 def may_ask_to_uncap(tree: Tree, state: ClusterState) -> np.ndarray:
@@ -578,9 +601,7 @@ def decide(
             at_caps = np.where(phase == _IDLE_CODE, power, held)
             drawn = tree.node_sum(at_caps) + overhead
         ramp = np.asarray(tree.ramp_w_per_s, dtype=float)
-        if settings.startup_rise_w_per_s > 0:  # what GPUs take of it on their own
-            rising = np.maximum(staged, rising_after_wait(state, phase, ctl, settings))
-            ramp = np.maximum(ramp - settings.startup_rise_w_per_s * tree.node_sum(rising), 0)
+        ramp = np.maximum(ramp - own_rise_w_per_s(tree, state, phase, ctl, staged, settings), 0)
         cap_room = np.minimum(tree.cap_target_w - drawn, tree.limit_w - node_cap_sum)
         if cycles is not None:  # a turn takes its share of the room, the others' turns come
             j = np.flatnonzero(everyone)

@@ -15,6 +15,9 @@ is then charged to one cause, so that the causes add up to the loss:
   - ``capping``: a node above its capping threshold cut it (rule 3 of
     ``policies.capping``), or a node between its bands levelled it with the
     other GPUs of its class held at their caps (rule 3c): the budget, shared;
+    under safety by caps, a cut to make room under a limit, or, from its
+    failsafe start on, a node over it full when it asks (``Decision.short``):
+    the limit, shared;
   - ``priority shift``: a node between its bands took its watts for a
     higher-priority GPU (rule 3b);
   - ``staged phase``: its cap was lowered to the staged cap of a job start or
@@ -62,10 +65,13 @@ def cap_causes(
 ) -> np.ndarray:
     """``causes`` after a cycle: a GPU whose cap the cycle lowered takes the rule that
     lowered it (capping before priority shift before staging, the order they act in);
-    every other GPU keeps its cause."""
+    every other GPU keeps its cause, but one at its failsafe start that a full node holds
+    there (``Decision.short``), which takes ``capping``."""
     new_cap = np.asarray(decision.cap_w)
     lowered = new_cap < np.asarray(old_cap_w) - _LOWERED_W
     out = causes.copy()
+    if len(decision.short):  # at its failsafe start, but held there by a full node
+        out[(out == FAILSAFE) & decision.short] = CAPPING
     if not lowered.any():
         return out
     out[lowered & in_codes(phase, _STAGED_CODES)] = STAGED

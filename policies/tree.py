@@ -86,6 +86,11 @@ class Tree:
     # limit_w (policies.allocation): an operator's site limit gliding down, a
     # coordinator's grant to a leaf. inf: only the limits.
     root_caps_limit_w: float = float("inf")
+    # (n_nodes,) oversubscribed levels (policies.allocation, "Oversubscription"): what the
+    # caps under a node may sum to beyond its limit, and the rise within the controller's
+    # reaction its band keeps below the limit. None: every level guaranteed by its caps.
+    oversubscription_w: np.ndarray | None = None
+    rise_margin_w: np.ndarray | None = None
     # --- derived ---
     level_nodes: tuple[np.ndarray, ...] = field(init=False, repr=False)  # intp node ids per level
     level_parent: tuple[np.ndarray, ...] = field(init=False, repr=False)  # intp, their parents
@@ -106,6 +111,10 @@ class Tree:
                 raise ValueError(
                     f"Tree.{name} has {len(getattr(self, name))} entries, not {n_gpus}"
                 )
+        for name in ("oversubscription_w", "rise_margin_w"):
+            value = getattr(self, name)
+            if value is not None and len(value) != n_nodes:
+                raise ValueError(f"Tree.{name} has {len(value)} entries, not {n_nodes}")
         if self.names and len(self.names) != n_nodes:
             raise ValueError(f"Tree.names has {len(self.names)} entries, not {n_nodes}")
         if n_nodes == 0 or self.parent[0] != -1:
@@ -219,6 +228,15 @@ class Tree:
         room: np.ndarray = np.asarray(self.limit_w, dtype=float) - self.overhead_below_w
         room.setflags(write=False)
         return room
+
+    @cached_property
+    def oversubscribed(self) -> np.ndarray:
+        """(n_nodes,) bool: the caps under the node may sum beyond its limit (read-only)."""
+        over = np.zeros(self.n_nodes, dtype=bool)
+        if self.oversubscription_w is not None:
+            over = np.asarray(self.oversubscription_w, dtype=float) > 0
+        over.setflags(write=False)
+        return over
 
     @cached_property
     def overhead_below_w(self) -> np.ndarray:

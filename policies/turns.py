@@ -51,8 +51,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.allocation import caps_room_w
-from policies.capping import Decision, PolicySettings, decide, may_ask_to_uncap
+from policies.allocation import caps_room_w, node_draw_w
+from policies.capping import Decision, PolicySettings, decide, may_ask_to_uncap, sanitised
 from policies.tree import RACK, ClusterState, Tree
 
 # The share of max_raises that nodes handed watts back in turn take (whole racks, so a
@@ -216,7 +216,7 @@ def invariant_cut_in_turn(
     cap = np.asarray(state.cap_w, dtype=float)
     over = (
         tree.node_sum(np.where(np.isfinite(cap), cap, tree.failsafe_cap_w))
-        > caps_room_w(tree) + 1e-9
+        > caps_room_w(tree, node_draw_w(tree, sanitised(tree, state).power)) + 1e-9
     )
     cand = _under_too_many(tree, over, live, max_raises)
     if cand is None:

@@ -14,13 +14,14 @@ import pandas as pd
 
 from planner.commands.options import demand_options, placed_inputs
 from planner.output import column_mapping, emit, format_option, write_whole
-from policies.tree import ROW
+from planner.sizing import REACTION_S
+from policies.tree import RACK, ROW, SITE
 from powerd.cli.options import Fraction, Quantity
 from powerd.topology import PLAUSIBLE_W
 
 if TYPE_CHECKING:
     from planner.mix import Mix, Placement
-    from planner.sizing import Sizing, WorkloadTrace
+    from planner.sizing import Sizing, SizingSettings, WorkloadTrace
     from powerd.topology import Topology
 
 HELP = """Size rack, row and site budgets and the failsafe caps from measured profiles.
@@ -157,6 +158,71 @@ def _rack_summary(racks: pd.DataFrame) -> pd.DataFrame:
             "capping_s_per_day_max": [racks["capping_s_per_day"].max()],
             "over_limit_s_per_day_max": [racks["over_limit_s_per_day"].max()],
         }
+    )
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    """``rack,row`` -> (RACK, ROW); a clear error for any other word."""
+    from policies.tree import LEVEL_NAMES
+
+    names = {LEVEL_NAMES[lvl]: lvl for lvl in (RACK, ROW, SITE)}
+    words = [w.strip().lower() for w in text.split(",") if w.strip()]
+    unknown = [w for w in words if w not in names]
+    if unknown:
+        raise click.BadParameter(
+            f"{', '.join(unknown)}: levels are {', '.join(names)}", param_hint="--oversubscribe"
+        )
+    return tuple(sorted({names[w] for w in words}))
+
+
+def _guarantees(table: pd.DataFrame, quantile: float, reaction_s: float) -> pd.DataFrame:
+    """Per level: how many nodes the caps guarantee and how many are oversubscribed, by
+    how much at most, with the band's margin (the level's rise within the reaction)."""
+    rows = []
+    for level, nodes in table.groupby("level", sort=False):
+        band = nodes[nodes["guarantee"] == "band"]
+        rows.append(
+            {
+                "level": level,
+                "guaranteed_by_caps": int(len(nodes) - len(band)),
+                "oversubscribed": len(band),
+                "oversubscription_max_w": float(band["oversubscription_w"].max())
+                if len(band)
+                else 0.0,
+                "oversubscription_max_pct": float(
+                    (100 * band["oversubscription_w"] / band["limit_w"]).max()
+                )
+                if len(band)
+                else 0.0,
+                "rise_margin_max_w": float(band["rise_margin_w"].max()) if len(band) else 0.0,
+                "rise_quantile": quantile if len(band) else math.nan,
+                "reaction_s": reaction_s if len(band) else math.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _guarantee_note(sized: Sizing, settings: SizingSettings) -> str:
+    """One sentence: which levels the caps guarantee and which are oversubscribed."""
+    from policies.tree import LEVEL_NAMES
+
+    levels = [LEVEL_NAMES[lvl] for lvl in settings.oversubscribe]
+    if not levels:
+        return (
+            "Every rack, row and the site is guaranteed by the caps in force (safety by caps:"
+            " their caps plus overheads within their limits)."
+        )
+    table = sized.table
+    band = table[table["guarantee"] == "band"]
+    return (
+        f"Oversubscribed ({', '.join(levels)}): {len(band)} node(s) whose caps"
+        f" may sum beyond their limits, by up to {band['oversubscription_w'].max():,.0f} W,"
+        f" each guarded by a band its p{settings.quantile * 100:g} rise within"
+        f" {settings.reaction_s:g} s (up to {band['rise_margin_w'].max():,.0f} W)"
+        " under its limit; the other levels are guaranteed by the caps in force."
+        if len(band)
+        else f"Oversubscribed ({', '.join(levels)}): none, their GPUs at"
+        " their maximum caps fit their limits; every level is guaranteed by the caps in force."
     )
 
 
@@ -300,6 +366,23 @@ def _write_agent_failsafe(output: Path, caps_w: dict[str, float]) -> list[Path]:
     help="Size the rows for a tree of controllers: scale their budgets to fit the leaf pool.",
 )
 @click.option(
+    "--oversubscribe",
+    "oversubscribe",
+    default="",
+    metavar="LEVELS",
+    help="Comma-separated levels (rack, row, site) whose caps may sum beyond their limits,"
+    " a band on measured power guarding each: its margin the --quantile of the level's rise"
+    " within --reaction-s. The others are guaranteed by the caps in force. [default: none]",
+)
+@click.option(
+    "--reaction-s",
+    type=Quantity("s", 0.01),
+    default=REACTION_S,
+    show_default=True,
+    help="The controller's reaction, a rise to its cut in force (bench_scale measures it:"
+    " p99 1.2-1.9 s at 20,736 nodes).",
+)
+@click.option(
     "--allow-over-limit",
     is_flag=True,
     help="Write the file even where a node's demand at --quantile is above its limit"
@@ -324,6 +407,8 @@ def command(
     column_pairs: tuple[str, ...],
     workload: str | None,
     tree: bool,
+    oversubscribe: str,
+    reaction_s: float,
     allow_over_limit: bool,
     fmt: str,
 ) -> None:
@@ -341,6 +426,7 @@ def command(
 
     if not output.parent.is_dir():
         raise click.BadParameter(f"{output.parent}: no such directory", param_hint="--output")
+    levels = _levels(oversubscribe)
     try:
         terms = load_terms(terms_path) if terms_path else NonGpuTerms()
         terms = terms.merged(
@@ -355,7 +441,12 @@ def command(
         topology, profiles, mix_path, step_s, column_mapping(column_pairs), workload
     )
     settings = SizingSettings(
-        quantile=quantile, samples=samples, seed=seed, max_budget_fraction=max_budget_fraction
+        quantile=quantile,
+        samples=samples,
+        seed=seed,
+        max_budget_fraction=max_budget_fraction,
+        oversubscribe=levels,
+        reaction_s=reaction_s,
     )
     try:
         sized = size(inputs.top, inputs.placement, inputs.traces, terms, settings)
@@ -375,6 +466,7 @@ def command(
             f"Racks, rows and the site are sized for p{quantile * 100:g} of their demand"
             f" ({sized.info['samples_per_node']:,} samples per node, seed {seed});",
             "failsafe caps keep every node within its limit. Method: docs/PLANNER.md.",
+            *textwrap.wrap(_guarantee_note(sized, settings), width=86),
             *textwrap.wrap(f"Tree of controllers: {tree_doc['note']}.", width=86),
             "",
         ]
@@ -402,6 +494,7 @@ def command(
         "terms": terms.describe(),
         "tree_of_controllers": tree_doc["note"],
         "over_limit": over["name"].tolist(),
+        "guarantee": _guarantee_note(sized, settings),
     }
     if fmt == "json":
         extra["tree"] = {k: v for k, v in tree_doc.items() if k != "note"}
@@ -426,6 +519,7 @@ def command(
         emit(
             {
                 "site and rows": upper[short],
+                "guaranteed by caps or oversubscribed": _guarantees(table, quantile, reaction_s),
                 "racks": _rack_summary(racks),
                 "racks with the most capping": worst[short],
                 "jobs": jobs,

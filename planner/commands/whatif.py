@@ -28,7 +28,8 @@ Every --step-s (the controller's cycle) each GPU of a job demands its job's
 profile, from a random offset per job (jobs are not synchronised with each
 other; the GPUs of one job are), and draws min(demand, the cap set the step
 before); policies.decide, the function the controller runs, then sets the
-next caps, with the job's priority and profiled phases. GPUs start at their
+next caps, with the job's priority and profiled phases (--safety: by the caps
+in force, the default, or by the bands on measured power). GPUs start at their
 failsafe caps, as agents do. Idle GPUs draw their model's idle power.
 
 \b
@@ -113,6 +114,16 @@ STORAGE_NOT_WITH_SMOOTHING = (
     "(hardware power smoothing, or the software floor): reports the energy it burns.",
 )
 @click.option(
+    "--safety",
+    type=click.Choice(["caps", "bands"]),
+    default="caps",
+    show_default=True,
+    help="How the controller's policy keeps every level within its limit. caps: by the caps "
+    "in force, the caps moved to the GPUs held at theirs (policies/allocation.py); bands: "
+    "Dynamo's bands on measured power, a node drawing above its cap_threshold capped down "
+    "to its cap_target (policies/capping.py).",
+)
+@click.option(
     "--storage-kj-per-rack",
     type=Quantity("kJ", min=0),
     default=None,
@@ -154,6 +165,7 @@ def command(
     duration_s: float,
     synchronised: bool,
     smoothing: bool,
+    safety: str,
     storage_kj_per_rack: float | None,
     storage_kw_per_rack: float | None,
     storage_efficiency: float | None,
@@ -182,6 +194,7 @@ def command(
         storage_table,
         sweep_speed,
     )
+    from policies.capping import PolicySettings
     from policies.causes import LOST_CAUSES, lost_column
 
     sizing = storage_sizing(
@@ -208,7 +221,11 @@ def command(
             raise click.ClickException(str(exc)) from None
         speed = sweep_speed(sweep)
     settings = WhatifSettings(
-        duration_s=duration_s, seed=seed, synchronised=synchronised, smoothing=smoothing
+        duration_s=duration_s,
+        seed=seed,
+        synchronised=synchronised,
+        smoothing=smoothing,
+        policy=PolicySettings(safety_by_caps=safety == "caps"),
     )
     try:
         with step_progress("replaying") as on_step:

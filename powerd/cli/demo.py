@@ -75,11 +75,14 @@ from powerd.cli.options import Quantity, old_spelling, record_option, setup_logg
     "[default: 3 s, compressed: a real one takes tens of seconds].",
 )
 @click.option(
-    "--safety-by-caps",
-    is_flag=True,
-    help="The controller keeps every rack, row and the site within its limit by the caps in "
-    "force and moves caps to the GPUs held at theirs, instead of the bands on measured power "
-    "(docs/CONTROLLER.md, 'Safety by caps').",
+    "--safety",
+    type=click.Choice(["caps", "bands"]),
+    default="caps",
+    show_default=True,
+    help="How the controller keeps every rack, row and the site within its limit. caps: by "
+    "the caps in force, the caps moved to the GPUs held at theirs (docs/CONTROLLER.md, "
+    "'Safety by caps'); bands: Dynamo's bands on measured power, a node drawing above its "
+    "cap_threshold capped down to its cap_target.",
 )
 def command(
     duration_s: float,
@@ -92,7 +95,7 @@ def command(
     compute_s: float | None,
     comm_s: float | None,
     checkpoint_s: float | None,
-    safety_by_caps: bool,
+    safety: str,
 ) -> None:
     """The whole loop on this machine, no servers: broker, controller, agents, jobs.
 
@@ -110,6 +113,7 @@ def command(
     Examples:
       powerd demo                                   # 40 s, a live view in a terminal
       powerd demo --duration-s 20 --no-live --summary-json summary.json
+      powerd demo --safety bands                    # Dynamo's bands, not safety by caps
       powerd demo --smoothing --budgets powerd/data/budgets/demo.toml --plot smoothing.png
       powerd demo --record 'influx1+http://localhost:8086?db=powerd'   # then Grafana
       powerd demo --smoothing --duration-s 120 --compute-s 9.5 --comm-s 0.5   # a 10 s step
@@ -171,7 +175,7 @@ def command(
         topology=topology,
         record=record,
         smoothing=smoothing,
-        safety_by_caps=safety_by_caps,
+        safety_by_caps=safety == "caps",
         compute_s=compute_s,
         comm_s=comm_s,
         checkpoint_s=checkpoint_s,

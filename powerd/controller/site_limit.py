@@ -96,7 +96,7 @@ class SiteLimits:
         cut at once, the rest no faster than the line (``policies.in_force``). Held to the
         measured power's line alone, the first cycle cut the draw by the headroom the caps
         keep over it, at once (2.3 MW/s against the grid's 1 MW/s on the 150 MW site,
-        ``bench_scale --site-limit-mw 110 --safety-by-caps``)."""
+        ``bench_scale --site-limit-mw 110 --safety caps``)."""
         last_at = self.glide_at
         glide = self.threshold_w(
             wall,

@@ -97,8 +97,9 @@ class DemoOptions:
     comm_s: float = COMM_S
     checkpoint_s: float = CHECKPOINT_S
     # the controller keeps every level within its limit by the caps in force
-    # (policies/allocation.py) instead of the bands
-    safety_by_caps: bool = False
+    # (policies/allocation.py, the default); False: the bands on measured power
+    # (policies/capping.py)
+    safety_by_caps: bool = True
 
 
 @dataclass
@@ -523,7 +524,7 @@ async def _record(
         on_tick(state)
 
 
-def _policy_for(cycle_s: float, safety_by_caps: bool = False) -> PolicySettings:
+def _policy_for(cycle_s: float, safety_by_caps: bool = True) -> PolicySettings:
     """The default policy, its per-cycle steps scaled so it hands watts back as fast per second
     as the defaults do at their 1 s cycle (not twice as fast at 0.5 s)."""
     default = PolicySettings(safety_by_caps=safety_by_caps)

@@ -239,6 +239,34 @@ def configured_models_used(draft: Draft) -> None:
         )
 
 
+def oversubscription_has_margin(draft: Draft) -> None:
+    """An oversubscribed level (``oversubscription_w`` > 0) gives the rise its band keeps
+    below its limit (``rise_margin_w`` > 0), a band above its own non-GPU power; a rise
+    margin alone, at a level its caps guarantee, would be a number nothing reads."""
+    col = draft.node_w
+    over, margin, limit = col["oversubscription"], col["rise_margin"], col["limit"]
+    overhead = draft.subtree_sum(np.zeros(len(draft.server_gpus)), col["overhead"])
+    for i in np.flatnonzero((over > 0) | (margin > 0)).tolist():
+        if over[i] > 0 and margin[i] <= 0:
+            raise draft.fail(
+                i,
+                f"oversubscription_w = {over[i]:g} W needs rise_margin_w (the most its draw "
+                "may rise within the controller's reaction, `powerplan size` writes it)",
+            )
+        if over[i] <= 0:
+            raise draft.fail(
+                i,
+                f"rise_margin_w = {margin[i]:g} W without oversubscription_w: the level is "
+                "guaranteed by its caps and has no band",
+            )
+        if limit[i] - margin[i] <= overhead[i]:
+            raise draft.fail(
+                i,
+                f"rise_margin_w = {margin[i]:g} W leaves no band: limit_w = {limit[i]:g} W "
+                f"less the margin is within its non-GPU power ({overhead[i]:g} W)",
+            )
+
+
 CHECKS: tuple[Callable[[Draft], None], ...] = (
     names_valid_and_unique,
     units_plausible,
@@ -246,6 +274,7 @@ CHECKS: tuple[Callable[[Draft], None], ...] = (
     budgets_within_limits,
     thresholds_ordered,
     failsafe_holds,
+    oversubscription_has_margin,
     configured_models_used,
 )
 

@@ -77,6 +77,10 @@ class Topology:
     # comm_max_slowdown and clock_table, a path made absolute), for a file written from this
     # topology to choose the same clock from the same table; absent: no comm clock
     comm_clock_keys: Mapping[str, Mapping[str, float | str]] = field(default_factory=dict)
+    # (n_nodes,) an oversubscribed level's allowance (what its caps may sum to beyond its
+    # limit) and the rise its band keeps below the limit (docs/BUDGETS.md); None: all 0
+    oversubscription_w: np.ndarray | None = None
+    rise_margin_w: np.ndarray | None = None
 
     def clock_table(self, model: str) -> ClockTable | None:
         """How a clock lock acts on a GPU of ``model``: the table the file chose its
@@ -226,6 +230,8 @@ class Topology:
             cap_max_w=np.repeat(cap_max, count),
             failsafe_cap_w=np.repeat(self.server_failsafe_cap_w, count),
             comm_clock_mhz=np.repeat(clock, count),
+            oversubscription_w=self.oversubscription_w,
+            rise_margin_w=self.rise_margin_w,
         )
 
     def subtree_sum(self, per_server: np.ndarray, own: np.ndarray | None = None) -> np.ndarray:

@@ -46,9 +46,11 @@ from powerd.topology.grid import (
 from powerd.topology.model import BudgetError, Topology
 from powerd.topology.units import (
     GRID_QUANTITIES,
+    OVERSUBSCRIPTION,
     QUANTITIES,
     RAMP_PLAUSIBLE_PER_S,
     SPELLINGS,
+    ZERO_OK,
     Written,
     implausible,
 )
@@ -184,7 +186,7 @@ class _Reader:
                 raise self.fail(node, f"{quantity} is required ({spellings})")
             return None
         key = given[0]
-        value = self.number(table, key, node, zero_ok=quantity == "overhead")
+        value = self.number(table, key, node, zero_ok=quantity in ZERO_OK)
         return Written(key, value, SPELLINGS[quantity][key])
 
     def fraction(self, table: dict[str, Any], key: str, node: str) -> float | None:
@@ -483,6 +485,10 @@ class _Spec:
         written = self.written.get("ramp")
         return math.inf if written is None else written.watts
 
+    def watts_or_zero(self, quantity: str) -> float:
+        written = self.written.get(quantity)
+        return 0.0 if written is None else written.watts
+
 
 def _read_spec(
     reader: _Reader, entry: Any, level: int, desc: str, position: int, parent_desc: str
@@ -509,11 +515,15 @@ def _read_spec(
     start = reader.integer(entry, "start", node, 0, 10**9) if "start" in entry else 1
     fields = _template_fields(reader, name, level, is_gen, node) if level != SITE else ()
     written: dict[str, Written] = {}
-    for quantity in ("limit", "budget", "overhead", "ramp"):
+    for quantity in ("limit", "budget", "overhead", "ramp", *OVERSUBSCRIPTION):
         required = quantity in ("limit", "budget") and level != SERVER
         value = reader.watts(entry, quantity, node, required=required)
         if value is not None:
             written[quantity] = value
+    if level == SERVER and any(q in written for q in OVERSUBSCRIPTION):
+        raise reader.fail(
+            node, "oversubscription and rise_margin are for racks, rows and the site, not nodes"
+        )
     thresholds = tuple(reader.fraction(entry, k, node) for k in THRESHOLDS)
     failsafe = reader.number(entry, "failsafe_cap_w", node) if "failsafe_cap_w" in entry else None
     gpus, model_key = 0, ""
@@ -606,7 +616,8 @@ class _Columns:
     specs: list[list[_Spec]] = field(default_factory=lambda: [[], [], [], []])
     watts: dict[str, list[list[float]]] = field(
         default_factory=lambda: {
-            k: [[], [], [], []] for k in ("limit", "budget", "overhead", "ramp", *THRESHOLDS)
+            k: [[], [], [], []]
+            for k in ("limit", "budget", "overhead", "ramp", *OVERSUBSCRIPTION, *THRESHOLDS)
         }
     )
     server_gpus: list[int] = field(default_factory=list)
@@ -652,6 +663,7 @@ class _Walker:
         cols.parent[lvl].extend([parent] * n)
         cols.specs[lvl].extend([spec] * n)
         per_node = {"limit": limit, "budget": budget, "overhead": spec.overhead_w}
+        per_node |= {q: spec.watts_or_zero(q) for q in OVERSUBSCRIPTION}
         per_node |= {"ramp": spec.ramp_w_per_s, **dict(zip(THRESHOLDS, effective, strict=True))}
         for key, value in per_node.items():
             cols.watts[key][lvl].extend([value] * n)
@@ -838,6 +850,8 @@ def _topology(draft: checks.Draft, models: _Models, grid: GridSpec | None = None
         uncap_threshold=col["uncap_threshold"],
         ramp_w_per_s=col["ramp"],
         overhead_w=col["overhead"],
+        oversubscription_w=col["oversubscription"],
+        rise_margin_w=col["rise_margin"],
         level_start=draft.level_start,
         server_gpu_count=draft.server_gpus,
         server_model=draft.server_model,

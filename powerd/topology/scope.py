@@ -176,6 +176,11 @@ def scoped(topology: Topology, scope: Scope) -> Topology:
         "server_gpu_count": np.array(topology.server_gpu_count[servers]),
         "server_failsafe_cap_w": np.array(topology.server_failsafe_cap_w[servers]),
     }
+    for key in ("oversubscription_w", "rise_margin_w"):
+        column = getattr(topology, key)
+        if column is not None:  # the site's is the coordinator's, as its overhead
+            arrays[key] = pick(column)
+            arrays[key][0] = 0.0
     for value in arrays.values():
         value.setflags(write=False)  # as every Topology column
     return dataclasses.replace(

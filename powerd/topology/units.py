@@ -21,7 +21,14 @@ QUANTITIES: dict[str, dict[str, float]] = {
     "budget": {f"budget{s}": f for s, f in POWER_UNITS.items()},
     "overhead": {f"overhead{s}": f for s, f in POWER_UNITS.items()},
     "ramp": {f"ramp{s}": f for s, f in RAMP_UNITS.items()},
+    # An oversubscribed level (docs/BUDGETS.md, "Oversubscription"): what the caps under it
+    # may sum to beyond its limit, and the rise its band keeps below the limit.
+    "oversubscription": {f"oversubscription{s}": f for s, f in POWER_UNITS.items()},
+    "rise_margin": {f"rise_margin{s}": f for s, f in POWER_UNITS.items()},
 }
+OVERSUBSCRIPTION = ("oversubscription", "rise_margin")
+# Quantities a file may give as 0 (the others must be > 0).
+ZERO_OK = frozenset({"overhead", "oversubscription", "rise_margin"})
 # The site's [site.grid] table: limits on the measured ramp, in the same three units.
 GRID_QUANTITIES: dict[str, dict[str, float]] = {
     "ramp_up": {f"ramp_up{s}": f for s, f in RAMP_UNITS.items()},

@@ -69,7 +69,7 @@ def test_lost_samples_and_late_acks(tmp_path: Path) -> None:
 def test_under_safety_by_caps_the_site_is_commanded_once_and_then_left_alone(
     tmp_path: Path,
 ) -> None:
-    """``--safety-by-caps``: every node's first command, then only the pushed racks'
+    """``--safety caps`` (the default): every node's first command, then only the pushed racks'
     raises and their loans: no cut after the start with the jobs' GPUs below their caps."""
     report = run_commands_bench(
         tmp_path,
@@ -79,7 +79,8 @@ def test_under_safety_by_caps_the_site_is_commanded_once_and_then_left_alone(
         "4",
         "--communication-s",
         "2",
-        "--safety-by-caps",
+        "--safety",
+        "caps",
     )
     totals = report["totals"]
     assert totals["first"] == 72

@@ -41,7 +41,12 @@ def test_the_loop_benchmark_passes_every_step_on_simulated_gpus(
     assert steps["1 agent alone"]["mode"] == "failsafe"
     assert steps["2 controller starts"]["ack"] == "applied"
     held = steps["3 under load"]
-    assert sum(held["caps_w"]) <= report["budget_w"]  # the controller capped the node
+    # safety by caps, the default: the controller's caps hold the node within its limit,
+    # raised from the failsafe caps the agent started at (the node's limit holds both GPUs
+    # above them)
+    assert report["safety"] == "caps"
+    assert sum(held["caps_w"]) <= report["limit_w"]
+    assert min(held["caps_w"]) > report["failsafe_cap_w"]
     assert held["s_over_limit"] == 0 and held["max_1s_mean_draw_w"] <= report["limit_w"]
     assert held["max_draw_over_caps_w"] <= 0  # a simulated GPU never draws above its cap
     assert steps["4 communication"]["mean_draw_w_locked"] < held["max_1s_mean_draw_w"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.parametrize("safety", [[], ["--safety-by-caps"]], ids=["bands", "caps"])
+@pytest.mark.parametrize("safety", [["--safety", "bands"], []], ids=["bands", "caps"])
 def test_policy_benchmark_runs(tmp_path: Path, safety: list[str]):
     out = tmp_path / "policy.json"
     result = subprocess.run(
@@ -40,7 +40,7 @@ def test_policy_benchmark_runs(tmp_path: Path, safety: list[str]):
         assert 0 < scenario["min_ms"] <= scenario["median_ms"] <= scenario["p95_ms"]
     # the scenarios do what they say (under the bands: safety by caps moves no cap for
     # a node drawing over its threshold; it holds every level by the caps in force)
-    if not safety:
+    if safety == ["--safety", "bands"]:
         assert report["scenarios"]["worst_all_racks_over"]["nodes_capping"] >= 2 * 3
     assert report["scenarios"]["worst_half_uncapping"]["gpus_uncapped"] > 0
     assert report["command"].startswith("python -m bench.bench_policy")

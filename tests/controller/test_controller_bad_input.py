@@ -13,9 +13,9 @@ import time
 from powerd.protocol import PhaseEvent, encode
 from tests.support.controller_harness import (
     CAP_MAX_W,
+    FAILSAFE_CAP_W,
     NODES,
     TOPICS,
-    fast_uncap,
     probe,
     running_cluster,
 )
@@ -138,17 +138,19 @@ UNKNOWN: list[tuple[str, bytes]] = [
 async def test_garbage_is_counted_and_changes_nothing(mosquitto):
     async with (
         probe(mosquitto) as p,
-        running_cluster(mosquitto, phase="idle", policy=fast_uncap()) as cluster,
+        running_cluster(mosquitto, phase="idle") as cluster,
     ):
         ctl, agents = cluster.controller, cluster.agents
         agents.set_phase(NODES["r1-k1"], "compute")
-        # steady: rack 1 capped, rack 2 at the maximum, no command in the last cycles
+        # steady (safety by caps, the default): rack 1's GPUs in compute raised to their
+        # maximum (its limit holds them all), rack 2's idle ones at their failsafe caps (no
+        # GPU asks for their watts); no command in the last cycles
         await ctl.wait_for(
             lambda: (
                 len(ctl.cycles) > 3
                 and all(not c.result.commands for c in ctl.cycles[-3:])
-                and max(agents.caps(NODES["r1-k1"])) < 450.0
-                and min(agents.caps(NODES["r1-k2"])) == CAP_MAX_W
+                and min(agents.caps(NODES["r1-k1"])) == CAP_MAX_W
+                and set(agents.caps(NODES["r1-k2"])) == {FAILSAFE_CAP_W}
             )
         )
         caps, epoch = agents.caps(), ctl.core.epoch

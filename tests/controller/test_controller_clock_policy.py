@@ -13,6 +13,7 @@ from msgspec import UNSET, UnsetType
 from powerd.controller.core import CycleResult
 from powerd.protocol import Ack, Command, CommClock, GpuAck, GpuCommand, encode
 from tests.controller.test_controller_core import (
+    BANDS,
     COMM_CLOCK_MHZ,
     WALL0,
     Bench,
@@ -89,7 +90,10 @@ def bench() -> Bench:
     return bench
 
 
-def test_the_policy_goes_out_with_the_caps_to_the_jobs_gpus_only(bench: Bench) -> None:
+def test_the_policy_goes_out_with_the_caps_to_the_jobs_gpus_only() -> None:
+    # the bands, whose decision (every GPU's maximum here) makes a cap set below it move
+    bench = make_bench(announced_live_s=LIVE_S, policy=BANDS)
+    run_cycle(bench)  # every node commanded once (the first cycle knows nothing)
     bench.phase(JOB, "startup", JOB_NODES)
     sent = run_cycle(bench)
     assert sorted(sent) == sorted(JOB_NODES)  # granting is a change of its own

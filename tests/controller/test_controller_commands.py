@@ -11,6 +11,7 @@ from policies.tree import PHASE_CODES
 from powerd.controller.core import CAP_TOLERANCE_W
 from powerd.protocol import Command, decode, encode
 from tests.controller.test_controller_core import (
+    BANDS,
     CAP_MAX_W,
     COMM_CLOCK_MHZ,
     FAILSAFE_W,
@@ -29,6 +30,11 @@ def bench() -> Bench:
     return make_bench(ack_timeout_s=3.0, command_ttl_s=30.0)
 
 
+def bands_bench() -> Bench:
+    """``bench`` under the bands (``BANDS``), for the tests whose numbers are theirs."""
+    return make_bench(ack_timeout_s=3.0, command_ttl_s=30.0, policy=BANDS)
+
+
 def caps_of(command: Command) -> list[float]:
     return [g.cap_w for g in command.gpus]  # type: ignore[misc]
 
@@ -36,7 +42,8 @@ def caps_of(command: Command) -> list[float]:
 # --- what is commanded -------------------------------------------------------------
 
 
-def test_rack_over_budget_gets_lower_caps_the_others_their_maximum(bench: Bench) -> None:
+def test_rack_over_budget_gets_lower_caps_the_others_their_maximum() -> None:
+    bench = bands_bench()
     bench.report_all(650.0)
     result = bench.cycle()
     commands = dict(result.commands)
@@ -103,7 +110,8 @@ def test_the_last_fraction_of_a_watt_back_to_the_maximum_is_sent(bench: Bench) -
     assert caps_of(result.commands[0][1]) == [CAP_MAX_W, CAP_MAX_W]
 
 
-def test_only_the_node_whose_caps_change_is_commanded(bench: Bench) -> None:
+def test_only_the_node_whose_caps_change_is_commanded() -> None:
+    bench = bands_bench()
     bench.report_all(300.0)
     bench.apply(bench.cycle())
     bench.clock.advance(1.0)
@@ -302,7 +310,8 @@ def test_rejected_ack_means_command_again_next_cycle(bench: Bench) -> None:
     assert caps_of(result.commands[0][1]) == caps_of(commands["k3-n1"])
 
 
-def test_partial_ack_takes_the_read_back_caps_and_is_not_resent(bench: Bench) -> None:
+def test_partial_ack_takes_the_read_back_caps_and_is_not_resent() -> None:
+    bench = bands_bench()
     bench.report_all(650.0)
     commands = bench.apply(bench.cycle(), ack=False)
     for node in NODES:
@@ -330,7 +339,7 @@ def test_partial_ack_takes_the_read_back_caps_and_is_not_resent(bench: Bench) ->
         assert result.counters.resends == result.counters.acks_missing == 0
         # the decision starts from what the GPU holds: node k2-n2 is between its bands and
         # the GPU draws at its cap, so it is handed one uncapping step from there
-        step = PolicySettings().uncap_step_fraction * (CAP_MAX_W - holds_w)
+        step = BANDS.uncap_step_fraction * (CAP_MAX_W - holds_w)
         assert result.decision.cap_w[gpus.start + 1] == pytest.approx(holds_w + step)
         holds_w = float(result.decision.cap_w[gpus.start + 1])
         bench.apply(result)
@@ -403,7 +412,8 @@ def test_communication_phase_locks_clocks_and_compute_unlocks_them(bench: Bench)
         assert [g.max_sm_clock_mhz for g in command.gpus] == [None, None]  # unlock, explicitly
 
 
-def test_uncapping_is_gradual_one_command_per_step(bench: Bench) -> None:
+def test_uncapping_is_gradual_one_command_per_step() -> None:
+    bench = bands_bench()
     bench.report_all(650.0)
     bench.apply(bench.cycle())
     caps = []
@@ -420,10 +430,11 @@ def test_uncapping_is_gradual_one_command_per_step(bench: Bench) -> None:
     assert np.all(np.diff(caps[:-1]) > CAP_TOLERANCE_W)  # each step worth a command
 
 
-def test_a_raise_in_flight_is_neither_undone_nor_stepped_on_until_answered(bench: Bench) -> None:
+def test_a_raise_in_flight_is_neither_undone_nor_stepped_on_until_answered() -> None:
     """Acks slower than a cycle: the node's telemetry still shows the caps it held before
     the command. Deciding from them sent the old caps back as a "cut" (bench_scale lost
     ~400 commands a second so); stepping on from the asked caps would pile raises on it."""
+    bench = bands_bench()
     bench.report_all(650.0)
     cut = bench.apply(bench.cycle())  # rack k1 cut to its target, acked
     bench.report_all(200.0)  # k1 now far below its uncapping threshold
@@ -503,8 +514,11 @@ def test_clock_locks_wait_their_turn_and_unlocks_go_at_once() -> None:
 def climb_back(max_raises_per_cycle: int) -> tuple[list[dict[str, Command]], np.ndarray]:
     """A job starts on every node (caps staged), then computes drawing little: the caps
     climb back. Every cycle's commands until nothing more is sent, and the caps then."""
-    bench = make_bench(
-        ack_timeout_s=3.0, command_ttl_s=30.0, max_raises_per_cycle=max_raises_per_cycle
+    bench = make_bench(  # the bands: their staged caps and uncapping steps
+        ack_timeout_s=3.0,
+        command_ttl_s=30.0,
+        max_raises_per_cycle=max_raises_per_cycle,
+        policy=BANDS,
     )
     bench.report_all(150.0)
     bench.phase("j", "startup", list(NODES))
@@ -564,9 +578,10 @@ def decide_in_turn(cap_w: np.ndarray, uncap_cycles: list[int], settings: PolicyS
 
 
 def test_a_turn_asks_for_what_its_cycles_would_give() -> None:
-    """Rule 4 with ``uncap_cycles``: 0 asks nothing, k asks what k steps would give."""
+    """Rule 4 of the bands with ``uncap_cycles``: 0 asks nothing, k asks what k steps would
+    give."""
     cap = np.full(SITE_GPUS, 300.0)
-    settings = PolicySettings()
+    settings = BANDS
     cap_w = decide_in_turn(cap, [0, 0, 3, 3, 1, 1, 0, 0, 0, 0], settings)
     gap = CAP_MAX_W - 300.0
     assert cap_w[:2] == pytest.approx([300.0, 300.0])  # not their turn
@@ -576,10 +591,11 @@ def test_a_turn_asks_for_what_its_cycles_would_give() -> None:
 
 def test_a_turn_takes_only_its_share_of_the_room_above_it() -> None:
     """Rack k1's breaker leaves 100 W of room over its caps; of its two nodes, one's turn
-    has come: it takes its half (the other's turn comes later), not all of it."""
+    has come: it takes its half (the other's turn comes later), not all of it. (The bands'
+    rule 4: safety by caps hands nothing to GPUs drawing far below their caps.)"""
     cap = np.full(SITE_GPUS, 300.0)
     cap[:4] = 600.0  # k1: 4 x 600 + 100 W overhead = 2,500 W of its 2,600 W limit
-    cap_w = decide_in_turn(cap, [4, 4] + [0] * (SITE_GPUS - 2), PolicySettings())
+    cap_w = decide_in_turn(cap, [4, 4] + [0] * (SITE_GPUS - 2), BANDS)
     # 2 x 25 W: half of the 100 W (alone, it would take it all: 2 x 50 W of 2 x 59 W asked)
     assert cap_w[:2] == pytest.approx([625.0, 625.0])
     assert cap_w[2:] == pytest.approx(cap[2:])  # the others wait their turn

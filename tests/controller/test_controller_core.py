@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from policies import PHASE_CODES, PRIORITY_CODES
+from policies import PHASE_CODES, PRIORITY_CODES, PolicySettings
 from powerd.controller.core import (
     POWER_OVER_CAP_RATIO,
     POWER_OVER_CAP_W,
@@ -87,6 +87,10 @@ model = "H100"
 NODES = ("k1-n1", "k1-n2", "k2-n1", "k2-n2", "k3-n1")
 CAP_MIN_W, CAP_MAX_W, FAILSAFE_W, COMM_CLOCK_MHZ = 200.0, 700.0, 400.0, 1100.0
 K1_TARGET_W = 0.95 * 1500  # rack k1's capping target
+# The bands (policies/capping.py), for the tests whose numbers are theirs: rack k1 cut to its
+# capping target, caps handed back a step a cycle. Under safety by caps, the default, rack
+# k1 is held within its 2,600 W limit by its caps and the others keep what they hold.
+BANDS = PolicySettings(safety_by_caps=False)
 WALL0 = 1_795_000_000.0  # the fake wall clock is WALL0 + the fake monotonic clock
 
 
@@ -469,8 +473,10 @@ def test_valid_payloads_with_unknown_fields_are_accepted(bench: Bench) -> None:
 
 
 def test_stale_node_counts_at_failsafe_power_and_is_not_commanded() -> None:
-    # the agents fall back to failsafe as soon as the controller calls them stale
-    bench = make_bench(stale_after_s=5.0, agent_failsafe_after_s=5.0)
+    # the agents fall back to failsafe as soon as the controller calls them stale; the bands
+    # cut the rack-mate for the silent node (safety by caps leaves it its maximum: 2 x 700 W
+    # + 2 x 400 W + 100 W fit rack k1's limit)
+    bench = make_bench(stale_after_s=5.0, agent_failsafe_after_s=5.0, policy=BANDS)
     bench.report_all({"k1-n1": 100.0, "k1-n2": 100.0})  # rack k1 well under its budget
     bench.apply(bench.cycle())
     for _ in range(5):  # k1-n1 falls silent; its rack-mate starts drawing 650 W
@@ -503,7 +509,10 @@ def test_stale_node_counts_at_failsafe_power_and_is_not_commanded() -> None:
 
 
 def test_node_back_from_silence_is_commanded_only_where_it_holds_other_caps() -> None:
-    bench = make_bench(stale_after_s=5.0)
+    # the bands hand every GPU here its maximum, so a node back at its failsafe caps holds
+    # other caps than the decision's (safety by caps takes the caps a node holds, within its
+    # limits, as they are: it commands none of them)
+    bench = make_bench(stale_after_s=5.0, policy=BANDS)
     bench.report_all(300.0)
     bench.apply(bench.cycle())
     silent = bench.cycle(advance_s=6.0)
@@ -523,8 +532,10 @@ def test_node_back_from_silence_is_commanded_only_where_it_holds_other_caps() ->
 
 def test_node_heard_but_not_yet_decoded_after_silence_is_not_commanded() -> None:
     """Back, but its payload still waits in the inbox: not stale, and not commanded on
-    what it held before it went away (it may have restarted)."""
-    bench = make_bench(stale_after_s=5.0)
+    what it held before it went away (it may have restarted). Under the bands, whose
+    decision (every GPU's maximum here) differs from the failsafe caps the restarted node
+    holds."""
+    bench = make_bench(stale_after_s=5.0, policy=BANDS)
     bench.report_all(300.0)
     bench.apply(bench.cycle())
     bench.cycle(advance_s=6.0)
@@ -541,7 +552,9 @@ def test_node_heard_but_not_yet_decoded_after_silence_is_not_commanded() -> None
     assert [node for node, _ in bench.cycle(advance_s=1.0).commands] == ["k1-n1"]
 
 
-def test_offline_status_counts_at_failsafe_power_until_telemetry_returns(bench: Bench) -> None:
+def test_offline_status_counts_at_failsafe_power_until_telemetry_returns() -> None:
+    # the bands, whose decision (not the failsafe caps) the node back online is commanded to
+    bench = make_bench(policy=BANDS)
     bench.report_all(300.0, cap_w=FAILSAFE_W)  # its last caps were its failsafe caps
     bench.cycle()
     bench.core.on_status("k2-n1", status_payload("k2-n1", "offline"))

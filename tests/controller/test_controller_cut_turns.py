@@ -6,6 +6,10 @@ cut its 82,944 GPUs by ~11 W each every cycle, a command to each of its 20,736 n
 second, which the broker and one fleet process could not carry (they fell seconds behind).
 With turns the site falls as fast, along the same line, from fewer commands.
 
+Under the bands (``BANDS``), whose budget a site limit lowers (the tree is the one
+``SiteLimits.tree_under`` makes for them): safety by caps under a site limit is
+tests/controller/test_site_limit_under_caps.py's.
+
 ``BUDGETS`` (tests/controller/test_controller_core.py): five 2-GPU H100 nodes (200-700 W)
 in three racks; every GPU computes at 300 W, or what its cap lets it draw.
 """
@@ -18,7 +22,14 @@ import pytest
 
 from powerd.controller.site_limit import SiteLimits
 from powerd.protocol import SiteLimit
-from tests.controller.test_controller_core import CAP_MAX_W, NODES, WALL0, Bench, make_bench
+from tests.controller.test_controller_core import (
+    BANDS,
+    CAP_MAX_W,
+    NODES,
+    WALL0,
+    Bench,
+    make_bench,
+)
 
 DRAW_W = 300.0
 LIMIT_W = 2_500.0  # the site draws 3,100 W (100 W of it rack k1's overhead)
@@ -38,7 +49,10 @@ def glide(max_raises_per_cycle: int, cycles: int = 14) -> tuple[list[set[str]], 
     """The nodes cut every cycle while the site glides down to ``LIMIT_W``, and the site's
     measured power before each cycle."""
     bench = make_bench(
-        ack_timeout_s=3.0, command_ttl_s=30.0, max_raises_per_cycle=max_raises_per_cycle
+        ack_timeout_s=3.0,
+        command_ttl_s=30.0,
+        max_raises_per_cycle=max_raises_per_cycle,
+        policy=BANDS,
     )
     base = bench.core.tree
     limits = SiteLimits()

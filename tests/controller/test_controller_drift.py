@@ -9,6 +9,7 @@ import pytest
 
 from powerd.controller.core import CAP_SETTLE_S, DRIFT_RETRY_S
 from tests.controller.test_controller_core import (
+    BANDS,
     CAP_MAX_W,
     NODES,
     WALL0,
@@ -22,7 +23,10 @@ NODE = "k2-n1"  # in a rack with room: the decision is its maximum cap
 
 @pytest.fixture
 def bench() -> Bench:
-    b = make_bench()
+    # the bands, whose decision for NODE is its maximum cap whatever it holds (safety by
+    # caps, the default, takes caps a GPU holds below its entitlement and does not draw as
+    # they are: it would command nothing back)
+    b = make_bench(policy=BANDS)
     b.report_all(300.0, ts=WALL0)
     b.apply(b.cycle())  # every node commanded and acked (acks stamped WALL0)
     assert b.cycle(advance_s=1.0).commands == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.controller.test_controller_core import CAP_MAX_W, FAILSAFE_W, Bench, make_bench
+from tests.controller.test_controller_core import BANDS, CAP_MAX_W, FAILSAFE_W, Bench, make_bench
 
 
 @pytest.fixture
@@ -43,10 +43,11 @@ def test_a_rack_over_and_still_rising_asks_again(bench: Bench) -> None:
 
 def test_an_early_cycle_hands_back_a_share_of_a_full_step() -> None:
     """From the same capped state, a cycle 0.25 s after the last gives back a quarter of
-    what a cycle a full period later gives back."""
+    what a cycle a full period later gives back. (The bands' uncapping step, scaled by the
+    cycle's length; safety by caps raises only GPUs held at their caps.)"""
     raised = {}
     for dt in (1.0, 0.25):
-        b = make_bench()
+        b = make_bench(policy=BANDS)
         b.report_all(300.0, cap_w=FAILSAFE_W)
         b.apply(b.cycle())  # answered: no command in flight
         b.core.cap_w[:] = b.core.commanded_cap_w[:] = FAILSAFE_W  # held low: room everywhere

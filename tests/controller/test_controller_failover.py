@@ -1,6 +1,12 @@
 """Failover: a leader killed with SIGKILL leaves a stale retained heartbeat; a new controller
 leads with the next epoch, the agents follow it, and the tree stays inside its limits throughout.
-A clean stop leaves a retained standby heartbeat."""
+A clean stop leaves a retained standby heartbeat.
+
+Both controllers run the bands (``BANDS``): with them A holds every GPU below its failsafe
+cap, so the agents' fallback is a rise (``FAILSAFE_RAISE_SHARE``) and the caps a new leader
+sets are told apart from the failsafe caps. Under safety by caps, the default, this tree's
+racks fit every GPU at its maximum; a SIGKILL under it is
+tests/controller/test_controller_caps_safety.py's."""
 
 from __future__ import annotations
 
@@ -16,6 +22,8 @@ from powerd.protocol import Command, Heartbeat, decode, encode
 from powerd.topology import parse_budgets
 from tests.support.controller_harness import (
     AGENT_FAILSAFE_AFTER_S,
+    BANDS,
+    BANDS_TOML,
     FAILSAFE_CAP_W,
     RACKS,
     SERVERS,
@@ -87,7 +95,7 @@ async def test_killed_leader_is_replaced_with_a_higher_epoch_and_caps_stay_safe(
     topology = parse_budgets(budgets.read_text())
     tree = topology.tree
     config_a = tmp_path / "ctl-a.toml"
-    config_a.write_text(controller_toml(mosquitto, "ctl-a"))
+    config_a.write_text(controller_toml(mosquitto, "ctl-a") + BANDS_TOML)
 
     async with probe(mosquitto) as p, running_agents(mosquitto, topology, "compute") as agents:
         old = Heartbeat(
@@ -135,7 +143,7 @@ async def test_killed_leader_is_replaced_with_a_higher_epoch_and_caps_stay_safe(
 
         # a new controller: the retained heartbeat is A's, stale; it leads with A's epoch + 1
         b_mark = p.mark()
-        config_b = controller_config(mosquitto, name="ctl-b")
+        config_b = controller_config(mosquitto, name="ctl-b", policy=BANDS)
         async with running_controller(mosquitto, topology, config_b) as b:
             assert b.core.epoch == epoch_a + 1
             acks = {}
@@ -215,9 +223,9 @@ async def test_hot_standby_takes_over_before_the_agents_fall_back_to_failsafe(mo
     budgets.write_text(budgets_toml())
     topology = parse_budgets(budgets.read_text())
     config_a = tmp_path / "ctl-a.toml"
-    config_a.write_text(controller_toml(mosquitto, "ctl-a"))
+    config_a.write_text(controller_toml(mosquitto, "ctl-a") + BANDS_TOML)
     # B takes over 0.6 s after A's last heartbeat; the agents would give up after 1.5 s
-    config_b = controller_config(mosquitto, name="ctl-b", takeover_after_s=0.6)
+    config_b = controller_config(mosquitto, name="ctl-b", takeover_after_s=0.6, policy=BANDS)
 
     async with probe(mosquitto) as p, running_agents(mosquitto, topology, "compute") as agents:
         a = spawn_controller(

@@ -10,6 +10,7 @@ import time
 
 from powerd.protocol import INT64_MAX, Command, GpuCommand, Heartbeat, Telemetry, encode
 from tests.support.controller_harness import (
+    BANDS,
     CAP_MAX_W,
     GPUS_PER_NODE,
     NODES,
@@ -35,7 +36,12 @@ async def test_a_forged_command_moves_no_gpu_and_the_rack_stays_inside_its_limit
 ):
     """On an anonymous broker, as finding 1 tried it: anyone can publish, nobody can sign."""
     broker = anonymous_mosquitto
-    async with probe(broker) as p, running_cluster(broker, phase="compute") as cluster:
+    # the bands hold the racks' GPUs below the forged 700 W, where a forgery that moved one
+    # would show (under safety by caps, the default, this tree's racks fit every GPU at 700 W)
+    async with (
+        probe(broker) as p,
+        running_cluster(broker, phase="compute", policy=BANDS) as cluster,
+    ):
         ctl, agents, tree = cluster.controller, cluster.agents, cluster.controller.core.tree
         # in compute both racks are over budget: the controller holds their GPUs below max
         await agents.wait_for(lambda: max(agents.caps()) < 450.0, what="racks capped")

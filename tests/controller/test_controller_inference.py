@@ -7,6 +7,7 @@ import pytest
 from policies import PHASE_CODES, PRIORITY_CODES
 from powerd.controller.core import CycleCounters
 from tests.controller.test_controller_core import (
+    BANDS,
     CAP_MAX_W,
     COMM_CLOCK_MHZ,
     NODES,
@@ -214,8 +215,11 @@ def test_an_announcement_overrides_an_inference(bench: Bench) -> None:
     assert bench.core.jobs["quiet"].inferred_phase is None
 
 
-def test_a_capped_job_is_not_inferred_to_be_waiting(bench: Bench) -> None:
-    """Caps the controller itself set push power down together: that is not a wait."""
+def test_a_capped_job_is_not_inferred_to_be_waiting() -> None:
+    """Caps the controller itself set push power down together: that is not a wait. (The
+    bands cut rack k1 to its target, far below what the job draws; safety by caps keeps it
+    within its 2,600 W limit, which takes only 25 W a GPU.)"""
+    bench = make_bench(policy=BANDS)
     start_quiet_job(bench, nodes=("k1-n1",))
     # k1-n1 computes at 650 W while its rack-mate idles: rack k1 is under its threshold
     phases, _ = run(bench, 20, COMPUTE_W, other_w=100.0, nodes=("k1-n1",))
@@ -235,9 +239,8 @@ def test_a_capped_job_is_not_inferred_to_be_waiting(bench: Bench) -> None:
     assert bench.caps["k1-n1"][0] < 0.6 * COMPUTE_W  # it really was capped that hard
 
 
-def test_an_inferred_checkpoint_ends_when_compute_resumes_under_the_staged_cap(
-    bench: Bench,
-) -> None:
+def test_an_inferred_checkpoint_ends_when_compute_resumes_under_the_staged_cap() -> None:
+    bench = make_bench(policy=BANDS)  # staged caps are the bands' (policies/capping.py, rule 2)
     start_quiet_job(bench)
     run(bench, 20, COMPUTE_W)
     phases, _ = run(bench, 8, WAIT_W)

@@ -146,5 +146,7 @@ def test_a_leaf_under_caps_reports_its_caps_in_force_and_one_under_the_bands_non
                                   stale_nodes=0)  # fmt: skip
     caps = grants.summary(tree, state, decision, policy=by_caps, **fields)
     assert caps.caps_in_force_w == pytest.approx(700.0 * n + float(tree.overhead_below_w[0]))
-    bands = grants.summary(tree, state, decision, policy=PolicySettings(), **fields)
+    bands = grants.summary(
+        tree, state, decision, policy=PolicySettings(safety_by_caps=False), **fields
+    )
     assert bands.caps_in_force_w is None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from policies import PolicySettings
-from tests.controller.test_controller_core import NODES, Bench, make_bench
+from tests.controller.test_controller_core import BANDS, NODES, Bench, make_bench
 
 DEMAND_W = 650.0  # what rack k1's H100s would draw uncapped
 
@@ -36,7 +36,7 @@ def run_heard_late(bench: Bench, cycles: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_caps_of_a_rack_cut_in_two_steps_come_level():
-    bench = make_bench()
+    bench = make_bench(policy=BANDS)
     tree, rack = bench.core.tree, bench.topology.node_index("k1")
     after_second, caps = run_heard_late(bench, cycles=30)
     # the scenario: the node heard late was cut less than its sibling
@@ -50,7 +50,7 @@ def test_caps_of_a_rack_cut_in_two_steps_come_level():
 
 
 def test_without_levelling_the_caps_stay_apart():
-    bench = make_bench(policy=PolicySettings(level_within_class=False))
+    bench = make_bench(policy=PolicySettings(safety_by_caps=False, level_within_class=False))
     after_second, caps = run_heard_late(bench, cycles=30)
     np.testing.assert_allclose(caps, after_second)
     assert caps[2:].min() - caps[:2].max() > 100.0

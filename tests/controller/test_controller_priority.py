@@ -1,4 +1,8 @@
-"""Two jobs in one over-budget rack: the low-priority job's GPUs give their watts first."""
+"""Two jobs in one over-budget rack: the low-priority job's GPUs give their watts first.
+
+Under the bands (``fast_uncap``): only they cap a rack over its budget, and rule 3b is
+theirs; safety by caps, the default, orders its classes its own way
+(tests/policies/test_policy_allocation.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""A rack pushed over its budget is back under it within two control cycles, and only it is capped."""
+"""A rack pushed over its budget is back under it within two control cycles, and only it is capped.
+
+Under the bands (``fast_uncap``): safety by caps, the default, holds a rack within its
+limit by its caps, not under its budget."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from powerd.protocol import GpuSmoothingState, PhaseEvent, Telemetry, decode, en
 from powerd.telemetry_schema import DECISION, GPU, PHASE_EVENT, TREE, ParsedLine, parse_line, to_ns
 from powerd.topology.grid import GridSpec
 from tests.controller.test_controller_core import (
+    BANDS,
     CAP_MAX_W,
     NODES,
     WALL0,
@@ -81,7 +82,8 @@ def test_tree_points_carry_their_placement(bench: Bench, records: Records) -> No
     }
 
 
-def test_tree_fields_are_the_cycles_numbers(bench: Bench, records: Records) -> None:
+def test_tree_fields_are_the_cycles_numbers(records: Records) -> None:
+    bench = make_bench(policy=BANDS)  # the bands: their thresholds, target and capping
     bench.report_all(650.0)
     result = bench.cycle()
     points = parsed(records.cycle(bench.core, result, TS))
@@ -147,9 +149,10 @@ def test_decision_point_counts_stale_offline_failsafe_and_resends(
     assert f["commands_sent"] == 3  # the two resends and the failsafe node
 
 
-def test_site_ramp_is_the_change_of_the_site_cap_sum_per_second(
-    bench: Bench, records: Records
-) -> None:
+def test_site_ramp_is_the_change_of_the_site_cap_sum_per_second(records: Records) -> None:
+    # the bands, which hand rack k1 watts back as the load goes (safety by caps leaves caps
+    # nobody draws where they are)
+    bench = make_bench(policy=BANDS)
     bench.report_all(650.0)
     first = bench.cycle()
     records.cycle(bench.core, first, TS)

@@ -11,6 +11,8 @@ import pytest
 from powerd.controller.reload import changes, refusal
 from powerd.topology import parse_budgets
 from tests.support.controller_harness import (
+    BANDS,
+    BANDS_TOML,
     NODES,
     RACKS,
     TOPICS,
@@ -26,6 +28,8 @@ from tests.support.controller_harness import (
 
 TEXT = budgets_toml()
 LOWER = TEXT.replace("budget_w = 4000", "budget_w = 3000", 1)  # the first rack only
+# A reloaded budget is enforced by the bands (BANDS): safety by caps, the default, keeps
+# every level within its limit and has no use for a budget.
 
 
 def test_numbers_may_change_structure_and_failsafe_caps_may_not():
@@ -42,7 +46,7 @@ def test_numbers_may_change_structure_and_failsafe_caps_may_not():
 
 @pytest.mark.asyncio
 async def test_a_reloaded_budget_is_enforced_and_a_refused_one_changes_nothing(mosquitto):
-    async with running_cluster(mosquitto, phase="compute") as c:
+    async with running_cluster(mosquitto, phase="compute", policy=BANDS) as c:
         ctl, rack = c.controller, c.controller.node(RACKS[0])
         overhead = float(c.topology.tree.overhead_below_w[rack])
         renamed = parse_budgets(LOWER.replace('"r1-k2-n2"', '"r1-k2-n9"'))
@@ -66,7 +70,7 @@ async def test_sighup_reloads_the_file_and_a_broken_file_leaves_the_budgets_in_f
 ):
     budgets, config = tmp_path / "budgets.toml", tmp_path / "ctl.toml"
     budgets.write_text(TEXT)
-    config.write_text(controller_toml(mosquitto, "ctl-a"))
+    config.write_text(controller_toml(mosquitto, "ctl-a") + BANDS_TOML)
     log = tmp_path / "ctl.log"
     topology = parse_budgets(TEXT)
     async with probe(mosquitto) as p, running_agents(mosquitto, topology, "compute") as agents:

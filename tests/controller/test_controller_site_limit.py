@@ -149,7 +149,7 @@ async def test_a_site_limit_is_reached_within_the_ramp_held_and_released(
     config.write_text(
         controller_toml(mosquitto, "ctl-a")
         + f'\n[trust]\noperator_keys = ["{op_pub}"]\n'
-        + ("\n[policy]\nsafety_by_caps = true\n" if by_caps else "")
+        + f"\n[policy]\nsafety_by_caps = {'true' if by_caps else 'false'}\n"
     )
     topology = parse_budgets(TEXT)
     tree = topology.tree

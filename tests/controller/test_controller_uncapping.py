@@ -1,4 +1,7 @@
-"""When load falls, caps come back gradually: the site's cap sum rises within its ramp limit."""
+"""When load falls, caps come back gradually: the site's cap sum rises within its ramp limit.
+
+Under the bands (``fast_uncap``), which cap the racks in compute and hand the watts back as
+the load falls; under safety by caps, the default, idle GPUs keep their caps or lend them."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ at their maximum, half at 55 % of it (they lend). An operator limits the site to
 its feed for 60 s. The draw must fall and, after expiry, rise no faster than the grid's
 ramps, and be under the limit once the line has ended. Held to the line from the measured
 power alone (no ``committed_w``), the caps cut the draw by the headroom the lenders keep
-over it at once (``bench_scale --site-limit-mw 110 --safety-by-caps``: 2.3 MW/s against
+over it at once (``bench_scale --site-limit-mw 110 --safety caps``: 2.3 MW/s against
 1 MW/s)."""
 
 from __future__ import annotations

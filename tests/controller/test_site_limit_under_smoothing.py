@@ -9,7 +9,10 @@ site to 70 % of its capping threshold, the glide starting in compute or just as 
 waits. The GPUs' draw must fall no faster than their share of the grid's ramp-down: when
 the glide began as the job waited, the GPUs were cut over the lowered budget while their
 draw fell on its own, 35 kW/s against an 18 kW/s share, until rule 3 stopped cutting a
-waiting GPU below its draw under a finite ``cut_fall_w_per_s``."""
+waiting GPU below its draw under a finite ``cut_fall_w_per_s``.
+
+The bands' (``[policy] safety_by_caps = false``): safety by caps, the default, under a site
+limit is tests/controller/test_site_limit_under_caps.py's."""
 
 from __future__ import annotations
 
@@ -73,8 +76,8 @@ def largest_fall_w_per_s(wait_s: float, limit_at_s: float, policy_of) -> tuple[f
 
 
 def controller_policy(down_w_per_s: float) -> PolicySettings:
-    """What ControllerCore.cycle_policy runs under grid smoothing."""
-    return with_cut_fall(grid_policy(PolicySettings()), down_w_per_s)
+    """What ControllerCore.cycle_policy runs under grid smoothing, with the bands."""
+    return with_cut_fall(grid_policy(PolicySettings(safety_by_caps=False)), down_w_per_s)
 
 
 # the glide starts in compute (120 s), or in the last second of compute or as the job

@@ -4,6 +4,7 @@ the demo before it starts anything."""
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from powerd.cli import main
@@ -61,3 +62,28 @@ def test_the_checkpoint_s_length_is_checked_before_anything_starts():
     result = CliRunner().invoke(main, ["demo", "--checkpoint-s", "0.1"])
     assert result.exit_code == 2
     assert "a checkpoint must take 0.5 to 600 s, not 0.1" in result.output
+
+
+def test_safety_is_caps_by_default_and_the_bands_on_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--safety picks the controller's policy (DemoOptions.safety_by_caps): safety by caps
+    unless --safety bands. The run itself is stood in for: nothing starts."""
+    import powerd.demo.console
+    from powerd.demo import DemoOptions
+
+    seen: list[bool] = []
+
+    def no_run(options: DemoOptions, console: object, live: object) -> None:
+        seen.append(options.safety_by_caps)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(powerd.demo.console, "run_in_console", no_run)
+    for args in ([], ["--safety", "caps"], ["--safety", "bands"]):
+        result = CliRunner().invoke(main, ["demo", "--no-live", *args])
+        assert result.exit_code == 0, result.output
+    assert seen == [True, True, False]
+    help_text = CliRunner().invoke(main, ["demo", "--help"]).output
+    assert "--safety [caps|bands]" in help_text and "--safety-by-caps" not in help_text
+    refused = CliRunner().invoke(main, ["demo", "--safety", "neither"])
+    assert refused.exit_code == 2

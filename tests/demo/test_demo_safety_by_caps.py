@@ -1,8 +1,8 @@
-"""`powerd demo --safety-by-caps`: the whole loop with real processes (embedded broker,
-controller, 64 agents on simulated H100s, two jobs) under safety by caps: no rack, row,
-node or the site over its limit, and the jobs run nearer full speed than under the bands
-(the same 20 s run measured 0.909 against 0.685 of uncapped on 2026-11-29: the caps fill
-the tight limits instead of holding the site at its capping target)."""
+"""`powerd demo --safety caps` (the default): the whole loop with real processes (embedded
+broker, controller, 64 agents on simulated H100s, two jobs) under safety by caps: no rack,
+row, node or the site over its limit, and the jobs run nearer full speed than under the
+bands (the same 20 s run measured 0.909 against 0.685 of uncapped on 2026-11-29: the caps
+fill the tight limits instead of holding the site at its capping target)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.realtime
 
 
 def test_the_demo_under_safety_by_caps_keeps_every_limit(tmp_path: Path) -> None:
-    result = run_demo(tmp_path, "--safety-by-caps")
+    result = run_demo(tmp_path, "--safety", "caps")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["over_limit_s"]["any"] == 0.0

@@ -17,7 +17,12 @@ from powerd.controller import service
 from powerd.fleet.app import fleet_argv
 from powerd.topology import parse_budgets
 from tests.support.brokers import Mosquitto
-from tests.support.controller_harness import CLUSTER, controller_config, running_controller
+from tests.support.controller_harness import (
+    BANDS,
+    CLUSTER,
+    controller_config,
+    running_controller,
+)
 from tests.support.fleet_sites import small_site
 from tests.support.keys import key_files
 
@@ -57,7 +62,9 @@ async def test_the_fleet_closes_the_loop_and_pushed_racks_come_back(mosquitto, t
     budgets = tmp_path / "site.toml"
     budgets.write_text(small_site(racks=4))  # 72 nodes, 288 GB200
     topology = parse_budgets(budgets.read_text())
-    config = controller_config(mosquitto)
+    # the bands: the fleet pushes racks over their capping thresholds and times their cut
+    # back under them (safety by caps, the default, holds a rack within its limit instead)
+    config = controller_config(mosquitto, policy=BANDS)
     async with running_controller(mosquitto, topology, config) as ctl:
         fleet = await run_fleet(
             mosquitto,

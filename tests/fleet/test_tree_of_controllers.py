@@ -221,8 +221,11 @@ reconnect_min_s = 0.05
 reconnect_max_s = 0.5
 
 [policy]
-# caps handed back in one step (only the bands and ramp limits slow them): quick steady
-# states, as the controller harness's fast_uncap
+# the bands, as the controller harness's fast_uncap: racks pushed over their capping
+# thresholds are cut back under them, and the site held under its own (safety by caps,
+# the default, holds every level within its limit instead); caps handed back in one step
+# (only the bands and ramp limits slow them): quick steady states
+safety_by_caps = false
 uncap_step_fraction = 1.0
 
 [trust]

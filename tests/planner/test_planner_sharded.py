@@ -6,6 +6,10 @@ budgets (22 kW) are the leaves' safe fallback; the coordinator grants rows up to
 their breakers. The one controller gets the same freedom: its rows' budgets at
 their 30 kW breakers, so only the site's band takes watts across rows (with the
 file's 22 kW rows it would cap every row alike and never look at priorities).
+
+The comparison is the bands' (``BANDS``: the site's band, the racks' bands); under safety
+by caps, the default, one controller runs the site to its limit while the coordinator's
+pool is its leaves' budgets, and the checks here are its limits (``caps_replays``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import numpy as np
 import pytest
 
 from planner.sharded import Replay, replay_single, replay_tree
+from policies import PolicySettings
 from policies.tree import HIGH, LOW, NORMAL, ROW, SITE
 from powerd.topology import parse_budgets
 from powerd.topology.scope import parse_scope
@@ -24,6 +29,7 @@ TEXT = Path("powerd/data/budgets/tree-3rows.toml").read_text()
 TREE_SITE = parse_budgets(TEXT)
 ONE_SITE = parse_budgets(TEXT.replace("budget_kw = 22", "budget_kw = 30"))
 STEPS, SETTLED = 80, 20  # the last SETTLED steps are the steady state
+BANDS = PolicySettings(safety_by_caps=False)
 
 
 def trace() -> tuple[np.ndarray, np.ndarray]:
@@ -41,13 +47,22 @@ def withheld_by_class(replay: Replay, demand: np.ndarray, priority: np.ndarray) 
     return [float(short[priority == p].sum()) for p in (HIGH, NORMAL, LOW)]
 
 
+def replayed(policy: PolicySettings) -> tuple[Replay, Replay, np.ndarray, np.ndarray]:
+    demand, priority = trace()
+    one = replay_single(ONE_SITE, demand, priority, policy=policy)
+    scopes = [parse_scope(r) for r in TREE_SITE.rows]
+    tree = replay_tree(TREE_SITE, scopes, demand, priority, period_steps=5, policy=policy)
+    return one, tree, demand, priority
+
+
 @pytest.fixture(scope="module")
 def replays() -> tuple[Replay, Replay, np.ndarray, np.ndarray]:
-    demand, priority = trace()
-    one = replay_single(ONE_SITE, demand, priority)
-    scopes = [parse_scope(r) for r in TREE_SITE.rows]
-    tree = replay_tree(TREE_SITE, scopes, demand, priority, period_steps=5)
-    return one, tree, demand, priority
+    return replayed(BANDS)
+
+
+@pytest.fixture(scope="module")
+def caps_replays() -> tuple[Replay, Replay, np.ndarray, np.ndarray]:
+    return replayed(PolicySettings())
 
 
 def test_no_node_ever_above_its_limit_in_either(replays):
@@ -55,6 +70,18 @@ def test_no_node_ever_above_its_limit_in_either(replays):
     limit = TREE_SITE.tree.limit_w
     assert np.all(one.node_power_w <= limit + 1e-6)
     assert np.all(tree.node_power_w <= limit + 1e-6)
+
+
+def test_under_safety_by_caps_no_node_is_ever_above_its_limit_nor_its_caps(caps_replays):
+    """The leaves' caps stay within the budgets in force from the first step (their file
+    budgets, until a grant): three rows filling their 30 kW breakers would take the site
+    6.6 kW over its 75 kW limit before the coordinator's first period."""
+    one, tree, _, _ = caps_replays
+    site = TREE_SITE.tree
+    for replay in (one, tree):
+        assert np.all(replay.node_power_w <= site.limit_w + 1e-6)
+        caps = np.array([site.node_sum(c) for c in replay.cap_w]) + site.overhead_below_w
+        assert np.all(caps <= site.limit_w + 1e-6)
 
 
 def test_both_bring_the_site_within_its_threshold(replays):
@@ -91,7 +118,8 @@ def test_the_leaves_budgets_in_force_never_exceed_the_pool(replays):
     assert low < high
 
 
-def test_the_sum_of_caps_under_the_site_rises_within_its_ramp_in_both():
+@pytest.mark.parametrize("policy", [BANDS, PolicySettings()], ids=["bands", "caps"])
+def test_the_sum_of_caps_under_the_site_rises_within_its_ramp_in_both(policy):
     # the site's ramp cut to 1 kW/s, so that it binds as the GPUs climb from their
     # failsafe caps (450 W): the leaves' ramp shares sum to it, as one controller's
     slow = "ramp_kw_per_s = 1\n"
@@ -101,9 +129,9 @@ def test_the_sum_of_caps_under_the_site_rises_within_its_ramp_in_both():
     )
     assert tree_site.tree.ramp_w_per_s[SITE] == 1000.0
     demand, priority = trace()
-    one = replay_single(one_site, demand, priority)
+    one = replay_single(one_site, demand, priority, policy=policy)
     scopes = [parse_scope(r) for r in tree_site.rows]
-    tree = replay_tree(tree_site, scopes, demand, priority, period_steps=5)
+    tree = replay_tree(tree_site, scopes, demand, priority, period_steps=5, policy=policy)
     for replay in (one, tree):
         rise = np.diff(replay.cap_w.sum(axis=1))
         assert rise.max() <= 1000.0 + 1e-6

@@ -26,7 +26,7 @@ from planner.sizing import (
     traces_from_profiles,
 )
 from planner.terms import NonGpuTerms, load_terms
-from policies.tree import PHASE_CODES
+from policies.tree import PHASE_CODES, RACK
 from powerd.agent.config import load_config
 from powerd.topology import load_budgets, parse_budgets
 from tests.support.paths import REPO
@@ -133,7 +133,7 @@ def test_failsafe_cap_keeps_every_node_within_its_limit_and_is_the_largest_that_
     # so every level is guaranteed by the caps in force (safety by caps), and the racks'
     # maximum caps are over their breakers by what the controller may move
     table = sized.table.set_index("name")
-    assert table["by_caps"].all()
+    assert (table["guarantee"] == "caps").all() and (table["oversubscription_w"] == 0).all()
     assert table.loc["r1-k1", "max_caps_w"] == pytest.approx(16 * 700 + 4 * 100)
     assert table.loc["r1-k1", "caps_over_limit_w"] == pytest.approx(16 * 700 + 4 * 100 - 9000)
 
@@ -373,3 +373,60 @@ def test_terms_file(tmp_path: Path):
         with pytest.raises(ProfileError, match=r"bad\.toml: ") as err:
             load_terms(bad)
         assert words in str(err.value)
+
+
+def test_an_oversubscribed_level_is_guarded_by_its_rise_within_the_reaction():
+    top = topology(racks=2, nodes=4, rack_limit_w=9000, node_overhead_w=100)
+    # 16 GPUs of one job a rack, 300 W for 5 s then 600 W for 5 s: a rack rises by
+    # 16 x 300 = 4,800 W in a step, and within 2 s of 2 of every 10 steps
+    traces = {"w": square_trace(600.0, 300.0, 0.5, 10, 2_000)}
+    placement = place(top, parse_mix('[[jobs]]\nworkload = "w"\nshare = 1.0'))
+    racks = SizingSettings(oversubscribe=(RACK,), reaction_s=2.0)
+    table = size(top, placement, traces, settings=racks).table.set_index("name")
+    assert table.loc["r1-k1", "guarantee"] == "band"
+    assert table.loc["r1-k1", "rise_margin_w"] == pytest.approx(16 * 300)
+    # the allowance: every GPU at its maximum cap, overheads in, beyond the limit
+    assert table.loc["r1-k1", "oversubscription_w"] == pytest.approx(16 * 700 + 400 - 9000)
+    assert table.loc["r1", "guarantee"] == "caps"  # rows not asked for
+    # at the median the rise within 2 s is none: a margin of 1 W, the least a band keeps
+    median = SizingSettings(oversubscribe=(RACK,), reaction_s=2.0, quantile=0.5)
+    assert size(top, placement, traces, settings=median).table.set_index("name").loc[
+        "r1-k1", "rise_margin_w"
+    ] == pytest.approx(1.0)
+    # the file says so and loads back with it
+    sized = size(top, placement, traces, settings=racks)
+    back = parse_budgets(budgets_toml(top, sized), "out.toml")
+    rack = back.names.index("r1-k1")
+    assert back.tree.oversubscribed[rack] and not back.tree.oversubscribed[0]
+    assert back.tree.rise_margin_w[rack] == pytest.approx(16 * 300)
+
+
+def test_a_margin_that_leaves_no_band_keeps_the_level_guaranteed_by_caps():
+    # the 4,800 W rise within 2 s under a 5 kW rack with 400 W of overheads: a band at
+    # 200 W, below what is not a GPU, guards nothing; the caps guarantee the rack
+    tight = topology(racks=2, nodes=4, rack_limit_w=5000, node_overhead_w=100)
+    traces = {"w": square_trace(600.0, 300.0, 0.5, 10, 2_000)}
+    placement = place(tight, parse_mix('[[jobs]]\nworkload = "w"\nshare = 1.0'))
+    settings = SizingSettings(oversubscribe=(RACK,), reaction_s=2.0)
+    table = size(tight, placement, traces, settings=settings).table.set_index("name")
+    assert table.loc["r1-k1", "guarantee"] == "caps"
+    assert table.loc["r1-k1", "oversubscription_w"] == 0.0
+
+
+def test_powerplan_size_refuses_an_unknown_level_to_oversubscribe(tmp_path):
+    result = CliRunner().invoke(
+        main,
+        [
+            "size",
+            str(DATA / "tiny.toml"),
+            str(REPO / "tests/data/profiles/train.csv"),
+            "--mix",
+            str(REPO / "examples/planning/mix.toml"),
+            "-o",
+            str(tmp_path / "x.toml"),
+            "--oversubscribe",
+            "rack,aisle",
+        ],
+    )
+    assert result.exit_code == 2
+    assert "aisle: levels are rack, row, site" in result.output

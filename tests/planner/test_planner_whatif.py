@@ -15,12 +15,14 @@ from planner.mix import parse_mix, place
 from planner.sizing import WorkloadTrace
 from planner.sweep import load_sweep
 from planner.whatif import WhatifSettings, power_law_speed, replay, sweep_speed
+from policies import PolicySettings
 from policies.tree import PHASE_CODES
 from powerd.topology import parse_budgets
 from tests.support.paths import REPO
 
 ROOT = REPO
 COMPUTE = PHASE_CODES["compute"]
+BANDS = PolicySettings(safety_by_caps=False)  # the bands (safety by caps is the default)
 
 
 def rack(budget_w: float, limit_w: float, failsafe_w: float):
@@ -66,13 +68,19 @@ def nodes(result) -> pd.DataFrame:
     return result.nodes.set_index("name")
 
 
-def test_a_tight_budget_caps_and_never_lets_the_rack_above_its_limit():
+@pytest.mark.parametrize("policy", [BANDS, PolicySettings()], ids=["bands", "caps"])
+def test_a_tight_budget_caps_and_never_lets_the_rack_above_its_limit(policy):
     top = rack(budget_w=8000, limit_w=9000, failsafe_w=400)  # uncapped the rack reaches 10.4 kW
     placement = place(top, parse_mix('[[jobs]]\nworkload = "w"\nshare = 1.0'))
-    result = replay(top, placement, {"w": trace(ramps())}, WhatifSettings(duration_s=1000))
+    settings = WhatifSettings(duration_s=1000, policy=policy)
+    result = replay(top, placement, {"w": trace(ramps())}, settings)
     k1 = nodes(result).loc["k1"]
     assert k1["capping_share"] > 0.0
-    assert k1["cut_max_w"] > 0.0 and k1["withheld_mean_w"] > 0.0
+    assert k1["withheld_mean_w"] > 0.0
+    if policy.safety_by_caps:  # the caps climb from the failsafe caps to the limit, no higher
+        assert k1["peak_w"] == pytest.approx(9000.0)
+    else:  # the bands cut the rack, over its capping threshold, to its target
+        assert k1["cut_max_w"] > 0.0
     assert k1["s_above_limit"] == 0.0
     assert k1["s_above_limit_uncapped"] > 100.0
     assert k1["peak_w"] <= 9000.0 < k1["peak_demand_w"]
@@ -98,7 +106,9 @@ def test_low_priority_gives_first_and_a_synchronous_job_pays_for_its_slowest_gpu
         '[[jobs]]\nworkload = "w"\nshare = 0.5\npriority = "high"\nname = "vip"\n'
     )
     flat = {"w": trace(np.full(100, 650.0))}
-    result = replay(top, place(top, mix), flat, WhatifSettings(duration_s=60))
+    # the bands, which cap the rack over its budget, LOW first (under safety by caps every
+    # GPU keeps its 700 W failsafe cap: 16 of them fit the rack's limit)
+    result = replay(top, place(top, mix), flat, WhatifSettings(duration_s=60, policy=BANDS))
     jobs = result.jobs.set_index("job")
     assert jobs.loc["vip", "throughput_lost"] == 0.0
     assert jobs.loc["w", "throughput_lost"] > 0.0
@@ -127,14 +137,14 @@ def high_checkpoint_scenario():
 
 def test_a_high_job_leaving_a_checkpoint_gets_its_watts_back_from_low():
     """The inversion rule 3b closes, replayed: after each checkpoint the high-priority job
-    sits at its staged caps while the low-priority one fills the rack to between its bands."""
-    from policies import PolicySettings
-
+    sits at its staged caps while the low-priority one fills the rack to between its bands.
+    (The bands' staged caps and rule 3b.)"""
     top = rack(budget_w=8000, limit_w=11_200, failsafe_w=700)
     mix, traces = high_checkpoint_scenario()
     lost = {}
     for shift in (False, True):
-        settings = WhatifSettings(duration_s=360, policy=PolicySettings(priority_shift=shift))
+        policy = PolicySettings(safety_by_caps=False, priority_shift=shift)
+        settings = WhatifSettings(duration_s=360, policy=policy)
         result = replay(top, place(top, mix), traces, settings)
         lost[shift] = result.jobs.set_index("job")["throughput_lost"]
         assert nodes(result).loc["k1", "s_above_limit"] == 0.0
@@ -228,6 +238,24 @@ def test_whatif_command_replays_a_sized_file(tmp_path: Path):
         main, ["whatif", str(demo), str(profiles), "--mix", str(mix), "--duration-s", "30"]
     )
     assert table.exit_code == 0 and "racks that capped most" in table.output
+
+
+def test_whatif_safety_picks_the_policy_caps_by_default(tmp_path: Path):
+    """``--safety caps`` (the default) fills the demo site's limits with its caps; ``--safety
+    bands`` caps it on measured power, down to its capping target: more withheld."""
+    profiles, mix = write_inputs(tmp_path)
+    demo = ROOT / "powerd" / "data" / "budgets" / "demo.toml"
+    site = {}
+    for safety in ((), ("--safety", "caps"), ("--safety", "bands")):
+        args = ["whatif", str(demo), str(profiles), "--mix", str(mix), "--duration-s", "60"]
+        result = CliRunner().invoke(main, [*args, "--format", "json", *safety])
+        assert result.exit_code == 0, result.output
+        nodes = json.loads(result.output)["nodes"]
+        site[safety[1:]] = next(n for n in nodes if n["level"] == "site")
+    assert site[()] == site[("caps",)]
+    assert site[("bands",)]["cut_max_w"] > 0.0  # the site over its threshold, cut
+    assert site[("caps",)]["withheld_mean_w"] < site[("bands",)]["withheld_mean_w"]
+    assert site[("caps",)]["s_above_limit"] == site[("bands",)]["s_above_limit"] == 0.0
 
 
 def test_whatif_names_a_bad_budgets_file(tmp_path: Path):

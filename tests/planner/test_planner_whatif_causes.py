@@ -47,7 +47,10 @@ def test_a_site_with_room_loses_only_to_the_failsafe_start():
 def test_a_tight_rack_charges_its_cuts_to_capping():
     top = rack(budget_w=8000, limit_w=11_200, failsafe_w=650)  # failsafe = demand: no start loss
     placement = place(top, parse_mix('[[jobs]]\nworkload = "w"\nshare = 1.0'))
-    result = replay(top, placement, {"w": trace(np.full(100, 650.0))}, WhatifSettings(200))
+    # the bands cut the rack over its budget (under safety by caps its limit holds every
+    # GPU at its 650 W failsafe cap: nothing is lost)
+    bands = WhatifSettings(200, policy=PolicySettings(safety_by_caps=False))
+    result = replay(top, placement, {"w": trace(np.full(100, 650.0))}, bands)
     split = lost(result)
     assert split["capping"] > 0.0
     assert split["capping"] > 0.9 * result.jobs.loc[0, "throughput_lost"]
@@ -58,10 +61,12 @@ def test_a_tight_rack_charges_its_cuts_to_capping():
 
 def test_low_priority_loses_to_the_priority_shift_after_a_high_checkpoint():
     """The high job leaves each checkpoint at its staged caps; the shift takes the low
-    job's watts for it: the low job's loss is the shift's, the high job's the staging's."""
+    job's watts for it: the low job's loss is the shift's, the high job's the staging's.
+    (The bands' staged caps and rule 3b.)"""
     top = rack(budget_w=8000, limit_w=11_200, failsafe_w=650)
     mix, traces = high_checkpoint_scenario()
-    settings = WhatifSettings(duration_s=360, policy=PolicySettings(priority_shift=True))
+    policy = PolicySettings(safety_by_caps=False, priority_shift=True)
+    settings = WhatifSettings(duration_s=360, policy=policy)
     result = replay(top, place(top, mix), traces, settings)
     assert lost(result, "steady")["priority shift"] > 0.0
     assert lost(result, "vip")["staged phase"] > 0.0

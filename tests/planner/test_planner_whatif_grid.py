@@ -17,6 +17,7 @@ from planner.cli import main
 from planner.mix import parse_mix, place
 from planner.sizing import WorkloadTrace
 from planner.whatif import WhatifSettings, replay
+from policies import PolicySettings
 from policies.tree import PHASE_CODES
 from powerd.topology import load_budgets, parse_budgets
 from powerd.topology.grid import NO_GRID_SPEC
@@ -45,10 +46,13 @@ def demo_without_grid() -> str:
     return text[:start] + text[end:]
 
 
-def replay_demo(text: str | None = None, duration_s: float = 600.0):
+def replay_demo(
+    text: str | None = None, duration_s: float = 600.0, policy: PolicySettings | None = None
+):
     top = load_budgets(DEMO) if text is None else parse_budgets(text, source="demo.toml")
     placement = place(top, parse_mix(MIX))
-    return top, replay(top, placement, traces(), WhatifSettings(duration_s=duration_s))
+    settings = WhatifSettings(duration_s=duration_s, policy=policy or PolicySettings())
+    return top, replay(top, placement, traces(), settings)
 
 
 # --- an independent recomputation: loops and the two-sided DFT -----------------------------
@@ -74,7 +78,9 @@ def share_two_sided(x: np.ndarray, dt: float, lo: float, hi: float, taper: bool 
 
 
 def test_the_demo_replay_reports_grid_metrics_that_a_recomputation_confirms():
-    top, result = replay_demo()
+    # the bands, whose caps swing the site out of the oscillation spec in some windows, so
+    # that no metric below is checked at zero (under safety by caps it stays within it)
+    top, result = replay_demo(policy=PolicySettings(safety_by_caps=False))
     grid = result.info["grid"]
     spec = top.grid
     assert spec is not None

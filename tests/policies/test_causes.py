@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -58,6 +60,32 @@ def test_a_cap_lowered_to_level_its_class_is_charged_to_capping():
     d.levelled = np.array([True, True, False])
     out = cap_causes(causes, np.full(3, 500.0), d, np.full(3, COMPUTE, np.int8))
     assert list(out) == [CAPPING, FAILSAFE, FAILSAFE]
+
+
+def test_under_caps_a_gpu_a_full_node_holds_at_its_failsafe_start_is_charged_to_capping():
+    causes = initial_causes(3)
+    causes[2] = PRIORITY_SHIFT
+    # 0: asks, its node full; 1: asks, given what it asked; 2: short, but its cause stands
+    d = decision([500, 550, 500], [0, 0, 0], [False, False, False])
+    d.short = np.array([True, False, True])
+    out = cap_causes(causes, np.full(3, 500.0), d, np.full(3, COMPUTE, np.int8))
+    assert list(out) == [CAPPING, FAILSAFE, PRIORITY_SHIFT]
+
+
+def test_a_full_rack_under_caps_reports_its_askers_short():
+    from policies import PolicySettings, decide
+    from tests.support.policy_trees import make_state, tree_from_fanout
+
+    tree = tree_from_fanout([[1]], [4], cap_min_w=200.0, cap_max_w=1200.0)
+    limit = np.full(tree.n_nodes, np.inf)
+    limit[0] = 4 * 960.0
+    tree = dataclasses.replace(
+        tree, limit_w=limit, overhead_w=np.zeros(tree.n_nodes), failsafe_cap_w=np.full(4, 960.0)
+    )
+    state = make_state(tree, 960.0, 960.0)  # every GPU at its failsafe cap, asking for more
+    d = decide(tree, state, 1.0, PolicySettings(safety_by_caps=True))
+    assert d.short.all()
+    assert list(cap_causes(initial_causes(4), state.cap_w, d, state.phase)) == [CAPPING] * 4
 
 
 def test_held_causes_separate_the_cap_the_ramp_and_the_clock():

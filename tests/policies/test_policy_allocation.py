@@ -299,3 +299,40 @@ def test_cuts_that_restore_the_invariant_wait_their_turn_unless_a_limit_is_drawn
     d = decide(tree, state, 1.0, CAPS)
     assert caps_in_force_fit(tree, d.cap_w).all()
     assert not d.levelled.any() and (d.cut_levels != 0).all()
+
+
+# --- under grid smoothing ------------------------------------------------------------------
+
+STARTUP = PHASE_CODES["startup"]
+
+
+def test_under_grid_smoothing_a_start_holds_caps_one_headroom_over_its_draw():
+    tree = one_rack(4 * 1200.0)
+    state = make_state(tree, 400.0, 960.0, phase=STARTUP)
+    smoothed = dataclasses.replace(CAPS, startup_rise_w_per_s=50.0)
+    h = CAPS.stage_headroom_fraction * 1000.0  # 50 W of the 200-1200 W range
+    d = decide(tree, state, 1.0, smoothed)
+    np.testing.assert_allclose(d.cap_w, 400.0 + h)  # follows the draw, not its entitlement
+    # without grid smoothing a start keeps its cap: nothing asks for its watts
+    np.testing.assert_allclose(decide(tree, state, 1.0, CAPS).cap_w, 960.0)
+
+
+def test_under_grid_smoothing_raises_leave_the_site_ramp_to_the_starts_rising_on_their_own():
+    tree = one_rack(8 * 1200.0, gpus=8)
+    ramp = np.full(tree.n_nodes, np.inf)
+    ramp[0] = 1000.0  # W/s at the site
+    tree = dataclasses.replace(tree, ramp_w_per_s=ramp)
+    # 4 GPUs computing at their 600 W caps ask; 4 start, rising on their own at 50 W/s each
+    cap = np.array([600.0] * 4 + [300.0] * 4)
+    power = np.array([600.0] * 4 + [250.0] * 4)
+    phase = np.array([COMPUTE] * 4 + [STARTUP] * 4, dtype=np.int8)
+    state = make_state(tree, power, cap)
+    state.phase = phase
+    smoothed = dataclasses.replace(CAPS, startup_rise_w_per_s=50.0)
+    d = decide(tree, state, 1.0, smoothed)
+    raised = float(np.sum(d.cap_w[:4] - 600.0))
+    # the ramp less the starts' own rise (50 W/s each) and the headroom each holds over its
+    # draw (50 W: it draws it at once when its compute begins)
+    h = CAPS.stage_headroom_fraction * 1000.0
+    np.testing.assert_allclose(d.cap_w[4:], 250.0 + h)
+    assert raised == pytest.approx(1000.0 - 4 * 50.0 - 4 * h)

@@ -285,7 +285,9 @@ def test_summarise_splits_the_scope_by_class_and_counts_held_gpus():
         phase=np.full(n, PHASE_CODES["compute"], dtype=np.int8),
         controllable=np.ones(n, dtype=bool),
     )
-    slow = PolicySettings(uncap_step_fraction=0.01, uncap_min_step_w=0.0)  # caps barely rise
+    # the bands, whose caps barely rise at this step (safety by caps, which has no such
+    # step, raises every cap to 700 W at once: the node's limit holds them all)
+    slow = PolicySettings(safety_by_caps=False, uncap_step_fraction=0.01, uncap_min_step_w=0.0)
     decision = decide(tree, state, 1.0, slow)
     leaf = summarise(tree, state, decision, slow)
     assert leaf.fixed_w == pytest.approx(2 * 500 + 8 * 200)

@@ -15,7 +15,10 @@ from policies import PHASE_CODES, SERVER, PolicySettings, decide
 from tests.support.policy_trees import make_state, random_tree_and_state, uniform_tree, with_bands
 
 TOL_W = 1e-6
-SLOW = PolicySettings(cut_fall_w_per_s=50.0)
+# cut_fall_w_per_s bounds rule 3 of the bands (policies/capping.py); safety by caps, the
+# default, paces its cuts by the site's ramp instead (policies/allocation.py, rule 4)
+BANDS = PolicySettings(safety_by_caps=False)
+SLOW = PolicySettings(safety_by_caps=False, cut_fall_w_per_s=50.0)
 
 
 def one_server_over_its_threshold(limit_w: float = np.inf):
@@ -41,7 +44,7 @@ def test_over_a_budget_the_cut_comes_at_the_rate_over_several_cycles():
     short = decide(tree, make_state(tree, 1000.0), 0.5, SLOW)
     np.testing.assert_allclose(short.cap_w, 975.0)
     # without the setting, all of it at once
-    np.testing.assert_allclose(decide(tree, make_state(tree, 1000.0), 1.0).cap_w, 900.0)
+    np.testing.assert_allclose(decide(tree, make_state(tree, 1000.0), 1.0, BANDS).cap_w, 900.0)
 
 
 def test_over_a_limit_the_cut_is_whole_at_once():
@@ -85,7 +88,9 @@ def test_no_gpu_under_no_passed_limit_falls_faster_than_the_rate(seed, fall_w_pe
     limit = tree.cap_threshold_w * rng.uniform(1.0, 1.3, tree.n_nodes)
     limit[rng.random(tree.n_nodes) < 0.3] = np.inf
     tree = dataclasses.replace(tree, limit_w=limit)
-    policy = PolicySettings(cut_fall_w_per_s=fall_w_per_s, priority_shift=shift)
+    policy = PolicySettings(
+        safety_by_caps=False, cut_fall_w_per_s=fall_w_per_s, priority_shift=shift
+    )
     d = decide(tree, state, dt_s, policy)
 
     cap_min, cap_max = tree.cap_min_w, tree.cap_max_w

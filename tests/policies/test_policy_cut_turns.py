@@ -27,9 +27,12 @@ from tests.support.policy_trees import (
     with_bands,
 )
 
+# The bands' turns (policies/capping.py, rule 3); safety by caps, the default, cuts in turn
+# its own way (policies.turns.invariant_cut_in_turn, tests/policies/test_policy_allocation.py)
+BANDS = PolicySettings(safety_by_caps=False)
 N = 32
 FIRST_SERVER = slice(0, 4)  # the one server in turn
-STEP_W = PolicySettings().cut_turn_max_fraction * 1000.0  # 150 W of the 1,000 W range
+STEP_W = BANDS.cut_turn_max_fraction * 1000.0  # 150 W of the 1,000 W range
 
 
 def site_over_by(over_w: float, limit_w: float = np.inf):
@@ -51,25 +54,25 @@ def in_turn(gpus) -> np.ndarray:
 
 def test_a_small_cut_comes_from_the_gpus_in_turn_alone():
     tree, state = site_over_by(200.0)
-    d = decide(tree, dataclasses.replace(state, cut_turn=in_turn(FIRST_SERVER)), 1.0)
+    d = decide(tree, dataclasses.replace(state, cut_turn=in_turn(FIRST_SERVER)), 1.0, BANDS)
     np.testing.assert_allclose(d.cap_w[FIRST_SERVER], 950.0)  # 200 W from four GPUs
     np.testing.assert_allclose(d.cap_w[4:], 1100.0)  # the others keep their caps
     assert d.node_cut_w[0] == np.float64(200.0)
     # without turns the same 200 W comes from all 32 GPUs, 6.25 W each: every node moved
-    plain = decide(tree, state, 1.0)
+    plain = decide(tree, state, 1.0, BANDS)
     np.testing.assert_allclose(plain.cap_w, 1000.0 - 200.0 / N)
     assert plain.node_predicted_w[0] == d.node_predicted_w[0]
 
 
 def test_what_the_turn_cannot_give_waits_for_the_next_turns():
     tree, state = site_over_by(1000.0)  # 1 kW: more than four GPUs' 150 W steps
-    d = decide(tree, dataclasses.replace(state, cut_turn=in_turn(FIRST_SERVER)), 1.0)
+    d = decide(tree, dataclasses.replace(state, cut_turn=in_turn(FIRST_SERVER)), 1.0, BANDS)
     np.testing.assert_allclose(d.cap_w[FIRST_SERVER], 1000.0 - STEP_W)
     np.testing.assert_allclose(d.cap_w[4:], 1100.0)  # not their turn
     assert d.node_cut_w[0] == np.float64(4 * STEP_W)  # the site stays over a little longer
     # the next server's turn takes the 400 W left
     state = dataclasses.replace(state, power_w=np.minimum(state.power_w, d.cap_w), cap_w=d.cap_w)
-    d = decide(tree, dataclasses.replace(state, cut_turn=in_turn(slice(4, 8))), 1.0)
+    d = decide(tree, dataclasses.replace(state, cut_turn=in_turn(slice(4, 8))), 1.0, BANDS)
     np.testing.assert_allclose(d.cap_w[4:8], 1000.0 - (1000.0 - 4 * STEP_W) / 4)
     assert d.node_cut_w[0] == pytest.approx(1000.0 - 4 * STEP_W)
 
@@ -81,26 +84,26 @@ def test_a_class_in_turn_never_gives_before_a_lower_class_out_of_turn():
     priority[8:16] = NORMAL
     # HIGH and NORMAL in turn, LOW not: LOW has watts out of turn, so nothing is cut yet
     state = dataclasses.replace(state, priority=priority, cut_turn=in_turn(slice(0, 16)))
-    d = decide(tree, state, 1.0)
+    d = decide(tree, state, 1.0, BANDS)
     np.testing.assert_allclose(d.cap_w, 1100.0)
     assert d.node_cut_w[0] == 0.0
     # one LOW server in turn: it gives its 4 x 75 W, HIGH and NORMAL nothing
-    d = decide(tree, dataclasses.replace(state, cut_turn=in_turn(slice(16, 20))), 1.0)
+    d = decide(tree, dataclasses.replace(state, cut_turn=in_turn(slice(16, 20))), 1.0, BANDS)
     np.testing.assert_allclose(d.cap_w[16:20], 1000.0 - 75.0)
     np.testing.assert_allclose(np.delete(d.cap_w, range(16, 20)), 1100.0)
     # LOW all at its floor: NORMAL in turn gives
     low_at_floor = state.floor_w.copy()
     low_at_floor[16:] = 1000.0
     floored = dataclasses.replace(state, floor_w=low_at_floor, cut_turn=in_turn(slice(8, 12)))
-    d = decide(tree, floored, 1.0)
+    d = decide(tree, floored, 1.0, BANDS)
     np.testing.assert_allclose(d.cap_w[8:12], 1000.0 - 75.0)
     np.testing.assert_allclose(d.cap_w[:8], 1100.0)
 
 
 def test_over_a_limit_every_gpu_gives_at_once():
     tree, state = site_over_by(200.0, limit_w=31_500.0)  # 32 kW drawn: over the breaker
-    turned = decide(tree, dataclasses.replace(state, cut_turn=in_turn(FIRST_SERVER)), 1.0)
-    np.testing.assert_array_equal(turned.cap_w, decide(tree, state, 1.0).cap_w)
+    turned = decide(tree, dataclasses.replace(state, cut_turn=in_turn(FIRST_SERVER)), 1.0, BANDS)
+    np.testing.assert_array_equal(turned.cap_w, decide(tree, state, 1.0, BANDS).cap_w)
 
 
 @settings(max_examples=200, deadline=None)
@@ -109,7 +112,7 @@ def test_only_gpus_in_turn_give_for_a_budget_and_no_more_than_their_step(seed, s
     rng = np.random.default_rng(seed)
     tree, state, dt_s = random_tree_and_state(rng)
     turn = rng.random(tree.n_gpus) < share
-    policy = PolicySettings(priority_shift=False, level_within_class=False)
+    policy = PolicySettings(safety_by_caps=False, priority_shift=False, level_within_class=False)
     plain = decide(tree, state, dt_s, policy)
     turned = decide(tree, dataclasses.replace(state, cut_turn=turn), dt_s, policy)
     # GPUs under a node over its limit give as they must; the others only in turn, and
@@ -141,7 +144,7 @@ def test_only_gpus_in_turn_give_for_a_budget_and_no_more_than_their_step(seed, s
 @given(seed=st.integers(0, 2**32 - 1))
 def test_every_gpu_in_turn_with_a_whole_range_is_the_rule_without_turns(seed):
     tree, state, dt_s = random_tree_and_state(np.random.default_rng(seed))
-    policy = PolicySettings(priority_shift=False, level_within_class=False)
+    policy = PolicySettings(safety_by_caps=False, priority_shift=False, level_within_class=False)
     everyone = dataclasses.replace(state, cut_turn=np.ones(tree.n_gpus, dtype=bool))
     whole = dataclasses.replace(policy, cut_turn_max_fraction=1.0)
     np.testing.assert_allclose(decide(tree, everyone, dt_s, whole).cap_w,

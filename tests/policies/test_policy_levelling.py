@@ -21,8 +21,11 @@ from tests.support.policy_trees import (
 RACK, LEFT, RIGHT = 2, 3, 4
 BANDS = (3500.0, 3450.0, 3000.0)  # threshold, target, uncapping threshold
 APART = np.array([508.0] * 4 + [342.0] * 4)
+# Rule 3c is the bands' (policies/capping.py); safety by caps, the default, levels a class
+# its own way (tests/policies/test_policy_allocation.py)
+BANDS_POLICY = PolicySettings(safety_by_caps=False)
 # rule 3c alone: rule 4 hands nothing back between the bands
-ONLY_LEVELLING = PolicySettings(uncap_between_bands=False)
+ONLY_LEVELLING = PolicySettings(safety_by_caps=False, uncap_between_bands=False)
 
 
 def rack_tree(**kw):
@@ -44,7 +47,7 @@ def test_in_a_closed_loop_the_caps_settle_level_without_capping():
     tree = rack_tree()
     cap = APART.copy()
     for _ in range(30):
-        d = decide(tree, make_state(tree, np.minimum(1000.0, cap), cap), 1.0)
+        d = decide(tree, make_state(tree, np.minimum(1000.0, cap), cap), 1.0, BANDS_POLICY)
         assert not d.node_capping.any()
         cap = d.cap_w
     # within max(uncap_min_step_w, 1 % of the range) = 10 W of one level, at the target
@@ -54,7 +57,7 @@ def test_in_a_closed_loop_the_caps_settle_level_without_capping():
 
 def test_off_the_caps_stay_apart():
     tree = rack_tree()
-    off = PolicySettings(uncap_between_bands=False, level_within_class=False)
+    off = PolicySettings(safety_by_caps=False, uncap_between_bands=False, level_within_class=False)
     d = decide(tree, make_state(tree, APART, APART), 1.0, off)
     np.testing.assert_allclose(d.cap_w, APART)
 
@@ -62,7 +65,7 @@ def test_off_the_caps_stay_apart():
 def test_classes_are_not_levelled_with_each_other():
     tree = rack_tree()
     priority = [HIGH] * 4 + [NORMAL] * 4  # HIGH above NORMAL: not rule 3c's to undo
-    settings = PolicySettings(uncap_between_bands=False, priority_shift=False)
+    settings = PolicySettings(safety_by_caps=False, uncap_between_bands=False, priority_shift=False)
     d = decide(tree, make_state(tree, APART, APART, priority=priority), 1.0, settings)
     np.testing.assert_allclose(d.cap_w, APART)
 
@@ -102,11 +105,11 @@ def test_a_receiving_server_gains_no_more_than_its_own_room_and_ramp():
 
 def test_a_donor_gives_no_lower_than_its_floor_or_its_cut_fall():
     tree = rack_tree()
-    floors = PolicySettings(uncap_between_bands=False)
+    floors = PolicySettings(safety_by_caps=False, uncap_between_bands=False)
     state = make_state(tree, APART, APART, floor_w=[500.0] * 4 + [200.0] * 4)
     d = decide(tree, state, 1.0, floors)
     np.testing.assert_allclose(d.cap_w, [500.0] * 4 + [350.0] * 4)
-    slow = PolicySettings(uncap_between_bands=False, cut_fall_w_per_s=5.0)
+    slow = PolicySettings(safety_by_caps=False, uncap_between_bands=False, cut_fall_w_per_s=5.0)
     d = decide(tree, make_state(tree, APART, APART), 1.0, slow)
     np.testing.assert_allclose(d.cap_w, [503.0] * 4 + [347.0] * 4)
 
@@ -129,10 +132,10 @@ def test_caps_within_the_tolerance_of_their_level_stay():
 def test_a_levelled_gpu_moves_once_a_cycle():
     tree = rack_tree()
     # rule 4 on, 50 W below the target: the levelled GPUs do not ask for it this cycle
-    d = decide(tree, make_state(tree, APART, APART), 1.0)
+    d = decide(tree, make_state(tree, APART, APART), 1.0, BANDS_POLICY)
     np.testing.assert_allclose(d.cap_w, [508.0 - 16.6] * 4 + [342.0 + 16.6] * 4)
     # a GPU of the class already at its level is not levelled, and asks
     cap = np.array([508.0] * 3 + [425.0] + [342.0] * 3 + [425.0])
-    d = decide(tree, make_state(tree, cap, cap), 1.0)
+    d = decide(tree, make_state(tree, cap, cap), 1.0, BANDS_POLICY)
     assert list(d.levelled) == [True] * 3 + [False] + [True] * 3 + [False]
     np.testing.assert_allclose(d.cap_w[[3, 7]], 425.0 + 50.0 / 2)  # the rack's 50 W, shared

@@ -20,28 +20,33 @@ COMPUTE, COMM, CKPT, STARTUP = (
     PHASE_CODES["checkpoint"],
     PHASE_CODES["startup"],
 )
+# Staged phases and the rises kept out of the ramp are the bands' (policies/capping.py,
+# rules 2 and 4); clock locks and the floor's cost (rules 5 and 6) are safety by caps' too.
+BANDS = PolicySettings(safety_by_caps=False)
 
 
 # --- clock locks ---------------------------------------------------------------------------
 
 
-def test_communication_locks_the_sm_clock():
+@pytest.mark.parametrize("policy", [BANDS, PolicySettings()], ids=["bands", "caps"])
+def test_communication_locks_the_sm_clock(policy):
     tree = uniform_tree(1, 1, 1, 4, comm_clock_mhz=1100.0)
     state = make_state(tree, 500.0, phase=[COMM, COMPUTE, COMM, CKPT])
-    d = decide(tree, state, 1.0)
+    d = decide(tree, state, 1.0, policy)
     np.testing.assert_array_equal(d.max_sm_clock_mhz, [1100.0, np.nan, 1100.0, np.nan])
 
 
-def test_no_clock_lock_when_off_unknown_or_offline():
+@pytest.mark.parametrize("policy", [BANDS, PolicySettings()], ids=["bands", "caps"])
+def test_no_clock_lock_when_off_unknown_or_offline(policy):
     tree = uniform_tree(1, 1, 1, 4, comm_clock_mhz=1100.0)
     state = make_state(tree, 500.0, phase=COMM)
-    off = decide(tree, state, 1.0, PolicySettings(comm_clock_lock=False))
+    off = decide(tree, state, 1.0, dataclasses.replace(policy, comm_clock_lock=False))
     assert np.all(np.isnan(off.max_sm_clock_mhz))
     unknown = dataclasses.replace(tree, comm_clock_mhz=np.array([np.nan, 900.0, 900.0, 900.0]))
-    d = decide(unknown, state, 1.0)
+    d = decide(unknown, state, 1.0, policy)
     np.testing.assert_array_equal(d.max_sm_clock_mhz, [np.nan, 900.0, 900.0, 900.0])
     state.controllable[1] = False
-    d = decide(unknown, state, 1.0)
+    d = decide(unknown, state, 1.0, policy)
     np.testing.assert_array_equal(d.max_sm_clock_mhz, [np.nan, np.nan, 900.0, 900.0])
 
 
@@ -50,7 +55,9 @@ def test_no_clock_lock_when_off_unknown_or_offline():
 
 def test_startup_lowers_caps_to_the_staged_cap():
     tree = uncapping_everywhere(uniform_tree(1, 1, 1, 4))  # 200-1200 W
-    settings = PolicySettings(startup_cap_fraction=0.25, stage_headroom_fraction=0.05)
+    settings = PolicySettings(
+        safety_by_caps=False, startup_cap_fraction=0.25, stage_headroom_fraction=0.05
+    )
     state = make_state(tree, [150.0, 150.0, 600.0, 150.0], [1200.0, 300.0, 1200.0, 1200.0])
     state.phase[:3] = STARTUP
     d = decide(tree, state, 1.0, settings)
@@ -62,14 +69,14 @@ def test_startup_lowers_caps_to_the_staged_cap():
 def test_staged_cap_respects_the_jobs_floor():
     tree = uniform_tree(1, 1, 1, 2)
     state = make_state(tree, 150.0, phase=STARTUP, floor_w=[800.0, 200.0])
-    d = decide(tree, state, 1.0)
+    d = decide(tree, state, 1.0, BANDS)
     np.testing.assert_allclose(d.cap_w, [800.0, 450.0])
 
 
 def test_checkpoint_caps_follow_the_gpus_down():
     tree = uncapping_everywhere(uniform_tree(1, 1, 1, 3))
     state = make_state(tree, [300.0, 800.0, 1000.0], phase=[CKPT, CKPT, COMPUTE])
-    d = decide(tree, state, 1.0)
+    d = decide(tree, state, 1.0, BANDS)
     np.testing.assert_allclose(d.cap_w, [450.0, 850.0, 1200.0])
 
 
@@ -85,7 +92,7 @@ def simulate_job(phases: list[int], demand_w: list[float], staged: bool):
         state.phase[:] = phase if staged else COMPUTE
         state.power_w = np.minimum(demand, state.cap_w)
         site_power.append(state.power_w.sum())
-        new_cap = decide(tree, state, 1.0).cap_w
+        new_cap = decide(tree, state, 1.0, BANDS).cap_w
         caps.append(new_cap.sum() - state.cap_w.sum())
         state.cap_w = new_cap
     return np.array(site_power), np.array(caps), state
@@ -128,15 +135,21 @@ def test_gpus_starting_on_their_own_take_their_rise_out_of_the_ramp_handed_back(
     tree = with_ramp(uncapping_everywhere(uniform_tree(1, 1, 3, 4)), [0], 1000.0)
     state = make_state(tree, 400.0, 400.0)  # caps at 400 W of 200-1200 W, drawing them
     state.phase[8:] = STARTUP
-    alone = decide(tree, state, 1.0, PolicySettings(uncap_step_fraction=1.0))
+    alone = decide(tree, state, 1.0, PolicySettings(safety_by_caps=False, uncap_step_fraction=1.0))
     assert alone.cap_w[:8].sum() - 8 * 400.0 == pytest.approx(1000.0)
     shared = decide(
-        tree, state, 1.0, PolicySettings(uncap_step_fraction=1.0, startup_rise_w_per_s=50.0)
+        tree,
+        state,
+        1.0,
+        PolicySettings(safety_by_caps=False, uncap_step_fraction=1.0, startup_rise_w_per_s=50.0),
     )
     assert shared.cap_w[:8].sum() - 8 * 400.0 == pytest.approx(1000.0 - 4 * 50.0)
     np.testing.assert_array_equal(shared.cap_w[8:], alone.cap_w[8:])  # the starts as before
     none_left = decide(
-        tree, state, 1.0, PolicySettings(uncap_step_fraction=1.0, startup_rise_w_per_s=300.0)
+        tree,
+        state,
+        1.0,
+        PolicySettings(safety_by_caps=False, uncap_step_fraction=1.0, startup_rise_w_per_s=300.0),
     )
     np.testing.assert_allclose(none_left.cap_w[:8], 400.0)
     with pytest.raises(ValueError, match="startup_rise_w_per_s"):
@@ -154,7 +167,10 @@ def test_gpus_in_a_checkpoint_keep_their_rise_out_of_the_ramp_too(phase, reserve
     state = make_state(tree, 400.0, 400.0)
     state.phase[8:] = phase
     shared = decide(
-        tree, state, 1.0, PolicySettings(uncap_step_fraction=1.0, startup_rise_w_per_s=50.0)
+        tree,
+        state,
+        1.0,
+        PolicySettings(safety_by_caps=False, uncap_step_fraction=1.0, startup_rise_w_per_s=50.0),
     )
     handed_back_w = shared.cap_w[:8].sum() - 8 * 400.0
     assert handed_back_w == pytest.approx(1000.0 - (4 * 50.0 if reserved else 0.0))
@@ -191,6 +207,7 @@ def test_gpus_after_a_long_wait_keep_their_rise_out_of_the_ramp(
     state.wait_before_s = np.zeros(12)
     state.wait_before_s[8:] = wait_before_s
     settings = PolicySettings(
+        safety_by_caps=False,
         uncap_step_fraction=1.0,
         startup_rise_w_per_s=50.0,
         wait_rise_after_s=1.0,
@@ -208,15 +225,16 @@ def test_gpus_after_a_long_wait_keep_their_rise_out_of_the_ramp(
 # --- power floor cost ------------------------------------------------------------------------
 
 
-def test_floor_hold_energy_counts_waiting_gpus_below_the_floor():
+@pytest.mark.parametrize("policy", [BANDS, PolicySettings()], ids=["bands", "caps"])
+def test_floor_hold_energy_counts_waiting_gpus_below_the_floor(policy):
     tree = uniform_tree(1, 1, 1, 5)
     state = make_state(
         tree, [300.0, 200.0, 700.0, 300.0, 300.0], phase=[COMM, CKPT, COMM, COMPUTE, COMM]
     )
     state.controllable[4] = False
-    d = decide(tree, state, 2.0, PolicySettings(hold_floor_w_per_gpu=600.0))
+    d = decide(tree, state, 2.0, dataclasses.replace(policy, hold_floor_w_per_gpu=600.0))
     assert d.floor_hold_energy_j == pytest.approx((300.0 + 400.0 + 0.0) * 2.0)
-    assert decide(tree, state, 2.0).floor_hold_energy_j == 0.0
+    assert decide(tree, state, 2.0, policy).floor_hold_energy_j == 0.0
 
 
 # --- phase inference -------------------------------------------------------------------------

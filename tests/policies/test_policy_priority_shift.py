@@ -23,6 +23,9 @@ from tests.support.policy_trees import (
 )
 
 SITE_BANDS = (6000.0, 5800.0, 5000.0)  # threshold, target, uncapping threshold
+# Rule 3b and the bands' uncapping are policies/capping.py's; safety by caps, the default,
+# moves watts between classes its own way (tests/policies/test_policy_allocation.py).
+BANDS = PolicySettings(safety_by_caps=False)
 
 
 def two_servers():
@@ -31,7 +34,7 @@ def two_servers():
     return with_bands(uncapping_everywhere(uniform_tree(1, 1, 2, 4)), [0], *SITE_BANDS)
 
 
-def run(tree, demand_w, cap_w, priority, cycles: int, settings: PolicySettings | None = None):
+def run(tree, demand_w, cap_w, priority, cycles: int, settings: PolicySettings = BANDS):
     """Closed loop: each GPU draws min(demand, cap); the caps of each cycle feed the next."""
     demand_w = np.asarray(demand_w, dtype=float)
     cap = np.asarray(cap_w, dtype=float)
@@ -61,7 +64,14 @@ def test_a_high_job_held_at_staged_caps_takes_the_watts_back_from_low():
 def test_without_the_shift_the_inversion_stays():
     tree = two_servers()
     start = [450.0] * 4 + [1200.0] * 4
-    cap, _ = run(tree, [1000.0] * 8, start, HIGH_LOW, 40, PolicySettings(priority_shift=False))
+    cap, _ = run(
+        tree,
+        [1000.0] * 8,
+        start,
+        HIGH_LOW,
+        40,
+        PolicySettings(safety_by_caps=False, priority_shift=False),
+    )
     np.testing.assert_allclose(cap, start)
 
 
@@ -70,7 +80,7 @@ def test_no_shift_when_the_high_gpus_are_not_held_by_their_caps():
     state = make_state(tree, [300.0] * 4 + [1000.0] * 4, [450.0] * 4 + [1200.0] * 4,
                        priority=HIGH_LOW)  # fmt: skip
     tree = with_bands(tree, [0], 6000.0, 5800.0, 4000.0)  # 5200 W: between the bands
-    d = decide(tree, state, 1.0)
+    d = decide(tree, state, 1.0, BANDS)
     assert not d.shifted.any() and d.node_shift_w.sum() == 0.0
     np.testing.assert_allclose(d.cap_w, state.cap_w)
 
@@ -79,7 +89,7 @@ def test_no_shift_among_equals():
     tree = two_servers()
     state = make_state(tree, [450.0] * 4 + [1000.0] * 4, [450.0] * 4 + [1200.0] * 4,
                        priority=NORMAL)  # fmt: skip
-    d = decide(tree, state, 1.0)
+    d = decide(tree, state, 1.0, BANDS)
     assert not d.shifted.any()
     np.testing.assert_allclose(d.cap_w, state.cap_w)
 
@@ -88,7 +98,7 @@ def test_a_shift_takes_just_enough_to_go_below_the_uncapping_threshold():
     tree = two_servers()
     state = make_state(tree, [450.0] * 4 + [1000.0] * 4, [450.0] * 4 + [1200.0] * 4,
                        priority=HIGH_LOW)  # fmt: skip
-    d = decide(tree, state, 1.0)
+    d = decide(tree, state, 1.0, BANDS)
     # 5800 W measured; down to just under 5000 W: ~800 W, water-filled over the LOW GPUs
     assert d.node_shift_w[0] == pytest.approx(805.0)  # margin: 0.1 % of 5000 W
     np.testing.assert_allclose(d.cap_w[4:], 1000.0 - 805.0 / 4)
@@ -97,7 +107,9 @@ def test_a_shift_takes_just_enough_to_go_below_the_uncapping_threshold():
     # the held HIGH GPUs gain at once, between the bands, up to the site's target at most
     np.testing.assert_allclose(d.cap_w[:4], 450.0 + 0.2 * (1200.0 - 450.0))
     assert d.node_predicted_w[0] <= tree.cap_target_w[0] + 1e-9
-    later = decide(tree, state, 1.0, PolicySettings(uncap_between_bands=False))
+    later = decide(
+        tree, state, 1.0, PolicySettings(safety_by_caps=False, uncap_between_bands=False)
+    )
     np.testing.assert_allclose(later.cap_w[:4], 450.0)  # without: they gain next cycle
 
 
@@ -106,11 +118,11 @@ def test_a_shift_is_bounded_by_what_the_held_gpus_can_use_and_by_floors():
     # HIGH 50 W short of cap_max: at most 4 x 50 = 200 W moves, though 3800 W would be needed
     state = make_state(tree, [1150.0] * 4 + [1000.0] * 4, [1150.0] * 4 + [1200.0] * 4,
                        priority=HIGH_LOW, floor_w=[200.0] * 4 + [980.0] * 4)  # fmt: skip
-    d = decide(tree, state, 1.0)
+    d = decide(tree, state, 1.0, BANDS)
     assert d.node_shift_w[0] == pytest.approx(80.0)  # LOW floors at 980 W leave 4 x 20 W
     np.testing.assert_allclose(d.cap_w[4:], 980.0)
     state.floor_w[4:] = 200.0
-    d = decide(tree, state, 1.0)
+    d = decide(tree, state, 1.0, BANDS)
     assert d.node_shift_w[0] == pytest.approx(200.0)
 
 
@@ -119,14 +131,14 @@ def test_normal_gives_to_high_and_low_gives_first():
     priority = [HIGH, HIGH, NORMAL, NORMAL, LOW, LOW]
     state = make_state(tree, [450.0, 450.0, 1000.0, 1000.0, 1000.0, 1000.0],
                        [450.0, 450.0, 1200.0, 1200.0, 1200.0, 1200.0], priority=priority)  # fmt: skip
-    d = decide(tree, state, 1.0)  # 4900 W: must shed ~904 W, LOW can give 1600 W
+    d = decide(tree, state, 1.0, BANDS)  # 4900 W: must shed ~904 W, LOW can give 1600 W
     np.testing.assert_allclose(d.cap_w[2:4], 1200.0)  # NORMAL untouched: LOW sufficed
     assert np.all(d.cap_w[4:] < 1000.0)
 
 
 def test_uncapping_serves_high_before_normal_before_low():
     tree = with_ramp(uncapping_everywhere(uniform_tree(1, 1, 1, 3)), [3], 100.0)
-    settings = PolicySettings(uncap_step_fraction=0.1)
+    settings = PolicySettings(safety_by_caps=False, uncap_step_fraction=0.1)
     # drawing 300 W under 500 W caps: not held by them, just capped from before
     state = make_state(tree, 300.0, 500.0, priority=[LOW, HIGH, NORMAL])
     d = decide(tree, state, 1.0, settings)
@@ -136,7 +148,7 @@ def test_uncapping_serves_high_before_normal_before_low():
 
 def test_lower_classes_wait_while_a_higher_one_is_held_at_its_caps():
     tree = with_ramp(uncapping_everywhere(uniform_tree(1, 1, 1, 3)), [3], 100.0)
-    settings = PolicySettings(uncap_step_fraction=0.1)
+    settings = PolicySettings(safety_by_caps=False, uncap_step_fraction=0.1)
     # HIGH draws its whole 500 W cap: what it leaves would be shifted back to it next cycle
     state = make_state(tree, [300.0, 500.0, 300.0], 500.0, priority=[LOW, HIGH, NORMAL])
     d = decide(tree, state, 1.0, settings)
@@ -152,9 +164,9 @@ def test_a_high_gpu_its_own_rack_holds_does_not_starve_low_gpus_elsewhere():
     tree = with_bands(tree, [2], 2100.0, 2000.0, 1900.0)
     state = make_state(tree, [1000.0, 1000.0, 500.0, 500.0], [1000.0, 1000.0, 500.0, 500.0],
                        priority=[HIGH, HIGH, LOW, LOW])  # fmt: skip
-    d = decide(tree, state, 1.0)
+    d = decide(tree, state, 1.0, BANDS)
     np.testing.assert_allclose(d.cap_w[:2], 1000.0)  # held by their rack's target
     assert np.all(d.cap_w[2:] > 500.0)  # LOW under another rack is handed watts back
     # a HIGH GPU held only by its own step (its rack has room) still holds LOW back
-    roomy = decide(uncapping_everywhere(uniform_tree(1, 2, 1, 2)), state, 1.0)
+    roomy = decide(uncapping_everywhere(uniform_tree(1, 2, 1, 2)), state, 1.0, BANDS)
     assert np.all(roomy.cap_w[:2] > 1000.0) and np.all(roomy.cap_w[2:] == 500.0)

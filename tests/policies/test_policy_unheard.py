@@ -17,11 +17,13 @@ import dataclasses
 
 import numpy as np
 
-from policies import HIGH, LOW, NORMAL, decide
+from policies import HIGH, LOW, NORMAL, PolicySettings, decide
 from policies.capping import GUESSED_BAND_SHARE
 from tests.support.policy_trees import make_state, uncapping_everywhere, uniform_tree, with_bands
 
 BANDS = (11_000.0, 10_800.0, 6_500.0)
+# rules 3b and 3c are the bands' (policies/capping.py), not safety by caps', the default
+BANDS_POLICY = PolicySettings(safety_by_caps=False)
 THIRD = slice(8, 12)  # the server that may go unheard
 
 
@@ -51,7 +53,7 @@ HIGH_LOW_PRIO = np.array([HIGH] * 4 + [LOW] * 4 + [NORMAL] * 4)
 def test_the_guess_is_what_puts_the_site_between_its_bands():
     tree = site_tree()
     heard = state_with_third(tree, HIGH_LOW_POWER, HIGH_LOW_CAP, HIGH_LOW_PRIO, 100.0, True)
-    d = decide(tree, heard, 1.0)
+    d = decide(tree, heard, 1.0, BANDS_POLICY)
     assert d.node_power_w[0] < BANDS[2]  # 6,200 W heard: below, rule 4 hands back
     assert not d.shifted.any() and np.all(d.cap_w[:4] > 450.0)
 
@@ -60,13 +62,13 @@ def test_no_shift_on_a_server_counted_at_its_caps():
     tree = site_tree()
     # counted at 1,200 W caps: 10,600 W, between the bands on a 4,800 W guess
     guessed = state_with_third(tree, HIGH_LOW_POWER, HIGH_LOW_CAP, HIGH_LOW_PRIO, 1200.0, False)
-    d = decide(tree, guessed, 1.0)
+    d = decide(tree, guessed, 1.0, BANDS_POLICY)
     assert BANDS[2] <= d.node_power_w[0] <= BANDS[0]
     assert not d.shifted.any()
     np.testing.assert_allclose(d.cap_w[4:8], 1200.0)  # LOW keeps its caps
     # the same draw measured is no guess: the shift is made
     measured = state_with_third(tree, HIGH_LOW_POWER, HIGH_LOW_CAP, HIGH_LOW_PRIO, 1200.0, None)
-    assert decide(tree, measured, 1.0).shifted[4:8].any()
+    assert decide(tree, measured, 1.0, BANDS_POLICY).shifted[4:8].any()
 
 
 def test_a_small_guess_does_not_stop_the_shift():
@@ -74,7 +76,7 @@ def test_a_small_guess_does_not_stop_the_shift():
     # 200 W a GPU: 800 W guessed, within a quarter of the 4,500 W band; 6,600 W: between
     assert GUESSED_BAND_SHARE * (BANDS[0] - BANDS[2]) >= 4 * 200.0
     guessed = state_with_third(tree, HIGH_LOW_POWER, HIGH_LOW_CAP, HIGH_LOW_PRIO, 200.0, False)
-    d = decide(tree, guessed, 1.0)
+    d = decide(tree, guessed, 1.0, BANDS_POLICY)
     assert BANDS[2] <= d.node_power_w[0] <= BANDS[0]
     assert d.shifted[4:8].all() and np.all(d.cap_w[4:8] < 1200.0)
 
@@ -86,8 +88,8 @@ def test_no_levelling_on_a_guess():
     power = [508.0] * 4 + [342.0] * 4 + [0.0] * 4
     normal = np.full(12, NORMAL)
     measured = state_with_third(tree, power, power, normal, 1200.0, None)
-    assert decide(tree, measured, 1.0).levelled[:8].all()
+    assert decide(tree, measured, 1.0, BANDS_POLICY).levelled[:8].all()
     guessed = state_with_third(tree, power, power, normal, 1200.0, False)
-    d = decide(tree, guessed, 1.0)
+    d = decide(tree, guessed, 1.0, BANDS_POLICY)
     assert not d.levelled.any()
     assert np.all(d.cap_w[:8] >= power[:8])  # nobody cut (rule 4 may hand back, up to target)

@@ -18,11 +18,13 @@ The numbers of the tree (per rack: 8 GPUs, 500 W of overhead):
 | budget / cap threshold / cap target / uncap threshold | 4,000 / 3,920 / 3,800 / 3,600 |
 | limit; failsafe power (8 x 500 + 500) | 6,200; 4,500 |
 
-So a rack in compute must be capped (whatever its caps). The limits leave
-room for every GPU at its 700 W maximum cap (6,100 W a rack): uncapping never
-lifts the sum of caps under a node above its limit (policies/capping.py), so
-with tighter limits the GPUs could not be handed back their maximum. Rows and
-the site have room for both racks at their budgets.
+So under the bands (``BANDS``: ``[policy] safety_by_caps = false``) a rack in
+compute must be capped (whatever its caps). The limits leave room for every GPU
+at its 700 W maximum cap (6,100 W a rack): uncapping never lifts the sum of caps
+under a node above its limit (policies/capping.py), so with tighter limits the
+GPUs could not be handed back their maximum. Rows and the site have room for
+both racks at their budgets. Under safety by caps, the default, no rack here is
+ever capped below its GPUs' maximum: its limit holds them all.
 """
 
 from __future__ import annotations
@@ -142,9 +144,18 @@ def controller_config(broker: Mosquitto, name: str = "ctl-a", **overrides: Any) 
     return config
 
 
+# The bands of policies/capping.py, not safety by caps (the default): for the tests that
+# watch this tree's racks capped below their budgets, which only the bands do.
+BANDS = PolicySettings(safety_by_caps=False)
+
+
+BANDS_TOML = "\n[policy]\nsafety_by_caps = false\n"  # BANDS, in a config file
+
+
 def fast_uncap() -> PolicySettings:
-    """Caps handed back in one step (only ramp limits slow them): quick steady states."""
-    return PolicySettings(uncap_step_fraction=1.0)
+    """The bands (``BANDS``) with caps handed back in one step (only ramp limits slow them):
+    quick steady states."""
+    return PolicySettings(safety_by_caps=False, uncap_step_fraction=1.0)
 
 
 def controller_toml(broker: Mosquitto, name: str) -> str:
