@@ -9,7 +9,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the test suite needs, as "command:package" pairs.
-DEB_NEEDS := mosquitto:mosquitto systemd-analyze:systemd victoria-metrics:victoria-metrics influxd:influxdb
+DEB_NEEDS := mosquitto:mosquitto systemd-analyze:systemd victoria-metrics:victoria-metrics influxd:influxdb faketime:faketime
 
 .PHONY: demo test lint format bench deps venv clean
 

@@ -28,8 +28,14 @@ the period) with the default budget.
 With ``--jobs N`` the fleet also runs N training jobs (whole racks each) that announce
 their phases, so the controller sorts its GPUs by job every cycle, as it does on a site.
 
+With ``--hostile retained-2mb,hostlist-flood`` one login attacks from the start of the
+window for its first two thirds (issue 34): one retained 2 MB message on a node's
+telemetry topic, and phase announcements whose host lists name 100,000 hosts at 20 a
+second (half a stranger's prefix, half the site's own). The results give heartbeat gaps
+and stale nodes during the attack and after it (``hostile``).
+
     python -m bench.bench_scale [--nodes 5184,10368,20736] [--overload] [--jobs N]
-        [--json out.json]
+        [--hostile retained-2mb,hostlist-flood] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,16 +48,21 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import paho.mqtt.client as mqtt
 
 from bench.common import cpu_s, machine, mem_mb, report, run_dir
 from powerd.fleet.app import fleet_argv
 from powerd.fleet.sites import NODES_PER_RACK, RACKS_PER_ROW, SITE_FILE, cut_site
 from powerd.mqtt_url import PASSWORD_ENV
+from powerd.protocol import PROTOCOL_VERSION, Topics
 from powerd.signing import generate_key_files
 from powerd.telemetry_schema import parse_line
 from powerd.topology import load_budgets
@@ -82,6 +93,15 @@ class Scenario:
     site_limit_after_s: float = 5.0
     site_limit_for_s: float = 20.0
     safety_by_caps: bool = True  # the controller's [policy] safety_by_caps
+    hostile: tuple[str, ...] = ()  # HOSTILE attacks during the window's first two thirds
+
+
+# What --hostile may name: one retained 2 MB message on a node's telemetry topic; phase
+# announcements naming 100,000 hosts, 20 a second.
+HOSTILE = ("retained-2mb", "hostlist-flood")
+HOSTILE_SHARE = 2 / 3  # of the window under attack; the rest shows the recovery
+FLOOD_PER_S = 20.0
+RETAINED_BYTES = 2_000_000
 
 
 def budgets_for(rows: int, out: Path) -> Path:
@@ -153,7 +173,7 @@ def decisions(lp: Path, start_wall: float, end_wall: float) -> list[dict]:
                 continue
             point = parse_line(line.rstrip("\n"))
             if point.ts_ns is not None and start_wall <= point.ts_ns / 1e9 <= end_wall:
-                out.append(point.fields)
+                out.append({**point.fields, "_wall": point.ts_ns / 1e9})
     return out
 
 
@@ -231,6 +251,11 @@ def run_scenario(
             cpu0 = {k: cpu_s(p) for k, p in pids.items()}
             wall0, mono0 = time.time(), time.monotonic()
             limit_sent_wall = None
+            attack = None
+            if s.hostile:
+                with attacking(broker, s.hostile, load_budgets(budgets).servers[0]):
+                    time.sleep(HOSTILE_SHARE * window_s)
+                attack = (wall0, time.time())
             if s.site_limit_w is not None:
                 time.sleep(s.site_limit_after_s)
                 limit_sent_wall = send_site_limit(broker, out, s.site_limit_w, s.site_limit_for_s)
@@ -261,7 +286,85 @@ def run_scenario(
     result = summarise(s, fleet, bare, points, cpu0, cpu1, elapsed, rss_mb, peak_mb, log_tail)
     if demand_response is not None:
         result["site_limit"] = demand_response
+    if attack is not None:
+        result["hostile"] = hostile_result(s.hostile, fleet, points, *attack, wall1)
     return result
+
+
+@contextmanager
+def attacking(broker: Mosquitto, attacks: tuple[str, ...], victim: str) -> Iterator[None]:
+    """One login's attacks (``HOSTILE``) while the block runs, from a paho client of this
+    process (not the controller's)."""
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    client.username_pw_set(TEST_USER, TEST_PASSWORD)
+    client.connect("127.0.0.1", broker.port)
+    client.loop_start()
+    topics = Topics(CLUSTER)
+    stop = threading.Event()
+    flood = threading.Thread(target=flood_host_lists, args=(client, topics, victim, stop))
+    try:
+        if "retained-2mb" in attacks:
+            big = b"h" * RETAINED_BYTES
+            client.publish(topics.telemetry(victim), big, qos=1, retain=True).wait_for_publish(30)
+        if "hostlist-flood" in attacks:
+            flood.start()
+        yield
+    finally:
+        stop.set()
+        if flood.is_alive():
+            flood.join(10)
+        client.loop_stop()
+        client.disconnect()
+
+
+def flood_host_lists(client: mqtt.Client, topics: Topics, node: str, stop: threading.Event) -> None:
+    """Phase announcements naming 100,000 hosts, ``FLOOD_PER_S`` a second until ``stop``:
+    half a stranger's prefix, half the site's own (``node``'s, digits wider)."""
+    lists = ["zz[000001-100000]", f"{node.rstrip('0123456789')}[000001-100000]"]
+    k = 0
+    while not stop.wait(1 / FLOOD_PER_S):
+        doc = {"v": PROTOCOL_VERSION, "job": f"flood{k}", "ts": time.time(), "phase": "compute"}
+        doc["hostlist"] = lists[k % 2]
+        client.publish(topics.phase(f"flood{k}", owner="mallory"), json.dumps(doc), qos=0)
+        k += 1
+
+
+def hostile_result(
+    attacks: tuple[str, ...],
+    fleet: dict,
+    points: list[dict],
+    start_wall: float,
+    end_wall: float,
+    window_end_wall: float,
+) -> dict:
+    """Heartbeat gaps (as the fleet's agents saw them: the late ones, over 1.2 s) and stale
+    nodes (the controller's decisions) during the attack and after it."""
+    started = float(fleet["started_wall"])
+    late = [(started + t, gap) for t, gap, _ in fleet["heartbeat_gaps"]]
+
+    def part(begin: float, end: float) -> dict:
+        within = [p for p in points if begin <= p["_wall"] <= end] if points else []
+        gaps = [gap for at, gap in late if begin <= at <= end]
+        return {
+            "seconds": round(end - begin, 1),
+            "cycles": len(within),
+            "heartbeat_gap_max_s": round(max(gaps), 3) if gaps else "<= 1.2",
+            "heartbeats_late": len(gaps),
+            "stale_nodes_max": max((int(p.get("stale_nodes", 0)) for p in within), default=None),
+            "inputs_refused": int(sum(p.get("inputs_refused", 0) for p in within)),
+            # cumulative in each point: refused host lists (longer than the site) among them
+            "rejected_payloads": int(
+                within[-1]["rejected_payloads"] - within[0]["rejected_payloads"]
+            )
+            if within
+            else 0,
+        }
+
+    return {
+        "attacks": list(attacks),
+        "during": part(start_wall, end_wall),
+        "after": part(end_wall, window_end_wall),
+    }
 
 
 def send_site_limit(broker: Mosquitto, out: Path, limit_w: float, for_s: float) -> float:
@@ -486,8 +589,18 @@ def main() -> None:
         "by the caps in force (policies/allocation.py); bands, Dynamo's bands on measured "
         "power (policies/capping.py) [default: caps]",
     )
+    parser.add_argument(
+        "--hostile",
+        default="",
+        help=f"comma-separated attacks by one login during the window's first two thirds "
+        f"({', '.join(HOSTILE)}); the results say what the attack did and what was left "
+        "after it [default: none]",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    hostile = tuple(a.strip() for a in args.hostile.split(",") if a.strip())
+    if any(a not in HOSTILE for a in hostile):
+        parser.error(f"--hostile takes {', '.join(HOSTILE)}")
     if args.verify_every < 1:
         parser.error("--verify-every must be 1 or more")
     if args.jobs < 0:
@@ -502,6 +615,7 @@ def main() -> None:
         name += f", {args.jobs} jobs" if args.jobs else ""
         name += f", site limit {args.site_limit_mw:g} MW" if args.site_limit_mw else ""
         name += ", safety by caps" if args.safety == "caps" else ", bands"
+        name += f", hostile: {'+'.join(hostile)}" if hostile else ""
         scenarios.append(
             Scenario(
                 name,
@@ -517,6 +631,7 @@ def main() -> None:
                 site_limit_after_s=args.site_limit_after_s,
                 site_limit_for_s=args.site_limit_for_s,
                 safety_by_caps=args.safety == "caps",
+                hostile=hostile,
             )
         )
     if args.overload and not any(s.rows == 16 for s in scenarios):

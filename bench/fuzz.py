@@ -637,7 +637,8 @@ class AgentFuzz:
         if kind == "jump":
             return min(epoch + d.pick([0, 1, 2, 1000]), INT64_MAX), d.rng.randrange(INT64_MAX)
         if kind == "replay":
-            return self.model.last_applied if self.model.last_applied[0] >= 0 else (epoch, 0)
+            last = self.model.last_applied  # (epoch, -1): a floor, no command applied yet
+            return last if min(last) >= 0 else (epoch, 0)
         if kind == "older":
             return max(0, epoch - d.pick([1, 2])), min(self.next_seq + 5, INT64_MAX)
         if kind == "extreme":
@@ -992,7 +993,11 @@ class AgentFuzz:
         after = core.counters
         unverified = after.unverified > before.unverified
         invalid = after.payloads_rejected > before.payloads_rejected
-        ignored = after.heartbeats_ignored > before.heartbeats_ignored
+        ignored = (  # a standby, deposed or retained one, a replay, or one from the future
+            after.heartbeats_ignored > before.heartbeats_ignored
+            or after.heartbeats_replayed > before.heartbeats_replayed
+            or after.clock_alarms > before.clock_alarms
+        )
         accepted = not (unverified or invalid)
         outcome = "unverified" if unverified else "invalid" if invalid else "ignored"
         if accepted and not ignored:
@@ -1008,8 +1013,10 @@ class AgentFuzz:
         if payload not in self.signed_payloads:
             tally.outcomes["accepted_other_encoding"] += 1
         beat = decode(Heartbeat, payload)
-        if beat.state == "leader" and beat.epoch >= model.newest_epoch:
-            model.newest_epoch = beat.epoch
+        # the epoch it follows, and its order's floor (a live heartbeat's seq, a deposed
+        # epoch's fresh start), are the heartbeat rules' (tests/agent): taken as the agent's
+        model.newest_epoch = core.following.newest_epoch
+        model.last_applied = core.last_applied
         if outcome == "live" and (beat.state != "leader" or core.mode != "controlled"):
             tally.violate(generator, payload, f"live from a {beat.state}, mode {core.mode}")
 

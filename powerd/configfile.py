@@ -16,7 +16,17 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
-from powerd.signing import KeyFileError, Signer, TrustedKey, Verifier, load_signer, load_verifier
+from powerd.signing import (
+    KeyFileError,
+    RoleKeys,
+    Signer,
+    TrustedKey,
+    Verifier,
+    check_roles,
+    load_signer,
+    load_trusted_key,
+    load_verifier,
+)
 
 BROKER_KEYS = frozenset(
     {
@@ -82,6 +92,25 @@ def verifier_from(paths: Iterable[str], source: str, key: str, *also: TrustedKey
         return load_verifier(paths, *also)
     except KeyFileError as exc:
         raise ConfigError(f"{source}: {key}: {exc}") from None
+
+
+def check_key_roles(
+    source: str, signer: Signer, role: str, trusted: Iterable[tuple[str, str, Iterable[str]]]
+) -> None:
+    """ConfigError when one public key is configured in two roles: among the ``trusted``
+    entries (role, config key, paths), or this process's own key (``signer``, of ``role``)
+    trusted for another role (``powerd.signing.check_roles``)."""
+    entries = [RoleKeys(role, "trust.signing_key", (signer.trusted(),))]
+    for entry_role, key, paths in trusted:
+        try:
+            keys = tuple(load_trusted_key(path) for path in paths)
+        except KeyFileError as exc:
+            raise ConfigError(f"{source}: {key}: {exc}") from None
+        entries.append(RoleKeys(entry_role, key, keys))
+    try:
+        check_roles(entries)
+    except KeyFileError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def read_toml(path: str | Path, known: dict[str, Any]) -> dict[str, Any]:

@@ -17,11 +17,22 @@ from powerd.vocabulary import PROTOCOL_VERSION, ControllerState
 
 
 def signed_heartbeat(
-    signer: Signer, topic: str, leadership: Leadership, state: ControllerState, ts: float
+    signer: Signer,
+    topic: str,
+    leadership: Leadership,
+    state: ControllerState,
+    ts: float,
+    seq: int | None = None,
 ) -> bytes:
-    """A heartbeat of ``leadership``'s name and epoch, signed for ``topic``."""
+    """A heartbeat of ``leadership``'s name and epoch, signed for ``topic``; ``ts``: the
+    epoch's time base (``Leadership.beat_ts``); ``seq``: the highest command seq sent."""
     beat = Heartbeat(
-        v=PROTOCOL_VERSION, epoch=leadership.epoch, ts=ts, controller=leadership.name, state=state
+        v=PROTOCOL_VERSION,
+        epoch=leadership.epoch,
+        ts=ts,
+        controller=leadership.name,
+        state=state,
+        seq=seq,
     )
     return signer.sign(topic, encode(beat))
 
@@ -35,7 +46,8 @@ async def step_down_on_exit(
     log: logging.Logger,
 ) -> None:
     """A clean stop hands over at once: a retained standby heartbeat, not a stale leader one
-    (a standby takes over when the leader it followed says so)."""
+    (a standby takes over when the leader it followed says so, live). ``ts``: the epoch's
+    time base (``Leadership.beat_ts``), so the standby takes it as sent now."""
     if not link.connected.is_set() or not leadership.leading:
         return
     leadership.leading = False

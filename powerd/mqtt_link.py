@@ -7,7 +7,7 @@ that matter at 20,000 messages a second (bench/RESULTS.md, "scale"):
 - **Reading drains.** A readable socket is read message after message for up
   to ``DRAIN_S`` before the loop runs anything else: one wake-up takes
   hundreds of messages, and each is handed to ``on_message(topic, payload,
-  arrived)`` as it comes, with no message object, queue or task of ours.
+  arrived, retained)`` as it comes, with no message object, queue or task of ours.
 - **Publishing never waits.** ``publish`` queues the packet in paho and
   returns; QoS 1 acknowledgements are paho's business. aiomqtt awaits each
   PUBACK and looks through every pending call on each publish: O(n^2) with
@@ -44,7 +44,8 @@ log = logging.getLogger("powerd.mqtt")
 DRAIN_S = 0.005
 CONNECT_TIMEOUT_S = 10.0
 
-OnMessage = Callable[[str, bytes, float], None]  # topic, payload, monotonic arrival time
+# topic, payload, monotonic arrival time, retained (delivered on subscribe: not sent now)
+OnMessage = Callable[[str, bytes, float, bool], None]
 LINK_ERRORS = (OSError, TimeoutError, ssl.SSLError)
 
 
@@ -84,8 +85,13 @@ class MqttLink:
         on_message: OnMessage,
         monotonic: Callable[[], float] = time.monotonic,
         no_delay: bool = True,
+        refuse_retained: Callable[[str], bool] | None = None,
     ) -> None:
-        """``no_delay``: TCP_NODELAY, for a connection that publishes (acks, commands)."""
+        """``no_delay``: TCP_NODELAY, for a connection that publishes (acks, commands).
+        ``refuse_retained``: topics on which a retained message is never legitimate
+        (a job's phases): such a message is dropped before ``on_message``, counted in
+        ``retained_refused``. paho reads a message whole whatever its size (MQTT 3.1.1
+        has no way to refuse one): the broker's ``max_packet_size`` bounds it."""
         self.broker = broker
         self.client_id = client_id
         self.subscriptions = list(subscriptions)
@@ -94,6 +100,8 @@ class MqttLink:
         self.connected = asyncio.Event()
         self.sessions = 0  # connections accepted so far
         self.received = 0  # messages handed to on_message
+        self.retained_refused = 0  # retained messages dropped (refuse_retained)
+        self._refuse_retained = refuse_retained
         self._monotonic = monotonic
         self._now = 0.0  # the arrival time stamped on the messages of one drain
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -260,7 +268,11 @@ class MqttLink:
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
         self.received += 1
-        self.on_message(message.topic, bytes(message.payload), self._now)
+        refuse = self._refuse_retained
+        if message.retain and refuse is not None and refuse(message.topic):
+            self.retained_refused += 1
+            return
+        self.on_message(message.topic, bytes(message.payload), self._now, bool(message.retain))
 
     def _on_publish(
         self, _client: mqtt.Client, _userdata: Any, mid: int, _reason: Any, _props: Any

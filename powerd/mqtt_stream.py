@@ -16,6 +16,12 @@ message, and they go straight to ``on_message(topic, payload, arrived)``.
 
 A broker that says nothing for 1.5 keepalives, or sends something this
 client does not expect, ends the session (``lost``); the caller reconnects.
+What anyone may publish on a telemetry topic never does: a frame over
+``MAX_FRAME_BYTES`` is skipped as it streams past (never held whole) and a
+retained PUBLISH (agents never retain telemetry: one is a stranger's, and the
+broker would send it again on every subscribe) is dropped, both counted
+(``oversized``, ``retained``). Reconnecting for them would lose every node's
+telemetry, again and again.
 """
 
 from __future__ import annotations
@@ -112,6 +118,9 @@ class MqttStream:
         )
         self.on_message = on_message
         self.received = 0
+        self.oversized = 0  # frames over MAX_FRAME_BYTES, skipped unread
+        self.retained = 0  # retained PUBLISHes, dropped
+        self._skipping_bytes = 0  # what is left of an oversized frame being skipped
         self._monotonic = monotonic
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -128,6 +137,7 @@ class MqttStream:
                 limit=4 * READ_BYTES,
             )
         self._buffer.clear()
+        self._skipping_bytes = 0
         self._writer.write(
             connect_packet(
                 self.client_id,
@@ -173,6 +183,8 @@ class MqttStream:
                     return f"nothing from the broker for {1.5 * keepalive_s:g} s"
                 if not data:
                     return "the broker closed the connection"
+                if self._skipping_bytes:
+                    data = self._skip(data)
                 self._buffer += data
                 self._frames(self._monotonic())
         except (StreamError, OSError) as exc:
@@ -189,6 +201,12 @@ class MqttStream:
         writer.close()
 
     # --- frames ------------------------------------------------------------------------
+
+    def _skip(self, data: bytes) -> bytes:
+        """What of ``data`` is left once the rest of an oversized frame is dropped."""
+        n = min(len(data), self._skipping_bytes)
+        self._skipping_bytes -= n
+        return data[n:]
 
     def _frames(self, arrived: float) -> None:
         """Hand out every whole frame in the buffer; keep a partial one for the next read."""
@@ -212,8 +230,12 @@ class MqttStream:
                     shift += 7
                     if shift > 21:
                         raise StreamError("malformed remaining length")
-                if length > MAX_FRAME_BYTES:
-                    raise StreamError(f"a frame of {length} bytes")
+                if length > MAX_FRAME_BYTES:  # skipped, never held: the session goes on
+                    self.oversized += 1
+                    skipped = min(length, end - i)
+                    self._skipping_bytes = length - skipped
+                    pos = i + skipped
+                    continue
                 if i + length > end:
                     return  # the frame is not all here yet
                 kind = header & 0xF0
@@ -228,8 +250,11 @@ class MqttStream:
                     if qos:  # never at a QoS 0 subscription; acknowledged all the same
                         self._acknowledge(qos, bytes(view[topic_end : topic_end + 2]))
                         topic_end += 2
-                    self.received += 1
-                    on_message(topic, bytes(view[topic_end : i + length]), arrived)
+                    if header & 0x01:  # retained: no agent's, and resent on every subscribe
+                        self.retained += 1
+                    else:
+                        self.received += 1
+                        on_message(topic, bytes(view[topic_end : i + length]), arrived)
                 elif kind != _PINGRESP:
                     raise StreamError(f"unexpected packet type {kind >> 4}")
                 pos = i + length
@@ -246,6 +271,7 @@ class MqttStream:
         assert self._reader is not None
         while True:
             buf = self._buffer
+            skipped_whole = False
             if len(buf) >= 2:
                 length, shift, i = 0, 0, 1
                 while i < len(buf):
@@ -253,16 +279,26 @@ class MqttStream:
                     length |= (byte & 0x7F) << shift
                     i += 1
                     if not byte & 0x80:
-                        if i + length <= len(buf):
+                        if length > MAX_FRAME_BYTES:  # a stranger's PUBLISH: skipped
+                            self.oversized += 1
+                            skipped = min(length, len(buf) - i)
+                            self._skipping_bytes = length - skipped
+                            skipped_whole = not self._skipping_bytes
+                            del buf[: i + skipped]
+                        elif i + length <= len(buf):
                             kind, body = buf[0] & 0xF0, buf[i : i + length]
                             del buf[: i + length]
                             return kind, body
                         break
                     shift += 7
+                    if shift > 21:
+                        raise StreamError("malformed remaining length")
+                if skipped_whole:
+                    continue  # what came after the skipped frame: looked at before reading
             data = await self._reader.read(READ_BYTES)
             if not data:
                 raise StreamError("the broker closed the connection")
-            buf += data
+            buf += self._skip(data) if self._skipping_bytes else data
 
     async def _ping(self, every_s: float) -> None:
         while True:

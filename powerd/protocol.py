@@ -22,7 +22,16 @@ import msgspec
 import msgspec.inspect
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from powerd.hostlist import compress_hostlist, expand_hostlist
+from powerd.hostlist import (
+    SiteNames,
+    compress_hostlist,
+    count_hosts,
+    expand_hostlist,
+    expand_within,
+    first_name,
+    longest_name,
+    parse_hostlist,
+)
 from powerd.vocabulary import (
     PHASES,
     PRIORITIES,
@@ -357,8 +366,8 @@ class PhaseEvent(_Payload):
     expected_s: NonNegFloat | None = None
     # optional addition to v1: the nodes as a Slurm-style host list ("r01-n[01-18],r02-n07"),
     # for a job whose list does not fit in one payload (a 150 MW job's 10,368 nodes are
-    # 176 KB as a list, 25 KB as this); not together with `nodes`. Expanded when decoded:
-    # at most powerd.hostlist.MAX_HOSTS names, each a valid node name.
+    # 176 KB as a list, 25 KB as this); not together with `nodes`. Checked when decoded,
+    # with no name made: at most powerd.hostlist.MAX_HOSTS names, each a valid node name.
     hostlist: Annotated[str, Meta(min_length=1)] | None = None
 
     def __post_init__(self) -> None:
@@ -366,17 +375,43 @@ class PhaseEvent(_Payload):
         if self.hostlist is not None:
             if self.nodes is not None:
                 raise ValueError("`nodes` and `hostlist` together: send one of them")
-            self.node_names()  # a list that does not expand to node names is refused
+            _check_hostlist_names(self.hostlist)
 
     def node_names(self) -> list[str] | None:
         """The job's nodes, from `nodes` or the expanded `hostlist`; None if neither."""
         if self.hostlist is None:
             return self.nodes
-        names = expand_hostlist(self.hostlist)
-        bad = next((n for n in names if _NAME_RE.match(n) is None), None)
-        if bad is not None:
-            raise ValueError(f"`hostlist` names {bad[:80]!r}, not a node name")
-        return names
+        return expand_hostlist(self.hostlist)
+
+    def node_names_within(self, site: SiteNames, limit: int) -> tuple[list[str], int] | None:
+        """The job's nodes that are ``site``'s, and how many it names that are not; None
+        if it names none. ValueError for a host list naming more than ``limit`` (refused
+        before a name is made): powerd.hostlist.expand_within."""
+        if self.hostlist is not None:
+            return expand_within(self.hostlist, site, limit)
+        if self.nodes is None:
+            return None
+        if len(self.nodes) > limit:
+            raise ValueError(f"{len(self.nodes)} nodes named, over the {limit} there are")
+        known = [n for n in self.nodes if n in site.names]
+        return known, len(self.nodes) - len(known)
+
+    def node_count(self) -> int | None:
+        """How many nodes it names (its host list counted, not expanded); None: none."""
+        if self.hostlist is not None:
+            return count_hosts(self.hostlist)
+        return None if self.nodes is None else len(self.nodes)
+
+
+def _check_hostlist_names(hostlist: str) -> None:
+    """ValueError unless every name ``hostlist`` expands to is a node name, checked per
+    item (its first name's form, its longest name's length) with no name made: a name is
+    its literals and digits, so they all match NAME_PATTERN if the first does and the
+    longest is short enough."""
+    for item in parse_hostlist(hostlist):
+        name = first_name(item)
+        if _NAME_RE.match(name) is None or longest_name(item) > 64:
+            raise ValueError(f"`hostlist` names {name[:80]!r}, not a node name")
 
 
 # A job's node list longer than this as JSON goes as a host list (PhaseEvent.hostlist): a
@@ -398,11 +433,15 @@ def job_nodes_fields(nodes: list[str] | None) -> dict[str, Any]:
 
 
 class Heartbeat(_Payload):
+    """``seq`` (optional addition to v1): the highest command seq the leader has sent in
+    this epoch; an agent that (re)starts takes no command at or below it (a replay)."""
+
     v: Version
     epoch: NonNegInt
     ts: float
     controller: Name
     state: ControllerState
+    seq: NonNegInt | None = None
 
 
 # --- the tree of controllers: leaf summary -> coordinator, grant -> leaf -------------
@@ -635,6 +674,12 @@ class Topics:
         return f"{self.prefix}/operator/site-limit"
 
     @property
+    def site_limit_record(self) -> str:
+        """The site limit a leading controller holds, republished under its own key
+        (retained): a restarted controller's floor for the limits' ``(ts, seq)`` order."""
+        return f"{self.prefix}/controller/site-limit"
+
+    @property
     def all_summaries(self) -> str:
         return f"{self.prefix}/scopes/+/summary"
 
@@ -674,9 +719,9 @@ class Topics:
         """Split a topic of this cluster into (kind, name).
 
         kind is one of telemetry, command, ack, status, fill, phase, heartbeat, summary,
-        grant, coordinator, site_limit; name is the node, job or scope (None for the
-        site controller's heartbeat, the coordinator's and the site limit). Raises
-        ProtocolError otherwise.
+        grant, coordinator, site_limit, site_limit_record; name is the node, job or scope
+        (None for the site controller's heartbeat, the coordinator's and the site limits).
+        Raises ProtocolError otherwise.
         """
         head = self.prefix + "/"
         if not topic.startswith(head):
@@ -688,6 +733,8 @@ class Topics:
             return "coordinator", None
         if parts == ["operator", "site-limit"]:
             return "site_limit", None
+        if parts == ["controller", "site-limit"]:
+            return "site_limit_record", None
         if len(parts) == 3 and parts[0] == "scopes" and parts[2] in _SCOPE_KINDS:
             return parts[2], check_name(parts[1], "scope")
         if len(parts) == 3 and parts[0] == "nodes" and parts[2] in _NODE_KINDS:

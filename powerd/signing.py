@@ -18,12 +18,14 @@ heartbeats by their age.
 
 Key files are PEM: the private key PKCS#8 (readable by its owner only: this
 module refuses one that the group or others may read), the public key
-SubjectPublicKeyInfo. ``openssl genpkey -algorithm ed25519`` makes the same
-files as ``powerd keys generate``. A key is named on the wire by its id: the
-first 8 bytes of the SHA-256 of its raw public key, in hex. Rotation: give
-agents the new public key beside the old one (they accept both), move the
-controllers to the new private key, then drop the old public key
-(docs/PROTOCOL.md, "Signed messages").
+SubjectPublicKeyInfo (refused if the group or others may write it: they could swap in
+their own key). A key file is read only if it is a regular file of at most
+``MAX_KEY_FILE_BYTES``, and one public key serves one role only (``check_roles``).
+``openssl genpkey -algorithm ed25519`` makes the same files as ``powerd keys
+generate``. A key is named on the wire by its id: the first 8 bytes of the SHA-256 of
+its raw public key, in hex. Rotation: give agents the new public key beside the old
+one (they accept both), move the controllers to the new private key, then drop the
+old public key (docs/PROTOCOL.md, "Signed messages").
 """
 
 from __future__ import annotations
@@ -153,32 +155,40 @@ def generate_key_files(prefix: str | Path) -> tuple[Path, Path]:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    try:
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError as exc:
-        raise KeyFileError(f"{key_path}: {exc.strerror}") from None
-    with os.fdopen(fd, "wb") as out:
-        out.write(pem)
-    pub_path.write_bytes(
-        private.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+    public_pem = private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
+    _write_new(key_path, pem, 0o600)
+    _write_new(pub_path, public_pem, 0o644)  # whatever the umask: others may not write it
     return key_path, pub_path
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """``data`` in a new file of (at most) ``mode``: never over an existing one."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except OSError as exc:
+        raise KeyFileError(f"{path}: {exc.strerror}") from None
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
 
 
 def load_signer(path: str | Path) -> Signer:
     """The private key in ``path``; refused if others may read it or it is not Ed25519."""
     path = Path(path)
-    data = _read(path)
-    mode = path.stat().st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+    key_file = _read(path)
+    if _is_public_pem(key_file.data):
+        raise KeyFileError(
+            f"{path}: this is a public key; a private key is needed here (the .key file "
+            "`powerd keys generate` wrote beside it)"
+        )
+    if key_file.mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyFileError(
             f"{path}: a private key must be readable by its owner only "
-            f"(mode {stat.S_IMODE(mode):04o}); chmod 600 {path}"
+            f"(mode {stat.S_IMODE(key_file.mode):04o}); chmod 600 {path}"
         )
     try:
-        private = serialization.load_pem_private_key(data, password=None)
+        private = serialization.load_pem_private_key(key_file.data, password=None)
     except (ValueError, TypeError) as exc:
         raise KeyFileError(f"{path}: not an unencrypted PEM private key ({exc})") from None
     if not isinstance(private, Ed25519PrivateKey):
@@ -187,20 +197,34 @@ def load_signer(path: str | Path) -> Signer:
 
 
 def load_trusted_key(path: str | Path) -> TrustedKey:
-    """The public key in ``path`` (PEM). A private key here is refused: it would leak."""
+    """The public key in ``path`` (PEM). A private key here is refused: it would leak. So is
+    a file others may write: whoever can write it can make this side trust their key."""
     path = Path(path)
-    data = _read(path)
-    if b"PRIVATE KEY" in data:
+    key_file = _read(path)
+    if b"PRIVATE KEY" in key_file.data:
         raise KeyFileError(
             f"{path}: this is a private key; give agents the public key (the .pub file)"
         )
+    if key_file.mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise KeyFileError(
+            f"{path}: a trusted key must be writable by its owner only (mode "
+            f"{stat.S_IMODE(key_file.mode):04o}: whoever may write it may replace the key "
+            f"this side trusts); chmod go-w {path}"
+        )
     try:
-        public = serialization.load_pem_public_key(data)
+        public = serialization.load_pem_public_key(key_file.data)
     except (ValueError, TypeError) as exc:
         raise KeyFileError(f"{path}: not a PEM public key ({exc})") from None
     if not isinstance(public, Ed25519PublicKey):
         raise KeyFileError(f"{path}: an Ed25519 key is needed, not {type(public).__name__}")
     return TrustedKey(key_id(public), public, str(path))
+
+
+def key_id_of_file(path: str | Path) -> str:
+    """The key id of the private or public key in ``path`` (``powerd keys id``)."""
+    path = Path(path)
+    private = b"PRIVATE KEY" in _read(path).data
+    return load_signer(path).key_id if private else load_trusted_key(path).key_id
 
 
 def load_verifier(paths: Iterable[str | Path], *also: TrustedKey) -> Verifier:
@@ -211,11 +235,84 @@ def load_verifier(paths: Iterable[str | Path], *also: TrustedKey) -> Verifier:
     return Verifier(keys)
 
 
-def _read(path: Path) -> bytes:
+@dataclass(frozen=True)
+class RoleKeys:
+    """The keys one configuration entry trusts (or signs with) for one role."""
+
+    role: str  # "controller", "coordinator", "operator"
+    entry: str  # where they are configured: "trust.operator_keys"
+    keys: tuple[TrustedKey, ...]
+
+
+def check_roles(entries: Iterable[RoleKeys]) -> None:
+    """KeyFileError when one public key appears under two roles.
+
+    A key trusted as an operator's and a controller's lets whoever holds it (a
+    controller, then) sign site limits; a controller's key as a leaf's coordinator key
+    lets a leaf sign its own grants. The same key in two entries of one role (our own
+    key and ``controller_keys``) is fine.
+    """
+    first: dict[str, tuple[RoleKeys, TrustedKey]] = {}
+    for entry in entries:
+        for key in entry.keys:
+            seen, seen_key = first.setdefault(key.key_id, (entry, key))
+            if seen.role != entry.role:
+                raise KeyFileError(
+                    f"one key (id {key.key_id}) in two roles: {seen.entry} "
+                    f"({seen_key.source}, the {seen.role} role) and {entry.entry} "
+                    f"({key.source}, the {entry.role} role); whoever holds its private key "
+                    "could sign as both: give each role its own pair (`powerd keys generate`)"
+                )
+
+
+# A PEM Ed25519 key is under 200 bytes: anything this big is no key file, and a read of it
+# is bounded (a trusted key named /dev/zero or a huge file must not eat memory or hang).
+MAX_KEY_FILE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class _KeyFile:
+    data: bytes
+    mode: int  # st_mode of the file as opened: the bytes and the mode are of one file
+
+
+def _read(path: Path) -> _KeyFile:
+    """A regular file of at most ``MAX_KEY_FILE_BYTES``, and its mode (KeyFileError)."""
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise KeyFileError(f"{path}: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise KeyFileError(
+            f"{path}: not a regular file ({_file_kind(mode)}); a key file is a PEM file"
+        )
+    with os.fdopen(fd, "rb") as file:
+        try:
+            data = file.read(MAX_KEY_FILE_BYTES + 1)
+        except OSError as exc:
+            raise KeyFileError(f"{path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise KeyFileError(
+            f"{path}: over {MAX_KEY_FILE_BYTES} bytes: not a key file (a PEM key is under 1 KiB)"
+        )
+    return _KeyFile(data, mode)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {
+        stat.S_ISDIR: "a directory",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISFIFO: "a pipe",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), "not a plain file")
+
+
+def _is_public_pem(data: bytes) -> bool:
+    return b"PUBLIC KEY-----" in data and b"PRIVATE KEY" not in data
 
 
 def _b64(raw: bytes) -> str:

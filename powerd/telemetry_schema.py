@@ -398,6 +398,28 @@ DECISION = Measurement(
             "count",
             "nodes whose telemetry says what no GPU can do: counted at their caps, not commanded",
         ),
+        Field(
+            "inputs_refused",
+            INT,
+            "count",
+            "messages dropped unread since the last cycle (telemetry over 1 MiB or retained,"
+            " phases retained or over their rates, telemetry over the site's rate) and new"
+            " jobs or claims refused; the log says which",
+        ),
+        Field(
+            "clock_alarms",
+            INT,
+            "count",
+            "heartbeats, grants and site limits refused since start: their ts ran more than "
+            "max_clock_skew_s ahead of this controller's clock",
+        ),
+        Field(
+            "peer_skew_s",
+            FLOAT,
+            "s",
+            "the largest clock skew measured of a peer controller (this clock minus its "
+            "heartbeats' ts on receipt; positive: the peer is behind); absent: none heard",
+        ),
     ),
 )
 
@@ -673,7 +695,7 @@ def phase_event_from_message(cluster: str, event: PhaseEvent) -> str:
         job=event.job,
         phase=event.phase,
         priority=event.priority,
-        nodes=None if (names := event.node_names()) is None else len(names),
+        nodes=event.node_count(),  # a host list counted, not expanded
         expected_s=event.expected_s,
     )
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
 from powerd.configfile import (
     BROKER_KEYS,
     ConfigError,
@@ -77,6 +78,8 @@ class AgentConfig:
     # signed by any other key are rejected (powerd.signing; two keys while one rotates)
     controller_keys: tuple[str, ...] = ()
     max_command_ttl_s: float = DEFAULT_MAX_COMMAND_TTL_S  # a command holds at most this long
+    # a heartbeat whose ts runs further ahead of this node's clock is refused (a clock alarm)
+    max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
     source: str = "<defaults>"
 
     def verifier(self) -> Verifier | None:
@@ -117,6 +120,7 @@ _KNOWN = {
         "simulate",
         "gpu_indices",
         "max_command_ttl_s",
+        "max_clock_skew_s",
     },
     "broker": BROKER_KEYS,
     "failsafe": {"cap_w", "caps_w", "fraction"},
@@ -186,6 +190,7 @@ def load_config(path: str | Path | None) -> AgentConfig:
         ),
         controller_keys=get.paths(raw.get("trust", {}), "trust.controller_keys"),
         max_command_ttl_s=get.number(agent, "agent.max_command_ttl_s", DEFAULT_MAX_COMMAND_TTL_S),
+        max_clock_skew_s=get.number(agent, "agent.max_clock_skew_s", DEFAULT_MAX_CLOCK_SKEW_S),
         source=where,
     )
     _validate(config, where)
@@ -248,6 +253,11 @@ def _validate(config: AgentConfig, where: str) -> None:
         raise ConfigError(
             f"{where}: agent.max_command_ttl_s must be at least period_s and at most "
             f"{MAX_TTL_S:g} s, got {config.max_command_ttl_s}"
+        )
+    if not 0 < config.max_clock_skew_s <= 86400:
+        raise ConfigError(
+            f"{where}: agent.max_clock_skew_s must be in (0, 86400] s, got "
+            f"{config.max_clock_skew_s}"
         )
     fs = config.failsafe
     for label, cap in [("failsafe.cap_w", fs.cap_w)] + [

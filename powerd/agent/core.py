@@ -10,7 +10,16 @@ Safety rules (docs/PROTOCOL.md):
    (``powerd.signing``); anything else is rejected and counted.
 3. Commands are applied only in ``(epoch, seq)`` order, and only from a
    controller whose heartbeat is live and whose epoch is not older than the
-   newest epoch seen; everything else is acknowledged as stale or rejected.
+   newest epoch seen; everything else is acknowledged as stale or rejected. The
+   first live heartbeat of an epoch sets the order's floor at its ``seq`` (the
+   highest the controller sent): a restarted agent takes no replayed older command.
+3a. Liveness is by receipt (docs/PROTOCOL.md, "Clocks"): a heartbeat delivered
+   live keeps the controller live for ``failsafe_after_s`` of the monotonic clock;
+   a retained one only says who leads in which epoch. A heartbeat whose ``ts`` runs
+   more than ``max_clock_skew_s`` ahead is refused (a clock alarm), and one of the
+   followed epoch not newer than the newest seen is a replay. A live leader of an
+   older epoch is followed once the newest epoch's has been silent for
+   ``failsafe_after_s`` (the deposed-epoch rule).
 4. A command holds at most ``max_command_ttl_s``, whatever its ``ttl_s`` says.
 5. Every cap is clamped into the device range before it is written.
 6. No payload can raise out of ``on_command``/``on_heartbeat``/``on_phase``.
@@ -35,7 +44,9 @@ from powerd.agent.controls import (
     apply_gpu_command,
     smoothing_state,
 )
+from powerd.agent.following import Following, Taken
 from powerd.agent.phase_clock import PhaseClocks
+from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S, SkewWatch
 from powerd.gpu import Gpu, GpuError, PowerLimitRange
 from powerd.gpu.software_smoothing import SoftwareSmoothing
 from powerd.protocol import (
@@ -77,6 +88,9 @@ class AgentCounters:
     commands_refused: int = 0  # well-formed, but no live controller or local mode
     unverified: int = 0  # commands and heartbeats not signed by a trusted key
     heartbeats_ignored: int = 0
+    heartbeats_replayed: int = 0  # of the followed epoch, not newer than the newest seen
+    clock_alarms: int = 0  # heartbeats refused: their ts ran ahead of this clock
+    deposed_epochs: int = 0  # times a live leader of an older epoch was followed
     failsafe_entries: int = 0
     gpu_read_errors: int = 0
 
@@ -98,6 +112,7 @@ class AgentCore:
         period_s: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
     ) -> None:
         """``verifier``: the controller keys this node trusts (None only in local mode)."""
         if mode == "controlled" and verifier is None:
@@ -126,7 +141,8 @@ class AgentCore:
         self.counters = AgentCounters()
         self.telemetry_seq = 0
         self._last_applied: tuple[int, int] = (-1, -1)
-        self._newest_epoch = -1
+        # which controller it follows, and whether it lives (heartbeats by receipt)
+        self.following = Following(failsafe_after_s, max_clock_skew_s, log, monotonic())
         self._heartbeat_deadline = float("-inf")  # monotonic time the live heartbeat expires
         self._command_deadline: float | None = None  # set once a command has a ttl running
         self._command_ttl_s: float | None = None
@@ -178,40 +194,63 @@ class AgentCore:
 
     # --- inputs ------------------------------------------------------------
 
-    def on_heartbeat(self, payload: bytes) -> None:
-        """A controller heartbeat: refreshes liveness if it is a current leader's, signed."""
+    def on_heartbeat(self, payload: bytes, live: bool = True) -> None:
+        """A controller heartbeat, delivered ``live`` or retained (on subscribe): a signed
+        leader's refreshes liveness if live, current and fresh (rule 3a,
+        ``powerd.agent.following``)."""
         now_mono, now_wall = self._monotonic(), self._wall()
         try:
             beat = self._open(Heartbeat, self._heartbeat_topic, payload)
         except ProtocolError as exc:
             self._bad_input_log.warning("heartbeat", now_mono, "rejected heartbeat: %s", exc)
             return
-        if beat.state != "leader" or beat.epoch < self._newest_epoch:
-            self.counters.heartbeats_ignored += 1  # a standby, or a deposed leader
+        taken = self.following.heartbeat(beat, now_mono, now_wall, live)
+        self._count(taken)
+        if taken.new_epoch:
+            self._new_epoch(beat.epoch)
+        if taken.verdict != "live":
             return
-        if beat.epoch > self._newest_epoch:
-            if self._newest_epoch >= 0:
-                log.info(
-                    "controller epoch %d -> %d (%s)",
-                    self._newest_epoch,
-                    beat.epoch,
-                    beat.controller,
-                )
-                self.phase_clocks.end_all(f"controller epoch {beat.epoch}")
-            self._newest_epoch = beat.epoch
-            self._smoothing_sent.clear()  # a new leader: tell it every state at once
-        age_s = max(0.0, now_wall - beat.ts)
-        deadline = now_mono + self.failsafe_after_s - age_s
-        if deadline <= now_mono:
-            self.counters.heartbeats_ignored += 1  # a stale retained heartbeat: no live leader
-            return
-        self._heartbeat_deadline = max(self._heartbeat_deadline, deadline)
+        if taken.floor is not None:  # what it sent before we heard it live is a replay here
+            self._last_applied = max(self._last_applied, taken.floor)
+        self._heartbeat_deadline = max(self._heartbeat_deadline, now_mono + self.failsafe_after_s)
         if self._command_ttl_s is not None:
             self._command_deadline = now_mono + self._command_ttl_s
         if self.mode == "failsafe":
             log.info("live controller %s (epoch %d): leaving failsafe", beat.controller, beat.epoch)
             self.mode = "controlled"
             self._failsafe_raise_at = None  # the controller says what they hold
+
+    def _count(self, taken: Taken) -> None:
+        c = self.counters
+        if taken.verdict == "clock_alarm":
+            c.clock_alarms += 1
+        elif taken.verdict == "replay":
+            c.heartbeats_replayed += 1
+        elif taken.verdict != "live":
+            c.heartbeats_ignored += 1  # a standby, a deposed leader, or retained
+        c.deposed_epochs = self.following.deposed_epochs
+
+    def _new_epoch(self, epoch: int) -> None:
+        """Another epoch is followed: its clock policies end, every smoothing state is told
+        again, and an older one (deposed-epoch rule) starts the command order afresh."""
+        self.phase_clocks.end_all(f"controller epoch {epoch}")
+        self._smoothing_sent.clear()  # a new leader: tell it every state at once
+        if epoch < self._last_applied[0]:
+            self._last_applied = (epoch, -1)
+
+    @property
+    def _newest_epoch(self) -> int:
+        return self.following.newest_epoch
+
+    @property
+    def last_applied(self) -> tuple[int, int]:
+        """The ``(epoch, seq)`` a command must exceed to be applied (the order's floor)."""
+        return self._last_applied
+
+    @property
+    def skew(self) -> SkewWatch:
+        """The controllers' clock skews as measured here, and the clock alarms."""
+        return self.following.skew
 
     def _open(self, cls: type[M], topic: str, payload: bytes) -> M:
         """A signed, valid message, or ProtocolError (counted as unverified or rejected)."""
@@ -275,7 +314,7 @@ class AgentCore:
                 )
 
         self._last_applied = order
-        self._newest_epoch = max(self._newest_epoch, command.epoch)
+        self.following.command_epoch(command.epoch)
         self._command_ttl_s = min(command.ttl_s, self.max_command_ttl_s)
         self._command_deadline = now_mono + self._command_ttl_s
         if errors:

@@ -76,6 +76,7 @@ class AgentDaemon:
             period_s=config.period_s,
             monotonic=monotonic,
             wall=wall,
+            max_clock_skew_s=config.max_clock_skew_s,
         )
         self.notifier = notifier or SystemdNotifier()
         self.session = SessionStats()  # sessions up so far, failures, and whether one is up now
@@ -252,8 +253,8 @@ class AgentDaemon:
                 topic = message.topic.value
                 if topic == command_topic:
                     await self._on_command(client, bytes(payload))
-                elif topic == self.topics.heartbeat:
-                    self.core.on_heartbeat(bytes(payload))
+                elif topic == self.topics.heartbeat:  # retained: on subscribe, not sent now
+                    self.core.on_heartbeat(bytes(payload), live=not message.retain)
                 else:  # a job's phase topic (the only others subscribed)
                     self.core.on_phase(topic, bytes(payload))
                 await self._sync_phase_topics(client)  # a newer epoch or failsafe ends policies

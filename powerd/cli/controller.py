@@ -139,7 +139,7 @@ def command(
             coordinator_keys=tuple(str(p) for p in coordinator_keys) or None,
             grid_smoothing=grid_smoothing,
         )
-        config.signer()  # an unusable key stops us here, with the file named
+        config.verifier(config.signer())  # an unusable key, or one in two roles, stops us
         config.grant_verifier()  # and an unreadable coordinator key
         if record is not None and no_record:
             raise ConfigError("give --record or --no-record, not both")

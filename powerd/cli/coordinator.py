@@ -110,7 +110,7 @@ def command(
             signing_key=None if signing_key is None else str(signing_key),
             controller_keys=tuple(str(p) for p in trust) or None,
         )
-        config.signer()
+        config.heartbeat_verifier(config.signer())  # unusable keys, or one in two roles
         config.summary_verifier()  # no leaf key, or an unreadable one: stop here, named
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None

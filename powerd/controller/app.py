@@ -61,7 +61,12 @@ def build_service(
     if scope is not None:
         topology = scoped(topology, scope)
         bound = grid_ramp_w_per_s(settings.smoothing, topology.tree.n_gpus)
-        leaf = LeafGrants(scope.name, topology, max_ramp_w_per_s=bound)
+        leaf = LeafGrants(
+            scope.name,
+            topology,
+            max_ramp_w_per_s=bound,
+            max_clock_skew_s=config.max_clock_skew_s,
+        )
         tree = leaf.tree_for(0.0)  # no grant yet: the file's budget, at most its ramp bound
     else:  # the site's single controller: the grid's ramp where the caps bound the rise
         tree = file_tree_in_force(topology, config.grid_smoothing, settings.policy.safety_by_caps)

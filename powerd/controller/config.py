@@ -11,11 +11,13 @@ from typing import Any
 from policies import PolicySettings
 from policies.smoothing import grid_policy
 from policies.turns import MAX_RAISES_PER_S
+from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
 from powerd.configfile import (
     BROKER_KEYS,
     ConfigError,
     Getter,
     broker_from_table,
+    check_key_roles,
     read_toml,
     signer_from,
     verifier_from,
@@ -23,6 +25,7 @@ from powerd.configfile import (
     with_overrides,
 )
 from powerd.controller.core import ControllerSettings
+from powerd.controller.job_limits import JobLimits
 from powerd.mqtt_url import BrokerSettings, parse_broker_url
 from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
 from powerd.recorder import DEFAULT_FILE_KEEP, DEFAULT_FILE_MAX_BYTES
@@ -46,6 +49,7 @@ _TIMING_KEYS = (
     "agent_failsafe_after_s",
     "summary_every_s",
     "announced_live_s",
+    "max_clock_skew_s",
 )
 
 
@@ -78,6 +82,9 @@ class ControllerConfig:
     # (validate() holds takeover + a cycle + a heartbeat at least TAKEOVER_MARGIN_S below it)
     takeover_after_s: float = 6.0
     epoch_discovery_s: float = 1.0  # wait this long at start for the retained heartbeat
+    # a heartbeat, grant or site limit whose ts runs further ahead of this clock is refused
+    # (a clock alarm); peers' skews are measured on receipt (powerd.clock_skew)
+    max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
     agent_failsafe_after_s: float = 10.0  # the agents' failsafe_after_s (a silent node's grace)
     infer_phases: bool = True  # infer waits from power for jobs that do not announce them
     # ask every GPU with hardware power smoothing for its share of [site.grid]'s ramps and
@@ -98,6 +105,10 @@ class ControllerConfig:
     # before it reported one, is not believed (counted at its caps, not commanded): two
     # senders on one login, or a broken agent. Agents' fastest period is 0.05 s (20 Hz).
     telemetry_max_hz: float = 20.0
+    # The site's agents' telemetry period (their agent.period_s; the fastest, if they
+    # differ): a node is judged against it, whatever period its own status declares.
+    # None: each node against its status (a node may then declare itself a fast sender).
+    telemetry_period_s: float | None = None
     # Commands that only hand watts back or lock clocks, and resends, go to at most this many
     # nodes a second, less those still in flight; cuts and clock unlocks are never held back
     # (docs/CONTROLLER.md).
@@ -120,6 +131,8 @@ class ControllerConfig:
     job_priority_max: dict[str, str] = field(default_factory=dict)
     default_job_priority_max: str = "high"
     accept_unowned_jobs: bool = True
+    # [jobs]: announcement rates, jobs kept per owner, and when a silent job is forgotten
+    job_limits: JobLimits = field(default_factory=JobLimits)
     # A leaf of a tree of controllers: "ROW" or "NAME:ROW,ROW,..." of the budgets file
     # (powerd.topology.scope); None: one controller for the whole site.
     scope: str | None = None
@@ -142,9 +155,26 @@ class ControllerConfig:
         )
 
     def verifier(self, signer: Signer) -> Verifier:
-        """Whose heartbeats count: our own key and ``controller_keys``."""
+        """Whose heartbeats count: our own key and ``controller_keys``; ConfigError when a
+        key is configured in two roles (``check_key_roles``)."""
+        self.check_key_roles(signer)
         return verifier_from(
             self.controller_keys, self.source, "trust.controller_keys", signer.trusted()
+        )
+
+    def check_key_roles(self, signer: Signer) -> None:
+        """ConfigError when one key is in two roles: our own or a controller key trusted
+        as a coordinator's or an operator's (it could sign grants or site limits), or a
+        coordinator key as an operator's."""
+        check_key_roles(
+            self.source,
+            signer,
+            "controller",
+            [
+                ("controller", "trust.controller_keys", self.controller_keys),
+                ("coordinator", "trust.coordinator_keys", self.coordinator_keys),
+                ("operator", "trust.operator_keys", self.operator_keys),
+            ],
         )
 
     def grant_verifier(self) -> Verifier | None:
@@ -173,11 +203,50 @@ class ControllerConfig:
             default_job_priority_max=self.default_job_priority_max,
             accept_unowned_jobs=self.accept_unowned_jobs,
             telemetry_max_hz=self.telemetry_max_hz,
+            telemetry_period_s=self.telemetry_period_s,
+            jobs=self.job_limits,
             scoped=self.scope is not None,
         )
 
     def with_overrides(self, **overrides: Any) -> ControllerConfig:
         return with_overrides(self, overrides, validate)
+
+
+# [jobs] keys of JobLimits: the file's name -> the field's
+_JOB_LIMIT_KEYS = {
+    "owner_announcements_per_s": "owner_announcements_per_s",
+    "job_announcements_per_s": "job_announcements_per_s",
+    "all_announcements_per_s": "all_announcements_per_s",
+    "expiry_s": "expiry_s",
+    "max_per_owner": "max_jobs_per_owner",
+}
+
+
+def _job_limits(jobs: dict[str, Any], get: Getter) -> JobLimits:
+    defaults = JobLimits()
+    values = {
+        field_: get.number(jobs, f"jobs.{key}", getattr(defaults, field_))
+        for key, field_ in _JOB_LIMIT_KEYS.items()
+    }
+    per_owner = values["max_jobs_per_owner"]
+    if not float(per_owner).is_integer():
+        raise ConfigError(f"{get.where}: jobs.max_per_owner must be a whole number")
+    values["max_jobs_per_owner"] = int(per_owner)
+    return JobLimits(**values)
+
+
+def _validate_job_limits(config: ControllerConfig, where: str) -> None:
+    limits = config.job_limits
+    for key in ("owner_announcements_per_s", "job_announcements_per_s", "all_announcements_per_s"):
+        if not 0.01 <= getattr(limits, key) <= 10**6:
+            raise ConfigError(f"{where}: jobs.{key} must be in [0.01, 1e6]")
+    if not 2 * config.announced_live_s <= limits.expiry_s <= 365 * 86400:
+        raise ConfigError(
+            f"{where}: jobs.expiry_s must be at least twice controller.announced_live_s "
+            "(a job is forgotten only long after its announcements stop counting)"
+        )
+    if not 1 <= limits.max_jobs_per_owner <= 10**7:
+        raise ConfigError(f"{where}: jobs.max_per_owner must be a whole number in [1, 1e7]")
 
 
 def _policy_keys() -> set[str]:
@@ -201,12 +270,13 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
             "ingest_share",
             "max_raises_per_s",
             "telemetry_max_hz",
+            "telemetry_period_s",
             *_TIMING_KEYS,
         },
         "broker": BROKER_KEYS,
         "policy": _policy_keys(),
         "trust": {"signing_key", "controller_keys", "coordinator_keys", "operator_keys"},
-        "jobs": {"priority_max", "default_priority_max", "accept_unowned"},
+        "jobs": {"priority_max", "default_priority_max", "accept_unowned", *_JOB_LIMIT_KEYS},
         "recorder": {
             "enabled",
             "url",
@@ -264,6 +334,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         job_priority_max=dict(priority_max),
         default_job_priority_max=get.text(jobs, "jobs.default_priority_max", "high"),
         accept_unowned_jobs=get.flag(jobs, "jobs.accept_unowned", True),
+        job_limits=_job_limits(jobs, get),
         signing_key=get.path(trust, "trust.signing_key"),
         controller_keys=get.paths(trust, "trust.controller_keys"),
         coordinator_keys=get.paths(trust, "trust.coordinator_keys"),
@@ -278,6 +349,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         telemetry_max_hz=get.number(
             section, "controller.telemetry_max_hz", defaults.telemetry_max_hz
         ),
+        telemetry_period_s=get.number(section, "controller.telemetry_period_s", None),
         max_raises_per_s=get.number(
             section, "controller.max_raises_per_s", defaults.max_raises_per_s
         ),
@@ -323,6 +395,8 @@ def validate(config: ControllerConfig, where: str) -> None:
         )
     if not 0 <= config.epoch_discovery_s <= 30:
         raise ConfigError(f"{where}: controller.epoch_discovery_s must be in [0, 30] s")
+    if not 0 < config.max_clock_skew_s <= 86400:
+        raise ConfigError(f"{where}: controller.max_clock_skew_s must be in (0, 86400] s")
     if not 0.05 <= config.summary_every_s <= 600:
         raise ConfigError(
             f"{where}: controller.summary_every_s must be in [0.05, 600] s (keep it under half "
@@ -336,6 +410,10 @@ def validate(config: ControllerConfig, where: str) -> None:
         raise ConfigError(f"{where}: controller.announced_live_s must be in [2 cycles, 86400] s")
     if not 0.1 <= config.telemetry_max_hz <= 1000:
         raise ConfigError(f"{where}: controller.telemetry_max_hz must be in [0.1, 1000]")
+    period_s = config.telemetry_period_s
+    if period_s is not None and not 0.05 <= period_s <= 3600:
+        raise ConfigError(f"{where}: controller.telemetry_period_s must be in [0.05, 3600] s")
+    _validate_job_limits(config, where)
     if not 0 < config.ingest_share <= 1:
         raise ConfigError(f"{where}: controller.ingest_share must be in (0, 1]")
     if not 1 <= config.max_raises_per_s <= 10**6:

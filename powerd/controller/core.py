@@ -9,6 +9,7 @@ and is not commanded: by construction it holds that cap on its own.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -33,6 +34,8 @@ from policies.turns import (
 )
 from powerd.controller.inbox import Waiting
 from powerd.controller.ingest_health import IngestHealth
+from powerd.controller.job_limits import AnnouncementGate, JobLimits
+from powerd.hostlist import MAX_HOSTS, SiteNames
 from powerd.protocol import (
     Ack,
     Command,
@@ -114,6 +117,12 @@ class ControllerSettings:
     # before it reported one, faster than this (Hz; agents' fastest period is 0.05 s), is
     # not believed: two senders share its login, or its agent is broken.
     telemetry_max_hz: float = 20.0
+    # The site's agents' telemetry period (their agent.period_s, the fastest of them): a
+    # node is judged against this, however fast its status says it sends; None: against
+    # its status (at most telemetry_max_hz).
+    telemetry_period_s: float | None = None
+    # What job announcements may cost (announcement rates, jobs kept, their expiry).
+    jobs: JobLimits = field(default_factory=JobLimits)
     # Jobs (issue 12): the highest priority each owner may announce (owners not listed:
     # default_job_priority_max; "high" allows any), and whether jobs announced on the
     # unowned topic (jobs/{job}/phase, no login bound to them) are taken at all.
@@ -215,6 +224,34 @@ class CycleCounters:
     nodes_implausible: int = 0
     # GPUs whose clock lock follows their job's own announcements (a clock policy in force)
     clock_policy_gpus: int = 0
+    # hostile or broken input, dropped unread since the last cycle (docs/CONTROLLER.md,
+    # "Inputs"): telemetry frames over the stream's MAX_FRAME_BYTES; retained telemetry
+    # and phase messages (no agent or job hook retains them); telemetry decoded no faster
+    # than the site's telemetry period allows (a node flooding); phase announcements over
+    # JobLimits' rates; new jobs beyond its bounds; announcements naming nodes another
+    # owner's live job holds; and jobs forgotten, silent for JobLimits.expiry_s
+    telemetry_oversized: int = 0
+    telemetry_retained: int = 0
+    telemetry_over_rate: int = 0
+    phases_retained: int = 0
+    phases_rate_limited: int = 0
+    jobs_refused: int = 0
+    job_claims_refused: int = 0
+    jobs_expired: int = 0
+    jobs_live: int = 0  # jobs kept, at the decision
+
+    @property
+    def inputs_refused(self) -> int:
+        """Every message dropped for its size, retain flag or rate, or refused a claim."""
+        return (
+            self.telemetry_oversized
+            + self.telemetry_retained
+            + self.telemetry_over_rate
+            + self.phases_retained
+            + self.phases_rate_limited
+            + self.jobs_refused
+            + self.job_claims_refused
+        )
 
 
 @dataclass(frozen=True)
@@ -269,6 +306,14 @@ class ControllerCore:
         # telemetry that says what no GPU can do: per node, since when, and how often
         self.implausible = np.zeros(tree.n_servers, dtype=bool)
         self.implausible_samples = np.zeros(tree.n_servers, dtype=np.int64)
+        # over its allowed telemetry rate at the last check: not believed again until not
+        self._over_rate = np.zeros(tree.n_servers, dtype=bool)
+        # with a site telemetry period: per node, the least time between two samples
+        # decoded (a quarter of the period; 0: none), when the last was received, and how
+        # many were dropped since (not lost: telemetry_over_rate)
+        self._min_gap_s = [0.0] * tree.n_servers
+        self._decoded_at = [-math.inf] * tree.n_servers
+        self._rate_skipped = [0] * tree.n_servers
         self._plausible_streak = [0] * tree.n_servers
         self._gpu_cap_min = tree.cap_min_w.tolist()  # lists: read per message, per GPU
         self._gpu_cap_max = tree.cap_max_w.tolist()
@@ -282,6 +327,9 @@ class ControllerCore:
         self.mode = np.full(n_servers, "unknown", dtype="<U10")  # as each node last reported
         self.offline = np.zeros(n_servers, dtype=bool)
         self.jobs: dict[str, Job] = {}
+        self._owner_jobs: collections.Counter[str | None] = collections.Counter()
+        self._gate = AnnouncementGate(settings.jobs)
+        self._site_names = SiteNames(tree.server_names)  # what a host list expands against
         self._job_server_index: dict[str, tuple[list[str], np.ndarray]] = {}  # _servers_of
         self.server_job: list[str | None] = [None] * n_servers  # the job each server runs
         # what we asked of each server and whether it was acknowledged
@@ -325,9 +373,17 @@ class ControllerCore:
         self._sample_ts = np.full(n_servers, -math.inf)
         self._acked_ts = np.full(n_servers, -math.inf)
         self._drift_retry_at = np.full(n_servers, -math.inf)  # monotonic
+        # found holding other caps than commanded: commanded back to our decision, never
+        # re-decided from what they hold (a replayed command must not become ours)
+        self._drifted = np.zeros(n_servers, dtype=bool)
+        self._clock_drifted = np.zeros(self.tree.n_gpus, dtype=bool)  # its clock, per GPU
         self._last_node_power_w: np.ndarray | None = None  # tree node power, last decision
         self._last_node_predicted_w: np.ndarray | None = None  # ... and what it will draw
         self.site_limit_w: float | None = None  # an operator's temporary site limit in force
+        # clocks (the service's, recorded): messages refused as from the future, and the
+        # largest skew measured of a peer controller (powerd.clock_skew)
+        self.clock_alarms = 0
+        self.peer_skew_s: float | None = None
         # safety by caps, after each cycle: where the site's caps in force could be without
         # moving any draw (policies.allocation.caps_at_draw_w), overheads included
         self.site_caps_at_draw_w: float | None = None
@@ -380,9 +436,17 @@ class ControllerCore:
         smoothing_ids: list[int] = []  # GPUs that report smoothing, and whether it is ours
         smoothing_held: list[bool] = []
         wanted = self.settings.smoothing
-        lost = 0
+        min_gap_s, decoded_at, skipped = self._min_gap_s, self._decoded_at, self._rate_skipped
+        lost = over_rate = 0
         for server, payload, arrived, replaced in batch:
             node = names[server]
+            if arrived - decoded_at[server] < min_gap_s[server]:
+                over_rate += 1  # faster than the site's agents send: not even decoded
+                skipped[server] += 1 + replaced
+                continue
+            decoded_at[server] = arrived
+            replaced += skipped[server]
+            skipped[server] = 0
             try:
                 sample = decode(Telemetry, payload, node)
             except ProtocolError as exc:
@@ -399,7 +463,7 @@ class ControllerCore:
             )
             if doubt is not None:
                 self._disbelieve(server, node, doubt)
-            elif self.implausible[server]:
+            elif self.implausible[server] and not self._over_rate[server]:
                 self._plausible_streak[server] += 1
                 if self._plausible_streak[server] >= PLAUSIBLE_TO_CLEAR:
                     self.implausible[server] = False
@@ -459,6 +523,7 @@ class ControllerCore:
             self.mode[servers] = modes
             self.offline[servers] = False
         self.counters.telemetry_lost += lost
+        self.counters.telemetry_over_rate += over_rate
         return samples
 
     def _smoothing_seen(self, gpu_ids: list[int], holds_ours: list[bool]) -> None:
@@ -489,16 +554,30 @@ class ControllerCore:
             return f"{who} may not announce priority {event.priority} (job {event.job})"
         return None
 
-    def check_rates(self, received: np.ndarray, seconds: float) -> None:
-        """``received``: telemetry per node over the last ``seconds`` (the inbox's count). A
-        node over twice the rate its status reports (else over ``telemetry_max_hz``) is
-        implausible, as a sample no GPU could send is."""
-        if seconds <= 0:
-            return
+    def allowed_hz(self) -> np.ndarray:
+        """Per node, the telemetry rate it may send at: twice the rate its status reports
+        (else ``telemetry_max_hz``), and never more than twice the site's agents'
+        (``telemetry_period_s``), whatever its status says."""
         known = np.isfinite(self.period_s)
         allowed_hz = np.where(known, 2.0 / self.period_s, self.settings.telemetry_max_hz)
+        site_period_s = self.settings.telemetry_period_s
+        if site_period_s is not None:
+            allowed_hz = np.minimum(allowed_hz, 2.0 / site_period_s)
+        return allowed_hz
+
+    def check_rates(self, received: np.ndarray, seconds: float) -> None:
+        """``received``: telemetry per node over the last ``seconds`` (the inbox's count). A
+        node over the rate it may send at (``allowed_hz``) is implausible, as a sample no
+        GPU could send is, until it is back under it; with a site telemetry period, its
+        samples are decoded at most at twice that rate meanwhile."""
+        if seconds <= 0:
+            return
+        allowed_hz = self.allowed_hz()
         limit = allowed_hz * seconds + 2  # +2: samples early or late by a little are no rate
-        for server in np.flatnonzero(received > limit).tolist():
+        self._over_rate = received > limit
+        if self.settings.telemetry_period_s is not None:
+            self._min_gap_s = (0.5 / allowed_hz).tolist()
+        for server in np.flatnonzero(self._over_rate).tolist():
             node = self.tree.server_names[server]
             seen_hz = float(received[server]) / seconds
             self._disbelieve(
@@ -685,49 +764,37 @@ class ControllerCore:
         ``owner``: the owner level of the topic it came on (``jobs/{owner}/{job}/phase``,
         bound to a login by the broker's ACL), None for the unowned topic. A job belongs
         to whoever announced it first until its shutdown: anyone else's phases for it are
-        refused, as is a priority above the owner's allowance (ControllerSettings).
+        refused, as is a priority above the owner's allowance (ControllerSettings), a
+        node list naming nodes another owner's live job holds, and a new job beyond
+        ``JobLimits.max_jobs_per_owner`` or the site's node count. Announcements over
+        the rates of ``JobLimits`` are dropped before they are decoded.
         """
+        now = self._monotonic()
+        why = self._gate.refusal(owner, job_name, now)
+        if why is not None:
+            self.counters.phases_rate_limited += 1
+            self._log.warning("phase-rate", now, "phase announcement dropped: %s", why)
+            return None
         try:
             event = decode(PhaseEvent, payload, job_name)
+            job = self.jobs.get(job_name)
+            refusal = self._refuse_phase(job, owner, event)
+            if refusal is not None:
+                raise ProtocolError(refusal)
+            named = self._named_servers(job_name, owner, event)
         except ProtocolError as exc:
-            self._reject(job_name, exc)
+            self._reject(job_name, exc, key=f"owner-{owner}")  # owners are few, names not
             return None
-        job = self.jobs.get(job_name)
-        refusal = self._refuse_phase(job, owner, event)
-        if refusal is not None:
-            self._reject(job_name, ProtocolError(refusal))
-            return None
-        names = event.node_names()  # `nodes`, or its `hostlist` (checked when decoded)
         if job is None:
-            if names is None:
-                self._log.warning(
-                    f"job-{job_name}",
-                    self._monotonic(),
-                    "phase %s for unknown job %s without its node list: ignored",
-                    event.phase,
-                    job_name,
-                )
+            if named is None or not named:
+                self._ignore_jobless(job_name, owner, event, named is None)
+                return event if named is not None else None
+            job = self._new_job(job_name, owner, event, now)
+            if job is None:
                 return None
-            job = Job(job_name, [], event.priority, event.phase, self._monotonic(), owner=owner)
-            self.jobs[job_name] = job
-        if names is not None:
-            unknown = [n for n in names if n not in self.tree.server_ordinal]
-            if unknown and not self.settings.scoped:
-                self._log.warning(
-                    f"jobnodes-{job_name}",
-                    self._monotonic(),
-                    "job %s names %d nodes not in the budgets file (%s): ignored",
-                    job_name,
-                    len(unknown),
-                    ", ".join(unknown[:5]),
-                )
-            for server in self._job_servers(job):
-                if self.server_job[server] == job_name:
-                    self.server_job[server] = None
-            job.nodes = [n for n in names if n in self.tree.server_ordinal]
-            for server in self._job_servers(job):
-                self.server_job[server] = job_name
-        job.priority, job.since_mono = event.priority, self._monotonic()
+        if named is not None:
+            self._give_nodes(job, named)
+        job.priority, job.since_mono = event.priority, now
         job.enter(event.phase, job.since_mono)
         job.expected_s = math.nan if event.expected_s is None else float(event.expected_s)
         if event.phase in WAITING_PHASES:
@@ -740,13 +807,126 @@ class ControllerCore:
             len(job.nodes),
             job.priority,
         )
-        if event.phase == "shutdown":
-            del self.jobs[job_name]
-            self._job_server_index.pop(job_name, None)
-            for server in self._job_servers(job):
-                if self.server_job[server] == job_name:
-                    self.server_job[server] = None
+        if event.phase == "shutdown" or not job.nodes:
+            self._forget_job(job)
         return event
+
+    def _named_servers(
+        self, job_name: str, owner: str | None, event: PhaseEvent
+    ) -> list[int] | None:
+        """The servers of ours an announcement names (None: it names none), expanded only
+        against our node names; ProtocolError for a list longer than a job can be, or one
+        naming nodes another owner's live job holds."""
+        limit = MAX_HOSTS if self.settings.scoped else len(self._site_names)
+        try:
+            got = event.node_names_within(self._site_names, limit)
+        except ValueError as exc:
+            raise ProtocolError(f"job {job_name}: {exc}") from None
+        if got is None:
+            return None
+        names, unknown = got
+        if unknown and not self.settings.scoped:
+            self._log.warning(
+                f"jobnodes-{owner}",
+                self._monotonic(),
+                "job %s names %d nodes not in the budgets file: ignored",
+                job_name,
+                unknown,
+            )
+        ordinal = self.tree.server_ordinal
+        servers = [ordinal[n] for n in names]
+        held = self._held_by_others(job_name, owner, servers)
+        if held is not None:
+            self.counters.job_claims_refused += 1
+            raise ProtocolError(f"job {job_name} names nodes of {held}: refused")
+        return servers
+
+    def _held_by_others(self, job_name: str, owner: str | None, servers: list[int]) -> str | None:
+        """Another owner's live job holding one of ``servers`` (what to say), or None."""
+        now = self._monotonic()
+        for server in servers:
+            holder = self.server_job[server]
+            if holder is None or holder == job_name:
+                continue
+            other = self.jobs.get(holder)
+            if other is not None and other.owner != owner and self.announcements_live(other, now):
+                who = "the unowned topic" if other.owner is None else f"owner {other.owner}"
+                return f"job {holder} of {who} ({self.tree.server_names[server]} first)"
+        return None
+
+    def _ignore_jobless(
+        self, job_name: str, owner: str | None, event: PhaseEvent, unlisted: bool
+    ) -> None:
+        """A new job with no node list, or none of ours: not kept (a leaf's jobs of
+        other scopes name none of its nodes)."""
+        if unlisted:
+            self._log.warning(
+                f"job-{owner}",
+                self._monotonic(),
+                "phase %s for unknown job %s without its node list: ignored",
+                event.phase,
+                job_name,
+            )
+
+    def _new_job(
+        self, job_name: str, owner: str | None, event: PhaseEvent, now: float
+    ) -> Job | None:
+        """A new job, kept; None (refused, counted) beyond the bounds on jobs."""
+        limits = self.settings.jobs
+        why = None
+        if self._owner_jobs[owner] >= limits.max_jobs_per_owner:
+            who = "the unowned topic" if owner is None else f"owner {owner}"
+            why = f"{who} has {limits.max_jobs_per_owner} jobs (jobs.max_per_owner)"
+        elif len(self.jobs) >= self.tree.n_servers:
+            why = f"{len(self.jobs)} jobs already, one a node"
+        if why is not None:
+            self.counters.jobs_refused += 1
+            self._log.warning(f"jobs-{owner}", now, "new job %s refused: %s", job_name, why)
+            return None
+        job = Job(job_name, [], event.priority, event.phase, now, owner=owner)
+        self.jobs[job_name] = job
+        self._owner_jobs[owner] += 1
+        return job
+
+    def _give_nodes(self, job: Job, servers: list[int]) -> None:
+        """``servers`` are ``job``'s now, and no other job's: a job they are taken from
+        keeps the rest, and one left with none is forgotten."""
+        names = self.tree.server_names
+        for server in self._job_servers(job):
+            if self.server_job[server] == job.name:
+                self.server_job[server] = None
+        losers: set[str] = set()
+        for server in servers:
+            holder = self.server_job[server]
+            if holder is not None and holder != job.name:
+                losers.add(holder)
+            self.server_job[server] = job.name
+        job.nodes = [names[server] for server in servers]
+        for name in losers:
+            other = self.jobs.get(name)
+            if other is not None:
+                other.nodes = [n for n in other.nodes if self.job_of(n) == name]
+                if not other.nodes:
+                    self._forget_job(other)
+
+    def _forget_job(self, job: Job) -> None:
+        if self.jobs.pop(job.name, None) is None:
+            return
+        self._owner_jobs[job.owner] -= 1
+        if not self._owner_jobs[job.owner]:
+            del self._owner_jobs[job.owner]
+        self._job_server_index.pop(job.name, None)
+        for server in self._job_servers(job):
+            if self.server_job[server] == job.name:
+                self.server_job[server] = None
+
+    def _expire_jobs(self, now: float) -> None:
+        """Forget the jobs that have announced nothing for ``JobLimits.expiry_s``."""
+        expiry_s = self.settings.jobs.expiry_s
+        for job in [j for j in self.jobs.values() if now - j.since_mono > expiry_s]:
+            log.warning("job %s: nothing announced for %.0f s: forgotten", job.name, expiry_s)
+            self._forget_job(job)
+            self.counters.jobs_expired += 1
 
     def _job_servers(self, job: Job) -> list[int]:
         return [self.tree.server_ordinal[n] for n in job.nodes]
@@ -786,7 +966,9 @@ class ControllerCore:
         )
         self._last_cycle_mono = now
         self.last_dt_s = dt_s
+        self._expire_jobs(now)
         counters, self.counters = self.counters, CycleCounters()
+        counters.jobs_live = len(self.jobs)
         heard = self.last_seen
         if waiting is not None and len(waiting[0]):
             servers, arrived = waiting
@@ -799,6 +981,7 @@ class ControllerCore:
         state, live = self.cluster_state(now, counters, heard)
         wanting = live.copy()  # the nodes that may take turns, as heard (returning ones too)
         self._track_holdings(now, live, counters)
+        state = self._as_commanded(state, now)
         decision, state = decide_in_turn(
             self.tree,
             state,
@@ -864,9 +1047,11 @@ class ControllerCore:
 
         Drift: a node with no command pending whose telemetry, sampled after it acked our
         last command, shows caps or a clock lock other than what we asked (an old
-        leader's command applied late, a hand-set cap, a restart we did not see) is taken
-        at what it holds, so the decision commands it back; at most once per
-        ``DRIFT_RETRY_S`` per node, since a GPU that refuses a value would drift forever.
+        leader's command applied late, a replayed one, a hand-set cap, a restart we did not
+        see) is commanded back to what we asked: the decision starts from our command, not
+        from what it holds (a drifted cap is never adopted as our own: ``cluster_state``),
+        and where it drifted up, that command is a cut, sent at once. At most once
+        per ``DRIFT_RETRY_S`` per node, since a GPU that refuses a value would drift forever.
         """
         failsafe = live & self._in_mode("failsafe")
         for server in np.flatnonzero(failsafe).tolist():
@@ -884,6 +1069,18 @@ class ControllerCore:
         # heard from (a payload waiting) but not yet decoded since it was away: not yet
         live &= ~self._returning
         self._check_drift(now, live & decoded_fresh & ~failsafe, counters)
+
+    def _as_commanded(self, state: ClusterState, now: float) -> ClusterState:
+        """``state`` with the GPUs of nodes found drifted within ``DRIFT_RETRY_S`` at the
+        caps we commanded: the decision starts from our command, never from the drifted
+        caps (``_track_holdings``), and a GPU that refuses our cap is not re-decided from
+        what it holds every cycle until the next retry."""
+        recent = now < self._drift_retry_at[self.tree.gpu_server_ordinal]
+        drifted = recent & ~np.isnan(self.commanded_cap_w)
+        if not drifted.any():
+            return state
+        cap_w = np.where(drifted, self.commanded_cap_w, state.cap_w)
+        return dataclasses.replace(state, cap_w=cap_w)
 
     def _check_drift(self, now: float, candidates: np.ndarray, counters: CycleCounters) -> None:
         pending = np.zeros(len(candidates), dtype=bool)
@@ -907,7 +1104,8 @@ class ControllerCore:
         drifted = (
             np.bincount(self.tree.gpu_server_ordinal, weights=off, minlength=len(candidates)) > 0
         )
-        self._adopt_read_back(drifted)
+        self._drifted |= drifted
+        self._clock_drifted |= gpus & clock_off
         self._drift_retry_at[drifted] = now + DRIFT_RETRY_S
         counters.nodes_drifted += int(drifted.sum())
         first = self.tree.server_names[int(np.flatnonzero(drifted)[0])]
@@ -956,6 +1154,25 @@ class ControllerCore:
             (last <= tree.cap_threshold_w) | (power > last + RISE_FRACTION * tree.budget_w)
         )
         return bool(np.any(news))
+
+    def count_dropped_unread(
+        self, oversized: int, telemetry_retained: int, phases_retained: int
+    ) -> None:
+        """What the connections dropped unread since the last cycle: telemetry frames too
+        large, retained telemetry and retained phase messages (none is legitimate)."""
+        self.counters.telemetry_oversized += oversized
+        self.counters.telemetry_retained += telemetry_retained
+        self.counters.phases_retained += phases_retained
+        if oversized or telemetry_retained or phases_retained:
+            self._log.warning(
+                "dropped-unread",
+                self._monotonic(),
+                "dropped unread: %d telemetry frames over the size limit, %d retained "
+                "telemetry and %d retained phase messages (no agent or job hook retains them)",
+                oversized,
+                telemetry_retained,
+                phases_retained,
+            )
 
     def count_ingest(self, received: int, dropped: int, seconds: float) -> None:
         """What the service's telemetry path did since the last cycle (the inbox's counts)."""
@@ -1089,8 +1306,10 @@ class ControllerCore:
         # So does a command that grants or ends a clock policy: the controller's own lock,
         # until the job's next announcement.
         unknown = np.isnan(self.commanded_cap_w)
-        clock_changed = clock_moved | unknown | policies.changed
-        holds = np.where(unknown, self.cap_w, self.commanded_cap_w)
+        drifted = self._drifted[ordinal]  # commanded back; a clock that drifted said again
+        cap_changed |= drifted
+        clock_changed = clock_moved | unknown | policies.changed | self._clock_drifted
+        holds = np.where(unknown | drifted, self.cap_w, self.commanded_cap_w)
         levelled = decision.levelled if len(decision.levelled) else np.zeros_like(cap_changed)
         if self.turns.uncap_turn is not None:  # in turn, a raise of a few watts is not worth one,
             worth_w = RAISE_WORTH_FRACTION * (cap_max - self.tree.cap_min_w)  # nor the cut
@@ -1171,6 +1390,8 @@ class ControllerCore:
             out.append((self.tree.server_names[server], command))
             self.pending[server] = (self.seq, now)
             self._sent_seq[server] = self.seq
+            self._drifted[server] = False
+            self._clock_drifted[gpus.start : gpus.stop] = False
             self.commanded_cap_w[gpus.start : gpus.stop] = decision.cap_w[gpus.start : gpus.stop]
             self.commanded_clock[gpus.start : gpus.stop] = want_clock[gpus.start : gpus.stop]
             if self.comm_clock_job[server] != policies.job[server]:
@@ -1274,6 +1495,8 @@ class ControllerCore:
         self._resends_unacked[:] = 0  # nothing of ours is unanswered: backoffs start afresh
         self._returning[:] = False
         self._acked_ts[:] = -math.inf
+        self._drifted[:] = False
+        self._clock_drifted[:] = False
         self._sent_seq[:] = -1
         self._acked_seq[:] = -1
         self.commanded_cap_w[:] = np.nan
@@ -1299,6 +1522,8 @@ class ControllerCore:
         self.comm_clock_sent_mhz[gpus.start : gpus.stop] = np.nan
         self.comm_clock_sent_seq[gpus.start : gpus.stop] = -1
         self.pending.pop(server, None)
+        self._drifted[server] = False  # what it holds is read back: nothing to command back
+        self._clock_drifted[gpus.start : gpus.stop] = False
 
     def with_last_smoothing(self, sample: Telemetry) -> Telemetry:
         """``sample`` with each GPU that carries no smoothing state given the one its
@@ -1343,8 +1568,13 @@ class ControllerCore:
         self.counters.rejected_payloads += 1
         self.rejected_total += 1
 
-    def _reject(self, sender: str, exc: ProtocolError) -> None:
+    def _reject(self, sender: str, exc: ProtocolError, key: str | None = None) -> None:
+        """Count and log (once a minute per ``key``, by default ``sender``) a refusal."""
         self.count_rejected()
         self._log.warning(
-            f"bad-{sender}", self._monotonic(), "rejected payload from %s: %s", sender, exc
+            f"bad-{sender if key is None else key}",
+            self._monotonic(),
+            "rejected payload from %s: %s",
+            sender,
+            exc,
         )

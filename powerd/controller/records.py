@@ -166,6 +166,9 @@ class Records:
             nodes_drifted=c.nodes_drifted,
             failsafe_over_plan=c.failsafe_over_plan,
             nodes_implausible=c.nodes_implausible,
+            inputs_refused=c.inputs_refused,
+            clock_alarms=core.clock_alarms,
+            peer_skew_s=core.peer_skew_s,
         )
         if line is not None:
             lines.append(line)

@@ -7,8 +7,12 @@ what that root may draw:
 - **a grant** from the site coordinator, once verified (``Grant``): in force for
   its ``ttl_s`` from when it was received (this controller's monotonic clock, so
   clock skew does not shorten or stretch it); refused if older, by its
-  ``(epoch, seq)``, than the newest taken, or if its ``ts`` is more than its
-  ``ttl_s`` in the past (a replay);
+  ``(epoch, seq)``, than the newest taken, if its ``ts`` runs more than
+  ``max_clock_skew_s`` ahead of this clock (a clock alarm: a coordinator ahead
+  would otherwise make grants replayable for as long), or, retained (delivered on
+  subscribe, not sent now), if its ``ts`` is more than its ``ttl_s`` in the past
+  (a replay). A live one's age by ``ts`` is not judged: it would be the clocks'
+  skew, and its ``(epoch, seq)`` orders it;
 - **then** ``min(grant, file budget)`` for one more ``ttl_s``: every leaf passes
   through the lower of the two before any of them goes back to its file budget,
   whatever order their grants expire in (policies/coordination.py);
@@ -35,6 +39,7 @@ import numpy as np
 from policies import ClusterState, Decision, PolicySettings, Tree
 from policies.coordination import summarise
 from policies.in_force import RootBudget, tree_in_force
+from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
 from powerd.protocol import Grant, Summary
 from powerd.topology import Topology
 from powerd.vocabulary import PROTOCOL_VERSION
@@ -59,6 +64,7 @@ class LeafGrants:
         topology: Topology,
         base_tree: Tree | None = None,
         max_ramp_w_per_s: float = math.inf,
+        max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
     ) -> None:
         """``topology``: the scoped budgets (``scoped``); its root's budget is the file budget.
         ``max_ramp_w_per_s``: the most the root's ramp may be, whatever is in force."""
@@ -77,20 +83,29 @@ class LeafGrants:
         self.received_mono = -math.inf
         self.grants_taken = 0
         self.grants_refused = 0
+        self.max_clock_skew_s = max_clock_skew_s
+        self.clock_alarms = 0  # grants refused: their ts ran ahead of this clock
         self._tree_key: tuple[float, float] | None = None
         self._tree = self.base_tree
 
     def rebased(self, topology: Topology, max_ramp_w_per_s: float = math.inf) -> LeafGrants:
         """These grants over a reloaded scoped budgets file (its file budget, limits, bands
         and grid spec may have changed): the grant in force stays in force."""
-        moved = LeafGrants(self.scope, topology, max_ramp_w_per_s=max_ramp_w_per_s)
+        moved = LeafGrants(
+            self.scope,
+            topology,
+            max_ramp_w_per_s=max_ramp_w_per_s,
+            max_clock_skew_s=self.max_clock_skew_s,
+        )
         moved.grant, moved.received_mono = self.grant, self.received_mono
         moved.grants_taken, moved.grants_refused = self.grants_taken, self.grants_refused
+        moved.clock_alarms = self.clock_alarms
         return moved
 
-    def on_grant(self, grant: Grant, now_mono: float, wall: float) -> str | None:
-        """Take a verified grant for this scope; why it was refused, or None if taken."""
-        why = self._refusal(grant, wall)
+    def on_grant(self, grant: Grant, now_mono: float, wall: float, live: bool = True) -> str | None:
+        """Take a verified grant for this scope, delivered ``live`` or retained; why it was
+        refused, or None if taken."""
+        why = self._refusal(grant, wall, live)
         if why is not None:
             self.grants_refused += 1
             return why
@@ -99,9 +114,15 @@ class LeafGrants:
         self.grants_taken += 1
         return None
 
-    def _refusal(self, grant: Grant, wall: float) -> str | None:
+    def _refusal(self, grant: Grant, wall: float, live: bool) -> str | None:
         if grant.scope != self.scope:
             return f"a grant for scope {grant.scope}, not {self.scope}"
+        if grant.ts - wall > self.max_clock_skew_s:
+            self.clock_alarms += 1
+            return (
+                f"clock alarm: grant ts is {grant.ts - wall:.1f} s ahead of this clock "
+                f"(max_clock_skew_s {self.max_clock_skew_s:g})"
+            )
         if self.grant is not None and (grant.epoch, grant.seq) <= (
             self.grant.epoch,
             self.grant.seq,
@@ -110,8 +131,8 @@ class LeafGrants:
                 f"grant (epoch {grant.epoch}, seq {grant.seq}) is not newer than the one "
                 f"taken (epoch {self.grant.epoch}, seq {self.grant.seq})"
             )
-        if wall - grant.ts > grant.ttl_s:
-            return f"grant is {wall - grant.ts:.1f} s old, past its ttl_s {grant.ttl_s:g}"
+        if not live and wall - grant.ts > grant.ttl_s:
+            return f"retained grant is {wall - grant.ts:.1f} s old, past its ttl_s {grant.ttl_s:g}"
         return None
 
     def in_force(self, now_mono: float) -> InForce:

@@ -116,13 +116,19 @@ class ControllerService:
         self.telemetry_what = t.all_telemetry  # for people: what the subscription is
         if leaf is None:
             subscriptions += [(t.all_acks, 1), (t.all_status, 1), (t.site_limit, 1)]
+            subscriptions += [(t.site_limit_record, 1)]  # the limits' order, across restarts
         else:  # its own nodes only: the broker does not send it the rest of the site
             subscriptions += [(t.grant(leaf.scope), 1)]
             subscriptions += [(t.ack(n), 1) for n in nodes] + [(t.status(n), 1) for n in nodes]
             telemetry_filters = [t.telemetry(n) for n in nodes]
             self.telemetry_what = f"the telemetry of its {len(nodes)} nodes (scope {leaf.scope})"
         self.control = MqttLink(
-            config.broker, client_id, subscriptions, self._on_control_message, monotonic=monotonic
+            config.broker,
+            client_id,
+            subscriptions,
+            self._on_control_message,
+            monotonic=monotonic,
+            refuse_retained=self._is_phase_topic,  # no job hook retains one: a stranger's
         )
         self.inbox = TelemetryInbox(t.telemetry(n) for n in nodes)
         self.telemetry = MqttStream(
@@ -136,17 +142,21 @@ class ControllerService:
         self.reloads = 0  # budgets files put in force at run time (SIGHUP)
         # demand response: an operator's temporary site limit (a site's controller only; in
         # a tree, the coordinator applies it)
-        self.site_limits = SiteLimits()
+        self.site_limits = SiteLimits(max_clock_skew_s=config.max_clock_skew_s)
         self.operator_verifier = config.operator_verifier()
         self._base_tree = core.tree  # the file's, under which a site limit lowers the site
         self._site_line: SiteLine | None = None  # the operator's line the core's tree is under
         self._summary_at = -math.inf  # monotonic time of the last summary
         self.ingest_period_s = min(INGEST_PERIOD_S, config.cycle_s / 4)
         self._counted = (0, 0)  # the inbox's received and replaced, as last counted
+        self._unread_counted = (0, 0, 0)  # oversized, retained telemetry, retained phases
         self._ingest_allowance_s = 0.0  # decode time left in the budget's bucket
         self._ingest_filled_at = time.monotonic()
         self._rates_since = monotonic()  # start of the per-node telemetry count
-        self.leadership = Leadership(config.name, config.takeover_after_s)
+        self.leadership = Leadership(
+            config.name, config.takeover_after_s, max_clock_skew_s=config.max_clock_skew_s
+        )
+        self._seq_sent = 0  # the highest command seq published this epoch (heartbeat seq)
         self.cycles: list[CycleResult] = []  # the last few
         # commands signed and queued a slice at a time (_send_commands), in order
         self._outbox: collections.deque[tuple[str, Command]] = collections.deque()
@@ -285,6 +295,8 @@ class ControllerService:
             now = loop.time()
             if self.leadership.should_lead(self._monotonic()):
                 self.core.new_epoch(self.leadership.take_over(floor=int(self._wall() * 1000)))
+                self._seq_sent = 0
+                self._publish_site_limit_record(link)
                 self.leading.set()
                 self.notifier.status(f"leading, epoch {self.leadership.epoch}")
                 next_beat = now
@@ -391,6 +403,7 @@ class ControllerService:
 
     def _cycle(self, link: MqttLink) -> None:
         self._ingest()  # the newest samples there are
+        self._count_dropped_unread()
         now = self._monotonic()
         self.core.check_rates(self.inbox.count_per_node(), now - self._rates_since)
         self._rates_since = now
@@ -414,6 +427,13 @@ class ControllerService:
             # scale, tens of ms): the broker's queue for us does not fill meanwhile
             asyncio.get_running_loop().call_soon(self._record_cycle, result, self._wall())
         self.cycles = [*self.cycles[-59:], result]
+
+    def _count_dropped_unread(self) -> None:
+        """What the connections dropped unread since the last cycle, into the core's counts."""
+        unread = (self.telemetry.oversized, self.telemetry.retained, self.control.retained_refused)
+        (oversized, retained, phases), was = unread, self._unread_counted
+        self.core.count_dropped_unread(oversized - was[0], retained - was[1], phases - was[2])
+        self._unread_counted = unread
 
     def _send_commands(self, link: MqttLink, commands: list[tuple[str, Command]]) -> None:
         """Sign and queue ``commands`` after those still waiting, ``COMMANDS_PER_SLICE`` at a
@@ -444,6 +464,7 @@ class ControllerService:
                 continue
             topic = command_topic(node)
             link.publish(topic, sign(topic, encode(command)), qos=1)
+            self._seq_sent = max(self._seq_sent, command.seq)  # the heartbeat's seq
             sent += 1
         self._draining = bool(outbox)
         if outbox:
@@ -456,10 +477,10 @@ class ControllerService:
         base, core = self._base_tree, self.core
         by_caps = core.settings.policy.safety_by_caps
         measured = core.site_power_w
-        wall = self._wall()
+        now = self._monotonic()  # a limit's window is on this clock, from its receipt
         line = self.site_limits.line(
             base,
-            wall,
+            now,
             float(base.cap_threshold_w[0]) if measured is None else measured,
             core.last_dt_s,
             self._ramp_down_w_per_s(),
@@ -472,7 +493,7 @@ class ControllerService:
         elif line != self._site_line:
             core.tree = tree_in_force(base, site_line=line, by_caps=by_caps)
         self._site_line = line
-        core.site_limit_w = self.site_limits.active_w(wall)
+        core.site_limit_w = self.site_limits.active_w(now)
 
     def _grid_window_s(self) -> float:
         """The window the grid measures the site's ramps over ([site.grid]; 1 s without)."""
@@ -485,7 +506,7 @@ class ControllerService:
         grid = None if self.topology is None else self.topology.grid
         return glide_ramp_w_per_s(grid, float(self._base_tree.ramp_w_per_s[0]))
 
-    def _on_site_limit(self, topic: str, payload: bytes) -> None:
+    def _on_site_limit(self, topic: str, payload: bytes, live: bool = True) -> None:
         now = self._monotonic()
         try:
             if self.operator_verifier is None:
@@ -495,10 +516,13 @@ class ControllerService:
             self.core.count_rejected()
             self._log.warning("site-limit", now, "site limit refused: %s", exc)
             return
-        why = self.site_limits.take(limit)
+        why = self.site_limits.take(limit, now, self._wall(), live=live)
+        self._count_clocks()
         if why is not None:
             self._log.warning("site-limit-order", now, "site limit ignored: %s", why)
             return
+        if self.leadership.leading:
+            self._publish_site_limit_record(self.control)
         what = "cleared" if limit.limit_w is None else f"{limit.limit_w / 1e3:,.1f} kW"
         log.warning(
             "site limit from %s: %s from %s until %s%s",
@@ -508,6 +532,29 @@ class ControllerService:
             time.strftime("%H:%M:%S", time.localtime(limit.expires_ts)),
             f" ({limit.reason})" if limit.reason else "",
         )
+
+    def _on_site_limit_record(self, topic: str, payload: bytes) -> None:
+        """The limit a leader held, under a controller key: taken as a retained operator
+        message is (its window by the wall clock), so that an older operator message
+        (a replayed clear) cannot replace it after a restart."""
+        now = self._monotonic()
+        try:
+            record = self.verifier.decode(SiteLimit, topic, payload)
+        except ProtocolError as exc:
+            self.core.count_rejected()
+            self._log.warning("site-limit-record", now, "site limit record refused: %s", exc)
+            return
+        if self.site_limits.take(record, now, self._wall(), live=False) is None:
+            log.info("site limit record taken: operator %s's of ts %.3f, seq %d",
+                     record.operator, record.ts, record.seq)  # fmt: skip
+
+    def _publish_site_limit_record(self, link: MqttLink) -> None:
+        """Republish the newest limit taken under our key, retained (``_on_site_limit_record``)."""
+        limit = self.site_limits.limit
+        if limit is None:
+            return
+        topic = self.topics.site_limit_record
+        link.publish(topic, self.signer.sign(topic, encode(limit)), qos=1, retain=True)
 
     def reload(self, new: Topology, smoothing: GpuSmoothing | None = None) -> str | None:
         """Put a reloaded budgets file (already loaded and checked, scoped for a leaf) in
@@ -568,31 +615,40 @@ class ControllerService:
         self.recorder.write(self.records.cycle(self.core, result, ts))
 
     def _heartbeat(self, state: ControllerState) -> bytes:
+        ts = self.leadership.beat_ts(self._monotonic(), self._wall())
         return signed_heartbeat(
-            self.signer, self.topics.heartbeat, self.leadership, state, self._wall()
+            self.signer, self.topics.heartbeat, self.leadership, state, ts, self._seq_sent
         )
 
     async def _step_down_on_exit(self) -> None:
-        topic = self.topics.heartbeat
-        await step_down_on_exit(
-            self.control, self.leadership, topic, self.signer, self._wall(), log
-        )
+        topic, ts = self.topics.heartbeat, self.leadership.beat_ts(self._monotonic(), self._wall())
+        await step_down_on_exit(self.control, self.leadership, topic, self.signer, ts, log)
 
     # --- control messages --------------------------------------------------------
 
-    def _on_control_message(self, topic: str, payload: bytes, _arrived: float) -> None:
+    def _is_phase_topic(self, topic: str) -> bool:
+        try:
+            return self.topics.parse(topic)[0] == "phase"
+        except ProtocolError:
+            return False
+
+    def _on_control_message(
+        self, topic: str, payload: bytes, _arrived: float, retained: bool = False
+    ) -> None:
         try:
             kind, name = self.topics.parse(topic)
             if kind == "heartbeat":
-                self._on_heartbeat(payload)
+                self._on_heartbeat(payload, live=not retained)
             elif kind == "ack" and name:
                 self.core.on_ack(name, payload)
             elif kind == "status" and name:
                 self.core.on_status(name, payload)
             elif kind == "grant" and name and self.leaf is not None:
-                self._on_grant(topic, payload)
+                self._on_grant(topic, payload, live=not retained)
             elif kind == "site_limit" and self.leaf is None:
-                self._on_site_limit(topic, payload)
+                self._on_site_limit(topic, payload, live=not retained)
+            elif kind == "site_limit_record" and self.leaf is None:
+                self._on_site_limit_record(topic, payload)
             elif kind == "phase" and name:
                 owner, _ = self.topics.job_of(topic)
                 event = self.core.on_phase(name, payload, owner)
@@ -603,7 +659,7 @@ class ControllerService:
         except Exception:  # no payload stops the controller
             log.exception("unexpected error handling %s", topic)
 
-    def _on_grant(self, topic: str, payload: bytes) -> None:
+    def _on_grant(self, topic: str, payload: bytes, live: bool = True) -> None:
         assert self.leaf is not None
         now = self._monotonic()
         try:
@@ -614,21 +670,30 @@ class ControllerService:
             self.core.count_rejected()
             self._log.warning("grant", now, "grant refused: %s", exc)
             return
-        why = self.leaf.on_grant(grant, now, self._wall())
+        why = self.leaf.on_grant(grant, now, self._wall(), live=live)
         if why is not None:
             self._log.warning("grant-order", now, "grant ignored: %s", why)
         elif self.leaf.grants_taken == 1:
             log.info("first grant from coordinator %s: %.1f kW for scope %s",
                      grant.coordinator, grant.budget_w / 1e3, grant.scope)  # fmt: skip
 
-    def _on_heartbeat(self, payload: bytes) -> None:
+    def _on_heartbeat(self, payload: bytes, live: bool = True) -> None:
+        """Another controller's heartbeat; liveness by receipt (``Leadership.observe``)."""
         try:
             beat = self.verifier.decode(Heartbeat, self.topics.heartbeat, payload)
         except ProtocolError as exc:  # forged, unsigned or malformed: it leads nobody
             self.core.count_rejected()
             self._log.warning("heartbeat", self._monotonic(), "heartbeat refused: %s", exc)
             return
-        age_s = max(0.0, self._wall() - beat.ts)
-        if self.leadership.observe(beat, self._monotonic(), age_s):
+        if self.leadership.observe(beat, self._monotonic(), self._wall(), live):
             self.leading.clear()
+        self._count_clocks()
         self._heartbeat_seen.set()
+
+    def _count_clocks(self) -> None:
+        """The clock alarms and the largest peer skew, where the recorder reads them."""
+        alarms = self.leadership.skew.alarms + self.site_limits.clock_alarms
+        if self.leaf is not None:
+            alarms += self.leaf.clock_alarms
+        self.core.clock_alarms = alarms
+        self.core.peer_skew_s = self.leadership.skew.largest_s

@@ -17,6 +17,16 @@ The line ends at the limit's target (the limit times the file's target over its
 threshold); from there the site's bands are the file's, scaled to the limit.
 At expiry (or a newer message with ``limit_w`` null) the file's bands return,
 and the caps rise under the usual ramp limits.
+
+Clocks (docs/PROTOCOL.md, "Clocks"): a limit's window is put on the caller's clock (the
+services': monotonic) when it is taken. One delivered live is in force from its receipt
+plus ``starts_ts - ts`` for ``expires_ts - starts_ts``, whatever the two wall clocks
+say; a retained one (delivered on subscribe, maybe long after it was sent) is placed by
+this wall clock, the only measure of its age there is, and refused if already over.
+A ``ts`` more than ``max_clock_skew_s`` ahead of this clock is refused (a clock alarm).
+Limits and clears are ordered by ``(ts, seq)``; the leader republishes the newest it
+took under its own key (``Topics.site_limit_record``), the floor of that order for a
+controller that restarts, so an older clear replayed as retained cannot erase it.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from typing import Any
 
 from policies.in_force import GLIDE_SHARE_OF_RAMP, SiteLine, target_share, tree_in_force
 from policies.tree import SITE, Tree
+from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
 from powerd.protocol import SiteLimit
 from powerd.topology.grid import GridSpec
 
@@ -35,32 +46,62 @@ from powerd.topology.grid import GridSpec
 @dataclass
 class SiteLimits:
     limit: SiteLimit | None = None  # the newest taken
+    # its (start, end) on the caller's clock; None: the message's own (starts_ts, expires_ts)
+    window: tuple[float, float] | None = None
     glide_w: float | None = None  # the glide line while a limit is in force
-    glide_at: float | None = None  # wall clock of its last step
+    glide_at: float | None = None  # the caller's clock at its last step
     step_s: float = 0.0  # how long its last step stood for
-    # (wall clock, what the site was to draw after that cycle's caps) of the last cycles
+    # (the caller's clock, what the site was to draw after that cycle's caps) of the last cycles
     committed: deque[tuple[float, float]] = field(default_factory=deque)
     taken: int = 0
     refused: int = 0
+    clock_alarms: int = 0  # refused: their ts ran more than max_clock_skew_s ahead
+    max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
 
-    def take(self, message: SiteLimit) -> str | None:
-        """A verified limit; why it was refused (older than the one in force), or None."""
-        last = self.limit
-        if last is not None and (message.ts, message.seq) <= (last.ts, last.seq):
+    def take(
+        self,
+        message: SiteLimit,
+        now: float | None = None,
+        wall: float | None = None,
+        live: bool = True,
+    ) -> str | None:
+        """A verified limit, received at ``now`` (the caller's clock; None: the message's
+        own wall clock) when this wall clock said ``wall``, ``live`` or retained; why it
+        was refused, or None if taken."""
+        why = self._refusal(message, now, wall, live)
+        if why is not None:
             self.refused += 1
-            return (
-                f"site limit (ts {message.ts}, seq {message.seq}) is not newer than the one taken"
-            )
+            return why
         self.limit = message
+        self.window = None if now is None else _window(message, now, wall, live)
         self.taken += 1
         return None
 
-    def active_w(self, wall: float) -> float | None:
-        """The limit in force at ``wall``, or None."""
+    def _refusal(
+        self, message: SiteLimit, now: float | None, wall: float | None, live: bool
+    ) -> str | None:
+        if wall is not None and message.ts - wall > self.max_clock_skew_s:
+            self.clock_alarms += 1
+            return (
+                f"clock alarm: site limit ts is {message.ts - wall:.1f} s ahead of this clock "
+                f"(max_clock_skew_s {self.max_clock_skew_s:g})"
+            )
+        last = self.limit
+        if last is not None and (message.ts, message.seq) <= (last.ts, last.seq):
+            return (
+                f"site limit (ts {message.ts}, seq {message.seq}) is not newer than the one taken"
+            )
+        if now is not None and not live and _window(message, now, wall, live)[1] <= now:
+            return f"a retained site limit (ts {message.ts}) already over by this clock"
+        return None
+
+    def active_w(self, now: float) -> float | None:
+        """The limit in force at ``now`` (the clock ``take`` was given), or None."""
         m = self.limit
-        if m is None or m.limit_w is None or not m.starts_ts <= wall < m.expires_ts:
+        if m is None or m.limit_w is None:
             return None
-        return m.limit_w
+        start, end = (m.starts_ts, m.expires_ts) if self.window is None else self.window
+        return m.limit_w if start <= now < end else None
 
     def tree_under(self, tree: Tree, *args: Any, by_caps: bool = False) -> Tree:
         """``tree`` (the file's) as the controller decides under it this cycle: under
@@ -71,7 +112,7 @@ class SiteLimits:
     def line(
         self,
         tree: Tree,
-        wall: float,
+        now: float,
         measured_w: float,
         dt_s: float,
         ramp_down_w_per_s: float,
@@ -99,13 +140,13 @@ class SiteLimits:
         ``bench_scale --site-limit-mw 110 --safety caps``)."""
         last_at = self.glide_at
         glide = self.threshold_w(
-            wall,
+            now,
             measured_w,
             dt_s,
             ramp_down_w_per_s,
             end_share=target_share(tree, by_caps),
         )
-        limit = self.active_w(wall)
+        limit = self.active_w(now)
         if glide is None or limit is None:
             self.committed.clear()
             return None
@@ -115,16 +156,16 @@ class SiteLimits:
             not_below_w = committed_w - GLIDE_SHARE_OF_RAMP * ramp_down_w_per_s * self.step_s
             if last_at is not None:
                 self.committed.append((last_at, committed_w))
-            while len(self.committed) > 1 and self.committed[1][0] <= wall - window_s:
+            while len(self.committed) > 1 and self.committed[1][0] <= now - window_s:
                 self.committed.popleft()  # the newest at or before a window ago stays
-            at, then_w = self.committed[0] if self.committed else (wall, committed_w)
-            if at <= wall - window_s:
+            at, then_w = self.committed[0] if self.committed else (now, committed_w)
+            if at <= now - window_s:
                 not_below_w = max(not_below_w, then_w - ramp_down_w_per_s * window_s)
         return SiteLine(limit, glide, not_below_w)
 
     def threshold_w(
         self,
-        wall: float,
+        now: float,
         measured_w: float,
         dt_s: float,
         ramp_down_w_per_s: float,
@@ -133,15 +174,15 @@ class SiteLimits:
         """The glide line this cycle under the limit (None: none in force): from the
         measured power down toward ``end_share`` of the limit at ``GLIDE_SHARE_OF_RAMP``
         of ``ramp_down_w_per_s``, then there. Each step falls by the time since the last
-        (``wall``; ``dt_s``, a cycle's length, at the first): a cycle that comes early
+        (``now``; ``dt_s``, a cycle's length, at the first): a cycle that comes early
         steps less. A raised limit applies at once (the uncapping ramp limits the rise)."""
-        limit = self.active_w(wall)
+        limit = self.active_w(now)
         if limit is None:
             self.glide_w = self.glide_at = None
             return None
         if self.glide_at is not None:
-            dt_s = max(0.0, wall - self.glide_at)
-        self.glide_at, self.step_s = wall, dt_s
+            dt_s = max(0.0, now - self.glide_at)
+        self.glide_at, self.step_s = now, dt_s
         end = limit * end_share
         start = measured_w if self.glide_w is None else self.glide_w
         if start <= end or not math.isfinite(ramp_down_w_per_s):
@@ -149,6 +190,15 @@ class SiteLimits:
         else:
             self.glide_w = max(end, start - GLIDE_SHARE_OF_RAMP * ramp_down_w_per_s * dt_s)
         return self.glide_w
+
+
+def _window(message: SiteLimit, now: float, wall: float | None, live: bool) -> tuple[float, float]:
+    """A limit's (start, end) on the clock of ``now``: its ``ts`` is placed at its receipt
+    if it came live, else ``wall - ts`` (at least 0) before it."""
+    sent = now
+    if not live and wall is not None:
+        sent = now - max(0.0, wall - message.ts)
+    return sent + (message.starts_ts - message.ts), sent + (message.expires_ts - message.ts)
 
 
 def glide_ramp_w_per_s(grid: GridSpec | None, site_ramp_w_per_s: float) -> float:

@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
 from powerd.configfile import (
     BROKER_KEYS,
     ConfigError,
     Getter,
     broker_from_table,
+    check_key_roles,
     read_toml,
     signer_from,
     verifier_from,
@@ -38,6 +40,9 @@ class CoordinatorConfig:
     # a standby leads once the leader is silent this long: before the leaves' grants expire
     takeover_after_s: float = 8.0
     epoch_discovery_s: float = 1.0
+    # a heartbeat, summary or site limit whose ts runs further ahead of this clock is
+    # refused (a clock alarm; powerd.clock_skew)
+    max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
     # the leaves: "ROW" or "NAME:ROW,ROW,..." each; empty: one leaf per row of the file
     scopes: tuple[str, ...] = ()
     broker: BrokerSettings = field(default_factory=lambda: parse_broker_url("mqtt://localhost"))
@@ -75,7 +80,9 @@ class CoordinatorConfig:
         return verifier_from(self.controller_keys, self.source, "trust.controller_keys")
 
     def heartbeat_verifier(self, signer: Signer) -> Verifier:
-        """Whose coordinator heartbeats count: ours and ``coordinator_keys``."""
+        """Whose coordinator heartbeats count: ours and ``coordinator_keys``; ConfigError
+        when a key is configured in two roles (``check_key_roles``)."""
+        self.check_key_roles(signer)
         return verifier_from(
             self.coordinator_keys, self.source, "trust.coordinator_keys", signer.trusted()
         )
@@ -84,11 +91,32 @@ class CoordinatorConfig:
         """Whose site limits count: ``operator_keys`` only; None when none is configured."""
         return verifier_or_none(self.operator_keys, self.source, "trust.operator_keys")
 
+    def check_key_roles(self, signer: Signer) -> None:
+        """ConfigError when one key is in two roles: our own or a coordinator key trusted
+        as a leaf's or an operator's, or a leaf's key as an operator's."""
+        check_key_roles(
+            self.source,
+            signer,
+            "coordinator",
+            [
+                ("coordinator", "trust.coordinator_keys", self.coordinator_keys),
+                ("controller", "trust.controller_keys", self.controller_keys),
+                ("operator", "trust.operator_keys", self.operator_keys),
+            ],
+        )
+
     def with_overrides(self, **overrides: Any) -> CoordinatorConfig:
         return with_overrides(self, overrides, validate)
 
 
-_TIMING = ("period_s", "grant_ttl_s", "heartbeat_s", "takeover_after_s", "epoch_discovery_s")
+_TIMING = (
+    "period_s",
+    "grant_ttl_s",
+    "heartbeat_s",
+    "takeover_after_s",
+    "epoch_discovery_s",
+    "max_clock_skew_s",
+)
 
 
 def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:
@@ -158,3 +186,5 @@ def validate(config: CoordinatorConfig, where: str) -> None:
         )
     if not 0 <= config.epoch_discovery_s <= 30:
         raise ConfigError(f"{where}: coordinator.epoch_discovery_s must be in [0, 30] s")
+    if not 0 < config.max_clock_skew_s <= 86400:
+        raise ConfigError(f"{where}: coordinator.max_clock_skew_s must be in (0, 86400] s")

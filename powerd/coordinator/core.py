@@ -4,9 +4,11 @@ Each leaf controller (``powerd controller --scope``) reports a ``Summary`` of it
 scope every cycle; every ``period_s`` the coordinator turns the newest of each
 into the arrays ``policies.coordination.allocate`` takes and sends each leaf a
 ``Grant`` valid ``grant_ttl_s``. A leaf is *heard* while its newest summary was
-received within ``grant_ttl_s`` and is no older than that by its own ``ts``; a
-leaf not heard is reserved the larger of its last budget in force and its file
-budget (it may hold either). Summaries are verified by the service; here they
+received within ``grant_ttl_s`` (and, if retained, is no older than that by its
+own ``ts``: a live one's age by ``ts`` would be the clocks' skew; one whose ``ts``
+runs more than ``max_clock_skew_s`` ahead is refused, a clock alarm); a leaf not
+heard is reserved the larger of its last budget in force and its file budget (it
+may hold either). Summaries are verified by the service; here they
 are only ordered: per scope, by the leaf's ``(epoch, seq)``, so a replayed or
 deposed leader's summary changes nothing.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from policies.coordination import Allocation, Leaves, SitePool, allocate
+from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
 from powerd.controller.site_limit import glide_ramp_w_per_s
 from powerd.protocol import Grant, Summary
 from powerd.topology import Topology
@@ -37,6 +40,7 @@ class CoordinatorCounters:
     summaries: int = 0  # taken
     summaries_stale: int = 0  # older, by (epoch, seq) or ts, than what we hold
     summaries_unknown: int = 0  # for a scope we do not coordinate
+    clock_alarms: int = 0  # summaries refused: their ts ran ahead of this clock
     grants_sent: int = 0
     leaves_heard: int = 0
     leaves_silent: int = 0
@@ -98,6 +102,7 @@ class CoordinatorCore:
         # how fast an operator's site limit brings the pool down, as a single controller
         self.glide_ramp_w_per_s = glide_ramp_w_per_s(topology.grid, self.site.ramp_w_per_s)
         self.grant_ttl_s = grant_ttl_s
+        self.max_clock_skew_s = DEFAULT_MAX_CLOCK_SKEW_S
         self._monotonic = monotonic
         self._wall = wall
         n = len(self.specs)
@@ -113,8 +118,9 @@ class CoordinatorCore:
     def scopes(self) -> list[str]:
         return [spec.scope.name for spec in self.specs]
 
-    def on_summary(self, summary: Summary) -> bool:
-        """Take a verified summary; False if it is for no scope of ours or not the newest."""
+    def on_summary(self, summary: Summary, live: bool = True) -> bool:
+        """Take a verified summary, delivered ``live`` or retained; False if it is for no
+        scope of ours, not the newest, from the future or (retained) too old."""
         k = self.index.get(summary.scope)
         if k is None:
             self.counters.summaries_unknown += 1
@@ -123,7 +129,11 @@ class CoordinatorCore:
         if last is not None and (summary.epoch, summary.seq) <= (last.epoch, last.seq):
             self.counters.summaries_stale += 1
             return False
-        if self._wall() - summary.ts > self.grant_ttl_s:  # retained from a leaf long gone
+        age_s = self._wall() - summary.ts
+        if -age_s > self.max_clock_skew_s:
+            self.counters.clock_alarms += 1
+            return False
+        if not live and age_s > self.grant_ttl_s:  # retained from a leaf long gone
             self.counters.summaries_stale += 1
             return False
         self.summaries[k] = summary
@@ -178,10 +188,14 @@ class CoordinatorCore:
 
     def pool_under(self, site_threshold_w: float | None) -> SitePool:
         """The site as divided this period: the leaf pool, or less under an operator's site
-        limit (the leaves' thresholds plus the site's own overhead within ``site_threshold_w``)."""
+        limit: the leaves' budgets plus the site's own overhead within ``site_threshold_w``
+        where a leaf runs to its budget (safety by caps: it reports its caps in force),
+        their thresholds where every leaf runs the bands (they stop at their thresholds)."""
         if site_threshold_w is None:
             return self.site
-        limited = (site_threshold_w - self.site_overhead_w) / self.site.cap_threshold
+        under_caps = any(s is not None and s.caps_in_force_w is not None for s in self.summaries)
+        share = 1.0 if under_caps else self.site.cap_threshold
+        limited = (site_threshold_w - self.site_overhead_w) / share
         return dataclasses.replace(self.site, pool_w=max(0.0, min(self.site.pool_w, limited)))
 
     def period(self, site_threshold_w: float | None = None) -> Period:

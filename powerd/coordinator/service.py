@@ -58,8 +58,12 @@ class CoordinatorService:
             self._on_message,
             monotonic=monotonic,
         )
-        self.leadership = Leadership(config.name, config.takeover_after_s)
-        self.site_limits = SiteLimits()  # an operator's temporary site limit (demand response)
+        self.leadership = Leadership(
+            config.name, config.takeover_after_s, max_clock_skew_s=config.max_clock_skew_s
+        )
+        # an operator's temporary site limit (demand response)
+        self.site_limits = SiteLimits(max_clock_skew_s=config.max_clock_skew_s)
+        core.max_clock_skew_s = config.max_clock_skew_s
         self.operators = config.operator_verifier()
         self.stats = SessionStats()
         self.leading = asyncio.Event()
@@ -156,7 +160,7 @@ class CoordinatorService:
 
     def _grant(self, link: MqttLink) -> None:
         threshold = self.site_limits.threshold_w(
-            self._wall(),
+            self._monotonic(),  # a limit's window is on this clock, from its receipt
             self.core.site_measured_w(),
             self.config.period_s,
             self.core.glide_ramp_w_per_s,
@@ -183,9 +187,9 @@ class CoordinatorService:
         )
 
     def _heartbeat(self, state: ControllerState) -> bytes:
-        return signed_heartbeat(
-            self.signer, self.topics.coordinator_heartbeat, self.leadership, state, self._wall()
-        )
+        ts = self.leadership.beat_ts(self._monotonic(), self._wall())
+        topic = self.topics.coordinator_heartbeat
+        return signed_heartbeat(self.signer, topic, self.leadership, state, ts)
 
     async def _step_down_on_exit(self) -> None:
         await step_down_on_exit(
@@ -193,24 +197,26 @@ class CoordinatorService:
             self.leadership,
             self.topics.coordinator_heartbeat,
             self.signer,
-            self._wall(),
+            self.leadership.beat_ts(self._monotonic(), self._wall()),
             log,
         )
 
-    def _on_message(self, topic: str, payload: bytes, _arrived: float) -> None:
-        now = self._monotonic()
+    def _on_message(
+        self, topic: str, payload: bytes, _arrived: float, retained: bool = False
+    ) -> None:
+        now, live = self._monotonic(), not retained
         try:
             kind, name = self.topics.parse(topic)
             if kind == "coordinator":
                 beat = self.heartbeats_from.decode(Heartbeat, topic, payload)
-                age_s = max(0.0, self._wall() - beat.ts)
-                if self.leadership.observe(beat, now, age_s):
+                if self.leadership.observe(beat, now, self._wall(), live):
                     self.leading.clear()
                 self._heartbeat_seen.set()
             elif kind == "site_limit":
                 if self.operators is None:
                     raise ProtocolError("no operator key is trusted (trust.operator_keys)")
-                why = self.site_limits.take(self.operators.decode(SiteLimit, topic, payload))
+                limit = self.operators.decode(SiteLimit, topic, payload)
+                why = self.site_limits.take(limit, now, self._wall(), live=live)
                 if why is not None:
                     self._log.warning("site-limit-order", now, "site limit ignored: %s", why)
                 else:
@@ -219,7 +225,17 @@ class CoordinatorService:
                 summary = self.summaries_from.decode(Summary, topic, payload)
                 if summary.scope != name:
                     raise ProtocolError(f"a summary of scope {summary.scope} on {topic}")
-                self.core.on_summary(summary)
+                ahead_s = summary.ts - self._wall()
+                if not self.core.on_summary(summary, live=live) and ahead_s > 0:
+                    self._log.warning(
+                        f"summary-clock-{name}",
+                        now,
+                        "summary of %s not taken: its ts is %.1f s ahead of this clock "
+                        "(a clock alarm past max_clock_skew_s %g s)",
+                        name,
+                        ahead_s,
+                        self.config.max_clock_skew_s,
+                    )
         except ProtocolError as exc:  # forged, unsigned or malformed: it counts for nothing
             self._log.warning(f"bad-{topic}", now, "refused %s: %s", topic, exc)
         except Exception:  # no payload stops the coordinator

@@ -61,6 +61,7 @@ simulated answers to a real ``AgentCore``'s on the same messages.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -69,7 +70,9 @@ from msgspec import UNSET
 
 from policies.tree import RACK
 from powerd.agent.controls import FAILSAFE_RAISE_SHARE, profile_of, smoothing_wire
+from powerd.agent.following import Following
 from powerd.agent.phase_clock import LOCKING_PHASE
+from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
 from powerd.gpu.base import SmoothingProfile, SmoothingRange, smoothed_draw
 from powerd.gpu.clock_table import ClockTable
 from powerd.gpu.errors import GpuValueError
@@ -104,6 +107,8 @@ from powerd.protocol import (
 from powerd.signing import SignatureError, Verifier
 from powerd.topology import Topology
 from powerd.vocabulary import PRIORITIES, PROTOCOL_VERSION
+
+log = logging.getLogger("powerd.fleet")
 
 # Under a clock lock at a fraction s of the maximum clock, a GPU model without a clock
 # table draws this share of what it would draw unlocked: P ~ p_static + p_dyn * s^2.5
@@ -145,6 +150,7 @@ class FleetOptions:
     silent_fraction: float = 0.0  # nodes that never report
     offline_fraction: float = 0.0  # nodes that publish an offline status and no telemetry
     failsafe_after_s: float = 10.0  # as the agents' failsafe_after_s
+    max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S  # as the agents' max_clock_skew_s
     # "fresh": agents that just started (failsafe caps, failsafe until a live heartbeat);
     # "running": agents of a site already under control (caps at their maximum, a live
     # controller until failsafe_after_s from the start: the one being replaced)
@@ -252,7 +258,8 @@ class FleetModel:
         self.failsafe = True
         self.seq = [0] * n_nodes
         self.last_applied: list[tuple[int, int]] = [(-1, -1)] * n_nodes
-        self.newest_epoch = -1
+        # whom the agents follow, and whether it lives: as agents do (powerd.agent.following)
+        self.following = self._following(-math.inf)
         self.heartbeat_deadline = -math.inf
         self.failsafe_raise_at: float | None = None  # failsafe: the caps below rise then
         pick = self._rng.permutation(n_nodes)
@@ -389,14 +396,24 @@ class FleetModel:
 
     # --- what the controller says --------------------------------------------------------
 
+    def _following(self, now: float) -> Following:
+        return Following(self.options.failsafe_after_s, self.options.max_clock_skew_s, log, now)
+
+    @property
+    def newest_epoch(self) -> int:
+        """The newest controller epoch the agents follow (-1: none yet)."""
+        return self.following.newest_epoch
+
     def start(self, now: float) -> None:
         """The run begins: a running site's agents still follow the controller being replaced."""
+        self.following = self._following(now)
         if self.options.start == "running":
             self.failsafe = False
             self.heartbeat_deadline = now + self.options.failsafe_after_s
 
-    def on_heartbeat(self, payload: bytes, now: float, wall: float) -> bool:
-        """A heartbeat; True if it was a live leader's (every node follows it)."""
+    def on_heartbeat(self, payload: bytes, now: float, wall: float, live: bool = True) -> bool:
+        """A heartbeat, delivered ``live`` or retained; True if it proves a leader lives now
+        (every node follows it). By the agents' rules (``powerd.agent.following``)."""
         self.counters.heartbeats += 1
         last = self._verified_heartbeat
         if last is not None and last[0] == payload:
@@ -408,18 +425,21 @@ class FleetModel:
                 self.counters.rejected_payloads += 1
                 return False
             self._verified_heartbeat = (bytes(payload), beat)
-        if beat.state != "leader" or beat.epoch < self.newest_epoch:
-            return False
-        if beat.epoch > self.newest_epoch:  # a new leader: every state on the next sample
+        previous = self.newest_epoch
+        taken = self.following.heartbeat(beat, now, wall, live)
+        if taken.new_epoch:  # a new leader: every state on the next sample
             self._smooth_sent = [None] * self.n_gpus
-            if self.newest_epoch >= 0:
+            if previous >= 0:
                 self._end_policies(release=True)
-        self.newest_epoch = beat.epoch  # its leader exists, live or not: older ones are deposed
-        deadline = now + self.options.failsafe_after_s - max(0.0, wall - beat.ts)
-        if deadline <= now:
+            self.last_applied = [  # a deposed epoch followed: its order starts afresh
+                (beat.epoch, -1) if beat.epoch < last[0] else last for last in self.last_applied
+            ]
+        if taken.verdict != "live":
             return False
+        if taken.floor is not None:
+            self.last_applied = [max(last, taken.floor) for last in self.last_applied]
         self.heartbeat_ts = beat.ts
-        self.heartbeat_deadline = max(self.heartbeat_deadline, deadline)
+        self.heartbeat_deadline = max(self.heartbeat_deadline, now + self.options.failsafe_after_s)
         self.failsafe = False
         self.failsafe_raise_at = None
         return True
@@ -517,7 +537,7 @@ class FleetModel:
         self.last_applied[node] = order
         kind = "cut" if cut else "raise" if rose else "no cap moved"
         self.counters.applied_by_kind[kind] = self.counters.applied_by_kind.get(kind, 0) + 1
-        self.newest_epoch = max(self.newest_epoch, command.epoch)
+        self.following.command_epoch(command.epoch)
         result = "partial" if errors else "applied"
         ack = self._ack(node, command.epoch, command.seq, result, acks, "; ".join(errors), wall)
         self._check_pushes(now)

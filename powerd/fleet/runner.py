@@ -389,7 +389,7 @@ class FleetRunner:
         payload = bytes(message.payload)
         if topic == self.topics.heartbeat:
             sent_before = self.model.heartbeat_ts
-            if self.model.on_heartbeat(payload, now, wall):
+            if self.model.on_heartbeat(payload, now, wall, live=not message.retain):
                 if self._last_beat is not None:
                     self.report.heartbeat_gaps_s.append(now - self._last_beat)
                     self.report.heartbeat_at_s.append(now - self._started)

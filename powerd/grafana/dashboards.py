@@ -874,9 +874,17 @@ def controller_health() -> dict:
             " turn (a site or row gliding down to an operator's limit); nodes"
             " found holding other caps than commanded (drift); nodes whose agents fall back"
             " to a failsafe cap above the budgets file's (fix their agent config); nodes whose"
-            " telemetry says what no GPU can do (counted at their caps, not commanded).",
+            " telemetry says what no GPU can do (counted at their caps, not commanded); messages"
+            " refused as from the future (clock alarms) and the largest peer clock skew (s).",
             [
-                target(Query(DECISION, (("max({ingest_s})", "decode s"),)), "A", alias="$col"),
+                target(
+                    Query(
+                        DECISION,
+                        (("max({ingest_s})", "decode s"), ("max({peer_skew_s})", "peer skew s")),
+                    ),
+                    "A",
+                    alias="$col",
+                ),
                 target(
                     Query(
                         DECISION,
@@ -887,6 +895,7 @@ def controller_health() -> dict:
                             ("sum({nodes_drifted})", "drifted"),
                             ("max({failsafe_over_plan})", "failsafe over plan"),
                             ("max({nodes_implausible})", "implausible telemetry"),
+                            ("max({clock_alarms})", "clock alarms"),
                         ),
                     ),
                     "B",

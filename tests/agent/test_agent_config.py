@@ -454,3 +454,39 @@ def test_controller_scope_sets_the_heartbeat_the_agent_follows(tmp_path: Path) -
 def test_a_bad_controller_scope_is_refused_with_the_key(tmp_path: Path) -> None:
     _, message = load_error(tmp_path, '[agent]\nnode = "n1"\ncontroller_scope = "row 7"\n')
     assert "agent.controller_scope 'row 7'" in message
+
+
+# --- trusted keys (issue 34) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["group-writable", "world-writable", "device", "huge"])
+def test_a_controller_key_the_agent_cannot_trust_stops_it_naming_the_file(
+    tmp_path: Path, case: str
+) -> None:
+    import os
+
+    from powerd.signing import generate_key_files
+
+    _, pub = generate_key_files(tmp_path / "controller")
+    says = {
+        "group-writable": f"mode 0664: whoever may write it may replace the key this side "
+        f"trusts); chmod go-w {pub}",
+        "world-writable": f"chmod go-w {pub}",
+        "device": "/dev/zero: not a regular file (a character device)",
+        "huge": "over 65536 bytes: not a key file",
+    }[case]
+    if case == "group-writable":
+        os.chmod(pub, 0o664)
+    elif case == "world-writable":
+        os.chmod(pub, 0o646)
+    elif case == "device":
+        pub = Path("/dev/zero")
+    else:
+        with pub.open("ab") as out:
+            out.truncate(1 << 30)
+    config = load_config(write(tmp_path, f'[trust]\ncontroller_keys = ["{pub}"]\n'))
+    with pytest.raises(ConfigError) as refused:
+        config.verifier()
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'agent.toml'}: trust.controller_keys: {pub}: ")
+    assert says in message

@@ -155,31 +155,67 @@ def test_leader_heartbeat_makes_it_controlled(clock: ManualClock, node: Node) ->
     assert core.telemetry().mode == "controlled"
 
 
-@pytest.mark.parametrize("age_s", [AFTER_S, AFTER_S + 0.001, 3600.0, 86400.0 * 30])
-def test_old_heartbeat_does_not_count(clock: ManualClock, node: Node, age_s: float) -> None:
+@pytest.mark.parametrize("age_s", [0.0, AFTER_S, 3600.0, 86400.0 * 30, -20.0])
+def test_a_retained_heartbeat_does_not_count(clock: ManualClock, node: Node, age_s: float) -> None:
+    """Delivered on subscribe (retained): however fresh its ts, never liveness (a dead
+    leader's, re-delivered at every resubscribe, kept agents out of failsafe)."""
     core, gpus = node
-    core.on_heartbeat(heartbeat(clock, age_s=age_s))  # e.g. a stale retained heartbeat
+    core.on_heartbeat(heartbeat(clock, age_s=age_s), live=False)
     assert core.mode == "failsafe"
     assert core.counters.heartbeats_ignored == 1
     assert core.on_command(command(1, 1, *all_gpus(4, 600.0))).result == "rejected"
     assert settings_of(gpus) == FAILSAFE_STATE
 
 
-def test_aged_heartbeat_counts_only_for_what_is_left(clock: ManualClock, node: Node) -> None:
+@pytest.mark.parametrize("age_s", [0.0, 8.0, 3600.0, -20.0])
+def test_a_live_heartbeat_counts_from_its_receipt_whatever_its_ts(
+    clock: ManualClock, node: Node, age_s: float
+) -> None:
+    """A controller whose clock is behind (or a little ahead) is followed: liveness for
+    failsafe_after_s of this node's monotonic clock from receipt, not from its ts."""
     core, _ = node
-    core.on_heartbeat(heartbeat(clock, age_s=8.0))  # sent 8 s ago: live for 2 s more
+    core.on_heartbeat(heartbeat(clock, age_s=age_s))
     assert core.mode == "controlled"
-    assert mode_after(clock, core, 1.5) == "controlled"
-    assert mode_after(clock, core, 1.0) == "failsafe"
+    assert mode_after(clock, core, AFTER_S) == "controlled"
+    assert mode_after(clock, core, 0.5) == "failsafe"
 
 
-def test_heartbeat_from_the_future_counts_as_fresh_not_longer(
+@pytest.mark.parametrize("ahead_s", [30.5, 300.0, 3600.0])
+def test_a_heartbeat_from_the_future_is_a_clock_alarm(
+    clock: ManualClock, node: Node, ahead_s: float
+) -> None:
+    """More than max_clock_skew_s (30 s) ahead: refused, counted, never liveness."""
+    core, _ = node
+    core.on_heartbeat(heartbeat(clock, age_s=-ahead_s))
+    assert core.mode == "failsafe"
+    assert core.counters.clock_alarms == 1
+    assert core.skew.alarms == 1
+
+
+def test_the_leaders_skew_is_measured_on_receipt(clock: ManualClock, node: Node) -> None:
+    core, _ = node
+    heartbeat_each_second(clock, core, 3, partial(heartbeat, age_s=3600.0))
+    assert core.mode == "controlled"
+    assert core.skew.skew_s["ctl-a"] == pytest.approx(3600.0)
+
+
+def test_a_replayed_heartbeat_of_the_followed_epoch_is_no_liveness(
     clock: ManualClock, node: Node
 ) -> None:
+    """Captured heartbeats of the current leader, replayed live after it died: not newer
+    than the newest seen, so the node falls to failsafe on time."""
     core, _ = node
-    core.on_heartbeat(heartbeat(clock, age_s=-300.0))  # controller clock 5 min ahead
-    assert core.mode == "controlled"
-    assert mode_after(clock, core, AFTER_S + 0.5) == "failsafe"
+    captured = []
+    for _ in range(5):
+        clock.advance(1.0)
+        captured.append(heartbeat(clock))
+        core.on_heartbeat(captured[-1])
+    for i in range(12):  # the leader is dead; someone replays what it sent
+        clock.advance(1.0)
+        core.on_heartbeat(captured[i % 5])
+        core.tick()
+    assert core.mode == "failsafe"
+    assert core.counters.heartbeats_replayed == 12
 
 
 def test_standby_heartbeats_do_not_count(clock: ManualClock, node: Node) -> None:
@@ -195,12 +231,38 @@ def test_standby_heartbeats_do_not_count(clock: ManualClock, node: Node) -> None
     assert settings_of(gpus) == FAILSAFE_STATE
 
 
-def test_heartbeats_of_an_older_epoch_do_not_keep_it_alive(clock: ManualClock, node: Node) -> None:
+def test_heartbeats_of_an_older_epoch_are_ignored_while_the_newest_leader_lives(
+    clock: ManualClock, node: Node
+) -> None:
     core, _ = node
-    core.on_heartbeat(heartbeat(clock, epoch=2))
-    heartbeat_each_second(clock, core, 12, partial(heartbeat, epoch=1))  # the deposed controller
-    assert core.mode == "failsafe"
+    for _ in range(12):
+        clock.advance(1.0)
+        core.on_heartbeat(heartbeat(clock, epoch=2))
+        core.on_heartbeat(heartbeat(clock, epoch=1))  # the deposed controller
+        core.tick()
     assert core.counters.heartbeats_ignored == 12
+    assert core.counters.deposed_epochs == 0
+    assert core.telemetry().epoch == 2
+
+
+def test_a_deposed_epochs_live_leader_is_followed_once_the_newest_is_silent(
+    clock: ManualClock, node: Node
+) -> None:
+    """The deposed-epoch rule (docs/PROTOCOL.md): the newest epoch's leader (say, one whose
+    clock lifted its epoch) silent for failsafe_after_s, the node follows the live signed
+    leader of a lower epoch and starts its command order afresh."""
+    core, gpus = node
+    core.on_heartbeat(heartbeat(clock, epoch=9))
+    assert core.on_command(command(9, 50, *all_gpus(4, 600.0))).result == "applied"
+    heartbeat_each_second(clock, core, 10, partial(heartbeat, epoch=3))  # 10 s: not yet
+    assert core.counters.deposed_epochs == 0
+    assert core.telemetry().epoch == 9
+    heartbeat_each_second(clock, core, 1, partial(heartbeat, epoch=3))  # silent > 10 s
+    assert core.counters.deposed_epochs == 1
+    assert core.mode == "controlled"
+    assert core.telemetry().epoch == 3
+    assert core.on_command(command(3, 1, *all_gpus(4, 550.0))).result == "applied"
+    assert all(g.power_limit_w() == 550.0 for g in gpus)
 
 
 # --- losing the controller ---------------------------------------------------------

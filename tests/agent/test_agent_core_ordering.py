@@ -123,6 +123,7 @@ def test_heartbeat_of_an_older_epoch_is_ignored_after_a_newer_command(
     core, _ = node
     core.on_command(command(4, 0, cap(0, 300.0)))
     ignored = core.counters.heartbeats_ignored
+    clock.advance(0.5)
     core.on_heartbeat(heartbeat(clock, 1))
     assert core.counters.heartbeats_ignored == ignored + 1
 

@@ -61,3 +61,28 @@ def test_scale_benchmark_runs(tmp_path: Path) -> None:
     assert limit["limit_w"] == 12e6 and limit["power_before_w"] > limit["limit_w"]
     assert limit["limit_in_force_cycles"] > 0
     assert limit["fall_max_w_per_s"] > 0 and limit["glide_s"] > 0
+
+
+def test_scale_benchmark_hostile_runs(tmp_path: Path) -> None:
+    """``--hostile``: one login's retained 2 MB telemetry message and 100,000-host lists at
+    20 a second during the window's first two thirds; gaps and stale nodes, during and after."""
+    out = tmp_path / "hostile.json"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "bench.bench_scale", "--nodes", "1296", "--no-bare",
+            "--warmup-s", "3", "--window-s", "6", "--push-every-s", "1",
+            "--hostile", "retained-2mb,hostlist-flood", "--json", str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = json.loads(out.read_text())["results"]
+    hostile = run["hostile"]
+    assert hostile["attacks"] == ["retained-2mb", "hostlist-flood"]
+    for part in ("during", "after"):
+        assert hostile[part]["cycles"] > 0
+        assert {"heartbeat_gap_max_s", "heartbeats_late", "stale_nodes_max"} <= set(hostile[part])
+    assert hostile["during"]["inputs_refused"] > 0  # the flood was seen, and refused
+    assert len(run["epochs"]) == 1

@@ -408,3 +408,92 @@ def test_broker_files_that_exist_load_and_the_password_is_read_at_connect_time(
     )
     password.write_text("rotated\n")  # a rotated password is picked up when connecting
     assert config.broker.client_kwargs()["password"] == "rotated"
+
+
+# --- keys by role (issue 34) ------------------------------------------------------------
+
+
+def role_keys(tmp_path: Path) -> dict[str, Path]:
+    """A controller pair, a peer controller's, a coordinator's and an operator's .pub."""
+    from powerd.signing import generate_key_files
+
+    own_key, own_pub = generate_key_files(tmp_path / "controller")
+    paths = {"own.key": own_key, "own.pub": own_pub}
+    for role in ("peer", "coordinator", "operator"):
+        paths[f"{role}.pub"] = generate_key_files(tmp_path / role)[1]
+    return paths
+
+
+@pytest.mark.parametrize(
+    ("trust", "first", "second"),
+    [
+        # our own key could sign site limits, or (a leaf's) its own grants
+        ({"operator_keys": "own.pub"}, "trust.signing_key", "trust.operator_keys"),
+        ({"coordinator_keys": "own.pub"}, "trust.signing_key", "trust.coordinator_keys"),
+        # a peer controller's key as a leaf's coordinator key, or as an operator's
+        (
+            {"controller_keys": "peer.pub", "coordinator_keys": "peer.pub"},
+            "trust.controller_keys",
+            "trust.coordinator_keys",
+        ),
+        (
+            {"controller_keys": "peer.pub", "operator_keys": "peer.pub"},
+            "trust.controller_keys",
+            "trust.operator_keys",
+        ),
+        (
+            {"coordinator_keys": "coordinator.pub", "operator_keys": "coordinator.pub"},
+            "trust.coordinator_keys",
+            "trust.operator_keys",
+        ),
+    ],
+)
+def test_one_key_in_two_roles_stops_the_controller_naming_both(
+    tmp_path: Path, trust: dict[str, str], first: str, second: str
+) -> None:
+    paths = role_keys(tmp_path)
+    lines = [f'signing_key = "{paths["own.key"]}"']
+    lines += [f'{key} = ["{paths[name]}"]' for key, name in trust.items()]
+    config = load_controller_config(write(tmp_path, "[trust]\n" + "\n".join(lines) + "\n"))
+    signer = config.signer()
+    with pytest.raises(ConfigError) as refused:
+        config.verifier(signer)  # what the service builds first: it stops there
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'controller.toml'}: one key (id ")
+    assert f"{first} (" in message and f"{second} (" in message and "two roles" in message
+    assert str(paths[list(trust.values())[-1]]) in message
+
+
+def test_keys_each_in_its_own_role_load(tmp_path: Path) -> None:
+    """Our own key among the peer controllers' is one role: fine."""
+    paths = role_keys(tmp_path)
+    config = load_controller_config(
+        write(
+            tmp_path,
+            f'[trust]\nsigning_key = "{paths["own.key"]}"\n'
+            f'controller_keys = ["{paths["own.pub"]}", "{paths["peer.pub"]}"]\n'
+            f'coordinator_keys = ["{paths["coordinator.pub"]}"]\n'
+            f'operator_keys = ["{paths["operator.pub"]}"]\n',
+        )
+    )
+    verifier = config.verifier(config.signer())
+    assert len(verifier.keys) == 2
+    assert config.operator_verifier() is not None and config.grant_verifier() is not None
+
+
+def test_a_trusted_key_others_may_write_stops_the_controller(tmp_path: Path) -> None:
+    import os
+
+    paths = role_keys(tmp_path)
+    os.chmod(paths["operator.pub"], 0o666)
+    config = load_controller_config(
+        write(
+            tmp_path,
+            f'[trust]\nsigning_key = "{paths["own.key"]}"\n'
+            f'operator_keys = ["{paths["operator.pub"]}"]\n',
+        )
+    )
+    with pytest.raises(ConfigError, match=f"chmod go-w {re.escape(str(paths['operator.pub']))}"):
+        config.operator_verifier()
+    with pytest.raises(ConfigError, match=r"trust\.operator_keys: .*mode 0666"):
+        config.verifier(config.signer())

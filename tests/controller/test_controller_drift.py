@@ -104,3 +104,23 @@ def test_caps_read_back_just_after_the_ack_are_neither_drift_nor_taken(
     assert list(bench.core.cap_w[gpus.start : gpus.stop]) == [CAP_MAX_W, CAP_MAX_W]
     report(bench, 450.0, ts=WALL0 + CAP_SETTLE_S)  # settled: it holds other caps
     assert [node for node, _ in bench.cycle(advance_s=1.0).commands] == [NODE]
+
+
+@pytest.mark.parametrize("drifted_w", [450.0, CAP_MAX_W])
+def test_a_drifted_cap_is_never_adopted_as_the_controllers_own(drifted_w: float) -> None:
+    """A capped node found holding other caps (a replayed command applied, a hand-set cap)
+    under safety by caps, the default: commanded back to the controller's caps, never
+    re-decided from the drifted ones (which were taken as commanded: ratified, or stepped
+    back up from over many cycles)."""
+    capped = "k1-n1"
+    bench = make_bench()
+    bench.report_all(300.0, ts=WALL0)
+    commanded = caps_w(bench.apply(bench.cycle())[capped])
+    assert max(commanded) < CAP_MAX_W - 50.0
+    assert bench.cycle(advance_s=1.0).commands == []
+    for node in NODES:
+        kw = {"cap_w": drifted_w} if node == capped else {}
+        bench.report(node, 300.0, ts=WALL0 + 2.0, **kw)
+    result = bench.cycle(advance_s=1.0)
+    assert result.counters.nodes_drifted == 1
+    assert caps_w(dict(result.commands)[capped]) == pytest.approx(commanded, abs=0.5)

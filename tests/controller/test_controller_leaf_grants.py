@@ -56,12 +56,34 @@ def test_older_replayed_and_foreign_grants_are_refused():
     assert grants.on_grant(grant(13_000.0, seq=7), 0.0, WALL) is None
     assert "not newer" in (grants.on_grant(grant(14_000.0, seq=7), 1.0, WALL) or "")
     assert "not newer" in (grants.on_grant(grant(14_000.0, seq=9, epoch=4), 1.0, WALL) or "")
-    assert "past its ttl_s" in (grants.on_grant(grant(14_000.0, seq=8), 1.0, WALL + 11) or "")
+    old = grant(14_000.0, seq=8)  # retained (on subscribe), older than its TTL: a replay
+    assert "past its ttl_s" in (grants.on_grant(old, 1.0, WALL + 11, live=False) or "")
     assert "scope r2" in (grants.on_grant(grant(1.0, seq=9, scope="r2"), 1.0, WALL) or "")
     assert grants.in_force(1.0).budget_w == 13_000.0
     assert (grants.grants_taken, grants.grants_refused) == (1, 4)
     # a new coordinator epoch starts its seq again
     assert grants.on_grant(grant(11_000.0, seq=1, epoch=6), 2.0, WALL) is None
+
+
+def test_a_live_grant_is_taken_whatever_the_clocks_skew_behind() -> None:
+    """A leaf whose clock runs a minute ahead of its coordinator's (a grant's ts a minute
+    old by it, past its 10 s TTL): a grant delivered live is the coordinator's now, in
+    force ttl_s from receipt (the leaf refused every grant for good before)."""
+    grants = leaf()
+    assert grants.on_grant(grant(13_000.0, seq=7), 0.0, WALL + 60.0) is None
+    assert grants.in_force(9.0).source == "grant"
+    assert grants.in_force(11.0).source == "expiring"
+
+
+def test_a_grant_from_the_future_is_a_clock_alarm() -> None:
+    """A coordinator an hour ahead: its grants would pass the age check for an hour, so a
+    capture could be replayed that long. Refused, and counted."""
+    grants = leaf()
+    why = grants.on_grant(grant(13_000.0, seq=7), 0.0, WALL - 3600.0)
+    assert "clock alarm" in (why or "")
+    assert grants.clock_alarms == 1
+    assert grants.in_force(0.0).source == "file"
+    assert grants.on_grant(grant(13_000.0, seq=8), 0.0, WALL - 29.0) is None  # within 30 s
 
 
 def test_no_grant_lifts_the_root_past_its_breakers():

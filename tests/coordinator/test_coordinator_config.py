@@ -100,3 +100,47 @@ def test_cli_refuses_scopes_that_miss_a_row_and_missing_keys(tmp_path: Path):
     trustless = run_cli("--budgets", str(budgets), *given[:2])  # no leaf key
     assert trustless.returncode != 0
     assert "needs the leaf controllers' public keys" in trustless.stderr
+
+
+@pytest.mark.parametrize(
+    ("trust", "first", "second"),
+    [
+        # our own key as an operator's: it could sign site limits
+        ({"operator_keys": "coordinator.pub"}, "trust.signing_key", "trust.operator_keys"),
+        # our own key as a leaf's: it could sign summaries
+        ({"controller_keys": "coordinator.pub"}, "trust.signing_key", "trust.controller_keys"),
+        # a leaf's key as a coordinator's: a leaf could lead coordinators
+        (
+            {"coordinator_keys": "leaf.pub", "controller_keys": "leaf.pub"},
+            "trust.coordinator_keys",
+            "trust.controller_keys",
+        ),
+        (
+            {"controller_keys": "leaf.pub", "operator_keys": "leaf.pub"},
+            "trust.controller_keys",
+            "trust.operator_keys",
+        ),
+    ],
+)
+def test_one_key_in_two_roles_stops_the_coordinator_naming_both(
+    tmp_path: Path, trust: dict[str, str], first: str, second: str
+):
+    key, _ = generate_key_files(tmp_path / "coordinator")
+    generate_key_files(tmp_path / "leaf")
+    lines = [f'signing_key = "{key.name}"']
+    lines += [f'{name} = ["{file}"]' for name, file in trust.items()]
+    config = load_coordinator_config(write(tmp_path, "[trust]\n" + "\n".join(lines) + "\n"))
+    with pytest.raises(ConfigError) as refused:
+        config.heartbeat_verifier(config.signer())  # what the service builds first
+    message = str(refused.value)
+    assert "two roles" in message and f"{first} (" in message and f"{second} (" in message
+    assert str(tmp_path / list(trust.values())[-1]) in message
+
+
+def test_cli_refuses_its_own_key_as_a_leaf_key(tmp_path: Path):
+    key, own_pub = generate_key_files(tmp_path / "coordinator")
+    budgets = tmp_path / "site.toml"
+    budgets.write_text(three_rows())
+    done = run_cli("--budgets", str(budgets), "--signing-key", str(key), "--trust", str(own_pub))
+    assert done.returncode == 1
+    assert "two roles" in done.stderr and f"trust.controller_keys ({own_pub}" in done.stderr

@@ -84,9 +84,19 @@ def test_summaries_are_taken_in_order_and_only_while_fresh():
     assert core.on_summary(summary(clocks, "r1", 0.0, 0.0, seq=1, epoch=4))  # a new leader
     assert not core.on_summary(summary(clocks, "nowhere", 0.0, 0.0))
     old = summary(clocks, "r2", 0.0, 0.0, ts=clocks.time() - 11.0)  # retained, leaf gone
-    assert not core.on_summary(old)
+    assert not core.on_summary(old, live=False)
     c = core.counters
     assert (c.summaries, c.summaries_stale, c.summaries_unknown) == (2, 3, 1)
+
+
+def test_a_live_summary_counts_whatever_the_clocks_skew_behind_not_ahead():
+    """A coordinator an hour ahead of its leaves hears them (live: sent now); a summary
+    whose ts runs more than max_clock_skew_s ahead is refused, a clock alarm."""
+    clocks = ManualClock()
+    core = make_core(clocks)
+    assert core.on_summary(summary(clocks, "r1", 0.0, 0.0, ts=clocks.time() - 3600.0))
+    assert not core.on_summary(summary(clocks, "r2", 0.0, 0.0, ts=clocks.time() + 31.0))
+    assert core.counters.clock_alarms == 1
 
 
 def test_a_leaf_silent_for_the_ttl_is_reserved_its_last_budget():
@@ -119,6 +129,19 @@ def test_an_operator_site_limit_shrinks_the_pool_by_the_site_threshold():
     period = core.period(29_400.0)  # every leaf is lowered: at once, within the smaller pool
     assert sum(g.budget_w for g in period.grants) <= 30_000.0 + 1e-6
     assert all(g.budget_w < 12_000.0 for g in period.grants)
+
+
+def test_under_safety_by_caps_an_operator_site_limit_is_the_pool_itself():
+    """Leaves under caps run to their budgets, not to 98 % of them: the pool under a limit
+    is the limit less the site's own overhead (with the threshold's division the site drew
+    2 % over an operator's 50 kW limit, tests/fleet/test_tree_of_controllers_caps.py)."""
+    clocks = ManualClock()
+    core = make_core(clocks)
+    for scope in ("r1", "r2", "r3"):
+        assert core.on_summary(summary(clocks, scope, 6000.0, 0.0, caps_in_force_w=11_000.0))
+    assert core.pool_under(29_400.0).pool_w == pytest.approx(29_400.0)
+    period = core.period(29_400.0)
+    assert sum(g.budget_w for g in period.grants) <= 29_400.0 + 1e-6
 
 
 def test_a_site_limit_glides_the_pool_at_the_grids_ramp_down_where_there_is_one():

@@ -114,8 +114,11 @@ def test_no_heartbeat_puts_every_node_in_failsafe(model: FleetModel) -> None:
     assert telemetry(model).mode == "controlled"
 
 
-def test_stale_or_standby_heartbeats_do_not_make_a_leader(model: FleetModel) -> None:
-    assert not model.on_heartbeat(beat(1, ts=WALL - 60), now=1.0, wall=WALL)
+def test_retained_future_or_standby_heartbeats_do_not_make_a_leader(model: FleetModel) -> None:
+    """As agents (powerd.agent.following): a retained heartbeat is no liveness, however
+    fresh its ts; nor one from more than max_clock_skew_s ahead; nor a standby's."""
+    assert not model.on_heartbeat(beat(1, ts=WALL), now=1.0, wall=WALL, live=False)
+    assert not model.on_heartbeat(beat(1, ts=WALL + 60), now=1.0, wall=WALL)
     assert not model.on_heartbeat(beat(1, state="standby"), now=1.0, wall=WALL)
     assert not model.on_heartbeat(b"{nope", now=1.0, wall=WALL)
     assert model.failsafe and model.counters.rejected_payloads == 1

@@ -8,13 +8,15 @@ retained messages on a clean stop and loads them at start; the same file with
 
 from __future__ import annotations
 
+import contextlib
 import re
 from importlib import resources
 from pathlib import Path
 
+import aiomqtt
 import pytest
 
-from powerd.protocol import PROTOCOL_VERSION, Status, Topics, decode, encode
+from powerd.protocol import MAX_PAYLOAD_BYTES, PROTOCOL_VERSION, Status, Topics, decode, encode
 from tests.support.brokers import Mosquitto, MqttProbe
 
 SENTINEL = "powerd/v1/test/sentinel"
@@ -72,3 +74,27 @@ async def test_a_dead_nodes_offline_status_survives_a_broker_restart(
         assert decode(Status, after_restart[0]).state == "offline"
     else:  # the point: without persistence the dead node's status is gone
         assert after_restart == []
+
+
+async def test_the_largest_message_passes_and_a_2_mb_one_goes_nowhere(tmp_path: Path) -> None:
+    """``max_packet_size``: a message of the protocol's largest payload, signed, is
+    delivered; a 2 MB retained one is refused (its publisher disconnected), so no
+    subscriber ever gets it, now or on a later subscribe."""
+    store = tmp_path / "persistence"
+    store.mkdir()
+    text = shipped_config(store)
+    assert re.search(r"^max_packet_size 131072$", text, re.M)
+    broker = Mosquitto(tmp_path, extra_config=text)
+    largest = b"x" * (MAX_PAYLOAD_BYTES + 200)  # its signature's room too
+    big_topic, ok_topic = Topics("c1").telemetry("r01-n07"), Topics("c1").telemetry("r01-n08")
+    broker.start()
+    try:
+        async with MqttProbe(broker.port, [ok_topic]) as probe:
+            await probe.publish(ok_topic, largest, qos=1)
+            await probe.expect(ok_topic)
+        with contextlib.suppress(aiomqtt.MqttError):  # disconnected by the broker
+            async with MqttProbe(broker.port, []) as intruder:
+                await intruder.publish(big_topic, b"h" * 2_000_000, qos=1, retain=True)
+        assert await retained_after_subscribing(broker, big_topic) == []
+    finally:
+        broker.stop()

@@ -224,3 +224,172 @@ def test_a_controller_with_no_signing_key_stops_saying_how_to_make_one(tmp_path:
     done = CliRunner().invoke(main, ["controller", "--budgets", str(budgets)])
     assert done.exit_code == 1
     assert "trust.signing_key" in done.output and "powerd keys generate" in done.output
+
+
+# --- key hygiene (issue 34) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o664, 0o646, 0o666])
+def test_a_trusted_key_others_may_write_is_refused_saying_how_to_fix_it(
+    tmp_path: Path, mode: int
+) -> None:
+    """Whoever may write a trusted .pub may put their own key in it."""
+    _, pub_path = generate_key_files(tmp_path / "ctl")
+    os.chmod(pub_path, mode)
+    with pytest.raises(KeyFileError) as refused:
+        load_trusted_key(pub_path)
+    message = str(refused.value)
+    assert str(pub_path) in message and f"mode {mode:04o}" in message
+    assert f"chmod go-w {pub_path}" in message
+    with pytest.raises(KeyFileError, match="chmod go-w"):
+        load_verifier([pub_path])
+    os.chmod(pub_path, 0o644)
+    assert load_trusted_key(pub_path).key_id  # fixed as told, it loads
+
+
+def test_generated_public_keys_are_not_writable_by_others_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    before = os.umask(0o002)
+    try:
+        _, pub_path = generate_key_files(tmp_path / "ctl")
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(pub_path.stat().st_mode) == 0o644
+    assert load_trusted_key(pub_path).key_id
+
+
+def special_files(tmp_path: Path) -> dict[str, Path]:
+    """Key paths that are no regular file: what each is called in the refusal."""
+    fifo = tmp_path / "fifo.pub"
+    os.mkfifo(fifo)  # a plain read would wait for a writer for ever
+    folder = tmp_path / "keys.d"
+    folder.mkdir()
+    return {
+        "a character device": Path("/dev/zero"),
+        "a pipe": fifo,
+        "a directory": folder,
+    }
+
+
+@pytest.mark.parametrize("kind", ["a character device", "a pipe", "a directory"])
+def test_a_key_path_that_is_no_regular_file_is_refused_without_reading_it(
+    tmp_path: Path, kind: str
+) -> None:
+    """``--trust /dev/zero`` read without bound; a FIFO would block the load."""
+    path = special_files(tmp_path)[kind]
+    for load in (load_trusted_key, load_signer):
+        with pytest.raises(KeyFileError) as refused:
+            load(path)
+        assert str(refused.value) == (
+            f"{path}: not a regular file ({kind}); a key file is a PEM file"
+        )
+
+
+def test_a_huge_key_file_is_refused_after_a_bounded_read(tmp_path: Path) -> None:
+    from powerd.signing import MAX_KEY_FILE_BYTES
+
+    huge = tmp_path / "huge.pub"
+    with huge.open("wb") as out:
+        out.truncate(1 << 30)  # 1 GiB, sparse
+    just_over = tmp_path / "over.pub"
+    just_over.write_bytes(b"x" * (MAX_KEY_FILE_BYTES + 1))
+    for path in (huge, just_over):
+        with pytest.raises(KeyFileError, match=f"over {MAX_KEY_FILE_BYTES} bytes: not a key"):
+            load_trusted_key(path)
+    os.chmod(huge, 0o600)
+    with pytest.raises(KeyFileError, match="not a key file"):
+        load_signer(huge)
+
+
+def test_a_public_key_given_as_a_private_key_is_called_a_public_key(tmp_path: Path) -> None:
+    """Not blamed on its mode (0644, right for a .pub): chmod 600 would not have helped."""
+    _, pub_path = generate_key_files(tmp_path / "ctl")
+    with pytest.raises(KeyFileError) as refused:
+        load_signer(pub_path)
+    message = str(refused.value)
+    assert message.startswith(f"{pub_path}: this is a public key; a private key is needed")
+    assert "chmod" not in message and "mode" not in message
+
+
+def test_one_key_in_two_roles_is_refused_naming_both_roles_and_files(tmp_path: Path) -> None:
+    from powerd.signing import RoleKeys, check_roles
+
+    key_path, pub_path = generate_key_files(tmp_path / "controller")
+    _, op_pub = generate_key_files(tmp_path / "operator")
+    own = RoleKeys("controller", "trust.signing_key", (load_signer(key_path).trusted(),))
+    operators = RoleKeys("operator", "trust.operator_keys", (load_trusted_key(pub_path),))
+    with pytest.raises(KeyFileError) as refused:
+        check_roles([own, operators])
+    message = str(refused.value)
+    for part in (
+        f"trust.signing_key ({key_path}, the controller role)",
+        f"trust.operator_keys ({pub_path}, the operator role)",
+        "two roles",
+    ):
+        assert part in message
+    # one key in two entries of one role, and distinct keys in two roles, are fine
+    peers = RoleKeys("controller", "trust.controller_keys", (load_trusted_key(pub_path),))
+    check_roles(
+        [own, peers, RoleKeys("operator", "trust.operator_keys", (load_trusted_key(op_pub),))]
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "role", "public_goes_to", "not_to"),
+    [
+        ([], "controller", "every agent (trust.controller_keys)", "trust.operator_keys"),
+        (["--role", "operator"], "operator", "(trust.operator_keys)", "trust.controller_keys"),
+        (
+            ["--role", "coordinator"],
+            "coordinator",
+            "every leaf controller (trust.coordinator_keys",
+            "trust.operator_keys",
+        ),
+    ],
+)
+def test_powerd_keys_generate_says_where_each_roles_files_go(
+    tmp_path: Path, args: list[str], role: str, public_goes_to: str, not_to: str
+) -> None:
+    from click.testing import CliRunner
+
+    from powerd.cli import main
+
+    prefix = tmp_path / "site-key"
+    done = CliRunner().invoke(main, ["keys", "generate", str(prefix), *args])
+    assert done.exit_code == 0, done.output
+    public_line = next(line for line in done.output.splitlines() if "public:" in line)
+    assert public_line.startswith(f"{prefix}.pub  public: ")
+    assert public_goes_to in public_line and not_to not in public_line
+    assert f"role: {role}" in done.output
+
+
+@pytest.mark.parametrize(
+    ("name", "public_goes_to"),
+    [
+        ("operator", "the site's controllers, or in a tree the coordinators (trust.operator_keys)"),
+        ("coordinator", "every leaf controller (trust.coordinator_keys, --coordinator-key)"),
+        ("controller", "every agent (trust.controller_keys)"),
+    ],
+)
+def test_powerd_keys_generate_takes_the_role_from_the_prefix_name(
+    tmp_path: Path, name: str, public_goes_to: str
+) -> None:
+    """`powerd keys generate operator` printed "every agent (trust.controller_keys)"."""
+    from click.testing import CliRunner
+
+    from powerd.cli import main
+
+    done = CliRunner().invoke(main, ["keys", "generate", str(tmp_path / name)])
+    assert done.exit_code == 0, done.output
+    assert f"{tmp_path / name}.pub  public: {public_goes_to}" in done.output
+    assert f"role: {name} (from the name" in done.output
+
+
+def test_powerd_keys_id_refuses_a_device_without_reading_it() -> None:
+    from click.testing import CliRunner
+
+    from powerd.cli import main
+
+    done = CliRunner().invoke(main, ["keys", "id", "/dev/zero"])
+    assert done.exit_code == 1 and "not a regular file (a character device)" in done.output

@@ -21,7 +21,7 @@ EXAMPLES: dict[type, str] = {
  "gpus":4,"agent_version":"0.1.0"}""",
     PhaseEvent: """{"v":1,"job":"llama-70b-pretrain","ts":1795320426.0,"phase":"checkpoint",
  "nodes":["r01-n03","r01-n04"],"priority":"high","expected_s":45}""",
-    Heartbeat: """{"v":1,"epoch":7,"ts":1795320426.0,"controller":"ctl-a","state":"leader"}""",
+    Heartbeat: """{"v":1,"epoch":7,"ts":1795320426.0,"controller":"ctl-a","state":"leader","seq":1203}""",
 }
 # The message classes, in that order.
 CLASSES = tuple(EXAMPLES)
