@@ -11,7 +11,7 @@ import click
 
 from planner.commands.options import demand_options, placed_inputs, replay_options, speed_options
 from planner.output import emit, format_option
-from powerd.cli.options import Fraction, Quantity
+from powerd.cli.options import Fraction, Quantity, safety_option
 
 if TYPE_CHECKING:
     from planner.evaluate import Evaluation
@@ -94,14 +94,7 @@ Examples:
     help="(d): the share of a communication wait that slows with the clock (1: all of it, "
     "the conservative bound).",
 )
-@click.option(
-    "--safety",
-    type=click.Choice(["caps", "bands"]),
-    default="caps",
-    show_default=True,
-    help="(c)-(e): how the controller keeps every level within its limit: the caps in "
-    "force (policies/allocation.py) or bands on measured power (policies/capping.py).",
-)
+@safety_option("(c)-(e): how the controller keeps every level within its limit.")
 @speed_options("A cap sweep CSV (Zeus columns, as `powerplan caps` reads) for the speed.")
 @click.option(
     "-o",

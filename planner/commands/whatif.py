@@ -11,7 +11,7 @@ import click
 from planner.commands.options import placed_inputs, replay_options, speed_options
 from planner.commands.progress import step_progress
 from planner.output import emit, format_option
-from powerd.cli.options import Fraction, Quantity
+from powerd.cli.options import Fraction, Quantity, safety_option
 
 if TYPE_CHECKING:
     from planner.whatif import StorageSizing
@@ -113,16 +113,7 @@ STORAGE_NOT_WITH_SMOOTHING = (
     help="Every GPU moves within its share of [site.grid]'s ramp limits and holds its floor "
     "(hardware power smoothing, or the software floor): reports the energy it burns.",
 )
-@click.option(
-    "--safety",
-    type=click.Choice(["caps", "bands"]),
-    default="caps",
-    show_default=True,
-    help="How the controller's policy keeps every level within its limit. caps: by the caps "
-    "in force, the caps moved to the GPUs held at theirs (policies/allocation.py); bands: "
-    "Dynamo's bands on measured power, a node drawing above its cap_threshold capped down "
-    "to its cap_target (policies/capping.py).",
-)
+@safety_option("How the controller's policy keeps every level within its limit.")
 @click.option(
     "--storage-kj-per-rack",
     type=Quantity("kJ", min=0),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from powerd.cli.options import Quantity, old_spelling, record_option, setup_logging
+from powerd.cli.options import Quantity, old_spelling, record_option, safety_option, setup_logging
 
 
 @click.command(
@@ -74,16 +74,7 @@ from powerd.cli.options import Quantity, old_spelling, record_option, setup_logg
     help="How long each job's one checkpoint takes, 0.5 to 600; it begins after half the run "
     "[default: 3 s, compressed: a real one takes tens of seconds].",
 )
-@click.option(
-    "--safety",
-    type=click.Choice(["caps", "bands"]),
-    default="caps",
-    show_default=True,
-    help="How the controller keeps every rack, row and the site within its limit. caps: by "
-    "the caps in force, the caps moved to the GPUs held at theirs (docs/CONTROLLER.md, "
-    "'Safety by caps'); bands: Dynamo's bands on measured power, a node drawing above its "
-    "cap_threshold capped down to its cap_target.",
-)
+@safety_option("How the controller keeps every level within its limit.")
 def command(
     duration_s: float,
     summary_json: Path | None,

@@ -104,6 +104,25 @@ RECORD_FORMS = (
 )
 
 
+SAFETY_CHOICES = ("caps", "bands")
+
+
+def safety_option(what: str) -> Decorator:
+    """``--safety caps|bands`` (default caps): how the controller's policy keeps every level
+    within its limit; ``what`` says what it applies to. The command gets ``safety``."""
+    return click.option(
+        "--safety",
+        type=click.Choice(SAFETY_CHOICES),
+        default=SAFETY_CHOICES[0],
+        show_default=True,
+        help=f"{what} caps: every rack, row and the site within its limit by the caps in "
+        "force, the caps moved to the GPUs held at theirs (policies/allocation.py, "
+        "docs/CONTROLLER.md 'Safety by caps'); bands: Dynamo's bands on measured power, a "
+        "node drawing above its cap_threshold capped down to its cap_target "
+        "(policies/capping.py).",
+    )
+
+
 def record_option(help: str) -> Decorator:
     """--record URL|FILE: where the controller's telemetry goes (powerd.recorder.open_recorder
     takes every form listed here)."""
