@@ -118,7 +118,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.capping import (
-    STAGED_PHASES,
+    STAGED_CODES,
     Decision,
     PolicySettings,
     Sanitised,
@@ -146,7 +146,6 @@ LENDING_PHASES = ("checkpoint", "idle", "shutdown")
 WORKING_PHASES = ("compute", "startup")
 _LENDING_CODES = phase_codes(LENDING_PHASES)
 _WORKING_CODES = phase_codes(WORKING_PHASES)
-_STAGED_CODES = phase_codes(STAGED_PHASES)
 _COMM_CODE = PHASE_CODES["communication"]
 _FULL_W = 1.0  # a node within a watt of its limit is full
 
@@ -154,8 +153,10 @@ _FULL_W = 1.0  # a node within a watt of its limit is full
 def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySettings) -> Decision:
     """One cycle under the invariant (module docstring); ``policies.decide`` calls it."""
     s = sanitised(tree, state)
-    room = caps_room_w(tree, node_draw_w(tree, s.power))
-    r = _roles(tree, state, s, settings, room)
+    node_power = node_draw_w(tree, s.power)
+    allowance = allowance_w(tree, node_power)
+    room = _room_w(tree, allowance)
+    r = _roles(tree, state, s, settings, room, node_power, allowance)
     base, ranked = _bases(tree, s, r, room)
     target, want = _target(tree, s, r, base, ranked, room)
     new, cut = _make_before_break(tree, state, s, r, target, room, dt_s, settings)
@@ -182,10 +183,17 @@ class _Roles:
     under_over: np.ndarray
     passed: np.ndarray  # under a node drawing above its limit
     node_power_w: np.ndarray  # per node: measured, overheads in
+    allowance_w: np.ndarray  # per node: an oversubscribed one's, at that draw
 
 
 def _roles(
-    tree: Tree, state: ClusterState, s: Sanitised, settings: PolicySettings, room: np.ndarray
+    tree: Tree,
+    state: ClusterState,
+    s: Sanitised,
+    settings: PolicySettings,
+    room: np.ndarray,
+    node_power: np.ndarray,
+    allowance: np.ndarray,
 ) -> _Roles:
     """Who asks, waits, lends, returns, borrows, is out of turn (the rules' terms)."""
     power, cap, ctl = s.power, s.cap, s.ctl
@@ -205,7 +213,6 @@ def _roles(
     returning = lends & ends_soon  # a wait about to end: its entitlement back ahead of it
     over = tree.node_sum(cap) > room + 1e-9  # the invariant broken: every watt cut counts
     under_over = tree.gpus_under(over)
-    node_power = node_draw_w(tree, power)
     passed = under_a_passed_limit(tree, node_power) | tree.gpus_under(in_band(tree, node_power))
     # out of turn (policies.turns.invariant_cut_in_turn): held at its cap in force, neither
     # cut nor raised, unless a node over it draws above its limit
@@ -237,6 +244,7 @@ def _roles(
         under_over=under_over,
         passed=passed,
         node_power_w=node_power,
+        allowance_w=allowance,
     )
 
 
@@ -315,7 +323,7 @@ def _make_before_break(
     # the breakers' invariant broken (a limit lowered, caps read back higher than counted):
     # its cuts go at once, whatever the grid's ramp; an operator's line and a grant
     # (Tree.root_caps_limit_w) glide
-    breakers = tree.gpu_room_w + allowance_w(tree, r.node_power_w)
+    breakers = tree.gpu_room_w + r.allowance_w
     broken = tree.node_sum(cap) > breakers + 1e-9
     within_breaker = not broken[SITE]
     if within_breaker and np.isfinite(ramp_w):  # the site's draw falls no faster than its
@@ -454,7 +462,7 @@ def _staged_for_the_grid(s: Sanitised, settings: PolicySettings) -> np.ndarray:
     its entitlement (``policies.capping``'s rule 2, for the same reason)."""
     if not settings.startup_rise_w_per_s > 0:
         return np.zeros(len(s.cap), dtype=bool)
-    staged: np.ndarray = s.ctl & in_codes(s.phase, _STAGED_CODES)
+    staged: np.ndarray = s.ctl & in_codes(s.phase, STAGED_CODES)
     return staged
 
 
@@ -469,9 +477,13 @@ def caps_room_w(tree: Tree, node_power_w: np.ndarray | None = None) -> np.ndarra
     overheads, plus an oversubscribed node's allowance at its draw ``node_power_w``
     (``allowance_w``; None: none), the root's also within ``Tree.root_caps_limit_w`` less
     the site's."""
-    room = tree.gpu_room_w.copy()
-    if node_power_w is not None:
-        room += allowance_w(tree, node_power_w)
+    allowance = np.zeros(tree.n_nodes) if node_power_w is None else allowance_w(tree, node_power_w)
+    return _room_w(tree, allowance)
+
+
+def _room_w(tree: Tree, allowance: np.ndarray) -> np.ndarray:
+    """``caps_room_w`` for an allowance already worked out (``allowance_w``)."""
+    room: np.ndarray = tree.gpu_room_w + allowance
     room[0] = min(room[0], tree.root_caps_limit_w - tree.overhead_below_w[0])
     return room
 

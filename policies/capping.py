@@ -214,7 +214,7 @@ N_PRIORITIES = HIGH - LOW + 1
 LEVELS_BOTTOM_UP = (SERVER, RACK, ROW, SITE)
 STAGED_PHASES = ("startup", "checkpoint")
 WAITING_PHASES = ("communication", "checkpoint")
-_STAGED_CODES = phase_codes(STAGED_PHASES)
+STAGED_CODES = phase_codes(STAGED_PHASES)
 _WAITING_CODES = phase_codes(WAITING_PHASES)
 _COMM_CODE = PHASE_CODES["communication"]
 _IDLE_CODE = PHASE_CODES["idle"]
@@ -432,7 +432,7 @@ def may_ask_to_uncap(tree: Tree, state: ClusterState) -> np.ndarray:
     its turns to these (``ClusterState.uncap_cycles``)."""
     phase = np.asarray(state.phase)
     below = np.asarray(state.cap_w, dtype=float) < np.asarray(tree.cap_max_w, dtype=float)
-    settled = ~in_codes(phase, _STAGED_CODES) & ~in_codes(phase, _WAITING_CODES)
+    settled = ~in_codes(phase, STAGED_CODES) & ~in_codes(phase, _WAITING_CODES)
     return np.asarray(np.asarray(state.controllable, dtype=bool) & below & settled)
 
 
@@ -460,7 +460,7 @@ def decide(
     capping = node_power > tree.cap_threshold_w
 
     # 2. staged phases: caps follow the GPU down, not below the staged start cap
-    staged = ctl & in_codes(phase, _STAGED_CODES)
+    staged = ctl & in_codes(phase, STAGED_CODES)
     if staged.any():
         i = np.flatnonzero(staged)
         span = cap_max[i] - cap_min[i]
@@ -673,13 +673,21 @@ class Sanitised:
     cap_max: np.ndarray
 
 
+def sanitised_power(tree: Tree, state: ClusterState) -> np.ndarray:
+    """Rule 1 for power alone: non-finite read as the failsafe cap, negative as 0."""
+    cap_min = np.asarray(tree.cap_min_w, dtype=float)
+    cap_max = np.asarray(tree.cap_max_w, dtype=float)
+    power = _finite_or(state.power_w, tree.failsafe_cap_w, cap_min, cap_max)
+    np.maximum(power, 0.0, out=power)
+    return power
+
+
 def sanitised(tree: Tree, state: ClusterState) -> Sanitised:
     """Rule 1: non-finite power or caps read as the failsafe cap, negative power as 0,
     caps and floors clipped into the GPU's range, priorities into the classes."""
     cap_min = np.asarray(tree.cap_min_w, dtype=float)
     cap_max = np.asarray(tree.cap_max_w, dtype=float)
-    power = _finite_or(state.power_w, tree.failsafe_cap_w, cap_min, cap_max)
-    np.maximum(power, 0.0, out=power)
+    power = sanitised_power(tree, state)
     cap = _finite_or(state.cap_w, tree.failsafe_cap_w, cap_min, cap_max)
     np.clip(cap, cap_min, cap_max, out=cap)
     floor = _finite_or(state.floor_w, cap_min, cap_min, cap_max)

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies.capping import STAGED_PHASES, Decision
-from policies.tree import in_codes, phase_codes
+from policies.capping import STAGED_CODES, Decision
+from policies.tree import in_codes
 
 CAUSES = (
     "capping",
@@ -52,7 +52,6 @@ NOT_HELD = -1
 LOST_CAUSES = (*CAUSES, "unexplained")
 HELD_TOLERANCE_W = 1e-6  # float noise: a draw any further below its demand is held
 _LOWERED_W = 1e-6
-_STAGED_CODES = phase_codes(STAGED_PHASES)
 
 
 def initial_causes(n_gpus: int) -> np.ndarray:
@@ -74,7 +73,7 @@ def cap_causes(
         out[(out == FAILSAFE) & decision.short] = CAPPING
     if not lowered.any():
         return out
-    out[lowered & in_codes(phase, _STAGED_CODES)] = STAGED
+    out[lowered & in_codes(phase, STAGED_CODES)] = STAGED
     if len(decision.levelled):
         out[lowered & decision.levelled] = CAPPING
     if len(decision.shifted):

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.allocation import caps_room_w, node_draw_w
-from policies.capping import Decision, PolicySettings, decide, may_ask_to_uncap, sanitised
+from policies.capping import Decision, PolicySettings, decide, may_ask_to_uncap, sanitised_power
 from policies.tree import RACK, ClusterState, Tree
 
 # The share of max_raises that nodes handed watts back in turn take (whole racks, so a
@@ -216,7 +216,7 @@ def invariant_cut_in_turn(
     cap = np.asarray(state.cap_w, dtype=float)
     over = (
         tree.node_sum(np.where(np.isfinite(cap), cap, tree.failsafe_cap_w))
-        > caps_room_w(tree, node_draw_w(tree, sanitised(tree, state).power)) + 1e-9
+        > caps_room_w(tree, _draw_if_oversubscribed(tree, state)) + 1e-9
     )
     cand = _under_too_many(tree, over, live, max_raises)
     if cand is None:
@@ -278,3 +278,11 @@ def serve_raises(
     if len(served) > ahead:  # some of the others: the round robin goes on after them
         turns.raise_cursor = int(served[-1]) + 1
     return served, len(raises) - len(served)
+
+
+def _draw_if_oversubscribed(tree: Tree, state: ClusterState) -> np.ndarray | None:
+    """Each node's draw where an oversubscribed level's allowance depends on it; None (no
+    allowance anywhere) on a tree whose caps guarantee every level."""
+    if not tree.oversubscribed.any():
+        return None
+    return node_draw_w(tree, sanitised_power(tree, state))
