@@ -434,7 +434,8 @@ def job_nodes_fields(nodes: list[str] | None) -> dict[str, Any]:
 
 class Heartbeat(_Payload):
     """``seq`` (optional addition to v1): the highest command seq the leader has sent in
-    this epoch; an agent that (re)starts takes no command at or below it (a replay)."""
+    this epoch; an agent that (re)starts takes no command at or below it (a replay). On
+    a coordinator's heartbeat, its last grant round's seq: a leaf takes no older grant."""
 
     v: Version
     epoch: NonNegInt
@@ -680,6 +681,11 @@ class Topics:
         return f"{self.prefix}/controller/site-limit"
 
     @property
+    def coordinator_site_limit_record(self) -> str:
+        """The same, of a tree's leading coordinator (which applies site limits there)."""
+        return f"{self.prefix}/coordinator/site-limit"
+
+    @property
     def all_summaries(self) -> str:
         return f"{self.prefix}/scopes/+/summary"
 
@@ -719,7 +725,8 @@ class Topics:
         """Split a topic of this cluster into (kind, name).
 
         kind is one of telemetry, command, ack, status, fill, phase, heartbeat, summary,
-        grant, coordinator, site_limit, site_limit_record; name is the node, job or scope
+        grant, coordinator, site_limit, site_limit_record, coordinator_site_limit_record;
+        name is the node, job or scope
         (None for the site controller's heartbeat, the coordinator's and the site limits).
         Raises ProtocolError otherwise.
         """
@@ -735,6 +742,8 @@ class Topics:
             return "site_limit", None
         if parts == ["controller", "site-limit"]:
             return "site_limit_record", None
+        if parts == ["coordinator", "site-limit"]:
+            return "coordinator_site_limit_record", None
         if len(parts) == 3 and parts[0] == "scopes" and parts[2] in _SCOPE_KINDS:
             return parts[2], check_name(parts[1], "scope")
         if len(parts) == 3 and parts[0] == "nodes" and parts[2] in _NODE_KINDS:

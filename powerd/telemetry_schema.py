@@ -420,6 +420,20 @@ DECISION = Measurement(
             "the largest clock skew measured of a peer controller (this clock minus its "
             "heartbeats' ts on receipt; positive: the peer is behind); absent: none heard",
         ),
+        Field(
+            "node_skew_s",
+            FLOAT,
+            "s",
+            "the live nodes' largest clock skew, signed (this clock minus a node's telemetry "
+            "ts on receipt; positive: the node is behind); absent: no node heard",
+        ),
+        Field(
+            "nodes_skewed",
+            INT,
+            "count",
+            "live nodes whose clock is more than max_clock_skew_s off this controller's "
+            "(their agents refuse its heartbeats as from the future); the log names the worst",
+        ),
     ),
 )
 

@@ -204,6 +204,7 @@ class ControllerConfig:
             accept_unowned_jobs=self.accept_unowned_jobs,
             telemetry_max_hz=self.telemetry_max_hz,
             telemetry_period_s=self.telemetry_period_s,
+            max_clock_skew_s=self.max_clock_skew_s,
             jobs=self.job_limits,
             scoped=self.scope is not None,
         )

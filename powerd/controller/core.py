@@ -32,9 +32,11 @@ from policies.turns import (
     decide_in_turn,
     serve_raises,
 )
+from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
 from powerd.controller.inbox import Waiting
 from powerd.controller.ingest_health import IngestHealth
 from powerd.controller.job_limits import AnnouncementGate, JobLimits
+from powerd.controller.node_clocks import NodeClocks, node_clocks
 from powerd.hostlist import MAX_HOSTS, SiteNames
 from powerd.protocol import (
     Ack,
@@ -121,6 +123,9 @@ class ControllerSettings:
     # node is judged against this, however fast its status says it sends; None: against
     # its status (at most telemetry_max_hz).
     telemetry_period_s: float | None = None
+    # A node's clock more than this off the controller's (either way) is logged and counted
+    # (nodes_skewed): its agent would refuse our heartbeats as from the future.
+    max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
     # What job announcements may cost (announcement rates, jobs kept, their expiry).
     jobs: JobLimits = field(default_factory=JobLimits)
     # Jobs (issue 12): the highest priority each owner may announce (owners not listed:
@@ -384,6 +389,7 @@ class ControllerCore:
         # largest skew measured of a peer controller (powerd.clock_skew)
         self.clock_alarms = 0
         self.peer_skew_s: float | None = None
+        self.node_clocks = NodeClocks(None, None, 0)  # the nodes' skews, at the last cycle
         # safety by caps, after each cycle: where the site's caps in force could be without
         # moving any draw (policies.allocation.caps_at_draw_w), overheads included
         self.site_caps_at_draw_w: float | None = None
@@ -979,6 +985,7 @@ class ControllerCore:
             self._remember_power(now, heard)
             self._infer_phases(now)
         state, live = self.cluster_state(now, counters, heard)
+        self._check_node_clocks(now, live)
         wanting = live.copy()  # the nodes that may take turns, as heard (returning ones too)
         self._track_holdings(now, live, counters)
         state = self._as_commanded(state, now)
@@ -1009,6 +1016,27 @@ class ControllerCore:
         if ingest is not None:
             self._log.warning("telemetry-dropped", now, "%s", ingest)
         return CycleResult(decision, commands, counters, time.perf_counter() - started, state)
+
+    def _check_node_clocks(self, now: float, live: np.ndarray) -> None:
+        """The live nodes' clock skews (powerd.controller.node_clocks), logged once a minute
+        while any is past the bound."""
+        decoded = live & np.isfinite(self._sample_ts)
+        clocks = node_clocks(
+            self.last_seen, self._sample_ts, decoded, self._wall() - now,
+            self.settings.max_clock_skew_s,
+        )  # fmt: skip
+        self.node_clocks = clocks
+        if clocks.skewed and clocks.worst is not None and clocks.skew_s is not None:
+            self._log.warning(
+                "node-clocks",
+                now,
+                "%d nodes' clocks more than max_clock_skew_s %g s off this one; the worst, "
+                "%s, by %+.1f s (this clock minus its): check NTP there",
+                clocks.skewed,
+                self.settings.max_clock_skew_s,
+                self.tree.server_names[clocks.worst],
+                clocks.skew_s,
+            )
 
     def cycle_policy(self, dt_s: float) -> PolicySettings:
         """The policy a cycle ``dt_s`` after the last decides under: the configured one;

@@ -169,6 +169,8 @@ class Records:
             inputs_refused=c.inputs_refused,
             clock_alarms=core.clock_alarms,
             peer_skew_s=core.peer_skew_s,
+            node_skew_s=core.node_clocks.skew_s,
+            nodes_skewed=core.node_clocks.skewed,
         )
         if line is not None:
             lines.append(line)

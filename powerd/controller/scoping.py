@@ -85,6 +85,9 @@ class LeafGrants:
         self.grants_refused = 0
         self.max_clock_skew_s = max_clock_skew_s
         self.clock_alarms = 0  # grants refused: their ts ran ahead of this clock
+        # the coordinator's current round as its heartbeat says, (epoch, seq): a grant of an
+        # older round is a replay, however new to a leaf that restarted and holds none
+        self.round_floor: tuple[int, int] | None = None
         self._tree_key: tuple[float, float] | None = None
         self._tree = self.base_tree
 
@@ -100,6 +103,7 @@ class LeafGrants:
         moved.grant, moved.received_mono = self.grant, self.received_mono
         moved.grants_taken, moved.grants_refused = self.grants_taken, self.grants_refused
         moved.clock_alarms = self.clock_alarms
+        moved.round_floor = self.round_floor
         return moved
 
     def on_grant(self, grant: Grant, now_mono: float, wall: float, live: bool = True) -> str | None:
@@ -113,6 +117,12 @@ class LeafGrants:
         self.received_mono = now_mono
         self.grants_taken += 1
         return None
+
+    def on_coordinator_round(self, epoch: int, seq: int) -> None:
+        """A verified coordinator heartbeat: its epoch and the seq of its last grant round,
+        the floor below which a grant is a replay."""
+        if self.round_floor is None or (epoch, seq) > self.round_floor:
+            self.round_floor = (epoch, seq)
 
     def _refusal(self, grant: Grant, wall: float, live: bool) -> str | None:
         if grant.scope != self.scope:
@@ -130,6 +140,12 @@ class LeafGrants:
             return (
                 f"grant (epoch {grant.epoch}, seq {grant.seq}) is not newer than the one "
                 f"taken (epoch {self.grant.epoch}, seq {self.grant.seq})"
+            )
+        floor = self.round_floor
+        if floor is not None and (grant.epoch, grant.seq) < floor:
+            return (
+                f"grant (epoch {grant.epoch}, seq {grant.seq}) is older than the coordinator's "
+                f"current round (epoch {floor[0]}, seq {floor[1]}): a replay"
             )
         if not live and wall - grant.ts > grant.ttl_s:
             return f"retained grant is {wall - grant.ts:.1f} s old, past its ttl_s {grant.ttl_s:g}"

@@ -59,6 +59,7 @@ from powerd.protocol import (
 from powerd.ratelimit import LogOncePer
 from powerd.recorder import Recorder
 from powerd.signing import Signer
+from powerd.site_limit_record import SiteLimitRecord
 from powerd.systemd import SystemdNotifier
 from powerd.topology import Topology
 from powerd.vocabulary import ControllerState
@@ -119,6 +120,7 @@ class ControllerService:
             subscriptions += [(t.site_limit_record, 1)]  # the limits' order, across restarts
         else:  # its own nodes only: the broker does not send it the rest of the site
             subscriptions += [(t.grant(leaf.scope), 1)]
+            subscriptions += [(t.coordinator_heartbeat, 1)]  # its round: replays' floor
             subscriptions += [(t.ack(n), 1) for n in nodes] + [(t.status(n), 1) for n in nodes]
             telemetry_filters = [t.telemetry(n) for n in nodes]
             self.telemetry_what = f"the telemetry of its {len(nodes)} nodes (scope {leaf.scope})"
@@ -144,6 +146,7 @@ class ControllerService:
         # a tree, the coordinator applies it)
         self.site_limits = SiteLimits(max_clock_skew_s=config.max_clock_skew_s)
         self.operator_verifier = config.operator_verifier()
+        self.site_limit_record = SiteLimitRecord(t.site_limit_record, self.signer, self.verifier)
         self._base_tree = core.tree  # the file's, under which a site limit lowers the site
         self._site_line: SiteLine | None = None  # the operator's line the core's tree is under
         self._summary_at = -math.inf  # monotonic time of the last summary
@@ -296,7 +299,7 @@ class ControllerService:
             if self.leadership.should_lead(self._monotonic()):
                 self.core.new_epoch(self.leadership.take_over(floor=int(self._wall() * 1000)))
                 self._seq_sent = 0
-                self._publish_site_limit_record(link)
+                self.site_limit_record.publish(link, self.site_limits)
                 self.leading.set()
                 self.notifier.status(f"leading, epoch {self.leadership.epoch}")
                 next_beat = now
@@ -522,7 +525,7 @@ class ControllerService:
             self._log.warning("site-limit-order", now, "site limit ignored: %s", why)
             return
         if self.leadership.leading:
-            self._publish_site_limit_record(self.control)
+            self.site_limit_record.publish(self.control, self.site_limits)
         what = "cleared" if limit.limit_w is None else f"{limit.limit_w / 1e3:,.1f} kW"
         log.warning(
             "site limit from %s: %s from %s until %s%s",
@@ -533,28 +536,18 @@ class ControllerService:
             f" ({limit.reason})" if limit.reason else "",
         )
 
-    def _on_site_limit_record(self, topic: str, payload: bytes) -> None:
-        """The limit a leader held, under a controller key: taken as a retained operator
-        message is (its window by the wall clock), so that an older operator message
-        (a replayed clear) cannot replace it after a restart."""
+    def _on_site_limit_record(self, payload: bytes) -> None:
+        """The limit a leader held (``powerd.site_limit_record``): the order's floor."""
         now = self._monotonic()
         try:
-            record = self.verifier.decode(SiteLimit, topic, payload)
+            record = self.site_limit_record.take(self.site_limits, payload, now, self._wall())
         except ProtocolError as exc:
             self.core.count_rejected()
             self._log.warning("site-limit-record", now, "site limit record refused: %s", exc)
             return
-        if self.site_limits.take(record, now, self._wall(), live=False) is None:
+        if record is not None:
             log.info("site limit record taken: operator %s's of ts %.3f, seq %d",
                      record.operator, record.ts, record.seq)  # fmt: skip
-
-    def _publish_site_limit_record(self, link: MqttLink) -> None:
-        """Republish the newest limit taken under our key, retained (``_on_site_limit_record``)."""
-        limit = self.site_limits.limit
-        if limit is None:
-            return
-        topic = self.topics.site_limit_record
-        link.publish(topic, self.signer.sign(topic, encode(limit)), qos=1, retain=True)
 
     def reload(self, new: Topology, smoothing: GpuSmoothing | None = None) -> str | None:
         """Put a reloaded budgets file (already loaded and checked, scoped for a leaf) in
@@ -645,10 +638,12 @@ class ControllerService:
                 self.core.on_status(name, payload)
             elif kind == "grant" and name and self.leaf is not None:
                 self._on_grant(topic, payload, live=not retained)
+            elif kind == "coordinator" and self.leaf is not None:
+                self._on_coordinator_heartbeat(topic, payload)
             elif kind == "site_limit" and self.leaf is None:
                 self._on_site_limit(topic, payload, live=not retained)
             elif kind == "site_limit_record" and self.leaf is None:
-                self._on_site_limit_record(topic, payload)
+                self._on_site_limit_record(payload)
             elif kind == "phase" and name:
                 owner, _ = self.topics.job_of(topic)
                 event = self.core.on_phase(name, payload, owner)
@@ -676,6 +671,17 @@ class ControllerService:
         elif self.leaf.grants_taken == 1:
             log.info("first grant from coordinator %s: %.1f kW for scope %s",
                      grant.coordinator, grant.budget_w / 1e3, grant.scope)  # fmt: skip
+
+    def _on_coordinator_heartbeat(self, topic: str, payload: bytes) -> None:
+        """The coordinator's current grant round (its heartbeat's epoch and seq): grants of
+        older rounds are replays (``LeafGrants.on_coordinator_round``). Its liveness is the
+        grants' business (their ttl_s), not this."""
+        assert self.leaf is not None
+        if self.grant_verifier is None:
+            return  # every grant is refused anyway, and said so at start
+        beat = self.grant_verifier.decode(Heartbeat, topic, payload)
+        if beat.seq is not None:
+            self.leaf.on_coordinator_round(beat.epoch, beat.seq)
 
     def _on_heartbeat(self, payload: bytes, live: bool = True) -> None:
         """Another controller's heartbeat; liveness by receipt (``Leadership.observe``)."""

@@ -1,7 +1,8 @@
 """`powerd coordinator`: a thin asyncio shell around ``CoordinatorCore`` and ``Leadership``.
 
-One connection to the (site) broker: summaries and coordinator heartbeats in,
-grants and our heartbeat out, every one signed. A leader/standby pair works as
+One connection to the (site) broker: summaries, coordinator heartbeats and the
+operator's site limits in, grants, our heartbeat and our record of the site limit
+(``powerd.site_limit_record``) out, every one signed. A leader/standby pair works as
 the controllers' does (``powerd.controller.leadership``) on its own heartbeat
 topic: a standby takes over once the leader is silent ``takeover_after_s``,
 before the leaves' grants expire. Grants are retained: a leaf controller that
@@ -28,6 +29,7 @@ from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
 from powerd.protocol import Heartbeat, ProtocolError, SiteLimit, Summary, Topics, encode
 from powerd.ratelimit import LogOncePer
 from powerd.signing import Signer
+from powerd.site_limit_record import SiteLimitRecord
 from powerd.systemd import SystemdNotifier
 from powerd.vocabulary import ControllerState
 
@@ -54,7 +56,12 @@ class CoordinatorService:
         self.link = MqttLink(
             config.broker,
             f"powerd-coordinator-{config.cluster}-{config.name}",
-            [(t.coordinator_heartbeat, 1), (t.all_summaries, 1), (t.site_limit, 1)],
+            [
+                (t.coordinator_heartbeat, 1),
+                (t.all_summaries, 1),
+                (t.site_limit, 1),
+                (t.coordinator_site_limit_record, 1),  # the limits' order, across restarts
+            ],
             self._on_message,
             monotonic=monotonic,
         )
@@ -65,6 +72,9 @@ class CoordinatorService:
         self.site_limits = SiteLimits(max_clock_skew_s=config.max_clock_skew_s)
         core.max_clock_skew_s = config.max_clock_skew_s
         self.operators = config.operator_verifier()
+        self.site_limit_record = SiteLimitRecord(
+            t.coordinator_site_limit_record, self.signer, self.heartbeats_from
+        )
         self.stats = SessionStats()
         self.leading = asyncio.Event()
         self.periods: list[Period] = []  # the last few
@@ -139,6 +149,7 @@ class CoordinatorService:
             now = loop.time()
             if not self._stopping and self.leadership.should_lead(self._monotonic()):
                 self.core.new_epoch(self.leadership.take_over(floor=int(self._wall() * 1000)))
+                self.site_limit_record.publish(link, self.site_limits)
                 self.leading.set()
                 self.notifier.status(f"leading, epoch {self.leadership.epoch}")
                 next_beat = next_period = now
@@ -189,7 +200,8 @@ class CoordinatorService:
     def _heartbeat(self, state: ControllerState) -> bytes:
         ts = self.leadership.beat_ts(self._monotonic(), self._wall())
         topic = self.topics.coordinator_heartbeat
-        return signed_heartbeat(self.signer, topic, self.leadership, state, ts)
+        # seq: the last grant round's, a restarted leaf's floor against replayed grants
+        return signed_heartbeat(self.signer, topic, self.leadership, state, ts, self.core.seq)
 
     async def _step_down_on_exit(self) -> None:
         await step_down_on_exit(
@@ -221,6 +233,13 @@ class CoordinatorService:
                     self._log.warning("site-limit-order", now, "site limit ignored: %s", why)
                 else:
                     log.warning("site limit taken: %s", self.site_limits.limit)
+                    if self.leadership.leading:
+                        self.site_limit_record.publish(self.link, self.site_limits)
+            elif kind == "coordinator_site_limit_record":
+                record = self.site_limit_record.take(self.site_limits, payload, now, self._wall())
+                if record is not None:
+                    log.info("site limit record taken: operator %s's of ts %.3f, seq %d",
+                             record.operator, record.ts, record.seq)  # fmt: skip
             elif kind == "summary":
                 summary = self.summaries_from.decode(Summary, topic, payload)
                 if summary.scope != name:

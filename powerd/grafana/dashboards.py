@@ -875,12 +875,18 @@ def controller_health() -> dict:
             " found holding other caps than commanded (drift); nodes whose agents fall back"
             " to a failsafe cap above the budgets file's (fix their agent config); nodes whose"
             " telemetry says what no GPU can do (counted at their caps, not commanded); messages"
-            " refused as from the future (clock alarms) and the largest peer clock skew (s).",
+            " refused as from the future (clock alarms), the largest peer controller's and"
+            " node's clock skew (s) and nodes more than max_clock_skew_s off (the log names"
+            " the worst).",
             [
                 target(
                     Query(
                         DECISION,
-                        (("max({ingest_s})", "decode s"), ("max({peer_skew_s})", "peer skew s")),
+                        (
+                            ("max({ingest_s})", "decode s"),
+                            ("max({peer_skew_s})", "peer skew s"),
+                            ("max({node_skew_s})", "node skew s"),
+                        ),
                     ),
                     "A",
                     alias="$col",
@@ -896,6 +902,7 @@ def controller_health() -> dict:
                             ("max({failsafe_over_plan})", "failsafe over plan"),
                             ("max({nodes_implausible})", "implausible telemetry"),
                             ("max({clock_alarms})", "clock alarms"),
+                            ("max({nodes_skewed})", "nodes' clocks off"),
                         ),
                     ),
                     "B",

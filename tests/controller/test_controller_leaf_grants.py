@@ -172,3 +172,13 @@ def test_a_leaf_under_caps_reports_its_caps_in_force_and_one_under_the_bands_non
         tree, state, decision, policy=PolicySettings(safety_by_caps=False), **fields
     )
     assert bands.caps_in_force_w is None
+
+
+def test_a_grant_of_a_round_older_than_the_coordinators_heartbeat_says_is_a_replay():
+    grants = leaf()  # restarted: it holds no grant
+    grants.on_coordinator_round(epoch=5, seq=9)
+    grants.on_coordinator_round(epoch=5, seq=4)  # an older heartbeat lowers nothing
+    assert "a replay" in (grants.on_grant(grant(14_000.0, seq=8), 0.0, WALL) or "")
+    assert grants.in_force(0.0).source == "file"
+    assert grants.on_grant(grant(13_000.0, seq=9), 0.0, WALL) is None  # the current round
+    assert grants.on_grant(grant(11_000.0, seq=1, epoch=6), 1.0, WALL) is None  # a new epoch

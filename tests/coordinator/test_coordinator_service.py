@@ -17,8 +17,8 @@ from powerd.coordinator.app import build_coordinator
 from powerd.coordinator.config import CoordinatorConfig, validate
 from powerd.coordinator.service import CoordinatorService
 from powerd.mqtt_url import parse_broker_url
-from powerd.protocol import Grant, Heartbeat, Summary, Topics, encode
-from powerd.signing import Signer, Verifier
+from powerd.protocol import Grant, Heartbeat, SiteLimit, Summary, Topics, encode
+from powerd.signing import Signer, Verifier, generate_key_files, load_signer
 from powerd.systemd import SystemdNotifier
 from powerd.topology import parse_budgets
 from tests.support.brokers import Mosquitto, MqttProbe, free_port
@@ -146,6 +146,43 @@ async def test_a_standby_coordinator_takes_over_with_a_higher_epoch(mosquitto, t
         finally:
             if not stopped:
                 await leader_context.__aexit__(None, None, None)
+
+
+def site_limit(operator: Signer, limit_w: float | None, ts: float) -> bytes:
+    body = SiteLimit(v=1, operator="ops", seq=int(ts * 1000), ts=ts, limit_w=limit_w,
+                     starts_ts=ts, expires_ts=ts + 600.0)  # fmt: skip
+    return operator.sign(TOPICS.site_limit, encode(body))
+
+
+@pytest.mark.asyncio
+async def test_an_older_clear_replayed_as_retained_does_not_erase_a_limit_across_a_restart(
+    mosquitto, tmp_path
+):
+    """The coordinator applies site limits in a tree: it republishes the newest it took under
+    its key (``Topics.coordinator_site_limit_record``), and a restarted one takes that record
+    as the floor of the limits' order, so the operator topic's retained older clear (a
+    replay) does not erase the limit (before: the limit was forgotten)."""
+    key, pub = generate_key_files(tmp_path / "operator")
+    operator = load_signer(key)
+    cfg = replace(config(mosquitto, tmp_path, "co-a"), operator_keys=(str(pub),))
+    now = time.time()
+    clear, limit = site_limit(operator, None, now - 1.0), site_limit(operator, 30_000.0, now)
+    async with MqttProbe(mosquitto.port, [TOPICS.coordinator_site_limit_record]) as probe:
+        async with running(cfg) as first:
+            await asyncio.wait_for(first.leading.wait(), 5)
+            await probe.publish(TOPICS.site_limit, limit, retain=True)
+            await probe.expect(TOPICS.coordinator_site_limit_record)  # its record
+            await probe.publish(TOPICS.site_limit, clear, retain=True)  # the replay
+            await until(lambda: first.site_limits.refused == 1, 5, "the clear refused")
+            assert first.site_limits.active_w(first._monotonic()) == 30_000.0
+        async with running(cfg) as restarted:
+            limits = restarted.site_limits
+            # the retained clear and the record, in either order: both taken, or one refused
+            await until(lambda: limits.taken + limits.refused >= 2, 5, "clear and record")
+            await asyncio.wait_for(restarted.leading.wait(), 5)
+            assert restarted.site_limits.limit is not None
+            assert restarted.site_limits.limit.limit_w == 30_000.0
+            assert restarted.site_limits.active_w(restarted._monotonic()) == 30_000.0
 
 
 class CountingNotifier(SystemdNotifier):

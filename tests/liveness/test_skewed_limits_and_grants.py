@@ -5,7 +5,8 @@ libfaketime: durations run from receipt on the monotonic clock, a ``ts`` more th
 - a controller 20 minutes ahead applies a new 15-minute site limit (``powerd limit set``);
 - a leaf controller 60 s ahead takes the coordinator's grants;
 - a coordinator an hour ahead issues no grant a leaf takes, so none can be replayed for
-  that hour.
+  that hour;
+- a restarted leaf takes no replayed grant of an older round (item 4).
 """
 
 from __future__ import annotations
@@ -205,3 +206,51 @@ async def test_a_coordinator_an_hour_ahead_issues_no_grant_a_leaf_takes(
     assert {s.grant_seq for s in first + second} == {None}, logs  # the file's budget
     assert "clock alarm" in (tmp_path / "leaf-1.log").read_text(), logs
     assert "clock alarm" in (tmp_path / "leaf-2.log").read_text(), logs
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_leaf_takes_no_replayed_grant_of_an_older_round(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """A grant captured from a live coordinator, replayed live to a leaf that restarted
+    (holding no grant, its ``(epoch, seq)`` memory gone, the retained grant cleared) after
+    later rounds: refused, the coordinator's retained heartbeat (the seq of its last round)
+    is the floor; the row stays on its file budget (before: taken, in force until the next
+    grant replaced it)."""
+    coord_key, coord_pub = generate_key_files(tmp_path / "coordinator")
+    _, leaf_pub = key_files(tmp_path)
+    budgets = tmp_path / "rows.toml"
+    budgets.write_text(three_rows())
+    argv = [
+        *(sys.executable, "-m", "powerd", "coordinator", "--budgets", str(budgets)),
+        *("--broker", mosquitto.url, "--cluster", CLUSTER, "--name", "co-a"),
+        *("--signing-key", str(coord_key), "--trust", str(leaf_pub)),
+        *("--period-s", "0.3", "--grant-ttl-s", str(GRANT_TTL_S), "--takeover-after-s", "3"),
+    ]
+    async with MqttProbe(mosquitto.port, [f"{SCOPED.prefix}/#"]) as p:
+        coord = spawn(argv, tmp_path / "coord.log")
+        leaf = spawn_leaf(tmp_path, mosquitto, coord_pub, "leaf-1.log", "+0")
+        try:
+            captured = await p.expect(SCOPED.grant("r1"), timeout_s=30.0)
+            for _ in range(3):  # later rounds, each announced in the coordinator's heartbeat
+                await p.expect(SCOPED.grant("r1"), after=p.mark(), timeout_s=10.0)
+            await p.expect(SCOPED.coordinator_heartbeat, after=p.mark(), timeout_s=10.0)
+            coord.kill()  # its last heartbeat stays retained: the round a restart learns
+            coord.wait(10)
+            stop(leaf)
+            await p.publish(SCOPED.grant("r1"), b"", retain=True)  # no retained grant left
+            leaf = spawn_leaf(tmp_path, mosquitto, coord_pub, "leaf-2.log", "+0")
+            await p.expect(SCOPED.summary("r1"), after=p.mark(), timeout_s=30.0)
+            replay_mark = p.mark()
+            for _ in range(5):
+                await p.publish(SCOPED.grant("r1"), captured.payload)
+                await p.expect(SCOPED.summary("r1"), after=p.mark(), timeout_s=10.0)
+            after = [
+                summary_of(m) for m in p.messages[replay_mark:] if m.topic == SCOPED.summary("r1")
+            ]
+        finally:
+            stop(coord)
+            stop(leaf)
+    log = (tmp_path / "leaf-2.log").read_text()
+    assert after and {s.grant_seq for s in after} == {None}, tail(tmp_path / "leaf-2.log")
+    assert "a replay" in log, tail(tmp_path / "leaf-2.log")
