@@ -21,7 +21,7 @@ test: deps venv
 	$(BIN)/ruff format --check .
 	@# the lean install waits on pip while mypy works: side by side
 	@$(BIN)/python tests/support/lean_install.py > $(VENV)/lean_install.log 2>&1 & lean=$$!; \
-	  $(BIN)/mypy; typed=$$?; \
+	  $(BIN)/mypy && $(BIN)/mypy --strict powerd planner policies; typed=$$?; \
 	  wait $$lean; installed=$$?; \
 	  if [ $$installed = 0 ]; then grep '^lean install' $(VENV)/lean_install.log; \
 	  else cat $(VENV)/lean_install.log; fi; \
@@ -35,6 +35,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/mypy --strict powerd planner policies
 
 format: venv
 	$(BIN)/ruff format .

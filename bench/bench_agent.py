@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench.common import cpu_s, machine, mem_mb, report
-from powerd.mqtt_url import PASSWORD_ENV
+from powerd.mqtt.url import PASSWORD_ENV
 from tests.support.brokers import TEST_PASSWORD, Mosquitto, MqttProbe
 
 GPUS = "8xH100"

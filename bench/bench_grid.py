@@ -14,7 +14,7 @@ smoothing burnt (by phase) and the throughput lost.
 Rack energy storage (``powerplan whatif --storage-kj-per-rack``): the same case
 is replayed once more, in this process, and storage of each size in
 ``--storage-kj-per-rack`` at ``--storage-kw-per-rack`` is dispatched over that
-one replayed site series (``planner.whatif.storage_report``, what the command
+one replayed site series (``planner.whatif_storage.storage_report``, what the command
 runs; the dispatch is cheap, the replay is not). A search then finds the least
 size, at that power, whose grid draw is 0 s outside the spec with at most
 ``--storage-target-share`` of the jobs' energy burnt and lost in conversion.
@@ -126,7 +126,8 @@ def least_meeting(
 def storage_runs(args: argparse.Namespace, profile: Path, mix: Path, duration_s: float) -> dict:
     """The case replayed once here, then each storage size dispatched over its site series."""
     from planner.commands.size import load_inputs
-    from planner.whatif import StorageSizing, WhatifSettings, replay, storage_report
+    from planner.whatif import WhatifSettings, replay
+    from planner.whatif_storage import StorageSizing, storage_report
 
     inputs = load_inputs(args.topology, (profile,), mix, args.step_s, {}, None)
     settings = WhatifSettings(duration_s=duration_s, synchronised=True)

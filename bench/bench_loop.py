@@ -54,7 +54,7 @@ from powerd.gpu import Gpu, GpuError
 from powerd.gpu.models import gpu_model
 from powerd.jobhook import PhaseReporter
 from powerd.jobhook.publisher import connect_async
-from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.mqtt.url import BrokerSettings, parse_broker_url
 from powerd.protocol import Ack, ProtocolError, Telemetry, Topics, decode
 
 NODE = "loop-n1"
@@ -144,10 +144,10 @@ class BusWatch:
 
 
 class ThreadedBroker:
-    """``powerd.embedded_broker`` (amqtt) on its own event loop in a thread."""
+    """``powerd.mqtt.embedded_broker`` (amqtt) on its own event loop in a thread."""
 
     def __init__(self) -> None:
-        from powerd.embedded_broker import EmbeddedBroker
+        from powerd.mqtt.embedded_broker import EmbeddedBroker
 
         self._broker = EmbeddedBroker()
         self.url = self._broker.url

@@ -61,7 +61,7 @@ import paho.mqtt.client as mqtt
 from bench.common import cpu_s, machine, mem_mb, report, run_dir
 from powerd.fleet.app import fleet_argv
 from powerd.fleet.sites import NODES_PER_RACK, RACKS_PER_ROW, SITE_FILE, cut_site
-from powerd.mqtt_url import PASSWORD_ENV
+from powerd.mqtt.url import PASSWORD_ENV
 from powerd.protocol import PROTOCOL_VERSION, Topics
 from powerd.signing import generate_key_files
 from powerd.telemetry_schema import parse_line

@@ -143,6 +143,39 @@ def recommend(
     much weight was found). Raises ``ValueError`` for a negative overhead or
     weight, or a mix workload no GPU has.
     """
+    _check_recommend(sweep, overhead_w, mix, step_w)
+    all_curves, per_workload = _workload_curves(sweep, overhead_w, interpolate, step_w)
+    mix_rows: list[dict[str, object]] = []
+    mix_curves: list[pd.DataFrame] = []
+    warnings: list[str] = []
+    for gpu, gcurves in all_curves.groupby("gpu", sort=True):
+        found = _mix_curve(str(gpu), gcurves, mix, overhead_w)
+        if isinstance(found, str):
+            warnings.append(found)
+            continue
+        mix_rows.append(found[0])
+        mix_curves.append(found[1])
+    warnings += _lowest_cap_warnings(per_workload)
+    mix_columns = ["gpu", "workloads", "weight_covered", *per_workload.columns[3:]]
+    return CapsResult(
+        overhead_w=float(overhead_w),
+        per_workload=per_workload,
+        mix=pd.DataFrame(mix_rows, columns=mix_columns),
+        curves=all_curves,
+        mix_curves=(
+            pd.concat(mix_curves, ignore_index=True)
+            if mix_curves
+            else pd.DataFrame(columns=["gpu", "cap_w", "speed_vs_max", "avg_power_w", "thr_per_mw"])
+        ),
+        warnings=warnings,
+    )
+
+
+def _check_recommend(
+    sweep: pd.DataFrame, overhead_w: float, mix: Mapping[str, float] | None, step_w: float
+) -> None:
+    """``recommend``'s ValueErrors: a negative overhead or step, an empty sweep, a mix with
+    a negative weight, no weight at all, or a workload no sweep has."""
     if not overhead_w >= 0:
         raise ValueError(f"overhead_w must be >= 0 W, got {overhead_w}")
     if sweep.empty:
@@ -161,6 +194,11 @@ def recommend(
                 f" known: {', '.join(sorted(known)[:5])}{', ...' if len(known) > 5 else ''}"
             )
 
+
+def _workload_curves(
+    sweep: pd.DataFrame, overhead_w: float, interpolate: bool, step_w: float
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every (gpu, workload)'s curve (``CapsResult.curves``) and best cap (``per_workload``)."""
     curves: list[pd.DataFrame] = []
     rows: list[dict[str, object]] = []
     ordered = sweep.sort_values(["gpu", "workload", "cap_w"])
@@ -179,66 +217,54 @@ def recommend(
                 **_summary(curve, "thr_per_mw", overhead_w),
             }
         )
-    all_curves = pd.concat(curves, ignore_index=True)
-    per_workload = pd.DataFrame(rows)
+    return pd.concat(curves, ignore_index=True), pd.DataFrame(rows)
 
-    mix_rows: list[dict[str, object]] = []
-    mix_curves: list[pd.DataFrame] = []
-    warnings: list[str] = []
-    for gpu, gcurves in all_curves.groupby("gpu", sort=True):
-        names = sorted(gcurves["workload"].unique())
-        weights = {n: 1.0 for n in names} if mix is None else {n: mix[n] for n in names if n in mix}
-        weights = {n: w for n, w in weights.items() if w > 0}
-        if not weights:
-            warnings.append(f"{gpu}: no mix workload (with a weight above 0) on this GPU")
-            continue
-        total = sum(weights.values())
-        covered = total / (sum(mix.values()) if mix is not None else total)
-        parts = gcurves[gcurves["workload"].isin(list(weights))]
-        common = parts.groupby("cap_w")["workload"].nunique()
-        common_caps = common.index[common == len(weights)]
-        if len(common_caps) == 0:
-            warnings.append(f"{gpu}: no cap is measured for every mix workload; no mix cap")
-            continue
-        on_grid = parts[parts["cap_w"].isin(common_caps)].copy()
-        on_grid["w"] = on_grid["workload"].map(weights) / total
-        on_grid["w_speed"] = on_grid["w"] * on_grid["speed_vs_max"]
-        on_grid["w_power"] = on_grid["w"] * on_grid["avg_power_w"]
-        by_cap = on_grid.groupby("cap_w", sort=True)
-        mcurve = pd.DataFrame(
-            {
-                "speed_vs_max": by_cap["w_speed"].sum(),
-                "avg_power_w": by_cap["w_power"].sum(min_count=len(weights)),
-            }
-        ).reset_index()
-        mcurve["thr_per_mw"] = mcurve["speed_vs_max"] * W_PER_MW / (mcurve["cap_w"] + overhead_w)
-        mcurve.insert(0, "gpu", str(gpu))
-        mix_curves.append(mcurve)
-        mix_rows.append(
-            {
-                "gpu": str(gpu),
-                "workloads": len(weights),
-                "weight_covered": covered,
-                **_summary(mcurve, "thr_per_mw", overhead_w),
-            }
-        )
+
+def _mix_curve(
+    gpu: str, gcurves: pd.DataFrame, mix: Mapping[str, float] | None, overhead_w: float
+) -> tuple[dict[str, object], pd.DataFrame] | str:
+    """One GPU's mix: its row of ``CapsResult.mix`` and its curve, over the caps measured
+    for every mix workload; or a warning saying why it has none."""
+    names = sorted(gcurves["workload"].unique())
+    weights = {n: 1.0 for n in names} if mix is None else {n: mix[n] for n in names if n in mix}
+    weights = {n: w for n, w in weights.items() if w > 0}
+    if not weights:
+        return f"{gpu}: no mix workload (with a weight above 0) on this GPU"
+    total = sum(weights.values())
+    covered = total / (sum(mix.values()) if mix is not None else total)
+    parts = gcurves[gcurves["workload"].isin(list(weights))]
+    common = parts.groupby("cap_w")["workload"].nunique()
+    common_caps = common.index[common == len(weights)]
+    if len(common_caps) == 0:
+        return f"{gpu}: no cap is measured for every mix workload; no mix cap"
+    on_grid = parts[parts["cap_w"].isin(common_caps)].copy()
+    on_grid["w"] = on_grid["workload"].map(weights) / total
+    on_grid["w_speed"] = on_grid["w"] * on_grid["speed_vs_max"]
+    on_grid["w_power"] = on_grid["w"] * on_grid["avg_power_w"]
+    by_cap = on_grid.groupby("cap_w", sort=True)
+    mcurve = pd.DataFrame(
+        {
+            "speed_vs_max": by_cap["w_speed"].sum(),
+            "avg_power_w": by_cap["w_power"].sum(min_count=len(weights)),
+        }
+    ).reset_index()
+    mcurve["thr_per_mw"] = mcurve["speed_vs_max"] * W_PER_MW / (mcurve["cap_w"] + overhead_w)
+    mcurve.insert(0, "gpu", gpu)
+    row = {
+        "gpu": gpu,
+        "workloads": len(weights),
+        "weight_covered": covered,
+        **_summary(mcurve, "thr_per_mw", overhead_w),
+    }
+    return row, mcurve
+
+
+def _lowest_cap_warnings(per_workload: pd.DataFrame) -> list[str]:
+    """A warning per GPU whose best cap is, for some workloads, the lowest measured."""
     edge = per_workload.groupby("gpu")["at_min_cap"].agg(["sum", "size"])
-    for gpu, (at_min, size) in edge.iterrows():
-        if at_min:
-            warnings.append(
-                f"{gpu}: for {at_min} of {size} workloads the best cap is the lowest measured;"
-                " a lower cap may be better still (measure lower caps)"
-            )
-    mix_columns = ["gpu", "workloads", "weight_covered", *per_workload.columns[3:]]
-    return CapsResult(
-        overhead_w=float(overhead_w),
-        per_workload=per_workload,
-        mix=pd.DataFrame(mix_rows, columns=mix_columns),
-        curves=all_curves,
-        mix_curves=(
-            pd.concat(mix_curves, ignore_index=True)
-            if mix_curves
-            else pd.DataFrame(columns=["gpu", "cap_w", "speed_vs_max", "avg_power_w", "thr_per_mw"])
-        ),
-        warnings=warnings,
-    )
+    return [
+        f"{gpu}: for {at_min} of {size} workloads the best cap is the lowest measured;"
+        " a lower cap may be better still (measure lower caps)"
+        for gpu, (at_min, size) in edge.iterrows()
+        if at_min
+    ]

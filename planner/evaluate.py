@@ -433,7 +433,8 @@ def job_throughput(plan: Plan, result: WhatifResult) -> np.ndarray:
     jobs = result.jobs
     comm_share = result.communication["communication_share"].to_numpy()
     slower = 1.0 + comm_share * (job_stretch(plan) - 1.0)
-    return jobs["gpus"].to_numpy() * (1.0 - jobs["throughput_lost"].to_numpy()) / slower
+    done: np.ndarray = jobs["gpus"].to_numpy() * (1.0 - jobs["throughput_lost"].to_numpy()) / slower
+    return done
 
 
 def comm_energy_j(plan: Plan, result: WhatifResult) -> float:

@@ -11,11 +11,13 @@ import tempfile
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import click
 import numpy as np
 import pandas as pd
+
+FC = TypeVar("FC", bound=Callable[..., Any])
 
 FORMATS = ("table", "json", "csv")
 PIPE_WIDTH = 100  # table width when the output is piped and $COLUMNS is not set
@@ -54,7 +56,7 @@ def column_mapping(pairs: tuple[str, ...]) -> dict[str, str]:
     return mapping
 
 
-def format_option(default: str = "table"):
+def format_option(default: str = "table") -> Callable[[FC], FC]:
     """The ``--format`` option every command takes."""
     return click.option(
         "--format",

@@ -7,7 +7,7 @@ writes it to ``path``; none of them computes anything a table does not show.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -26,7 +26,7 @@ HEADROOM = 0.08  # of an axis' span, beyond its highest (and lowest) point: no m
 NO_CAPPING = "no capping in this replay"
 
 
-def _pyplot():
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -104,7 +104,7 @@ def caps_figure(result: CapsResult) -> Figure:
         ax.set_ylabel("throughput per provisioned W / same at max cap")
         fit_y(ax)
         ax.legend(fontsize=7)
-    return fig
+    return cast("Figure", fig)
 
 
 def plot_power_distributions(
@@ -144,7 +144,7 @@ def power_distributions_figure(
     fit_y(over_time, bottom=0.0)
     if len(names) <= MAX_LABELLED:
         cdf.legend(fontsize=7)
-    return fig
+    return cast("Figure", fig)
 
 
 def plot_budget_vs_demand(nodes: pd.DataFrame, path: Path) -> None:
@@ -206,7 +206,7 @@ def budget_vs_demand_figure(nodes: pd.DataFrame) -> Figure:
     # one legend for every panel, outside them: inside, it hid nodes' markers
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside upper center", ncol=len(labels), fontsize=8)
-    return fig
+    return cast("Figure", fig)
 
 
 def plot_capping(levels: pd.DataFrame, path: Path) -> None:
@@ -241,7 +241,7 @@ def capping_figure(levels: pd.DataFrame) -> Figure:
             ax.text(0.5, 0.5, NO_CAPPING, transform=ax.transAxes, ha="center", va="center")
     if capped:
         share.legend(fontsize=7)
-    return fig
+    return cast("Figure", fig)
 
 
 def plot_evaluation(
@@ -296,4 +296,4 @@ def evaluation_figure(
     power.grid(alpha=0.3)
     fit_y(power)
     power.legend(fontsize=7)
-    return fig
+    return cast("Figure", fig)

@@ -426,7 +426,8 @@ def _influxql_get(
         reason = getattr(exc, "reason", exc)
         raise ProfileError(url, f"cannot reach InfluxDB: {reason}") from None
     try:
-        return json.loads(body)
+        answer: dict[str, Any] = json.loads(body)
+        return answer
     except ValueError:
         raise ProfileError(url, "the answer is not JSON: is this InfluxDB's /query?") from None
 
@@ -434,7 +435,7 @@ def _influxql_get(
 def _flux_frame(
     url: str, query: str, *, token: str | None, org: str | None, timeout_s: float
 ) -> pd.DataFrame:
-    from influxdb_client import InfluxDBClient
+    from influxdb_client.client.influxdb_client import InfluxDBClient
 
     try:
         with InfluxDBClient(
@@ -526,7 +527,8 @@ def _first(mask: np.ndarray) -> int | None:
 
 def _blank(values: pd.Series) -> np.ndarray:
     text = values.astype("string").str.strip()
-    return (values.isna() | (text == "").fillna(True)).to_numpy(dtype=bool)
+    blank: np.ndarray = (values.isna() | (text == "").fillna(True)).to_numpy(dtype=bool)
+    return blank
 
 
 def _floats(
@@ -544,7 +546,8 @@ def _floats(
             raise origin.error(f"{label} is {values.iloc[row]!r}: {need}", row)
     if (row := _first(np.isinf(result))) is not None:
         raise origin.error(f"{label} is {values.iloc[row]!r}: need a finite number", row)
-    return result
+    finite: np.ndarray = result
+    return finite
 
 
 def _times(values: pd.Series, origin: _Origin, label: str) -> np.ndarray:
@@ -574,7 +577,8 @@ def _times(values: pd.Series, origin: _Origin, label: str) -> np.ndarray:
             f"{label} is {values.iloc[row]!r}: not Unix seconds or an ISO-8601 time", row
         )
     epoch = pd.Timestamp("1970-01-01", tz="UTC")
-    return ((stamps - epoch) / pd.Timedelta(seconds=1)).to_numpy(dtype="float64")
+    unix_s: np.ndarray = ((stamps - epoch) / pd.Timedelta(seconds=1)).to_numpy(dtype="float64")
+    return unix_s
 
 
 def _strings(values: pd.Series) -> pd.Series:

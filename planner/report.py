@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,10 @@ from policies.causes import largest_causes
 from policies.tree import SERVER
 from powerd.topology import Topology
 from powerd.topology.checks import budget_warnings
+from powerd.units import fmt_kw_or_mw
+
+if TYPE_CHECKING:
+    from planner.caps import CapsResult
 
 MAX_TABLE_ROWS = 40  # longer tables show the tightest rows and say how many are left out
 PLOTS = {
@@ -148,10 +153,6 @@ def _percent_columns(frame: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
-def _kw(watts: float) -> str:
-    return f"{watts / 1e6:,.3f} MW" if abs(watts) >= 1e6 else f"{watts / 1e3:,.1f} kW"
-
-
 def _failsafe(top: Topology) -> pd.DataFrame:
     servers = pd.DataFrame(
         {
@@ -179,13 +180,14 @@ def _summary(
     foreign: dict[str, str],
 ) -> list[str]:
     """The summary's sentences; no cap for a GPU in ``foreign`` (not this site's)."""
-    qname = f"p{q * 100:g}"
+    qname = _qname(q)
     site = nodes.iloc[0]
+    kw = fmt_kw_or_mw
     items = [
-        f"Site {site['name']}: limit {_kw(site['limit_w'])}, budget {_kw(site['budget_w'])};"
-        f" demand median {_kw(site['demand_p50_w'])}, {qname} {_kw(site['demand_q_w'])}"
+        f"Site {site['name']}: limit {kw(site['limit_w'])}, budget {kw(site['budget_w'])};"
+        f" demand median {kw(site['demand_p50_w'])}, {qname} {kw(site['demand_q_w'])}"
         f" ({site['demand_q_pct_of_budget']:.0f} % of the budget). `powerplan size` would set"
-        f" {_kw(site['sized_budget_w'])}."
+        f" {kw(site['sized_budget_w'])}."
     ]
     for level in ("row", "rack"):
         lv = nodes[nodes["level"] == level]
@@ -261,12 +263,9 @@ def build(
 ) -> Report:
     """Every number and plot of the report; ``sources`` names the inputs (shown as given);
     ``on_step`` follows the replay (a progress bar)."""
-    from planner import plots
     from planner.caps import recommend
-    from planner.profiles import summarise
 
     q = settings.quantile
-    qname = f"p{q * 100:g}"
     doc = Document("Power plan report")
     figures: dict[str, Callable[[Path], None]] = {}
     nodes = budget_vs_demand(top, placement, traces, settings)
@@ -295,7 +294,7 @@ def build(
 
     doc.paragraph(
         " ".join(f"{key}: {value}." for key, value in sources.items())
-        + f" Demand quantile {qname}, {int(nodes['samples'].iat[0]):,} Monte Carlo samples"
+        + f" Demand quantile {_qname(q)}, {int(nodes['samples'].iat[0]):,} Monte Carlo samples"
         f" per node, seed {settings.seed}. Method: docs/PLANNER.md."
     )
     doc.heading("Summary")
@@ -303,6 +302,29 @@ def build(
     doc.bullets(
         checks + _summary(nodes, q, whatif, caps.mix if caps is not None else None, foreign)
     )
+    _workloads_section(doc, figures, profiles, traces)
+    _budgets_section(doc, figures, top, nodes, q)
+    if whatif is not None:
+        _capping_section(doc, figures, whatif)
+    if caps is not None:
+        _caps_section(doc, figures, caps, settings, site_models, foreign, sweep_warnings)
+    _method_section(doc, nodes)
+    return Report(doc, figures, nodes, whatif, sweep_warnings)
+
+
+def _qname(q: float) -> str:
+    """The demand quantile's name: p99.9."""
+    return f"p{q * 100:g}"
+
+
+def _workloads_section(
+    doc: Document,
+    figures: dict[str, Callable[[Path], None]],
+    profiles: pd.DataFrame,
+    traces: dict[str, WorkloadTrace],
+) -> None:
+    from planner import plots
+    from planner.profiles import summarise
 
     doc.heading("Workloads")
     doc.paragraph(
@@ -323,10 +345,20 @@ def build(
     figures[PLOTS["power"]] = lambda path: plots.plot_power_distributions(profiles, traces, path)
     doc.image(PLOTS["power"], "per-GPU power distributions and job traces")
 
+
+def _budgets_section(
+    doc: Document,
+    figures: dict[str, Callable[[Path], None]],
+    top: Topology,
+    nodes: pd.DataFrame,
+    q: float,
+) -> None:
+    from planner import plots
+
     doc.heading("Budgets against demand")
     doc.paragraph(
         f"The budgets file's limit and budget per site, row and rack against the demand of"
-        f" its placed jobs (median and {qname}, GPU and non-GPU power). A"
+        f" its placed jobs (median and {_qname(q)}, GPU and non-GPU power). A"
         f" demand_q_pct_of_budget above the node's capping threshold ({_thresholds(top)} of"
         f" its budget) means the controller caps that node more often than {_pct(1 - q)} of"
         f" the time; headroom_to_limit_w below 0 means even the sized quantile is above the"
@@ -358,50 +390,68 @@ def build(
     doc.paragraph("Failsafe caps in the file (what agents apply alone):")
     doc.table(_failsafe(top))
 
-    if whatif is not None:
-        doc.heading("How often capping bites")
-        doc.paragraph(
-            f"The placed jobs' profiles replayed for {whatif.info['duration_s']:g} s"
-            f" (step {whatif.info['step_s']:g} s) through policies.decide, the controller's"
-            " own function, at the file's budgets; a synchronous job runs at its slowest"
-            " GPU's pace. Capping and what it costs are percentages: capping_pct_of_steps"
-            " of the replay's steps in which a node capped (mean and worst node of each"
-            " level), held_pct_of_steps of the steps in which any GPU of a job drew below"
-            " its demand, gpus_held_pct_of_gpu_steps of its GPUs held in a mean step,"
-            " throughput_lost_pct and lost_<cause>_pct of the job's throughput."
-        )
-        doc.table(_percent_columns(whatif.levels), "per level (node = server)")
-        jobs, left = _tightest(whatif.jobs, "throughput_lost")
-        doc.table(
-            _percent_columns(jobs),
-            "jobs" + (f": the {len(jobs)} that lost most, {left} more" if left else ""),
-        )
-        figures[PLOTS["capping"]] = lambda path: plots.plot_capping(whatif.levels, path)
-        doc.image(PLOTS["capping"], "% of steps capping and deepest cut per level")
-        _grid_section(doc, whatif.info["grid"])  # type: ignore[arg-type]
 
-    if caps is not None:
-        doc.heading("Cap curves")
-        doc.paragraph(
-            f"Throughput per provisioned watt against the GPU power cap, each GPU provisioned"
-            f" at its cap plus {settings.overhead_w:g} W that does not scale with it; the"
-            " recommended cap is the measured cap with the most throughput per MW (ties to"
-            f" the higher cap), for the GPU models this site has ({', '.join(site_models)};"
-            " column site_has_gpu). A sweep of another GPU is shown for reference, not as this"
-            " site's cap: where throughput per watt peaks depends on the chip (its clocks,"
-            " memory and voltage curve), and scaling one GPU's curve by the other's cap"
-            " range would be a guess."
-        )
-        if caps.warnings or sweep_warnings:
-            doc.bullets([*sweep_warnings, *caps.warnings])
-        mix = caps.mix.assign(site_has_gpu=[g not in foreign for g in caps.mix["gpu"]])
-        doc.table(mix, "per GPU, its sweep's workloads weighted equally")
-        per, left = _tightest(caps.per_workload, "gain_pct")
-        cols = ["gpu", "workload", "cap_w", "max_cap_w", "speed_vs_max", "gain_pct"]
-        doc.table(per[cols], "per workload" + (f": the {len(per)} largest gains" if left else ""))
-        figures[PLOTS["caps"]] = lambda path: plots.plot_caps(caps, path)
-        doc.image(PLOTS["caps"], "throughput per provisioned W against the cap")
+def _capping_section(
+    doc: Document, figures: dict[str, Callable[[Path], None]], whatif: WhatifResult
+) -> None:
+    from planner import plots
 
+    doc.heading("How often capping bites")
+    doc.paragraph(
+        f"The placed jobs' profiles replayed for {whatif.info['duration_s']:g} s"
+        f" (step {whatif.info['step_s']:g} s) through policies.decide, the controller's"
+        " own function, at the file's budgets; a synchronous job runs at its slowest"
+        " GPU's pace. Capping and what it costs are percentages: capping_pct_of_steps"
+        " of the replay's steps in which a node capped (mean and worst node of each"
+        " level), held_pct_of_steps of the steps in which any GPU of a job drew below"
+        " its demand, gpus_held_pct_of_gpu_steps of its GPUs held in a mean step,"
+        " throughput_lost_pct and lost_<cause>_pct of the job's throughput."
+    )
+    doc.table(_percent_columns(whatif.levels), "per level (node = server)")
+    jobs, left = _tightest(whatif.jobs, "throughput_lost")
+    doc.table(
+        _percent_columns(jobs),
+        "jobs" + (f": the {len(jobs)} that lost most, {left} more" if left else ""),
+    )
+    figures[PLOTS["capping"]] = lambda path: plots.plot_capping(whatif.levels, path)
+    doc.image(PLOTS["capping"], "% of steps capping and deepest cut per level")
+    _grid_section(doc, whatif.info["grid"])  # type: ignore[arg-type]
+
+
+def _caps_section(
+    doc: Document,
+    figures: dict[str, Callable[[Path], None]],
+    caps: CapsResult,
+    settings: ReportSettings,
+    site_models: list[str],
+    foreign: dict[str, str],
+    sweep_warnings: list[str],
+) -> None:
+    from planner import plots
+
+    doc.heading("Cap curves")
+    doc.paragraph(
+        f"Throughput per provisioned watt against the GPU power cap, each GPU provisioned"
+        f" at its cap plus {settings.overhead_w:g} W that does not scale with it; the"
+        " recommended cap is the measured cap with the most throughput per MW (ties to"
+        f" the higher cap), for the GPU models this site has ({', '.join(site_models)};"
+        " column site_has_gpu). A sweep of another GPU is shown for reference, not as this"
+        " site's cap: where throughput per watt peaks depends on the chip (its clocks,"
+        " memory and voltage curve), and scaling one GPU's curve by the other's cap"
+        " range would be a guess."
+    )
+    if caps.warnings or sweep_warnings:
+        doc.bullets([*sweep_warnings, *caps.warnings])
+    mix = caps.mix.assign(site_has_gpu=[g not in foreign for g in caps.mix["gpu"]])
+    doc.table(mix, "per GPU, its sweep's workloads weighted equally")
+    per, left = _tightest(caps.per_workload, "gain_pct")
+    cols = ["gpu", "workload", "cap_w", "max_cap_w", "speed_vs_max", "gain_pct"]
+    doc.table(per[cols], "per workload" + (f": the {len(per)} largest gains" if left else ""))
+    figures[PLOTS["caps"]] = lambda path: plots.plot_caps(caps, path)
+    doc.image(PLOTS["caps"], "throughput per provisioned W against the cap")
+
+
+def _method_section(doc: Document, nodes: pd.DataFrame) -> None:
     doc.heading("Method and limits")
     doc.bullets(
         [
@@ -415,7 +465,6 @@ def build(
             " profile never saw (a start, a checkpoint) are not in the demand.",
         ]
     )
-    return Report(doc, figures, nodes, whatif, sweep_warnings)
 
 
 def _thresholds(top: Topology) -> str:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -199,9 +200,11 @@ def traces_from_profiles(profiles: pd.DataFrame, step_s: float = 1.0) -> dict[st
     return out
 
 
-def job_power_traces(top: Topology, placement: Placement, traces: dict[str, WorkloadTrace]) -> list:
+def job_power_traces(
+    top: Topology, placement: Placement, traces: dict[str, WorkloadTrace]
+) -> list[np.ndarray]:
     """Each job's per-GPU trace, clipped to the cap range of the GPUs it runs on."""
-    out = []
+    out: list[np.ndarray] = []
     for j, job in enumerate(placement.jobs):
         first, end = placement.job_servers[j]
         models = {top.server_model[k] for k in range(int(first), int(end))}
@@ -272,7 +275,7 @@ def _compositions(top: Topology, placement: Placement, lvl: int) -> np.ndarray:
 
 
 def _sample_matrix(
-    job_traces: list, samples: int, rng: np.random.Generator
+    job_traces: list[np.ndarray], samples: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, int, int]:
     """(n_jobs, draws * horizon) per-GPU power of each job, each draw from its own offset."""
     n_jobs = len(job_traces)
@@ -288,6 +291,33 @@ def _sample_matrix(
     return s, draws, horizon
 
 
+@dataclass(frozen=True)
+class _Compositions:
+    """The jobs' GPUs under every node of one level, grouped by mix: nodes with the same
+    GPUs of the same jobs share one aggregate of the Monte Carlo draws."""
+
+    unique: np.ndarray  # (mixes, n_jobs) each mix's GPUs per job
+    inverse: np.ndarray  # (nodes at the level,) each node's mix
+
+
+def _level_compositions(top: Topology, placement: Placement, lvl: int) -> _Compositions:
+    comp = _compositions(top, placement, lvl)
+    unique, inverse = np.unique(comp, axis=0, return_inverse=True)
+    return _Compositions(unique, inverse.ravel())
+
+
+@dataclass
+class _NodeSizes:
+    """What ``size`` works out per tree node (n_nodes,), filled level by level, bottom-up."""
+
+    own_w: np.ndarray  # each node's own non-GPU power
+    budget_w: np.ndarray
+    cols: dict[str, np.ndarray]  # demand_q_w, demand_p50_w, n_eff, p_capping, p_over_limit
+    tail_model: np.ndarray  # "empirical" or "gpd"
+    n_jobs_under: np.ndarray
+    row_samples: dict[int, tuple[np.ndarray, float]]
+
+
 def size(
     top: Topology,
     placement: Placement,
@@ -298,49 +328,105 @@ def size(
     """Budgets for racks, rows and the site, and failsafe caps per model (module docstring)."""
     terms = terms or NonGpuTerms()
     settings = settings or SizingSettings()
-    p = settings.quantile
     rng = np.random.default_rng(settings.seed)
     job_traces = job_power_traces(top, placement, traces)
     lengths = np.array([len(t) for t in job_traces], dtype=float)
     sample, draws, horizon = _sample_matrix(job_traces, settings.samples, rng)
-    n_samples = sample.shape[1]
+    idle_w, max_gpu_w = _idle_and_max_w(top, placement)
+    limit_w = np.asarray(top.limit_w, dtype=float).copy()
+    groups = {lvl: _level_compositions(top, placement, lvl) for lvl in (RACK, ROW, SITE)}
+    sizes = _size_levels(top, terms, settings, groups, sample, lengths, idle_w, max_gpu_w, limit_w)
+    failsafe, failsafe_power_w = failsafe_caps(top, limit_w, sizes.own_w)
+    overhead_below_w = top.subtree_sum(np.zeros(len(top.server_gpu_count)), sizes.own_w)
+    max_caps_w = max_gpu_w + overhead_below_w
+    oversubscription_w, rise_margin_w = _oversubscribed(
+        top,
+        groups,
+        sample,
+        horizon,
+        limit_w,
+        max_caps_w,
+        overhead_below_w,
+        step_s(traces),
+        settings,
+    )
+    table = _sizing_table(top, settings, sizes, limit_w, sample.shape[1], failsafe_power_w)
+    # safety by caps (policies.allocation): a level is guaranteed by the caps in force (its
+    # caps plus overheads within its limit), or oversubscribed: its caps may sum beyond its
+    # limit by oversubscription_w, a band rise_margin_w under the limit guarding it (the
+    # rise_quantile of its rise within reaction_s). With every GPU at its maximum cap the
+    # node would draw max_caps_w: above its limit by caps_over_limit_w, the share of its
+    # caps a controller may move.
+    view = slice(0, len(table))  # site, rows, racks
+    table["guarantee"] = np.where(oversubscription_w[view] > 0, "band", "caps")
+    table["oversubscription_w"] = oversubscription_w[view]
+    table["rise_margin_w"] = rise_margin_w[view]
+    table["max_caps_w"] = max_caps_w[view]
+    table["caps_over_limit_w"] = np.maximum(table["max_caps_w"] - table["limit_w"], 0.0)
+    return Sizing(
+        limit_w,
+        sizes.budget_w,
+        sizes.own_w,
+        failsafe,
+        table,
+        info=_sizing_info(settings, sample.shape[1], draws, horizon, step_s(traces)),
+        demand_p50_w=sizes.cols["demand_p50_w"],
+        row_samples=sizes.row_samples,
+        oversubscription_w=oversubscription_w,
+        rise_margin_w=rise_margin_w,
+    )
 
-    n_nodes = top.n_nodes
-    srv = slice(top.level_start[SERVER], top.level_start[SERVER + 1])
+
+def _idle_and_max_w(top: Topology, placement: Placement) -> tuple[np.ndarray, np.ndarray]:
+    """(n_nodes,) the power of the idle GPUs (on servers no job uses) under each node, and
+    of every GPU under it at its maximum cap."""
     models = [GPU_MODELS[m] for m in top.server_model]
     count = top.server_gpu_count.astype(float)
     idle_server = np.where(
         placement.server_job < 0, count * np.array([m.idle_power_w for m in models]), 0.0
     )
-    idle_w = top.subtree_sum(idle_server)
     max_gpu_w = top.subtree_sum(count * np.array([m.cap_max_w for m in models]))
+    return top.subtree_sum(idle_server), max_gpu_w
 
+
+def _size_levels(
+    top: Topology,
+    terms: NonGpuTerms,
+    settings: SizingSettings,
+    groups: dict[int, _Compositions],
+    sample: np.ndarray,
+    lengths: np.ndarray,
+    idle_w: np.ndarray,
+    max_gpu_w: np.ndarray,
+    limit_w: np.ndarray,
+) -> _NodeSizes:
+    """Racks, then rows, then the site: each node's demand quantile (its mix's aggregate,
+    idle GPUs and the non-GPU power below and its own), budget and risks."""
+    p, n_nodes, n_samples = settings.quantile, top.n_nodes, sample.shape[1]
     own_w = np.asarray(top.overhead_w, dtype=float).copy()
     if terms.node_w is not None:
-        own_w[srv] = terms.node_w
-    limit_w = np.asarray(top.limit_w, dtype=float).copy()
-    budget_w = np.asarray(top.budget_w, dtype=float).copy()
+        own_w[top.level_start[SERVER] : top.level_start[SERVER + 1]] = terms.node_w
+    sizes = _NodeSizes(
+        own_w=own_w,
+        budget_w=np.asarray(top.budget_w, dtype=float).copy(),
+        cols={
+            k: np.full(n_nodes, np.nan)
+            for k in ("demand_q_w", "demand_p50_w", "n_eff", "p_capping", "p_over_limit")
+        },
+        tail_model=np.full(n_nodes, "", dtype=object),
+        n_jobs_under=np.zeros(n_nodes, dtype=np.int64),
+        row_samples={},
+    )
+    budget_w, cols = sizes.budget_w, sizes.cols
     thresholds = np.asarray(top.cap_threshold, dtype=float)
-
-    cols: dict[str, np.ndarray] = {
-        k: np.full(n_nodes, np.nan)
-        for k in ("demand_q_w", "demand_p50_w", "n_eff", "p_capping", "p_over_limit")
-    }
-    tail_model = np.full(n_nodes, "", dtype=object)
-    n_jobs_under = np.zeros(n_nodes, dtype=np.int64)
-    row_samples: dict[int, tuple[np.ndarray, float]] = {}
-
     floor_w = {lvl: PLAUSIBLE_W[lvl][0] for lvl in PLAUSIBLE_W}  # the loader's least budget
     for lvl in (RACK, ROW, SITE):
-        first, end = top.level_start[lvl], top.level_start[lvl + 1]
-        nodes = np.arange(first, end)
-        comp = _compositions(top, placement, lvl)
-        n_jobs_under[nodes] = np.count_nonzero(comp, axis=1)
-        unique, inverse = np.unique(comp, axis=0, return_inverse=True)
-        inverse = inverse.ravel()
+        nodes = np.arange(top.level_start[lvl], top.level_start[lvl + 1])
+        unique, inverse = groups[lvl].unique, groups[lvl].inverse
+        sizes.n_jobs_under[nodes] = np.count_nonzero(unique[inverse], axis=1)
         order = np.argsort(inverse, kind="stable")
         starts = np.searchsorted(inverse[order], np.arange(len(unique) + 1))
-        overhead_sum = top.subtree_sum(np.zeros(len(count)), own_w)
+        overhead_sum = top.subtree_sum(np.zeros(len(top.server_gpu_count)), own_w)
         below_w = overhead_sum[nodes] - own_w[nodes]  # non-GPU power of the levels below
         for u, row in _sorted_aggregates(unique, sample):
             in_use = unique[u] > 0
@@ -363,33 +449,32 @@ def size(
                 cols["n_eff"][node] = n_eff
                 cols["p_capping"][node] = _exceed(row, thresholds[node] * budget_w[node] - shift)
                 cols["p_over_limit"][node] = _exceed(row, limit_w[node] - shift)
-                tail_model[node] = model
+                sizes.tail_model[node] = model
                 if lvl == ROW:
-                    row_samples[node] = (row, float(shift))
+                    sizes.row_samples[node] = (row, float(shift))
+    return sizes
 
-    failsafe, failsafe_power_w = failsafe_caps(top, limit_w, own_w)
-    overhead_below_w = top.subtree_sum(np.zeros(len(count)), own_w)
-    max_caps_w = max_gpu_w + overhead_below_w
-    oversubscription_w, rise_margin_w = _oversubscribed(
-        top,
-        placement,
-        sample,
-        horizon,
-        limit_w,
-        max_caps_w,
-        overhead_below_w,
-        step_s(traces),
-        settings,
-    )
+
+def _sizing_table(
+    top: Topology,
+    settings: SizingSettings,
+    sizes: _NodeSizes,
+    limit_w: np.ndarray,
+    n_samples: int,
+    failsafe_power_w: np.ndarray,
+) -> pd.DataFrame:
+    """The table people read, site, rows and racks: demand, budget, tail model, risk. The
+    caller adds the columns of safety by caps (``guarantee`` ... ``caps_over_limit_w``)."""
     view = np.arange(0, top.level_start[SERVER])
     level = np.asarray(top.level)[view]
-    gpus_under = top.subtree_sum(count)[view]
-    table = pd.DataFrame(
+    gpus_under = top.subtree_sum(top.server_gpu_count.astype(float))[view]
+    cols, budget_w = sizes.cols, sizes.budget_w
+    return pd.DataFrame(
         {
             "name": [top.names[i] for i in view],
             "level": [LEVEL_NAMES[int(lv)] for lv in level],
             "gpus": gpus_under.astype(np.int64),
-            "jobs": n_jobs_under[view],
+            "jobs": sizes.n_jobs_under[view],
             "limit_w": limit_w[view],
             "demand_q_w": cols["demand_q_w"][view],
             "budget_w": budget_w[view],
@@ -398,8 +483,8 @@ def size(
                 "limit",
                 "quantile",
             ),
-            "overhead_w": own_w[view],
-            "tail_model": tail_model[view],
+            "overhead_w": sizes.own_w[view],
+            "tail_model": sizes.tail_model[view],
             "samples": n_samples,
             "n_eff": np.round(cols["n_eff"][view]).astype(np.int64),
             "p_capping": cols["p_capping"][view],
@@ -408,25 +493,20 @@ def size(
             "over_limit_s_per_day": cols["p_over_limit"][view] * SECONDS_PER_DAY,
             "resolution_s_per_day": SECONDS_PER_DAY / cols["n_eff"][view],
             "failsafe_power_w": failsafe_power_w[view],
-            # safety by caps (policies.allocation): a level is guaranteed by the caps in
-            # force (its caps plus overheads within its limit), or oversubscribed: its caps
-            # may sum beyond its limit by oversubscription_w, a band rise_margin_w under the
-            # limit guarding it (the rise_quantile of its rise within reaction_s). With every
-            # GPU at its maximum cap the node would draw max_caps_w: above its limit by
-            # caps_over_limit_w, the share of its caps a controller may move.
-            "guarantee": np.where(oversubscription_w[view] > 0, "band", "caps"),
-            "oversubscription_w": oversubscription_w[view],
-            "rise_margin_w": rise_margin_w[view],
-            "max_caps_w": max_caps_w[view],
         }
     )
-    table["caps_over_limit_w"] = np.maximum(table["max_caps_w"] - table["limit_w"], 0.0)
-    info = {
-        "quantile": p,
+
+
+def _sizing_info(
+    settings: SizingSettings, n_samples: int, draws: int, horizon: int, profile_step_s: float
+) -> dict[str, object]:
+    """How the sizing was made: its quantile, samples, seed and tail rule."""
+    return {
+        "quantile": settings.quantile,
         "samples_per_node": n_samples,
         "draws": draws,
         "horizon_steps": horizon,
-        "step_s": step_s(traces),
+        "step_s": profile_step_s,
         "reaction_s": settings.reaction_s,
         "oversubscribed_levels": [LEVEL_NAMES[lvl] for lvl in sorted(settings.oversubscribe)],
         "seed": settings.seed,
@@ -436,18 +516,6 @@ def size(
             f" the top {GPD_TOP_FRACTION:.0%} (PWM), capped at all GPUs at cap_max"
         ),
     }
-    return Sizing(
-        limit_w,
-        budget_w,
-        own_w,
-        failsafe,
-        table,
-        info=info,
-        demand_p50_w=cols["demand_p50_w"],
-        row_samples=row_samples,
-        oversubscription_w=oversubscription_w,
-        rise_margin_w=rise_margin_w,
-    )
 
 
 def step_s(traces: dict[str, WorkloadTrace]) -> float:
@@ -457,7 +525,7 @@ def step_s(traces: dict[str, WorkloadTrace]) -> float:
 
 def _oversubscribed(
     top: Topology,
-    placement: Placement,
+    groups: dict[int, _Compositions],
     sample: np.ndarray,
     horizon: int,
     limit_w: np.ndarray,
@@ -480,8 +548,7 @@ def _oversubscribed(
     draws = sample.shape[1] // horizon
     for lvl in sorted(settings.oversubscribe):
         nodes = np.arange(top.level_start[lvl], top.level_start[lvl + 1])
-        comp = _compositions(top, placement, lvl)
-        unique, inverse = np.unique(comp, axis=0, return_inverse=True)
+        unique, inverse = groups[lvl].unique, groups[lvl].inverse
         for u in range(len(unique)):
             agg = (unique[u] @ sample).reshape(draws, horizon)
             if steps < 1:
@@ -493,7 +560,7 @@ def _oversubscribed(
                         rise, agg[:, j : horizon - steps + j] - agg[:, : horizon - steps], out=rise
                     )
                 q = float(np.quantile(rise, settings.quantile))
-            for node in nodes[inverse.ravel() == u].tolist():
+            for node in nodes[inverse == u].tolist():
                 allowance = max(max_caps_w[node] - limit_w[node], 0.0)
                 # a margin that leaves no band above the node's own non-GPU power: the
                 # level cannot be guarded by measured power; its caps guarantee it
@@ -628,7 +695,7 @@ def fit_rows_to_leaf_pool(top: Topology, sizing: Sizing) -> tuple[Sizing, float]
     return dataclasses.replace(sizing, budget_w=budget_w, table=table, info=info), factor
 
 
-def _sorted_aggregates(unique: np.ndarray, sample: np.ndarray):
+def _sorted_aggregates(unique: np.ndarray, sample: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
     """(index, sorted GPU power samples) per unique composition, a bounded chunk at a time."""
     chunk = max(1, CHUNK_BYTES // (8 * sample.shape[1]))
     for c0 in range(0, len(unique), chunk):

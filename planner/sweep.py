@@ -176,7 +176,6 @@ def load_sweep(
     wanted = [*workload_cols, cap_col, speed_col] + ([power_col] if power_col else [])
 
     text = read_input_text(source, kind="text (CSV)")
-
     reader = csv.reader(io.StringIO(text, newline=""))
     header: list[str] | None = None
     index: dict[str, int] = {}
@@ -189,34 +188,16 @@ def load_sweep(
             continue
         if header is None:
             header = [f.strip() for f in fields]
-            missing = [c for c in wanted if c not in header]
-            if missing:
-                raise ProfileError(
-                    source,
-                    f"missing column(s) {', '.join(missing)}; the header has"
-                    f" {', '.join(header)} (map names with --workload-cols, --cap-col,"
-                    " --time-col/--throughput-col, --power-col)",
-                    line,
-                )
-            index = {c: header.index(c) for c in wanted}
+            index = _header_index(source, line, header, wanted)
             continue
         if len(fields) != len(header):
             raise ProfileError(
                 source, f"{len(fields)} fields where the header has {len(header)}", line
             )
-        parts = [fields[index[c]].strip() for c in workload_cols]
-        if any(not p for p in parts):
-            empty = workload_cols[[not p for p in parts].index(True)]
-            raise ProfileError(source, f"{empty} is empty: every row needs its workload", line)
-        workload = "/".join(parts)
-        cap_w = _watts(source, line, cap_col, fields[index[cap_col]].strip(), "power cap")
-        speed = _positive(source, line, speed_col, fields[index[speed_col]].strip())
-        throughput = 1.0 / speed if time_col is not None else speed
-        power_w = (
-            _watts(source, line, power_col, fields[index[power_col]].strip(), "average power")
-            if power_col
-            else math.nan
-        )
+        row = _sweep_row(source, line, fields, index, workload_cols, cap_col, speed_col, power_col)
+        if time_col is not None:  # time per unit of work: throughput is its inverse
+            row = (row[0], row[1], 1.0 / row[2], row[3])
+        workload, cap_w = row[0], row[1]
         key = (workload, cap_w)
         if key in first_line:
             raise ProfileError(
@@ -227,8 +208,7 @@ def load_sweep(
             )
         first_line[key] = line
         caps_by_workload.setdefault(workload, []).append(line)
-        rows.append((workload, cap_w, throughput, power_w))
-
+        rows.append(row)
     if header is None:
         raise ProfileError(source, "empty file: need a header and rows", 1)
     if not rows:
@@ -240,7 +220,51 @@ def load_sweep(
                 f"workload {workload!r} is measured at a single cap: a sweep needs two or more",
                 lines[0],
             )
+    return _sweep_frame(gpu, rows)
 
+
+def _header_index(source: Path, line: int, header: list[str], wanted: list[str]) -> dict[str, int]:
+    """Where each ``wanted`` column is in ``header``; a missing one is a ProfileError."""
+    missing = [c for c in wanted if c not in header]
+    if missing:
+        raise ProfileError(
+            source,
+            f"missing column(s) {', '.join(missing)}; the header has"
+            f" {', '.join(header)} (map names with --workload-cols, --cap-col,"
+            " --time-col/--throughput-col, --power-col)",
+            line,
+        )
+    return {c: header.index(c) for c in wanted}
+
+
+def _sweep_row(
+    source: Path,
+    line: int,
+    fields: list[str],
+    index: dict[str, int],
+    workload_cols: Sequence[str],
+    cap_col: str,
+    speed_col: str,
+    power_col: str | None,
+) -> tuple[str, float, float, float]:
+    """One data row: its workload (its columns joined by "/"), cap (W), speed (a time or a
+    throughput, as the column gives it) and average power (W; NaN without a column)."""
+    parts = [fields[index[c]].strip() for c in workload_cols]
+    if any(not p for p in parts):
+        empty = workload_cols[[not p for p in parts].index(True)]
+        raise ProfileError(source, f"{empty} is empty: every row needs its workload", line)
+    cap_w = _watts(source, line, cap_col, fields[index[cap_col]].strip(), "power cap")
+    speed = _positive(source, line, speed_col, fields[index[speed_col]].strip())
+    power_w = (
+        _watts(source, line, power_col, fields[index[power_col]].strip(), "average power")
+        if power_col
+        else math.nan
+    )
+    return "/".join(parts), cap_w, speed, power_w
+
+
+def _sweep_frame(gpu: str, rows: list[tuple[str, float, float, float]]) -> pd.DataFrame:
+    """The sweep form (module docstring), sorted by workload and cap."""
     df = pd.DataFrame(rows, columns=["workload", "cap_w", "throughput", "avg_power_w"])
     df.insert(0, "gpu", gpu)
     df = df.astype(

@@ -39,12 +39,7 @@ what a communication phase draws (its SM clock locked). Per job, the replay
 also keeps the share of steps in communication and the mean per-GPU power
 drawn in them (``WhatifResult.communication``).
 
-Rack energy storage (``storage_report``): after the replay, storage of a given
-size per rack is dispatched over the replayed site series
-(``policies.storage``: one site-level pool, within ``margin`` × the spec's
-ramp limits), and the grid draw it leaves is measured as the site is; the
-replay itself is the same (no smoothing: a floor and storage together are not
-modelled).
+Rack energy storage on the replayed site series: ``planner.whatif_storage``.
 """
 
 from __future__ import annotations
@@ -64,10 +59,10 @@ from policies import (
     PHASE_CODES,
     SERVER,
     ClusterState,
+    Decision,
     PolicySettings,
     Tree,
 )
-from policies.capping import WAITING_PHASES
 from policies.causes import (
     LOST_CAUSES,
     NOT_HELD,
@@ -78,7 +73,8 @@ from policies.causes import (
     lost_column,
     lost_index,
 )
-from policies.grid import J_PER_KWH, ResumeLevels
+from policies.grid import ResumeLevels
+from policies.rules import WAITING_PHASES
 from policies.smoothing import (
     DEFAULT_MARGIN,
     NO_SMOOTHING,
@@ -89,12 +85,11 @@ from policies.smoothing import (
     wanted_w,
     with_cut_fall,
 )
-from policies.storage import DEFAULT_HORIZON_S, DEFAULT_ROUND_TRIP, Storage, dispatch
-from policies.tree import LEVEL_NAMES, RACK, in_codes, phase_codes
+from policies.tree import LEVEL_NAMES, in_codes, phase_codes
 from policies.turns import MAX_RAISES_PER_S, Turns, decide_in_turn
 from powerd.controller.smoothing import file_tree_in_force
 from powerd.topology import Topology
-from powerd.topology.grid import GridSpec, grid_report
+from powerd.topology.grid import grid_report
 from powerd.vocabulary import PROGRESS_PHASES
 
 DEFAULT_SPEED_EXPONENT = 0.28  # ln(0.95) / ln(1000 / 1200): docs/DOMAIN.md, Meta's GB200
@@ -105,7 +100,8 @@ def power_law_speed(exponent: float = DEFAULT_SPEED_EXPONENT) -> SpeedModel:
         raise ValueError(f"speed exponent must be in 0..2, not {exponent}")
 
     def speed(workload: str, ratio: np.ndarray) -> np.ndarray:
-        return np.power(np.clip(ratio, 0.0, 1.0), exponent)
+        out: np.ndarray = np.power(np.clip(ratio, 0.0, 1.0), exponent)
+        return out
 
     speed.description = f"speed = (power/demand)^{exponent:g}"  # type: ignore[attr-defined]
     return speed
@@ -132,7 +128,8 @@ def sweep_speed(sweep: pd.DataFrame) -> SpeedModel:
     median = np.median(np.stack(list(curves.values())), axis=0)
 
     def speed(workload: str, ratio: np.ndarray) -> np.ndarray:
-        return np.interp(np.clip(ratio, 0.0, 1.0), grid, curves.get(workload, median))
+        out: np.ndarray = np.interp(np.clip(ratio, 0.0, 1.0), grid, curves.get(workload, median))
+        return out
 
     speed.description = (  # type: ignore[attr-defined]
         f"speed read off a cap sweep of {len(curves)} workloads (median curve for the others)"
@@ -218,149 +215,263 @@ def replay(
     policy = settings.policy
     # the controller's tree: its site ramp the grid's where the caps bound the draw's rise
     tree = file_tree_in_force(top, settings.smoothing, policy.safety_by_caps)
-    n_nodes = tree.n_nodes
-    jobs = placement.jobs
-    n_jobs = len(jobs)
-
     source = DemandSource(
         top, placement, traces, rng, settings.synchronised, settings.comm_power_rel
     )
     ramps = site_ramps(top, settings) if settings.smoothing else NO_SMOOTHING
     if settings.smoothing:  # the controller's policy under grid smoothing
         policy = with_cut_fall(grid_policy(policy), ramps.down_w_per_s)
-    turns, all_live = Turns.of(tree), np.ones(tree.n_servers, dtype=bool)
+    smoothing = _Smoothing(ramps, step_s) if settings.smoothing else None
+    tallies = _Tallies.zeros(tree.n_nodes, len(placement.jobs), n_steps, settings.smoothing)
     max_raises = max(1, round(settings.max_raises_per_s * step_s))
-    not_running = np.array([PHASE_CODES["idle"], PHASE_CODES["shutdown"]], dtype=np.int8)
-    drawn_w: np.ndarray | None = None  # the draw under smoothing, carried step to step
-    falling_s = np.zeros(0)  # how long each GPU has wanted to fall (the hysteresis)
-    n_phases = len(PHASE_CODES)
-    held_j_by_phase = np.zeros(n_phases)  # energy burnt holding floors and ramps, by phase
-
-    busy, job_of = source.busy, source.job_of
-    comm_code = np.int8(PHASE_CODES["communication"])
-    job_priority = np.array([j.priority for j in jobs], dtype=np.int8)
-    priority = np.where(busy, job_priority[job_of], NORMAL).astype(np.int8)
-    floor_w = tree.cap_min_w.copy()
-    controllable = np.ones(tree.n_gpus, dtype=bool)
-    overhead_w = tree.overhead_below_w
-    busy_idx, job_start = source.busy_idx, source.job_start  # a job's GPUs: contiguous
-
-    all_jobs = np.arange(n_jobs)
-    cap_w = tree.failsafe_cap_w.copy()  # agents start at their failsafe caps
-    acc = {
-        k: np.zeros(n_nodes)
-        for k in (
-            "capping",
-            "cut_sum",
-            "cut_max",
-            "withheld_sum",
-            "withheld_max",
-            "above_budget",
-            "above_limit",
-            "above_limit_uncapped",
-            "peak_w",
-            "peak_demand_w",
-        )
-    }
-    job_acc = {
-        k: np.zeros(n_jobs)
-        for k in (
-            "speed",
-            "held",
-            "gpus_held",
-            "ramp_held",
-            "demand_w",
-            "power_w",
-            "comm",
-            "comm_power_w",
-        )
-    }
-    job_lost = np.zeros((n_jobs, len(LOST_CAUSES)))  # by cause (policies.causes.lost_index)
-    causes = initial_causes(tree.n_gpus)  # why each GPU's cap is where it is
-    site_w = np.empty(n_steps)  # the site's measured power, for the grid
-    site_natural_w = site_w  # ... and what it would draw with no floor held (smoothing: below)
-    if settings.smoothing:
-        site_natural_w = np.empty(n_steps)
-    # ... and were every waiting GPU to resume at once (policies.grid.least_ready_floor)
-    site_resume_w = np.empty(n_steps)
-    resume_levels = ResumeLevels(tree.n_gpus)
-    progress_codes = phase_codes(PROGRESS_PHASES)
-    waiting_codes = phase_codes(WAITING_PHASES)
-
+    steps = _Steps(
+        tree, source, placement, policy, speed, smoothing, step_s, max_raises, settings.static_caps
+    )
     for t in range(n_steps):
+        steps.step(t, tallies)
+        if on_step is not None:
+            on_step(t + 1, n_steps)
+    jobs_j = float(tallies.job_acc["power_w"] @ placement.job_gpus) * step_s
+    info = _replay_info(top, tree, settings, speed, ramps, tallies, n_steps, step_s, jobs_j)
+    result = _result(
+        top, tree, placement, tallies.acc, tallies.job_acc, tallies.job_lost, n_steps, info
+    )
+    result.site_power_w = tallies.site_w
+    result.jobs_energy_j = jobs_j
+    return result
+
+
+_NODE_TALLIES = (
+    "capping",
+    "cut_sum",
+    "cut_max",
+    "withheld_sum",
+    "withheld_max",
+    "above_budget",
+    "above_limit",
+    "above_limit_uncapped",
+    "peak_w",
+    "peak_demand_w",
+)
+_JOB_TALLIES = (
+    "speed",
+    "held",
+    "gpus_held",
+    "ramp_held",
+    "demand_w",
+    "power_w",
+    "comm",
+    "comm_power_w",
+)
+
+
+@dataclass
+class _Tallies:
+    """What a replay adds up, step by step."""
+
+    acc: dict[str, np.ndarray]  # _NODE_TALLIES per tree node
+    job_acc: dict[str, np.ndarray]  # _JOB_TALLIES per job
+    job_lost: np.ndarray  # (n_jobs, causes): by cause (policies.causes.lost_index)
+    site_w: np.ndarray  # (n_steps,) the site's measured power, for the grid
+    site_natural_w: np.ndarray  # ... what it would draw with no floor held (site_w unsmoothed)
+    # ... and were every waiting GPU to resume at once (policies.grid.least_ready_floor)
+    site_resume_w: np.ndarray
+    held_j_by_phase: np.ndarray  # energy burnt holding floors and ramps, by phase
+
+    @classmethod
+    def zeros(cls, n_nodes: int, n_jobs: int, n_steps: int, smoothing: bool) -> _Tallies:
+        site_w = np.empty(n_steps)
+        return cls(
+            acc={k: np.zeros(n_nodes) for k in _NODE_TALLIES},
+            job_acc={k: np.zeros(n_jobs) for k in _JOB_TALLIES},
+            job_lost=np.zeros((n_jobs, len(LOST_CAUSES))),
+            site_w=site_w,
+            site_natural_w=np.empty(n_steps) if smoothing else site_w,
+            site_resume_w=np.empty(n_steps),
+            held_j_by_phase=np.zeros(len(PHASE_CODES)),
+        )
+
+
+@dataclass
+class _Smoothing:
+    """The GPUs' draw under grid smoothing, carried from step to step."""
+
+    ramps: GpuRamps
+    step_s: float
+    drawn_w: np.ndarray | None = None
+    falling_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # wanting to fall (s)
+
+    def draw(
+        self,
+        natural_w: np.ndarray,
+        cap_w: np.ndarray,
+        running: np.ndarray,
+        phase: np.ndarray,
+        held_j_by_phase: np.ndarray,
+    ) -> tuple[np.ndarray, float]:
+        """What the GPUs draw this step, and its sum less their natural draw; adds the
+        energy burnt above the natural draw to ``held_j_by_phase``, in place."""
+        want = wanted_w(natural_w, cap_w, running, self.ramps)
+        if self.drawn_w is None:
+            self.drawn_w, self.falling_s = want, np.zeros(len(want))
+        else:
+            self.drawn_w, self.falling_s = ramp_toward(
+                self.drawn_w, want, cap_w, self.ramps, self.step_s, self.falling_s
+            )
+        moved_w = self.drawn_w - natural_w  # above: burnt; below: held back by the ramp-up
+        above = np.maximum(moved_w, 0.0)
+        n_phases = len(held_j_by_phase)
+        held_j_by_phase += np.bincount(phase, weights=above, minlength=n_phases) * self.step_s
+        return self.drawn_w, float(moved_w.sum())
+
+
+class _Steps:
+    """One replay's steps: the jobs' demand, the GPUs' draw, the controller's decision,
+    and what is tallied; the caps and their causes carry from step to step."""
+
+    def __init__(
+        self,
+        tree: Tree,
+        source: DemandSource,
+        placement: Placement,
+        policy: PolicySettings,
+        speed: SpeedModel,
+        smoothing: _Smoothing | None,
+        step_s: float,
+        max_raises: int,
+        static_caps: bool,
+    ) -> None:
+        self.tree, self.source, self.placement = tree, source, placement
+        self.policy, self.speed, self.smoothing = policy, speed, smoothing
+        self.step_s, self.max_raises = step_s, max_raises
+        self.static_caps = static_caps  # every GPU keeps its failsafe cap: no controller
+        self.turns, self.all_live = Turns.of(tree), np.ones(tree.n_servers, dtype=bool)
+        job_priority = np.array([j.priority for j in placement.jobs], dtype=np.int8)
+        busy = source.busy
+        self.priority = np.where(busy, job_priority[source.job_of], NORMAL).astype(np.int8)
+        self.floor_w = tree.cap_min_w.copy()
+        self.controllable = np.ones(tree.n_gpus, dtype=bool)
+        self.cap_w = tree.failsafe_cap_w.copy()  # agents start at their failsafe caps
+        self.causes = initial_causes(tree.n_gpus)  # why each GPU's cap is where it is
+        self.resume_levels = ResumeLevels(tree.n_gpus)
+
+    def step(self, t: int, tallies: _Tallies) -> None:
+        tree, source, busy = self.tree, self.source, self.source.busy
         now_w, now_phase, demand_w, phase = source.at(t)
-        power_w = np.minimum(demand_w, cap_w)
-        natural_w = power_w
-        if settings.smoothing:
-            running = busy & ~np.isin(phase, not_running)
-            want = wanted_w(natural_w, cap_w, running, ramps)
-            if drawn_w is None:
-                drawn_w, falling_s = want, np.zeros(tree.n_gpus)
-            else:
-                drawn_w, falling_s = ramp_toward(drawn_w, want, cap_w, ramps, step_s, falling_s)
-            moved_w = drawn_w - natural_w  # above: burnt; below: held back by the ramp-up
-            above = np.maximum(moved_w, 0.0)
-            held_j_by_phase += np.bincount(phase, weights=above, minlength=n_phases) * step_s
-            moved_sum_w = float(moved_w.sum())
-            power_w = drawn_w
+        natural_w = np.minimum(demand_w, self.cap_w)
+        power_w, moved_sum_w = natural_w, 0.0
+        if self.smoothing is not None:
+            running = busy & ~in_codes(phase, _NOT_RUNNING_CODES)
+            power_w, moved_sum_w = self.smoothing.draw(
+                natural_w, self.cap_w, running, phase, tallies.held_j_by_phase
+            )
         state = ClusterState(
             power_w,
-            cap_w,
-            priority,
-            floor_w,
+            self.cap_w,
+            self.priority,
+            self.floor_w,
             phase,
-            controllable,
+            self.controllable,
             phase_s=source.phase_s(t),
             phase_expected_s=source.phase_expected_s(t),
         )
         decision, _ = decide_in_turn(
-            tree, state, all_live, step_s, policy, turns, max_raises, step_s
+            tree,
+            state,
+            self.all_live,
+            self.step_s,
+            self.policy,
+            self.turns,
+            self.max_raises,
+            self.step_s,
         )
         node_w = decision.node_power_w
-        site_w[t] = node_w[0]
-        if settings.smoothing:
-            site_natural_w[t] = node_w[0] - moved_sum_w
-        shortfall_w = resume_levels.step(
-            natural_w, busy & in_codes(phase, progress_codes), busy & in_codes(phase, waiting_codes)
+        tallies.site_w[t] = node_w[0]
+        if self.smoothing is not None:
+            tallies.site_natural_w[t] = node_w[0] - moved_sum_w
+        shortfall_w = self.resume_levels.step(
+            natural_w,
+            busy & in_codes(phase, _PROGRESS_CODES),
+            busy & in_codes(phase, _WAITING_CODES),
         )
-        site_resume_w[t] = site_natural_w[t] + shortfall_w
-        node_demand_w = tree.node_sum(demand_w) + overhead_w
-        withheld = np.maximum(node_demand_w - node_w, 0.0)  # float noise below 0
-        acc["capping"] += decision.node_capping
-        acc["cut_sum"] += decision.node_cut_w
-        np.maximum(acc["cut_max"], decision.node_cut_w, out=acc["cut_max"])
-        acc["withheld_sum"] += withheld
-        np.maximum(acc["withheld_max"], withheld, out=acc["withheld_max"])
-        acc["above_budget"] += node_w > tree.budget_w
-        acc["above_limit"] += node_w > tree.limit_w
-        acc["above_limit_uncapped"] += node_demand_w > tree.limit_w
-        np.maximum(acc["peak_w"], node_w, out=acc["peak_w"])
-        np.maximum(acc["peak_demand_w"], node_demand_w, out=acc["peak_demand_w"])
-        d = demand_w[busy_idx]
-        speed_gpu, job_speed = source.speeds(power_w, demand_w, speed)
+        tallies.site_resume_w[t] = tallies.site_natural_w[t] + shortfall_w
+        _tally_nodes(tallies.acc, tree, decision, tree.node_sum(demand_w) + tree.overhead_below_w)
+        self._tally_jobs(tallies, power_w, demand_w, natural_w, now_w, now_phase)
+        if not self.static_caps:
+            self.causes = cap_causes(self.causes, self.cap_w, decision, phase)
+            self.cap_w = decision.cap_w
+
+    def _tally_jobs(
+        self,
+        tallies: _Tallies,
+        power_w: np.ndarray,
+        demand_w: np.ndarray,
+        natural_w: np.ndarray,
+        now_w: np.ndarray,
+        now_phase: np.ndarray,
+    ) -> None:
+        """Per job: its speed, whether and why it was held, its demand and draw."""
+        busy_idx, job_start = self.source.busy_idx, self.source.job_start  # contiguous
+        job_gpus, job_acc = self.placement.job_gpus, tallies.job_acc
+        speed_gpu, job_speed = self.source.speeds(power_w, demand_w, self.speed)
         job_acc["speed"] += job_speed
-        gpu_cause = held_causes(power_w[busy_idx], d, natural_w[busy_idx], causes[busy_idx])
+        gpu_cause = held_causes(
+            power_w[busy_idx], demand_w[busy_idx], natural_w[busy_idx], self.causes[busy_idx]
+        )
         held = gpu_cause != NOT_HELD
         job_acc["held"] += np.maximum.reduceat(held, job_start)
-        job_acc["gpus_held"] += np.add.reduceat(held, job_start) / placement.job_gpus
+        job_acc["gpus_held"] += np.add.reduceat(held, job_start) / job_gpus
         job_cause = job_causes(speed_gpu, gpu_cause, job_start)
-        job_lost[all_jobs, lost_index(job_cause)] += 1.0 - job_speed
-        if settings.smoothing:  # held below its natural draw by the ramp-up rate
+        tallies.job_lost[np.arange(len(job_gpus)), lost_index(job_cause)] += 1.0 - job_speed
+        if self.smoothing is not None:  # held below its natural draw by the ramp-up rate
             short = power_w[busy_idx] < natural_w[busy_idx] - RAMP_HELD_TOLERANCE_W
             job_acc["ramp_held"] += np.maximum.reduceat(short, job_start)
         job_acc["demand_w"] += now_w
-        job_power_w = np.add.reduceat(power_w[busy_idx], job_start) / placement.job_gpus
+        job_power_w = np.add.reduceat(power_w[busy_idx], job_start) / job_gpus
         job_acc["power_w"] += job_power_w
-        in_comm = now_phase == comm_code
+        in_comm = now_phase == _COMM_CODE
         job_acc["comm"] += in_comm
         job_acc["comm_power_w"] += np.where(in_comm, job_power_w, 0.0)
-        if not settings.static_caps:
-            causes = cap_causes(causes, cap_w, decision, phase)
-            cap_w = decision.cap_w
-        if on_step is not None:
-            on_step(t + 1, n_steps)
 
-    info = {
+
+_NOT_RUNNING_CODES = phase_codes(("idle", "shutdown"))
+_PROGRESS_CODES = phase_codes(PROGRESS_PHASES)
+_WAITING_CODES = phase_codes(WAITING_PHASES)
+_COMM_CODE = np.int8(PHASE_CODES["communication"])
+
+
+def _tally_nodes(
+    acc: dict[str, np.ndarray], tree: Tree, decision: Decision, node_demand_w: np.ndarray
+) -> None:
+    """Per tree node: capping, cuts, what was withheld, time above budget and limit, peaks."""
+    node_w = decision.node_power_w
+    withheld = np.maximum(node_demand_w - node_w, 0.0)  # float noise below 0
+    acc["capping"] += decision.node_capping
+    acc["cut_sum"] += decision.node_cut_w
+    np.maximum(acc["cut_max"], decision.node_cut_w, out=acc["cut_max"])
+    acc["withheld_sum"] += withheld
+    np.maximum(acc["withheld_max"], withheld, out=acc["withheld_max"])
+    acc["above_budget"] += node_w > tree.budget_w
+    acc["above_limit"] += node_w > tree.limit_w
+    acc["above_limit_uncapped"] += node_demand_w > tree.limit_w
+    np.maximum(acc["peak_w"], node_w, out=acc["peak_w"])
+    np.maximum(acc["peak_demand_w"], node_demand_w, out=acc["peak_demand_w"])
+
+
+def _replay_info(
+    top: Topology,
+    tree: Tree,
+    settings: WhatifSettings,
+    speed: SpeedModel,
+    ramps: GpuRamps,
+    tallies: _Tallies,
+    n_steps: int,
+    step_s: float,
+    jobs_j: float,
+) -> dict[str, object]:
+    """How the replay ran, and the grid's (and smoothing's) report of the site's draw."""
+    held_j_by_phase = tallies.held_j_by_phase
+    info: dict[str, object] = {
         "steps": n_steps,
         "step_s": step_s,
         "duration_s": n_steps * step_s,
@@ -368,16 +479,15 @@ def replay(
         "speed_model": getattr(speed, "description", "custom"),
         "start": "every GPU at its failsafe cap, as agents start",
     }
-    jobs_j = float(job_acc["power_w"] @ placement.job_gpus) * step_s
     burnt = float(held_j_by_phase.sum()) if settings.smoothing else None
     info["grid"] = grid_report(
-        site_w,
+        tallies.site_w,
         step_s,
         top.grid,
         jobs_j,
         smoothing_j=burnt,
-        demand_w=site_natural_w,
-        resume_w=site_resume_w,
+        demand_w=tallies.site_natural_w,
+        resume_w=tallies.site_resume_w,
     )
     if settings.smoothing:
         info["smoothing"] = {
@@ -397,10 +507,7 @@ def replay(
     info["synchronised"] = settings.synchronised
     if settings.static_caps:
         info["start"] = "every GPU at its failsafe cap throughout: no controller (static caps)"
-    result = _result(top, tree, placement, acc, job_acc, job_lost, n_steps, info)
-    result.site_power_w = site_w
-    result.jobs_energy_j = jobs_j
-    return result
+    return info
 
 
 def _result(
@@ -579,131 +686,3 @@ def grid_table(grid: dict[str, object]) -> pd.DataFrame:
             share = grid[f"floor_{key}_share_of_jobs"]
             rows.append((what, "share of jobs' energy", share, None, None))
     return pd.DataFrame(rows, columns=["what", "unit", "value", "limit", "s_outside"])
-
-
-# --- rack energy storage, on the replayed site series ------------------------------------
-
-
-@dataclass(frozen=True)
-class StorageSizing:
-    """Rack energy storage to try (``storage_report``): per rack, as a vendor states it."""
-
-    kj_per_rack: float
-    kw_per_rack: float  # charge and discharge
-    round_trip: float = DEFAULT_ROUND_TRIP
-    horizon_s: float = DEFAULT_HORIZON_S
-    margin: float = DEFAULT_MARGIN  # of the spec's ramp limits the grid draw may use
-
-    def pool(self, racks: int) -> Storage:
-        """Every rack's storage as one site-level pool (``policies.storage``)."""
-        return Storage(
-            self.kj_per_rack * 1e3 * racks, self.kw_per_rack * 1e3 * racks, self.round_trip
-        )
-
-
-def storage_spec(top: Topology) -> GridSpec:
-    """The grid spec storage is dispatched to meet: it must limit the ramp."""
-    if top.grid is None or not top.grid.limits_ramp:
-        raise ValueError(
-            "rack storage needs a grid spec with a ramp limit to dispatch to: add "
-            "[site.grid] with ramp_up_mw_per_s / ramp_down_mw_per_s to the budgets file "
-            "(docs/BUDGETS.md, 'The grid spec')"
-        )
-    return top.grid
-
-
-def rack_count(top: Topology) -> int:
-    """The site's racks (what storage per rack is multiplied by)."""
-    racks = int(np.count_nonzero(np.asarray(top.tree.level) == RACK))
-    if racks == 0:
-        raise ValueError("rack storage needs racks: the budgets file has none")
-    return racks
-
-
-def check_storage(top: Topology, sizing: StorageSizing) -> tuple[GridSpec, Storage]:
-    """Everything ``storage_report`` needs, checked before a long replay (ValueError): the
-    spec it dispatches to and the site's pool."""
-    spec = storage_spec(top)
-    pool = sizing.pool(rack_count(top))
-    if not (math.isfinite(sizing.horizon_s) and sizing.horizon_s > 0):
-        raise ValueError(f"the storage horizon must be positive, not {sizing.horizon_s} s")
-    if not 0 < sizing.margin <= 1:
-        raise ValueError(f"the storage margin must be in (0, 1], not {sizing.margin}")
-    return spec, pool
-
-
-def _kwh_and_share(name: str, joules: float, jobs_j: float) -> dict[str, float | None]:
-    share = joules / jobs_j if jobs_j > 0 else None
-    return {f"{name}_kwh": joules / J_PER_KWH, f"{name}_share_of_jobs": share}
-
-
-def storage_report(top: Topology, result: WhatifResult, sizing: StorageSizing) -> dict[str, object]:
-    """``info["storage"]``: the storage dispatched over the replayed site series, the grid
-    draw it leaves measured as the site is (``grid_report``, without its floor costs: the
-    storage's own are here), and where the energy went, each in kWh and as a share of the
-    jobs' energy, beside the least floor without storage (``info["grid"]``)."""
-    spec, pool = check_storage(top, sizing)
-    racks = rack_count(top)
-    step_s = float(result.info["step_s"])  # type: ignore[arg-type]
-    up, down = (sizing.margin * spec.ramp_up_w_per_s, sizing.margin * spec.ramp_down_w_per_s)
-    run = dispatch(result.site_power_w, step_s, pool, up, down, sizing.horizon_s)
-    jobs_j = result.jobs_energy_j
-    measured = grid_report(run.grid_w, step_s, spec, jobs_j, demand_w=run.grid_w)
-    site_grid = result.info.get("grid", {})
-    assert isinstance(site_grid, dict)
-    capacity = pool.capacity_j or math.nan
-    return {
-        "kj_per_rack": sizing.kj_per_rack,
-        "kw_per_rack": sizing.kw_per_rack,
-        "racks": racks,
-        "capacity_kwh": pool.capacity_j / J_PER_KWH,
-        "power_w": pool.power_w,
-        "round_trip_efficiency": pool.round_trip,
-        "horizon_s": sizing.horizon_s,
-        "margin": sizing.margin,
-        "assumptions": [
-            "one site-level pool: every rack's storage dispatched together (the grid sees "
-            "only the site)",
-            f"round trip {pool.round_trip:g} (assumed), {pool.one_way:.3f} each way; "
-            "no ageing, self-discharge or cost",
-            f"grid draw: the demand's mean over the last {sizing.horizon_s:g} s plus a pull "
-            f"back to {pool.reference:g} charge, moved within {sizing.margin:g} x the spec's "
-            "ramp limits",
-            "what storage cannot take is burnt (a floor); what it cannot give is held back "
-            "(GPUs capped): the grid spec is kept",
-            "the replay is the same without storage: work held back is not replayed later",
-        ],
-        "grid": {k: v for k, v in measured.items() if not k.startswith("floor")},
-        **_kwh_and_share("burnt", run.burnt_j, jobs_j),
-        **_kwh_and_share("conversion_loss", run.conversion_loss_j, jobs_j),
-        **_kwh_and_share("burnt_and_losses", run.burnt_j + run.conversion_loss_j, jobs_j),
-        **_kwh_and_share("held_back", run.held_back_j, jobs_j),
-        "least_floor_without_storage_kwh": site_grid.get("floor_least_kwh"),
-        "least_floor_without_storage_share_of_jobs": site_grid.get("floor_least_share_of_jobs"),
-        "charge_min_share": run.charge_min_j / capacity if pool.capacity_j else None,
-        "charge_max_share": run.charge_max_j / capacity if pool.capacity_j else None,
-    }
-
-
-def storage_table(storage: dict[str, object]) -> pd.DataFrame:
-    """``info["storage"]`` (``storage_report``) as rows: what, unit, value; its grid draw is
-    ``grid_table(storage["grid"])``."""
-    rows: list[tuple[str, str, object]] = [
-        ("storage per rack", "kJ", storage["kj_per_rack"]),
-        ("storage per rack, charge and discharge", "kW", storage["kw_per_rack"]),
-        ("racks (one pool)", "", storage["racks"]),
-        ("round trip efficiency (assumed)", "share", storage["round_trip_efficiency"]),
-        ("grid draw target: mean over", "s", storage["horizon_s"]),
-    ]
-    for key, what in (
-        ("burnt", "energy burnt (a floor: storage full or at its power)"),
-        ("conversion_loss", "energy lost charging and discharging"),
-        ("burnt_and_losses", "burnt and lost together"),
-        ("held_back", "energy held back (GPUs capped: storage empty or at its power)"),
-        ("least_floor_without_storage", "the least floor within the ramp limits, no storage"),
-    ):
-        rows.append((what, "kWh", storage[f"{key}_kwh"]))
-        rows.append((what, "share of jobs' energy", storage[f"{key}_share_of_jobs"]))
-    rows.append(("charge, lowest", "share of capacity", storage["charge_min_share"]))
-    rows.append(("charge, highest", "share of capacity", storage["charge_max_share"]))
-    return pd.DataFrame(rows, columns=["what", "unit", "value"])

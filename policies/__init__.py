@@ -4,8 +4,9 @@ No I/O, no clocks, no MQTT: the controller calls them every cycle and the
 planner replays profiles through the same functions.
 """
 
-from policies.capping import Decision, PolicySettings, decide
+from policies.capping import decide
 from policies.phases import infer_phases
+from policies.settings import Decision, PolicySettings
 from policies.tree import (
     HIGH,
     LOW,

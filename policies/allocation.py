@@ -36,7 +36,7 @@ The rules, in order
 -------------------
 Terms: ``span = cap_max - cap_min``, ``h = stage_headroom_fraction * span`` (50 W on a
 GB200). A controllable GPU is *working* in ``compute`` or ``startup``; it *asks* when
-working, drawing within ``h`` of its cap (rule 3b's test of ``policies.capping``), below
+working, drawing within ``h`` of its cap (``policies.rules.held_at_cap``'s test), below
 ``cap_max``, and not told to wait (``ClusterState.uncap_cycles`` 0: a command in flight,
 or not its turn); it is *held back* when it would ask but waits. A controllable GPU
 *lends* when it is in ``checkpoint``, ``idle`` or ``shutdown``, in ``communication`` for
@@ -85,7 +85,7 @@ made before its job resumes.
    less the caps in force, the GPUs being cut counted at their old caps: the watts a cut
    frees are raised on once it is acknowledged, the next cycle. At the site the raises are
    also within ``ramp_w_per_s * dt_s`` (less, under grid smoothing, what GPUs rise by on
-   their own: ``policies.capping.own_rise_w_per_s``) plus the draw the cycle's cuts take
+   their own: ``policies.rules.own_rise_w_per_s``) plus the draw the cycle's cuts take
    off (the grid sees the site's draw: a GPU that asks draws a raise at once, while a cut
    of a lender's headroom moves none; a reallocation between racks or rows that moves draw
    moves none at the site; the rows' ramps are left to ``policies.capping``'s bands). While
@@ -101,7 +101,7 @@ made before its job resumes.
    (``policies.turns.invariant_cut_in_turn``, ``ClusterState.cut_turn``; the others keep
    their caps). Moves smaller than ``uncap_min_step_w`` are not made (commands are not
    worth it), except to restore the invariant.
-5. **Clocks and the floor's cost** as rules 5 and 6 of ``policies.capping``.
+5. **Clocks and the floor's cost** as rules 5 and 6 of ``policies.rules``.
 
 Why it does at least a static cap's work: a static cap is one allocation within every
 limit, the failsafe caps another (a planner's static cap is its failsafe cap). Every GPU
@@ -117,21 +117,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.capping import (
-    STAGED_CODES,
-    Decision,
-    PolicySettings,
+from policies.fill import fill
+from policies.rules import (
+    COMM_CODE,
     Sanitised,
     clocks_and_floor,
     own_rise_w_per_s,
     sanitised,
+    staged_gpus,
     under_a_passed_limit,
 )
-from policies.fill import fill
+from policies.settings import Decision, PolicySettings
 from policies.tree import (
     HIGH,
     LOW,
-    PHASE_CODES,
     SERVER,
     SITE,
     ClusterState,
@@ -146,7 +145,6 @@ LENDING_PHASES = ("checkpoint", "idle", "shutdown")
 WORKING_PHASES = ("compute", "startup")
 _LENDING_CODES = phase_codes(LENDING_PHASES)
 _WORKING_CODES = phase_codes(WORKING_PHASES)
-_COMM_CODE = PHASE_CODES["communication"]
 _FULL_W = 1.0  # a node within a watt of its limit is full
 
 
@@ -437,7 +435,7 @@ def _announced(
         if state.phase_expected_s is None
         else np.asarray(state.phase_expected_s, dtype=float)
     )
-    comm = phase == _COMM_CODE
+    comm = phase == COMM_CODE
     with np.errstate(invalid="ignore"):  # NaN: not known
         left_s = expected - phase_s
         long_comm = comm & ((phase_s > settings.lend_after_s) | (left_s > settings.return_ahead_s))
@@ -462,8 +460,7 @@ def _staged_for_the_grid(s: Sanitised, settings: PolicySettings) -> np.ndarray:
     its entitlement (``policies.capping``'s rule 2, for the same reason)."""
     if not settings.startup_rise_w_per_s > 0:
         return np.zeros(len(s.cap), dtype=bool)
-    staged: np.ndarray = s.ctl & in_codes(s.phase, STAGED_CODES)
-    return staged
+    return staged_gpus(s)
 
 
 def _give_to(power: np.ndarray, h: np.ndarray, floor: np.ndarray, cap: np.ndarray) -> np.ndarray:

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies.capping import STAGED_CODES, Decision
+from policies.rules import STAGED_CODES
+from policies.settings import Decision
 from policies.tree import in_codes
 
 CAUSES = (

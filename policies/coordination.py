@@ -75,7 +75,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.capping import Decision, PolicySettings, held_at_cap
+from policies.rules import held_at_cap
+from policies.settings import Decision, PolicySettings
 from policies.tree import HIGH, LOW, RACK, ROW, SERVER, ClusterState, Tree
 
 # Classes in the order the coordinator serves them (and the wire lists them: PRIORITIES).

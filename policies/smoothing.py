@@ -56,8 +56,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.capping import PolicySettings
 from policies.grid import check_ramp_limit
+from policies.settings import PolicySettings
 from policies.tree import SITE, Tree
 
 DEFAULT_MARGIN = 0.9  # of the site's ramp limit given to the GPUs; the rest for noise and hosts
@@ -126,8 +126,8 @@ def ramp_toward(
     """The draw after ``dt_s``: a lower cap bites at once (from ``min(now_w, cap_w)``), then
     towards ``want_w`` (floor already applied; never above the cap) no faster than the
     rates, falling only after the hysteresis. ``falling_s``: how long each GPU has wanted
-    to fall (zeros when None); returned updated, with the draw. ``powerd.gpu.base.
-    smoothed_draw`` is the same rule for one GPU (the simulated GPU's and the fleet's)."""
+    to fall (zeros when None); returned updated, with the draw. The one ramp rule: the
+    simulated GPU and the fleet simulator move their draw by it too."""
     if not (math.isfinite(dt_s) and dt_s > 0):
         raise ValueError(f"dt_s must be a positive number, not {dt_s}")
     wanted_for = np.zeros_like(now_w) if falling_s is None else falling_s

@@ -10,7 +10,7 @@ turn spreads over the rows):
 
 1. **Watts handed back in turn** (``uncap_in_turn``, the bands only): when more nodes than
    ``UNCAP_TURN_SHARE`` of ``max_raises`` could be handed watts back
-   (``policies.capping.may_ask_to_uncap``), only that many nodes' racks are, each asking
+   (``policies.uncapping.may_ask_to_uncap``), only that many nodes' racks are, each asking
    what the cycles until its next turn would give, within its share of the room above it
    (``ClusterState.uncap_cycles``). The rest of the bound is left to other raises
    (smoothing profiles, clock locks, levelling). Not under safety by caps: a synchronous
@@ -52,8 +52,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.allocation import caps_room_w, node_draw_w
-from policies.capping import Decision, PolicySettings, decide, may_ask_to_uncap, sanitised_power
+from policies.capping import decide
+from policies.rules import sanitised_power
+from policies.settings import Decision, PolicySettings
 from policies.tree import RACK, ClusterState, Tree
+from policies.uncapping import may_ask_to_uncap
 
 # The share of max_raises that nodes handed watts back in turn take (whole racks, so a
 # little more or less); the rest is left to other raises (a smoothing profile, a clock

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.mqtt.url import BrokerSettings, parse_broker_url
 from powerd.signing import (
     KeyFileError,
     RoleKeys,
@@ -144,24 +144,24 @@ class Getter:
     def __init__(self, where: str) -> None:
         self.where = where
 
-    def text(self, table: dict, dotted: str, default: Any) -> Any:
+    def text(self, table: dict[str, Any], dotted: str, default: Any) -> Any:
         value = table.get(dotted.rsplit(".", 1)[-1], default)
         if not isinstance(value, str):
             raise ConfigError(f"{self.where}: {dotted} must be a string, got {value!r}")
         return value
 
-    def opt_str(self, table: dict, dotted: str, default: Any) -> Any:
+    def opt_str(self, table: dict[str, Any], dotted: str, default: Any) -> Any:
         value = table.get(dotted.rsplit(".", 1)[-1], default)
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"{self.where}: {dotted} must be a string, got {value!r}")
         return value or default
 
-    def path(self, table: dict, dotted: str) -> str | None:
+    def path(self, table: dict[str, Any], dotted: str) -> str | None:
         """A file named by the config: relative to the config file's directory."""
         value = self.opt_str(table, dotted, None)
         return None if value is None else self._near(value)
 
-    def paths(self, table: dict, dotted: str) -> tuple[str, ...]:
+    def paths(self, table: dict[str, Any], dotted: str) -> tuple[str, ...]:
         """A list of files named by the config, each as ``path`` reads one."""
         value = table.get(dotted.rsplit(".", 1)[-1], [])
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -171,13 +171,15 @@ class Getter:
     def _near(self, name: str) -> str:
         return str(Path(self.where).parent / Path(name).expanduser())
 
-    def flag(self, table: dict, dotted: str, default: bool) -> bool:
+    def flag(self, table: dict[str, Any], dotted: str, default: bool) -> bool:
         value = table.get(dotted.rsplit(".", 1)[-1], default)
         if not isinstance(value, bool):
             raise ConfigError(f"{self.where}: {dotted} must be true or false")
         return value
 
-    def number(self, table: dict, dotted: str, default: Any, key: str | None = None) -> Any:
+    def number(
+        self, table: dict[str, Any], dotted: str, default: Any, key: str | None = None
+    ) -> Any:
         value = table.get(key if key is not None else dotted.rsplit(".", 1)[-1], default)
         if value is None:
             return None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from powerd.mqtt_url import PASSWORD_ENV
+from powerd.mqtt.url import PASSWORD_ENV
 from tests.support.brokers import TEST_PASSWORD, Mosquitto
 from tests.support.demo_process import DemoRun, run_recorded_demo
 from tests.support.markers import SERVER_MARKERS, ServerFinder

@@ -12,7 +12,7 @@ from planner.errors import ProfileError
 from planner.mix import load_mix
 from planner.output import emit, format_option
 from planner.sweep import default_label, load_sweeps, sweep_label_warnings
-from powerd.cli.options import Quantity
+from powerd.click_types import Quantity
 
 ZEUS_WORKLOAD_COLS = "dataset,network,batch_size,optimizer"
 

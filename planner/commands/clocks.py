@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from planner.output import emit, format_option, write_whole
-from powerd.cli.options import Fraction
+from powerd.click_types import Fraction
 
 DEFAULT_MAX_SLOWDOWNS = (0.01, 0.05)
 

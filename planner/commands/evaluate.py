@@ -11,9 +11,12 @@ import click
 
 from planner.commands.options import demand_options, placed_inputs, replay_options, speed_options
 from planner.output import emit, format_option
-from powerd.cli.options import Fraction, Quantity, safety_option
+from powerd.click_types import Fraction, Quantity, safety_option
 
 if TYPE_CHECKING:
+    import pandas as pd
+
+    from planner.demand import SpeedModel
     from planner.evaluate import Evaluation
     from planner.report_doc import Document
     from powerd.gpu.clock_table import ClockTable
@@ -180,7 +183,7 @@ def command(
     emit(tables_out, fmt, extra=extra)
 
 
-def _sweep_speed(paths: tuple[Path, ...]):
+def _sweep_speed(paths: tuple[Path, ...]) -> SpeedModel:
     from planner.commands.caps import ZEUS_WORKLOAD_COLS
     from planner.errors import ProfileError
     from planner.sweep import load_sweeps
@@ -211,7 +214,7 @@ def _clock_tables(top: Topology, path: Path | None) -> dict[str, ClockTable]:
     return out
 
 
-def comm_table(result: Evaluation):
+def comm_table(result: Evaluation) -> pd.DataFrame:
     """(d) against (c) as rows people read: what, value."""
     import pandas as pd
 

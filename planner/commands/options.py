@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from powerd.cli.options import Fraction, Quantity
+from powerd.click_types import Fraction, Quantity
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 

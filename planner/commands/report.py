@@ -17,7 +17,7 @@ from planner.commands.options import (
     speed_options,
 )
 from planner.output import column_mapping
-from powerd.cli.options import Quantity
+from powerd.click_types import Quantity
 
 HELP = """Write a report on a budgets file: demand against budgets, capping, cap curves.
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from planner.commands.profiles import OUT_SUFFIXES, write_table
-from powerd.cli.options import Quantity
+from powerd.click_types import Quantity
 
 HELP = """Write the power profile of a synchronous training job: every GPU idle, starting,
 computing with a communication wait every --period-s, pausing for checkpoints, then

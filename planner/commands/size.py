@@ -16,12 +16,13 @@ from planner.commands.options import demand_options, placed_inputs
 from planner.output import column_mapping, emit, format_option, write_whole
 from planner.sizing import REACTION_S
 from policies.tree import RACK, ROW, SITE
-from powerd.cli.options import Fraction, Quantity
+from powerd.click_types import Fraction, Quantity
 from powerd.topology import PLAUSIBLE_W
 
 if TYPE_CHECKING:
     from planner.mix import Mix, Placement
     from planner.sizing import Sizing, SizingSettings, WorkloadTrace
+    from planner.terms import NonGpuTerms
     from powerd.topology import Topology
 
 HELP = """Size rack, row and site budgets and the failsafe caps from measured profiles.
@@ -412,31 +413,12 @@ def command(
     allow_over_limit: bool,
     fmt: str,
 ) -> None:
-    from planner.budgets_toml import budgets_toml
-    from planner.errors import ProfileError
-    from planner.sizing import (
-        SizingError,
-        SizingSettings,
-        fit_rows_to_leaf_pool,
-        over_limit,
-        size,
-    )
-    from planner.terms import NonGpuTerms, load_terms
-    from powerd.topology import BudgetError
+    from planner.sizing import SizingSettings
 
     if not output.parent.is_dir():
         raise click.BadParameter(f"{output.parent}: no such directory", param_hint="--output")
     levels = _levels(oversubscribe)
-    try:
-        terms = load_terms(terms_path) if terms_path else NonGpuTerms()
-        terms = terms.merged(
-            node_w=node_w,
-            network_fraction=network_fraction,
-            cooling_fraction=cooling_fraction,
-            summer_rise=summer_rise,
-        )
-    except (ProfileError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+    terms = _load_terms(terms_path, node_w, network_fraction, cooling_fraction, summer_rise)
     inputs = load_inputs(
         topology, profiles, mix_path, step_s, column_mapping(column_pairs), workload
     )
@@ -448,6 +430,66 @@ def command(
         oversubscribe=levels,
         reaction_s=reaction_s,
     )
+    sized, over, tree_doc, text = _size_and_write(
+        topology, profiles, mix_path, inputs, terms, settings, tree, allow_over_limit
+    )
+    write_whole(output, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    agent_configs = _write_agent_failsafe(output, sized.failsafe_cap_w)
+    extra = {
+        "output": str(output),
+        "failsafe_cap_w": sized.failsafe_cap_w,
+        "agent_configs": [str(p) for p in agent_configs],
+        **{k: v for k, v in sized.info.items() if k != "tree"},
+        "terms": terms.describe(),
+        "tree_of_controllers": tree_doc["note"],
+        "over_limit": over["name"].tolist(),
+        "guarantee": _guarantee_note(sized, settings),
+    }
+    if fmt == "json":
+        extra["tree"] = {k: v for k, v in tree_doc.items() if k != "note"}
+    _emit_sizing(sized.table, _jobs_frame(inputs), quantile, reaction_s, fmt, extra)
+
+
+def _load_terms(
+    terms_path: Path | None,
+    node_w: float | None,
+    network_fraction: float | None,
+    cooling_fraction: float | None,
+    summer_rise: float | None,
+) -> NonGpuTerms:
+    """The non-GPU terms: --terms, each overridden by its own option."""
+    from planner.errors import ProfileError
+    from planner.terms import NonGpuTerms, load_terms
+
+    try:
+        terms = load_terms(terms_path) if terms_path else NonGpuTerms()
+        return terms.merged(
+            node_w=node_w,
+            network_fraction=network_fraction,
+            cooling_fraction=cooling_fraction,
+            summer_rise=summer_rise,
+        )
+    except (ProfileError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _size_and_write(
+    topology: Path,
+    profiles: tuple[Path, ...],
+    mix_path: Path,
+    inputs: Inputs,
+    terms: NonGpuTerms,
+    settings: SizingSettings,
+    tree: bool,
+    allow_over_limit: bool,
+) -> tuple[Sizing, pd.DataFrame, dict[str, object], str]:
+    """The sizing, its nodes over their limits, the tree of controllers' fit and the budgets
+    file's text; a node over its limit is an error unless ``allow_over_limit``."""
+    from planner.budgets_toml import budgets_toml
+    from planner.sizing import SizingError, fit_rows_to_leaf_pool, over_limit, size
+    from powerd.topology import BudgetError
+
+    quantile = settings.quantile
     try:
         sized = size(inputs.top, inputs.placement, inputs.traces, terms, settings)
         over = over_limit(sized.table)
@@ -464,7 +506,7 @@ def command(
             f"powerd budgets file written by `powerplan size` from {topology},",
             f"mix {mix_path}, profiles {_names(profiles)}.",
             f"Racks, rows and the site are sized for p{quantile * 100:g} of their demand"
-            f" ({sized.info['samples_per_node']:,} samples per node, seed {seed});",
+            f" ({sized.info['samples_per_node']:,} samples per node, seed {settings.seed});",
             "failsafe caps keep every node within its limit. Method: docs/PLANNER.md.",
             *textwrap.wrap(_guarantee_note(sized, settings), width=86),
             *textwrap.wrap(f"Tree of controllers: {tree_doc['note']}.", width=86),
@@ -473,59 +515,60 @@ def command(
         text = budgets_toml(inputs.top, sized, header)
     except (SizingError, BudgetError) as exc:
         raise click.ClickException(f"{topology}: {exc}") from None
-    write_whole(output, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-    agent_configs = _write_agent_failsafe(output, sized.failsafe_cap_w)
+    return sized, over, tree_doc, text
 
-    table = sized.table
-    jobs = pd.DataFrame(
+
+def _jobs_frame(inputs: Inputs) -> pd.DataFrame:
+    """The placed jobs: workload, GPUs, and their profile's length and GPUs."""
+    jobs = inputs.placement.jobs
+    return pd.DataFrame(
         {
-            "job": [j.name for j in inputs.placement.jobs],
-            "workload": [j.workload for j in inputs.placement.jobs],
+            "job": [j.name for j in jobs],
+            "workload": [j.workload for j in jobs],
             "gpus": inputs.placement.job_gpus,
-            "profile_s": [inputs.traces[j.workload].duration_s for j in inputs.placement.jobs],
-            "profiled_gpus": [inputs.traces[j.workload].gpus for j in inputs.placement.jobs],
+            "profile_s": [inputs.traces[j.workload].duration_s for j in jobs],
+            "profiled_gpus": [inputs.traces[j.workload].gpus for j in jobs],
         }
     )
-    extra = {
-        "output": str(output),
-        "failsafe_cap_w": sized.failsafe_cap_w,
-        "agent_configs": [str(p) for p in agent_configs],
-        **{k: v for k, v in sized.info.items() if k != "tree"},
-        "terms": terms.describe(),
-        "tree_of_controllers": tree_doc["note"],
-        "over_limit": over["name"].tolist(),
-        "guarantee": _guarantee_note(sized, settings),
-    }
-    if fmt == "json":
-        extra["tree"] = {k: v for k, v in tree_doc.items() if k != "note"}
-    if fmt == "table":
-        upper = table[table["level"] != "rack"]
-        racks = table[table["level"] == "rack"]
-        worst = racks.sort_values("capping_s_per_day", ascending=False).head(10)
-        short = [
-            "name",
-            "level",
-            "gpus",
-            "jobs",
-            "limit_w",
-            "demand_q_w",
-            "budget_w",
-            "bound",
-            "tail_model",
-            "n_eff",
-            "capping_s_per_day",
-            "over_limit_s_per_day",
-        ]
-        emit(
-            {
-                "site and rows": upper[short],
-                "guaranteed by caps or oversubscribed": _guarantees(table, quantile, reaction_s),
-                "racks": _rack_summary(racks),
-                "racks with the most capping": worst[short],
-                "jobs": jobs,
-            },
-            fmt,
-            extra=extra,
-        )
-    else:
+
+
+def _emit_sizing(
+    table: pd.DataFrame,
+    jobs: pd.DataFrame,
+    quantile: float,
+    reaction_s: float,
+    fmt: str,
+    extra: dict[str, object],
+) -> None:
+    """The sizing as people read it (site and rows, guarantees, racks, jobs), or whole."""
+    if fmt != "table":
         emit({"nodes": table, "jobs": jobs}, fmt, extra=extra)
+        return
+    upper = table[table["level"] != "rack"]
+    racks = table[table["level"] == "rack"]
+    worst = racks.sort_values("capping_s_per_day", ascending=False).head(10)
+    short = [
+        "name",
+        "level",
+        "gpus",
+        "jobs",
+        "limit_w",
+        "demand_q_w",
+        "budget_w",
+        "bound",
+        "tail_model",
+        "n_eff",
+        "capping_s_per_day",
+        "over_limit_s_per_day",
+    ]
+    emit(
+        {
+            "site and rows": upper[short],
+            "guaranteed by caps or oversubscribed": _guarantees(table, quantile, reaction_s),
+            "racks": _rack_summary(racks),
+            "racks with the most capping": worst[short],
+            "jobs": jobs,
+        },
+        fmt,
+        extra=extra,
+    )

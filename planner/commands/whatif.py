@@ -11,10 +11,12 @@ import click
 from planner.commands.options import placed_inputs, replay_options, speed_options
 from planner.commands.progress import step_progress
 from planner.output import emit, format_option
-from powerd.cli.options import Fraction, Quantity, safety_option
+from powerd.click_types import Fraction, Quantity, safety_option
 
 if TYPE_CHECKING:
-    from planner.whatif import StorageSizing
+    from planner.demand import SpeedModel
+    from planner.whatif import WhatifResult
+    from planner.whatif_storage import StorageSizing
 
 HELP = """Replay profiles through the controller's own policy at the budgets of BUDGETS.
 
@@ -172,21 +174,10 @@ def command(
 ) -> None:
 
     from planner.commands.size import load_inputs
-    from planner.errors import ProfileError
     from planner.output import column_mapping
-    from planner.whatif import (
-        WhatifSettings,
-        check_storage,
-        grid_table,
-        lost_table,
-        power_law_speed,
-        replay,
-        storage_report,
-        storage_table,
-        sweep_speed,
-    )
-    from policies.capping import PolicySettings
-    from policies.causes import LOST_CAUSES, lost_column
+    from planner.whatif import WhatifSettings, replay
+    from planner.whatif_storage import check_storage, storage_report
+    from policies.settings import PolicySettings
 
     sizing = storage_sizing(
         storage_kj_per_rack, storage_kw_per_rack, storage_efficiency, storage_horizon_s
@@ -201,16 +192,7 @@ def command(
             check_storage(inputs.top, sizing)
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
-    speed = power_law_speed(speed_exponent)
-    if sweep_paths:
-        from planner.sweep import load_sweeps
-
-        cols = [c.strip() for c in sweep_workload_cols.split(",") if c.strip()]
-        try:
-            sweep = load_sweeps(sweep_paths, workload_cols=cols)
-        except ProfileError as exc:
-            raise click.ClickException(str(exc)) from None
-        speed = sweep_speed(sweep)
+    speed = _speed(speed_exponent, sweep_paths, sweep_workload_cols)
     settings = WhatifSettings(
         duration_s=duration_s,
         seed=seed,
@@ -227,43 +209,72 @@ def command(
         raise click.ClickException(str(exc)) from None
     if sizing is not None:
         result.info["storage"] = storage_report(inputs.top, result, sizing)
+    _emit_whatif(result, budgets, fmt)
+
+
+def _speed(
+    speed_exponent: float, sweep_paths: tuple[Path, ...], sweep_workload_cols: str
+) -> SpeedModel:
+    """How fast a GPU runs under a cap: the cap sweeps' curves, else the power law."""
+    from planner.errors import ProfileError
+    from planner.whatif import power_law_speed, sweep_speed
+
+    if not sweep_paths:
+        return power_law_speed(speed_exponent)
+    from planner.sweep import load_sweeps
+
+    cols = [c.strip() for c in sweep_workload_cols.split(",") if c.strip()]
+    try:
+        sweep = load_sweeps(sweep_paths, workload_cols=cols)
+    except ProfileError as exc:
+        raise click.ClickException(str(exc)) from None
+    return sweep_speed(sweep)
+
+
+def _emit_whatif(result: WhatifResult, budgets: Path, fmt: str) -> None:
+    """The replay as people read it (levels, site and rows, the racks that capped most,
+    jobs, losses by cause, the grid, the storage), or whole."""
+    from planner.whatif import grid_table, lost_table
+    from planner.whatif_storage import storage_table
+    from policies.causes import LOST_CAUSES, lost_column
+
     extra = {"budgets": str(budgets), **result.info}
-    if fmt == "table":
-        extra.pop("throughput_lost_site_by_cause")  # its own table below
-        grid = extra.pop("grid")
-        assert isinstance(grid, dict)
-        storage = extra.pop("storage", None)
-        stored: dict[str, object] = {}
-        if isinstance(storage, dict):
-            extra["storage assumptions"] = "; ".join(storage["assumptions"])
-            stored = {
-                "rack energy storage (policies/storage.py)": storage_table(storage),
-                "grid draw with the storage vs the grid spec": grid_table(storage["grid"]),
-            }
-        extra["grid spec"] = grid["spec"]
-        if grid["oscillation_note"]:
-            extra["grid band"] = grid["oscillation_note"]
-        nodes = result.nodes
-        shown = nodes[nodes["level"] != "rack"]
-        racks = nodes[nodes["level"] == "rack"]
-        worst = racks.sort_values(["capping_share", "withheld_mean_w"], ascending=False).head(10)
-        emit(
-            {
-                "levels": result.levels,
-                "site and rows": shown,
-                "racks that capped most": worst,
-                "jobs": result.jobs.drop(columns=[lost_column(c) for c in LOST_CAUSES]),
-                "throughput lost, by cause (of each job's throughput)": lost_table(result),
-                "site power vs the grid spec": grid_table(grid),
-                **stored,
-            },
-            fmt,
-            extra=extra,
-        )
-    else:
+    if fmt != "table":
         emit(
             {"nodes": result.nodes, "levels": result.levels, "jobs": result.jobs}, fmt, extra=extra
         )
+        return
+    extra.pop("throughput_lost_site_by_cause")  # its own table below
+    grid = extra.pop("grid")
+    assert isinstance(grid, dict)
+    storage = extra.pop("storage", None)
+    stored: dict[str, object] = {}
+    if isinstance(storage, dict):
+        extra["storage assumptions"] = "; ".join(storage["assumptions"])
+        stored = {
+            "rack energy storage (policies/storage.py)": storage_table(storage),
+            "grid draw with the storage vs the grid spec": grid_table(storage["grid"]),
+        }
+    extra["grid spec"] = grid["spec"]
+    if grid["oscillation_note"]:
+        extra["grid band"] = grid["oscillation_note"]
+    nodes = result.nodes
+    shown = nodes[nodes["level"] != "rack"]
+    racks = nodes[nodes["level"] == "rack"]
+    worst = racks.sort_values(["capping_share", "withheld_mean_w"], ascending=False).head(10)
+    emit(
+        {
+            "levels": result.levels,
+            "site and rows": shown,
+            "racks that capped most": worst,
+            "jobs": result.jobs.drop(columns=[lost_column(c) for c in LOST_CAUSES]),
+            "throughput lost, by cause (of each job's throughput)": lost_table(result),
+            "site power vs the grid spec": grid_table(grid),
+            **stored,
+        },
+        fmt,
+        extra=extra,
+    )
 
 
 def storage_sizing(
@@ -273,7 +284,7 @@ def storage_sizing(
     horizon_s: float | None,
 ) -> StorageSizing | None:
     """The storage the options ask for; None without --storage-kj-per-rack."""
-    from planner.whatif import StorageSizing
+    from planner.whatif_storage import StorageSizing
 
     if kj_per_rack is None:
         if kw_per_rack is not None:

@@ -21,7 +21,7 @@ from powerd.configfile import (
     with_overrides,
 )
 from powerd.gpu.base import PowerScope
-from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.mqtt.url import BrokerSettings, parse_broker_url
 from powerd.protocol import MAX_TTL_S, NAME_PATTERN, ProtocolError, check_name
 from powerd.signing import KeyFileError, Verifier, load_verifier
 from powerd.vocabulary import DEFAULT_FAILSAFE_FRACTION

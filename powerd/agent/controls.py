@@ -164,13 +164,6 @@ def read_back(
     )
 
 
-# In failsafe, a GPU below its failsafe cap rises this share of failsafe_after_s after the
-# others came down (AgentCore.enter_failsafe; the fleet simulator alike): longer than any
-# two agents' deadlines for the same heartbeats differ by (their sample period and the
-# broker's jitter).
-FAILSAFE_RAISE_SHARE = 0.5
-
-
 def apply_failsafe(gpu: Gpu, cap_w: float) -> None:
     """Put one GPU in its failsafe state: the failsafe cap, clocks unlocked.
 

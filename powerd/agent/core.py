@@ -37,13 +37,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from powerd import __version__
+from powerd.agent import rules
 from powerd.agent.config import DEFAULT_MAX_COMMAND_TTL_S, AgentMode, FailsafeConfig
-from powerd.agent.controls import (
-    FAILSAFE_RAISE_SHARE,
-    apply_failsafe,
-    apply_gpu_command,
-    smoothing_state,
-)
+from powerd.agent.controls import apply_failsafe, apply_gpu_command, smoothing_state
 from powerd.agent.following import Following, Taken
 from powerd.agent.phase_clock import PhaseClocks
 from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S, SkewWatch
@@ -75,8 +71,6 @@ from powerd.signing import SignatureError, Verifier
 from powerd.vocabulary import PROTOCOL_VERSION
 
 log = logging.getLogger("powerd.agent")
-
-MAX_ACK_ERRORS = 32
 
 
 @dataclass
@@ -140,7 +134,7 @@ class AgentCore:
         self.mode: Mode = "local" if mode == "local" else "failsafe"
         self.counters = AgentCounters()
         self.telemetry_seq = 0
-        self._last_applied: tuple[int, int] = (-1, -1)
+        self._last_applied: rules.Order = rules.NO_ORDER
         # which controller it follows, and whether it lives (heartbeats by receipt)
         self.following = Following(failsafe_after_s, max_clock_skew_s, log, monotonic())
         self._heartbeat_deadline = float("-inf")  # monotonic time the live heartbeat expires
@@ -210,9 +204,10 @@ class AgentCore:
             self._new_epoch(beat.epoch)
         if taken.verdict != "live":
             return
-        if taken.floor is not None:  # what it sent before we heard it live is a replay here
-            self._last_applied = max(self._last_applied, taken.floor)
-        self._heartbeat_deadline = max(self._heartbeat_deadline, now_mono + self.failsafe_after_s)
+        self._last_applied = rules.order_after_live(self._last_applied, taken.floor)
+        self._heartbeat_deadline = rules.live_until(
+            self._heartbeat_deadline, now_mono, self.failsafe_after_s
+        )
         if self._command_ttl_s is not None:
             self._command_deadline = now_mono + self._command_ttl_s
         if self.mode == "failsafe":
@@ -235,15 +230,14 @@ class AgentCore:
         again, and an older one (deposed-epoch rule) starts the command order afresh."""
         self.phase_clocks.end_all(f"controller epoch {epoch}")
         self._smoothing_sent.clear()  # a new leader: tell it every state at once
-        if epoch < self._last_applied[0]:
-            self._last_applied = (epoch, -1)
+        self._last_applied = rules.order_after_new_epoch(self._last_applied, epoch)
 
     @property
     def _newest_epoch(self) -> int:
         return self.following.newest_epoch
 
     @property
-    def last_applied(self) -> tuple[int, int]:
+    def last_applied(self) -> rules.Order:
         """The ``(epoch, seq)`` a command must exceed to be applied (the order's floor)."""
         return self._last_applied
 
@@ -276,12 +270,11 @@ class AgentCore:
             epoch, seq = peek_order(payload)
             return self._ack(epoch, seq, "rejected", [], [AckError(index=None, message=str(exc))])
 
-        if self.mode == "local":
-            return self._reject(command, "agent runs in local mode and takes no commands")
-        if not self.controller_live(now_mono):
-            return self._reject(command, "no live controller heartbeat: agent is in failsafe")
+        why = rules.refusal(self.mode, self.controller_live(now_mono))
+        if why is not None:
+            return self._reject(command, why)
         order = (command.epoch, command.seq)
-        if command.epoch < self._newest_epoch or order <= self._last_applied:
+        if rules.is_stale(command.epoch, command.seq, self._newest_epoch, self._last_applied):
             self.counters.commands_stale += 1
             return self._ack(command.epoch, command.seq, "stale", [], [])
 
@@ -293,13 +286,7 @@ class AgentCore:
         for gpu_command in command.gpus:
             gpu = self.gpus.get(gpu_command.index)
             if gpu is None:
-                errors.append(
-                    AckError(
-                        index=gpu_command.index,
-                        message=f"unknown GPU index {gpu_command.index}; "
-                        f"this node has {sorted(self.gpus)}",
-                    )
-                )
+                errors.append(rules.unknown_gpu_error(gpu_command.index, self.gpus))
                 continue
             result = apply_gpu_command(gpu, gpu_command)
             policy = held.get(gpu.index)
@@ -323,9 +310,7 @@ class AgentCore:
                 log.warning("command %d/%d: gpu %s: %s", *order, error.index, error.message)
         else:
             self.counters.commands_applied += 1
-        return self._ack(
-            command.epoch, command.seq, "partial" if errors else "applied", acks, errors
-        )
+        return self._ack(command.epoch, command.seq, rules.applied_result(errors), acks, errors)
 
     def on_phase(self, topic: str, payload: bytes) -> None:
         """A message on a job's phase topic: it moves the clocks of the GPUs whose policy
@@ -374,11 +359,11 @@ class AgentCore:
                 now_w = gpu.power_limit_w()
             except GpuError:
                 now_w = failsafe_w  # unknown: the failsafe cap at once
-            below = now_w < failsafe_w - 0.5
-            apply_failsafe(gpu, now_w if below else failsafe_w)  # clocks unlocked either way
+            cap_w, below = rules.failsafe_cap_w(now_w, failsafe_w)
+            apply_failsafe(gpu, cap_w)  # clocks unlocked either way
             later |= below
-        self._failsafe_raise_at = (
-            self._monotonic() + FAILSAFE_RAISE_SHARE * self.failsafe_after_s if later else None
+        self._failsafe_raise_at = rules.failsafe_raise_at(
+            self._monotonic(), self.failsafe_after_s, later
         )
         self.phase_clocks.end_all("failsafe", release=False)  # apply_failsafe unlocked them
 
@@ -389,7 +374,7 @@ class AgentCore:
 
     def controller_live(self, now_mono: float | None = None) -> bool:
         now_mono = self._monotonic() if now_mono is None else now_mono
-        return self.mode == "controlled" and now_mono <= self._heartbeat_deadline
+        return rules.controller_live(self.mode, now_mono, self._heartbeat_deadline)
 
     # --- outputs -----------------------------------------------------------
 
@@ -519,19 +504,4 @@ class AgentCore:
         gpus: list[GpuAck],
         errors: list[AckError],
     ) -> Ack:
-        if len(errors) > MAX_ACK_ERRORS:  # keep the ack well inside the 64 KiB payload limit
-            more = len(errors) - (MAX_ACK_ERRORS - 1)
-            errors = [
-                *errors[: MAX_ACK_ERRORS - 1],
-                AckError(index=None, message=f"{more} more errors"),
-            ]
-        return Ack(
-            v=PROTOCOL_VERSION,
-            node=self.node,
-            epoch=epoch,
-            seq=seq,
-            ts=self._wall(),
-            result=result,
-            gpus=gpus,
-            errors=errors,
-        )
+        return rules.make_ack(self.node, epoch, seq, self._wall(), result, gpus, errors)

@@ -30,7 +30,7 @@ from powerd.backoff import Backoff
 from powerd.gpu import Gpu, PowerScope
 from powerd.gpu.module_scope import with_module_scope
 from powerd.gpu.software_smoothing import with_software_smoothing
-from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
+from powerd.mqtt.session import SessionStats, cancel_until_done, keep_connected
 from powerd.protocol import NodeState, Topics, encode
 from powerd.ratelimit import TokenBucket
 from powerd.signing import Verifier
@@ -90,7 +90,7 @@ class AgentDaemon:
         self._rejected_acks = TokenBucket(REJECTED_ACKS_PER_S, 2 * REJECTED_ACKS_PER_S, monotonic)
         self._phase_subscribed: set[str] = set()  # job phase topics subscribed this session
         self._subscribing = asyncio.Lock()
-        self._resync: asyncio.Task | None = None  # a sync the sample loop started
+        self._resync: asyncio.Task[None] | None = None  # a sync the sample loop started
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then leave the GPUs as configured and say offline."""
@@ -110,7 +110,7 @@ class AgentDaemon:
             stopper.cancel()
             await self._shutdown(tasks)
 
-    async def _shutdown(self, tasks: set[asyncio.Task]) -> None:
+    async def _shutdown(self, tasks: set[asyncio.Task[None]]) -> None:
         self._stopping = True
         sample = next(t for t in tasks if t.get_name() == "sample")
         await cancel_until_done({sample}, log)
@@ -140,7 +140,7 @@ class AgentDaemon:
         next_at = loop.time()
         topic = self.topics.telemetry(self.config.node)
         fill_topic = self.topics.fill(self.config.node)
-        while not self._stopping:  # the flag too: see powerd.mqtt_session
+        while not self._stopping:  # the flag too: see powerd.mqtt.session
             self.core.tick()
             telemetry = encode(self.core.telemetry())
             fill = self.core.fill

@@ -22,6 +22,7 @@ from powerd.cli.fleet import command as fleet_command
 from powerd.cli.gpus import command as gpus_command
 from powerd.cli.keys import group as keys_group
 from powerd.cli.limit import group as limit_group
+from powerd.cli.reference import group as reference_group
 from powerd.cli.unit import group as unit_group
 
 
@@ -58,5 +59,6 @@ main.add_command(gpus_command)
 main.add_command(unit_group)
 main.add_command(keys_group)
 main.add_command(limit_group)
+main.add_command(reference_group)
 
 __all__ = ["main"]

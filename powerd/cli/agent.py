@@ -6,9 +6,8 @@ from pathlib import Path
 
 import click
 
-from powerd.agent.config import AgentConfig, ConfigError, load_config
+from powerd.agent.config import AgentConfig, load_config
 from powerd.cli.options import (
-    Quantity,
     broker_option,
     cluster_option,
     config_option,
@@ -16,6 +15,8 @@ from powerd.cli.options import (
     setup_logging,
     simulate_option,
 )
+from powerd.click_types import Quantity
+from powerd.configfile import ConfigError
 from powerd.gpu import GpuError
 
 

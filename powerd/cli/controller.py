@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from powerd.cli.options import (
-    Quantity,
     broker_option,
     budgets_option,
     cluster_option,
@@ -19,6 +18,7 @@ from powerd.cli.options import (
     setup_logging,
     signing_key_option,
 )
+from powerd.click_types import Quantity
 from powerd.configfile import ConfigError
 
 

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from powerd.cli.options import Quantity, old_spelling, record_option, safety_option, setup_logging
+from powerd.cli.options import old_spelling, record_option, setup_logging
+from powerd.click_types import Quantity, safety_option
+
+if TYPE_CHECKING:
+    from powerd.topology import Topology
 
 
 @click.command(
@@ -119,45 +124,15 @@ def command(
     except MissingExtra as exc:
         raise click.ClickException(str(exc)) from None
 
-    from powerd.demo import MIN_DURATION_S, DemoOptions
+    from powerd.demo import DemoOptions
     from powerd.demo.console import demo_console, run_in_console
     from powerd.demo.report import print_outcome, save_plot, write_summary_json
-    from powerd.demo.scenario import (
-        CHECKPOINT_S,
-        COMM_S,
-        COMPUTE_S,
-        check_checkpoint,
-        check_rhythm,
-    )
     from powerd.topology import BudgetError
 
-    topology = None
-    if budgets_path is not None:  # the shipped file is in proportion (a test says so)
-        from powerd.topology import load_budgets
-        from powerd.topology.checks import budget_warnings
-
-        try:
-            topology = load_budgets(budgets_path)  # read once: the run takes it as it is
-        except BudgetError as exc:
-            raise click.ClickException(f"the demo could not run: {exc}") from None
-        for warning in budget_warnings(topology):
-            click.echo(f"warning: budgets: {warning}", err=True)
-    if not MIN_DURATION_S <= duration_s <= 3600:
-        raise click.BadParameter(
-            f"at least {MIN_DURATION_S:g} s (to see every phase) and at most 3600 s",
-            param_hint="--duration-s",
-        )
-    compute_s = COMPUTE_S if compute_s is None else compute_s
-    comm_s = COMM_S if comm_s is None else comm_s
-    checkpoint_s = CHECKPOINT_S if checkpoint_s is None else checkpoint_s
-    try:
-        check_rhythm(duration_s, compute_s, comm_s)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--compute-s/--comm-s") from None
-    try:
-        check_checkpoint(duration_s, compute_s, comm_s, checkpoint_s, staged_starts=smoothing)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--checkpoint-s") from None
+    topology = _read_budgets(budgets_path)
+    compute_s, comm_s, checkpoint_s = _rhythm(
+        duration_s, compute_s, comm_s, checkpoint_s, staged_starts=smoothing
+    )
     setup_logging("error")  # the demo shows what happens itself
     console = demo_console()
     options = DemoOptions(
@@ -184,3 +159,53 @@ def command(
     print_outcome(console, run, plot, record)
     if run.summary.limit_violated:
         sys.exit(run.summary.exit_code)
+
+
+def _read_budgets(budgets_path: Path | None) -> Topology | None:
+    """The budgets file given, read once (the run takes it as it is), its warnings shown;
+    None for the shipped file, which is in proportion (a test says so)."""
+    if budgets_path is None:
+        return None
+    from powerd.topology import BudgetError, load_budgets
+    from powerd.topology.checks import budget_warnings
+
+    try:
+        topology = load_budgets(budgets_path)
+    except BudgetError as exc:
+        raise click.ClickException(f"the demo could not run: {exc}") from None
+    for warning in budget_warnings(topology):
+        click.echo(f"warning: budgets: {warning}", err=True)
+    return topology
+
+
+def _rhythm(
+    duration_s: float,
+    compute_s: float | None,
+    comm_s: float | None,
+    checkpoint_s: float | None,
+    *,
+    staged_starts: bool,
+) -> tuple[float, float, float]:
+    """The jobs' compute, communication and checkpoint seconds (the scenario's defaults for
+    those not given), checked against the run's duration; click.BadParameter if they do
+    not fit."""
+    from powerd.demo import MIN_DURATION_S
+    from powerd.demo.scenario import CHECKPOINT_S, COMM_S, COMPUTE_S, check_checkpoint, check_rhythm
+
+    if not MIN_DURATION_S <= duration_s <= 3600:
+        raise click.BadParameter(
+            f"at least {MIN_DURATION_S:g} s (to see every phase) and at most 3600 s",
+            param_hint="--duration-s",
+        )
+    compute_s = COMPUTE_S if compute_s is None else compute_s
+    comm_s = COMM_S if comm_s is None else comm_s
+    checkpoint_s = CHECKPOINT_S if checkpoint_s is None else checkpoint_s
+    try:
+        check_rhythm(duration_s, compute_s, comm_s)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--compute-s/--comm-s") from None
+    try:
+        check_checkpoint(duration_s, compute_s, comm_s, checkpoint_s, staged_starts=staged_starts)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--checkpoint-s") from None
+    return compute_s, comm_s, checkpoint_s

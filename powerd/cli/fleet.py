@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from powerd.cli.options import Fraction, Quantity, log_level_option, setup_logging
+from powerd.cli.options import log_level_option, setup_logging
+from powerd.click_types import Fraction, Quantity
 from powerd.vocabulary import PRIORITIES
 
 

@@ -6,19 +6,18 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from powerd.cli.options import (
-    SECONDS_PER,
-    WATTS_PER,
-    Decorator,
     broker_option,
     cluster_option,
     log_level_option,
     setup_logging,
-    split_quantity,
 )
+from powerd.click_types import Decorator
+from powerd.units import SECONDS_PER, WATTS_PER, split_quantity
 
 
 def parse_power_w(text: str) -> float:
@@ -176,7 +175,7 @@ def _publish(
     expires: float,
     reason: str,
 ) -> None:
-    from powerd.mqtt_url import parse_broker_url
+    from powerd.mqtt.url import parse_broker_url
     from powerd.protocol import ProtocolError, SiteLimit, Topics, encode
     from powerd.signing import KeyFileError, load_signer
     from powerd.vocabulary import PROTOCOL_VERSION
@@ -199,7 +198,7 @@ def _publish(
         raise click.ClickException(f"broker {settings.display}: {exc}") from None
 
 
-async def _send(kwargs: dict, topic: str, payload: bytes) -> None:
+async def _send(kwargs: dict[str, Any], topic: str, payload: bytes) -> None:
     import aiomqtt
 
     async with aiomqtt.Client(**kwargs, timeout=10) as client:

@@ -26,7 +26,7 @@ from powerd.configfile import (
 )
 from powerd.controller.core import ControllerSettings
 from powerd.controller.job_limits import JobLimits
-from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.mqtt.url import BrokerSettings, parse_broker_url
 from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
 from powerd.recorder import DEFAULT_FILE_KEEP, DEFAULT_FILE_MAX_BYTES
 from powerd.signing import Signer, Verifier
@@ -254,13 +254,9 @@ def _policy_keys() -> set[str]:
     return {f.name for f in dataclasses.fields(PolicySettings)}
 
 
-def load_controller_config(path: str | Path | None) -> ControllerConfig:
-    if path is None:
-        config = ControllerConfig()
-        validate(config, "defaults")
-        return config
-    where = str(path)
-    known = {
+def _known_keys() -> dict[str, set[str] | frozenset[str]]:
+    """The keys each table of a controller config may hold."""
+    return {
         "controller": {
             "name",
             "cluster",
@@ -288,12 +284,10 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
             "file_keep",
         },
     }
-    raw = read_toml(path, known)
-    get = Getter(where)
-    section = raw.get("controller", {})
-    defaults = ControllerConfig()
-    timing = {k: get.number(section, f"controller.{k}", getattr(defaults, k)) for k in _TIMING_KEYS}
-    policy_raw = raw.get("policy", {})
+
+
+def _policy(policy_raw: dict[str, Any], get: Getter, where: str) -> PolicySettings:
+    """The [policy] table over the policy's defaults."""
     policy_defaults = PolicySettings()
     policy_values: dict[str, Any] = {}
     for key in policy_raw:
@@ -303,12 +297,24 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         else:
             policy_values[key] = get.number(policy_raw, f"policy.{key}", default)
     try:
-        policy = replace(policy_defaults, **policy_values)
+        return replace(policy_defaults, **policy_values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: [policy]: {exc}") from None
-    rec = raw.get("recorder", {})
-    trust = raw.get("trust", {})
-    jobs = raw.get("jobs", {})
+
+
+def _recorder(rec: dict[str, Any], get: Getter) -> RecorderConfig:
+    return RecorderConfig(
+        enabled=get.flag(rec, "recorder.enabled", True),
+        url=get.opt_str(rec, "recorder.url", None),
+        token_file=get.opt_str(rec, "recorder.token_file", None),
+        file=get.opt_str(rec, "recorder.file", None),
+        fine_every_s=get.number(rec, "recorder.fine_every_s", 0.0),
+        file_max_mb=get.number(rec, "recorder.file_max_mb", DEFAULT_FILE_MAX_BYTES / 1e6),
+        file_keep=get.number(rec, "recorder.file_keep", DEFAULT_FILE_KEEP),
+    )
+
+
+def _priority_max(jobs: dict[str, Any], where: str) -> dict[str, str]:
     priority_max = jobs.get("priority_max", {})
     if not isinstance(priority_max, dict) or not all(
         isinstance(v, str) for v in priority_max.values()
@@ -317,22 +323,33 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
             f"{where}: jobs.priority_max must be a table of owner = priority "
             f"({', '.join(PRIORITIES)})"
         )
+    return dict(priority_max)
+
+
+def load_controller_config(path: str | Path | None) -> ControllerConfig:
+    if path is None:
+        config = ControllerConfig()
+        validate(config, "defaults")
+        return config
+    where = str(path)
+    raw = read_toml(path, _known_keys())
+    get = Getter(where)
+    section = raw.get("controller", {})
+    defaults = ControllerConfig()
+    timing = {k: get.number(section, f"controller.{k}", getattr(defaults, k)) for k in _TIMING_KEYS}
+    policy = _policy(raw.get("policy", {}), get, where)
+    rec = raw.get("recorder", {})
+    trust = raw.get("trust", {})
+    jobs = raw.get("jobs", {})
+    priority_max = _priority_max(jobs, where)
     config = ControllerConfig(
         name=get.text(section, "controller.name", defaults.name),
         cluster=get.text(section, "controller.cluster", "default"),
         scope=get.opt_str(section, "controller.scope", None),
         broker=broker_from_table(raw.get("broker", {}), where),
         policy=policy,
-        recorder=RecorderConfig(
-            enabled=get.flag(rec, "recorder.enabled", True),
-            url=get.opt_str(rec, "recorder.url", None),
-            token_file=get.opt_str(rec, "recorder.token_file", None),
-            file=get.opt_str(rec, "recorder.file", None),
-            fine_every_s=get.number(rec, "recorder.fine_every_s", 0.0),
-            file_max_mb=get.number(rec, "recorder.file_max_mb", DEFAULT_FILE_MAX_BYTES / 1e6),
-            file_keep=get.number(rec, "recorder.file_keep", DEFAULT_FILE_KEEP),
-        ),
-        job_priority_max=dict(priority_max),
+        recorder=_recorder(rec, get),
+        job_priority_max=priority_max,
         default_job_priority_max=get.text(jobs, "jobs.default_priority_max", "high"),
         accept_unowned_jobs=get.flag(jobs, "jobs.accept_unowned", True),
         job_limits=_job_limits(jobs, get),

@@ -1,10 +1,10 @@
 """`powerd controller`: a thin asyncio shell around ``ControllerCore`` and ``Leadership``.
 
-Two connections to the broker (``powerd.mqtt_link``), one event loop, one thread:
+Two connections to the broker (``powerd.mqtt.link``), one event loop, one thread:
 
 - the control connection: heartbeats (ours out, others' in), commands out,
   acks, statuses and phases in;
-- the telemetry connection (``powerd.mqtt_stream``, a receive-only client
+- the telemetry connection (``powerd.mqtt.stream``, a receive-only client
   for the one QoS 0 subscription): every node's telemetry into the
   ``TelemetryInbox``, newest sample per node. Control traffic never waits
   behind telemetry, in the broker's queue for a client or in a socket, and
@@ -32,37 +32,34 @@ import time
 from collections.abc import Callable
 
 from policies.in_force import SiteLine, tree_in_force
-from powerd.backoff import Backoff
 from powerd.controller.config import ControllerConfig
 from powerd.controller.core import ControllerCore, CycleResult
 from powerd.controller.inbox import TelemetryInbox
-from powerd.controller.leadership import Leadership
 from powerd.controller.records import Records
 from powerd.controller.reload import changes, refusal
 from powerd.controller.scoping import LeafGrants
-from powerd.controller.site_limit import SiteLimits, glide_ramp_w_per_s
 from powerd.controller.smoothing import file_tree_in_force, grid_ramp_w_per_s
-from powerd.heartbeat import signed_heartbeat, step_down_on_exit
-from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
-from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
-from powerd.mqtt_stream import MqttStream, StreamError
+from powerd.leadership.shell import LeaderShell
+from powerd.leadership.state import Leadership
+from powerd.mqtt.link import LINK_ERRORS, LinkError, MqttLink
+from powerd.mqtt.session import SessionStats, cancel_until_done, keep_connected
+from powerd.mqtt.stream import MqttStream, StreamError
 from powerd.protocol import (
     Command,
     GpuSmoothing,
     Grant,
     Heartbeat,
     ProtocolError,
-    SiteLimit,
     Topics,
     encode,
 )
 from powerd.ratelimit import LogOncePer
 from powerd.recorder import Recorder
-from powerd.signing import Signer
-from powerd.site_limit_record import SiteLimitRecord
+from powerd.signing import Signer, Verifier
+from powerd.site_limits.limits import SiteLimits, glide_ramp_w_per_s
+from powerd.site_limits.record import SiteLimitRecord, operator_limit
 from powerd.systemd import SystemdNotifier
 from powerd.topology import Topology
-from powerd.vocabulary import ControllerState
 
 log = logging.getLogger("powerd.controller")
 
@@ -96,13 +93,7 @@ class ControllerService:
         self.topology = topology
         self.signer = signer if signer is not None else config.signer()
         self.verifier = config.verifier(self.signer)  # whose heartbeats count
-        self.grant_verifier = config.grant_verifier()  # whose grants count (a leaf's)
-        if leaf is not None and self.grant_verifier is None:
-            log.warning(
-                "scope %s: no trust.coordinator_keys: every grant is refused and the rows' "
-                "file budgets hold",
-                leaf.scope,
-            )
+        self.grant_verifier = _grant_verifier(config, leaf)  # whose grants count (a leaf's)
         self.notifier = notifier or SystemdNotifier()
         self.core = core
         self.recorder = recorder
@@ -112,18 +103,8 @@ class ControllerService:
         if leaf is not None:  # leaves of several scopes may run on one host, under its name
             client_id += f"-{leaf.scope}"
         nodes = core.tree.server_names
-        subscriptions = [(t.heartbeat, 1), (t.all_phases, 1), (t.all_owned_phases, 1)]
-        telemetry_filters: str | list[str] = t.all_telemetry
-        self.telemetry_what = t.all_telemetry  # for people: what the subscription is
-        if leaf is None:
-            subscriptions += [(t.all_acks, 1), (t.all_status, 1), (t.site_limit, 1)]
-            subscriptions += [(t.site_limit_record, 1)]  # the limits' order, across restarts
-        else:  # its own nodes only: the broker does not send it the rest of the site
-            subscriptions += [(t.grant(leaf.scope), 1)]
-            subscriptions += [(t.coordinator_heartbeat, 1)]  # its round: replays' floor
-            subscriptions += [(t.ack(n), 1) for n in nodes] + [(t.status(n), 1) for n in nodes]
-            telemetry_filters = [t.telemetry(n) for n in nodes]
-            self.telemetry_what = f"the telemetry of its {len(nodes)} nodes (scope {leaf.scope})"
+        subscriptions, telemetry_filters = _subscriptions(t, leaf, nodes)
+        self.telemetry_what = _telemetry_what(t, leaf, nodes)  # for people: what it reads
         self.control = MqttLink(
             config.broker,
             client_id,
@@ -146,7 +127,9 @@ class ControllerService:
         # a tree, the coordinator applies it)
         self.site_limits = SiteLimits(max_clock_skew_s=config.max_clock_skew_s)
         self.operator_verifier = config.operator_verifier()
-        self.site_limit_record = SiteLimitRecord(t.site_limit_record, self.signer, self.verifier)
+        self.site_limit_record = SiteLimitRecord(
+            t.site_limit_record, self.signer, self.verifier, log
+        )
         self._base_tree = core.tree  # the file's, under which a site limit lowers the site
         self._site_line: SiteLine | None = None  # the operator's line the core's tree is under
         self._summary_at = -math.inf  # monotonic time of the last summary
@@ -156,8 +139,19 @@ class ControllerService:
         self._ingest_allowance_s = 0.0  # decode time left in the budget's bucket
         self._ingest_filled_at = time.monotonic()
         self._rates_since = monotonic()  # start of the per-node telemetry count
-        self.leadership = Leadership(
-            config.name, config.takeover_after_s, max_clock_skew_s=config.max_clock_skew_s
+        self.lead = LeaderShell(
+            config,
+            self.control,
+            t.heartbeat,
+            self.signer,
+            self.verifier,
+            on_take_over=self._took_over,
+            seq=lambda: self._seq_sent,
+            watchdog_s=min(config.cycle_s, 5.0),
+            notifier=self.notifier,
+            monotonic=monotonic,
+            wall=wall,
+            log=log,
         )
         self._seq_sent = 0  # the highest command seq published this epoch (heartbeat seq)
         self.cycles: list[CycleResult] = []  # the last few
@@ -167,47 +161,39 @@ class ControllerService:
         self._draining = False
         # called with every cycle's result as soon as it is decided (the demo's trace, tests)
         self.cycle_listeners: list[Callable[[CycleResult], None]] = []
-        self.control_stats = SessionStats()  # the control connection's sessions; .up while up
-        self.telemetry_stats = SessionStats()  # likewise the telemetry connection's
-        self.leading = asyncio.Event()
+        self.telemetry_stats = SessionStats()  # the telemetry connection's sessions
         self._monotonic = monotonic
         self._wall = wall
-        self._heartbeat_seen = asyncio.Event()
         self._decide_now = asyncio.Event()  # a threshold crossed: decide before the period ends
         self._cycled = asyncio.Condition()
-        # Set when run() ends: no taking (back) the lead, no reconnecting. The loops end on
-        # their own even when a cancellation is lost (asyncio.wait_for in 3.11 can drop one).
-        self._stopping = False
         self._log = LogOncePer(log)
 
+    @property
+    def leadership(self) -> Leadership:
+        return self.lead.leadership
+
+    @property
+    def leading(self) -> asyncio.Event:
+        """Set while leading."""
+        return self.lead.leading
+
+    @property
+    def control_stats(self) -> SessionStats:
+        """The control connection's sessions; ``.up`` set while up."""
+        return self.lead.stats
+
     async def run(self, stop: asyncio.Event) -> None:
-        connection = asyncio.create_task(self._connection_loop(), name="connection")
         telemetry = asyncio.create_task(self._telemetry_loop(), name="telemetry")
         ingest = asyncio.create_task(self._ingest_loop(), name="ingest")
-        stopper = asyncio.create_task(stop.wait(), name="stop")
-        watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
-        self.notifier.ready(f"cluster {self.config.cluster}, connecting to the broker")
+        ready = f"cluster {self.config.cluster}, connecting to the broker"
         try:
-            done, _ = await asyncio.wait({connection, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if connection in done:
-                connection.result()
+            await self.lead.serve(stop, self._control_loop, ready, helpers={ingest})
         finally:
-            self.notifier.stopping()
-            self._stopping = True
-            await cancel_until_done({stopper, watchdog, ingest}, log)
-            await self._step_down_on_exit()
             self.telemetry.close()  # ends its read even if the cancel is lost
-            await cancel_until_done({connection, telemetry}, log)
-            self.control.close()
+            await cancel_until_done({telemetry}, log)
             if self.recorder is not None:  # flushes what is buffered, for at most 5 s
                 await asyncio.to_thread(self.recorder.close, 5.0)
             log.info("controller stopped")
-
-    async def _watchdog(self) -> None:
-        """systemd watchdog pings from the event loop, broker or not: a hung loop gets restarted."""
-        while True:
-            self.notifier.watchdog()
-            await asyncio.sleep(min(self.config.cycle_s, 5.0))
 
     async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> None:
         """Wait until ``predicate()`` holds after a control cycle (for tests and the demo)."""
@@ -216,40 +202,12 @@ class ControllerService:
 
     # --- connections -------------------------------------------------------------
 
-    async def _connection_loop(self) -> None:
-        await keep_connected(
-            self._control_session,
-            what=f"broker {self.config.broker.display}",
-            backoff=self._backoff(),
-            stopping=lambda: self._stopping,
-            log=log,
-            expected=(LinkError, *LINK_ERRORS),
-            on_down=self._control_down,
-            stats=self.control_stats,
-        )
-
-    async def _control_session(self, connected: Callable[[], None]) -> None:
-        # Every session learns the epoch afresh from the retained heartbeat: a standby may
-        # have taken over while we were away (leading at once on a flag left set by the
-        # last session made two leaders; issue 12, finding 6).
-        self._heartbeat_seen.clear()
-        await self.control.connect()
-        connected()
-        await self._session(self.control)
-
-    def _control_down(self) -> None:
-        self.control.close()
-        if self.leadership.leading:
-            log.warning("lost the broker: no longer leading until reconnected")
-            self.leadership.leading = False
-            self.leading.clear()
-
     async def _telemetry_loop(self) -> None:
         await keep_connected(
             self._telemetry_session,
             what=f"telemetry connection to {self.config.broker.display}",
-            backoff=self._backoff(),
-            stopping=lambda: self._stopping,
+            backoff=self.lead.backoff(),
+            stopping=lambda: self.lead.stopping,
             log=log,
             expected=(StreamError, *LINK_ERRORS),
             bugs_reconnect=True,  # a bug here must not end telemetry for good, silently
@@ -265,47 +223,28 @@ class ControllerService:
         log.warning("telemetry connection lost (%s): nodes look stale after %g s",
                     why, self.config.stale_after_s)  # fmt: skip
 
-    def _backoff(self) -> Backoff:
-        return Backoff(self.config.broker.reconnect_min_s, self.config.broker.reconnect_max_s)
-
     @property
     def connected(self) -> asyncio.Event:
         """Set while the control connection is up."""
-        return self.control_stats.up
+        return self.lead.stats.up
 
     @property
     def telemetry_up(self) -> asyncio.Event:
         """Set while the telemetry connection is up."""
         return self.telemetry_stats.up
 
-    async def _session(self, link: MqttLink) -> None:
-        log.info("connected to %s as %s", self.config.broker.display, self.config.name)
-        # learn the current epoch from the retained heartbeat, if there is one
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.config.epoch_discovery_s):
-                await self._heartbeat_seen.wait()
-        await self._control_loop(link)
-
     async def _control_loop(self, link: MqttLink) -> None:
-        loop = asyncio.get_running_loop()
+        """A session's loop: take the lead when due, heartbeats, cycles while leading."""
+        loop, lead = asyncio.get_running_loop(), self.lead
         next_cycle = loop.time()
-        next_beat = loop.time()
         last_cycle = -math.inf
         self._decide_now.clear()
         assert link.lost is not None
         link.lost.add_done_callback(lambda _: self._decide_now.set())  # wake up to leave
-        while not link.lost.done() and not self._stopping:
+        while not link.lost.done() and not lead.stopping:
             now = loop.time()
-            if self.leadership.should_lead(self._monotonic()):
-                self.core.new_epoch(self.leadership.take_over(floor=int(self._wall() * 1000)))
-                self._seq_sent = 0
-                self.site_limit_record.publish(link, self.site_limits)
-                self.leading.set()
-                self.notifier.status(f"leading, epoch {self.leadership.epoch}")
-                next_beat = now
-            if self.leadership.leading and now >= next_beat:
-                link.publish(self.topics.heartbeat, self._heartbeat("leader"), qos=1, retain=True)
-                next_beat = now + self.config.heartbeat_s
+            lead.take_over_if_due(now)
+            lead.beat(now)
             periodic = now >= next_cycle
             early = self._decide_now.is_set() and now - last_cycle >= self.config.cycle_s / 4
             if periodic or early:
@@ -319,9 +258,7 @@ class ControllerService:
                     next_cycle += self.config.cycle_s
                     if next_cycle < now:
                         next_cycle = now + self.config.cycle_s
-            # A standby sends no heartbeat: its next_beat is stale, and waking for it would
-            # spin. It wakes every cycle to see whether it should lead.
-            wake = min(next_cycle, next_beat) if self.leadership.leading else next_cycle
+            wake = lead.wake(next_cycle)  # a standby wakes every cycle: should it lead?
             if self._decide_now.is_set():  # decided too recently: not before the gap is over
                 wake = min(wake, last_cycle + self.config.cycle_s / 4)
                 await asyncio.sleep(max(0.0, wake - loop.time()))
@@ -350,7 +287,7 @@ class ControllerService:
 
     async def _ingest_loop(self) -> None:
         heard, heard_at = self.inbox.received, time.monotonic()
-        while not self._stopping:
+        while not self.lead.stopping:
             await asyncio.sleep(self.ingest_period_s)
             self._ingest()
             if self.leadership.leading and self.core.crossed_threshold():
@@ -475,7 +412,7 @@ class ControllerService:
 
     def _apply_site_limit(self) -> None:
         """The site's bands under an operator's limit in force, gliding down at the site's
-        ramp limit (powerd.controller.site_limit); the file's when none is. Under safety
+        ramp limit (powerd.site_limits.limits); the file's when none is. Under safety
         by caps the line is on the caps in force (``SiteLimits.line``)."""
         base, core = self._base_tree, self.core
         by_caps = core.settings.policy.safety_by_caps
@@ -512,9 +449,7 @@ class ControllerService:
     def _on_site_limit(self, topic: str, payload: bytes, live: bool = True) -> None:
         now = self._monotonic()
         try:
-            if self.operator_verifier is None:
-                raise ProtocolError("no operator key is trusted (trust.operator_keys)")
-            limit = self.operator_verifier.decode(SiteLimit, topic, payload)
+            limit = operator_limit(self.operator_verifier, topic, payload)
         except ProtocolError as exc:
             self.core.count_rejected()
             self._log.warning("site-limit", now, "site limit refused: %s", exc)
@@ -537,17 +472,13 @@ class ControllerService:
         )
 
     def _on_site_limit_record(self, payload: bytes) -> None:
-        """The limit a leader held (``powerd.site_limit_record``): the order's floor."""
+        """The limit a leader held (``powerd.site_limits.record``): the order's floor."""
         now = self._monotonic()
         try:
-            record = self.site_limit_record.take(self.site_limits, payload, now, self._wall())
+            self.site_limit_record.take(self.site_limits, payload, now, self._wall())
         except ProtocolError as exc:
             self.core.count_rejected()
             self._log.warning("site-limit-record", now, "site limit record refused: %s", exc)
-            return
-        if record is not None:
-            log.info("site limit record taken: operator %s's of ts %.3f, seq %d",
-                     record.operator, record.ts, record.seq)  # fmt: skip
 
     def reload(self, new: Topology, smoothing: GpuSmoothing | None = None) -> str | None:
         """Put a reloaded budgets file (already loaded and checked, scoped for a leaf) in
@@ -607,15 +538,11 @@ class ControllerService:
         assert self.recorder is not None and self.records is not None
         self.recorder.write(self.records.cycle(self.core, result, ts))
 
-    def _heartbeat(self, state: ControllerState) -> bytes:
-        ts = self.leadership.beat_ts(self._monotonic(), self._wall())
-        return signed_heartbeat(
-            self.signer, self.topics.heartbeat, self.leadership, state, ts, self._seq_sent
-        )
-
-    async def _step_down_on_exit(self) -> None:
-        topic, ts = self.topics.heartbeat, self.leadership.beat_ts(self._monotonic(), self._wall())
-        await step_down_on_exit(self.control, self.leadership, topic, self.signer, ts, log)
+    def _took_over(self, epoch: int) -> None:
+        """Our part of taking the lead: the core's new epoch, the site limit's record."""
+        self.core.new_epoch(epoch)
+        self._seq_sent = 0
+        self.site_limit_record.publish(self.control, self.site_limits)
 
     # --- control messages --------------------------------------------------------
 
@@ -686,15 +613,12 @@ class ControllerService:
     def _on_heartbeat(self, payload: bytes, live: bool = True) -> None:
         """Another controller's heartbeat; liveness by receipt (``Leadership.observe``)."""
         try:
-            beat = self.verifier.decode(Heartbeat, self.topics.heartbeat, payload)
+            self.lead.on_heartbeat(payload, live)
         except ProtocolError as exc:  # forged, unsigned or malformed: it leads nobody
             self.core.count_rejected()
             self._log.warning("heartbeat", self._monotonic(), "heartbeat refused: %s", exc)
             return
-        if self.leadership.observe(beat, self._monotonic(), self._wall(), live):
-            self.leading.clear()
         self._count_clocks()
-        self._heartbeat_seen.set()
 
     def _count_clocks(self) -> None:
         """The clock alarms and the largest peer skew, where the recorder reads them."""
@@ -703,3 +627,40 @@ class ControllerService:
             alarms += self.leaf.clock_alarms
         self.core.clock_alarms = alarms
         self.core.peer_skew_s = self.leadership.skew.largest_s
+
+
+def _grant_verifier(config: ControllerConfig, leaf: LeafGrants | None) -> Verifier | None:
+    """``trust.coordinator_keys``; a leaf without them is told at start that every grant
+    is refused."""
+    verifier = config.grant_verifier()
+    if leaf is not None and verifier is None:
+        log.warning(
+            "scope %s: no trust.coordinator_keys: every grant is refused and the rows' "
+            "file budgets hold",
+            leaf.scope,
+        )
+    return verifier
+
+
+def _subscriptions(
+    t: Topics, leaf: LeafGrants | None, nodes: tuple[str, ...]
+) -> tuple[list[tuple[str, int]], str | list[str]]:
+    """The control connection's subscriptions (QoS 1) and the telemetry connection's
+    filters: the whole site's for a site's controller; a leaf's own nodes only (the
+    broker does not send it the rest of the site), its grant and the coordinator's
+    heartbeat (its round: the floor against replayed grants)."""
+    subscriptions = [(t.heartbeat, 1), (t.all_phases, 1), (t.all_owned_phases, 1)]
+    if leaf is None:
+        subscriptions += [(t.all_acks, 1), (t.all_status, 1), (t.site_limit, 1)]
+        subscriptions += [(t.site_limit_record, 1)]  # the limits' order, across restarts
+        return subscriptions, t.all_telemetry
+    subscriptions += [(t.grant(leaf.scope), 1), (t.coordinator_heartbeat, 1)]
+    subscriptions += [(t.ack(n), 1) for n in nodes] + [(t.status(n), 1) for n in nodes]
+    return subscriptions, [t.telemetry(n) for n in nodes]
+
+
+def _telemetry_what(t: Topics, leaf: LeafGrants | None, nodes: tuple[str, ...]) -> str:
+    """What the telemetry subscription is, for people (the logs)."""
+    if leaf is None:
+        return t.all_telemetry
+    return f"the telemetry of its {len(nodes)} nodes (scope {leaf.scope})"

@@ -20,7 +20,7 @@ from powerd.configfile import (
     verifier_or_none,
     with_overrides,
 )
-from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.mqtt.url import BrokerSettings, parse_broker_url
 from powerd.protocol import NAME_PATTERN, ProtocolError, check_name
 from powerd.signing import Signer, Verifier
 from powerd.topology import Topology

@@ -26,8 +26,8 @@ import numpy as np
 
 from policies.coordination import Allocation, Leaves, SitePool, allocate
 from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
-from powerd.controller.site_limit import glide_ramp_w_per_s
 from powerd.protocol import Grant, Summary
+from powerd.site_limits.limits import glide_ramp_w_per_s
 from powerd.topology import Topology
 from powerd.topology.scope import Scope, check_scopes, leaf_pool_w, scoped
 from powerd.vocabulary import PROTOCOL_VERSION

@@ -1,9 +1,9 @@
-"""`powerd coordinator`: a thin asyncio shell around ``CoordinatorCore`` and ``Leadership``.
+"""`powerd coordinator`: a thin asyncio shell around ``CoordinatorCore`` and ``LeaderShell``.
 
 One connection to the (site) broker: summaries, coordinator heartbeats and the
 operator's site limits in, grants, our heartbeat and our record of the site limit
-(``powerd.site_limit_record``) out, every one signed. A leader/standby pair works as
-the controllers' does (``powerd.controller.leadership``) on its own heartbeat
+(``powerd.site_limits.record``) out, every one signed. A leader/standby pair works as
+the controllers' does (``powerd.leadership``) on its own heartbeat
 topic: a standby takes over once the leader is silent ``takeover_after_s``,
 before the leaves' grants expire. Grants are retained: a leaf controller that
 restarts, or a standby leaf that takes over, has its scope's grant at once
@@ -18,20 +18,18 @@ import logging
 import time
 from collections.abc import Callable
 
-from powerd.backoff import Backoff
-from powerd.controller.leadership import Leadership
-from powerd.controller.site_limit import SiteLimits
 from powerd.coordinator.config import CoordinatorConfig
 from powerd.coordinator.core import CoordinatorCore, Period
-from powerd.heartbeat import signed_heartbeat, step_down_on_exit
-from powerd.mqtt_link import LINK_ERRORS, LinkError, MqttLink
-from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
-from powerd.protocol import Heartbeat, ProtocolError, SiteLimit, Summary, Topics, encode
+from powerd.leadership.shell import LeaderShell
+from powerd.leadership.state import Leadership
+from powerd.mqtt.link import LinkError, MqttLink
+from powerd.mqtt.session import SessionStats
+from powerd.protocol import ProtocolError, Summary, Topics, encode
 from powerd.ratelimit import LogOncePer
 from powerd.signing import Signer
-from powerd.site_limit_record import SiteLimitRecord
+from powerd.site_limits.limits import SiteLimits
+from powerd.site_limits.record import SiteLimitRecord, operator_limit
 from powerd.systemd import SystemdNotifier
-from powerd.vocabulary import ControllerState
 
 log = logging.getLogger("powerd.coordinator")
 
@@ -65,104 +63,73 @@ class CoordinatorService:
             self._on_message,
             monotonic=monotonic,
         )
-        self.leadership = Leadership(
-            config.name, config.takeover_after_s, max_clock_skew_s=config.max_clock_skew_s
+        self.lead = LeaderShell(
+            config,
+            self.link,
+            t.coordinator_heartbeat,
+            self.signer,
+            self.heartbeats_from,
+            on_take_over=self._took_over,
+            # seq: the last grant round's, a restarted leaf's floor against replayed grants
+            seq=lambda: self.core.seq,
+            # WatchdogSec=30s: a coordinator waiting for its broker is alive
+            watchdog_s=min(config.heartbeat_s, 5.0),
+            notifier=self.notifier,
+            monotonic=monotonic,
+            wall=wall,
+            log=log,
+            who=f"coordinator {config.name}",
         )
         # an operator's temporary site limit (demand response)
         self.site_limits = SiteLimits(max_clock_skew_s=config.max_clock_skew_s)
         core.max_clock_skew_s = config.max_clock_skew_s
         self.operators = config.operator_verifier()
         self.site_limit_record = SiteLimitRecord(
-            t.coordinator_site_limit_record, self.signer, self.heartbeats_from
+            t.coordinator_site_limit_record, self.signer, self.heartbeats_from, log
         )
-        self.stats = SessionStats()
-        self.leading = asyncio.Event()
         self.periods: list[Period] = []  # the last few
         self.period_listeners: list[Callable[[Period], None]] = []
         self._monotonic = monotonic
         self._wall = wall
-        self._heartbeat_seen = asyncio.Event()
-        self._stopping = False
         self._log = LogOncePer(log)
 
+    @property
+    def leadership(self) -> Leadership:
+        return self.lead.leadership
+
+    @property
+    def leading(self) -> asyncio.Event:
+        """Set while leading."""
+        return self.lead.leading
+
+    @property
+    def stats(self) -> SessionStats:
+        """The connection's sessions; ``.up`` set while up."""
+        return self.lead.stats
+
     async def run(self, stop: asyncio.Event) -> None:
-        connection = asyncio.create_task(self._connection_loop(), name="connection")
-        stopper = asyncio.create_task(stop.wait(), name="stop")
-        watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
-        self.notifier.ready(f"coordinator of {len(self.core.specs)} leaves, connecting")
+        ready = f"coordinator of {len(self.core.specs)} leaves, connecting"
         try:
-            done, _ = await asyncio.wait({connection, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if connection in done:
-                connection.result()
+            await self.lead.serve(stop, self._loop, ready)
         finally:
-            self.notifier.stopping()
-            self._stopping = True
-            await cancel_until_done({stopper, watchdog}, log)
-            await self._step_down_on_exit()
-            await cancel_until_done({connection}, log)
-            self.link.close()
             log.info("coordinator stopped")
 
-    async def _watchdog(self) -> None:
-        """systemd watchdog pings from the event loop, broker or not (WatchdogSec=30s): a
-        coordinator waiting for its broker is alive; a hung loop is restarted."""
-        while True:
-            self.notifier.watchdog()
-            await asyncio.sleep(min(self.config.heartbeat_s, 5.0))
-
-    async def _connection_loop(self) -> None:
-        await keep_connected(
-            self._session,
-            what=f"broker {self.config.broker.display}",
-            backoff=Backoff(self.config.broker.reconnect_min_s, self.config.broker.reconnect_max_s),
-            stopping=lambda: self._stopping,
-            log=log,
-            expected=(LinkError, *LINK_ERRORS),
-            on_down=self._down,
-            stats=self.stats,
-        )
-
-    def _down(self) -> None:
-        self.link.close()
-        if self.leadership.leading:
-            log.warning("lost the broker: no longer leading until reconnected")
-            self.leadership.leading = False
-            self.leading.clear()
-
-    async def _session(self, connected: Callable[[], None]) -> None:
-        self._heartbeat_seen.clear()
-        await self.link.connect()
-        connected()
-        log.info("connected to %s as coordinator %s", self.config.broker.display, self.config.name)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.config.epoch_discovery_s):
-                await self._heartbeat_seen.wait()
-        await self._loop(self.link)
-
     async def _loop(self, link: MqttLink) -> None:
-        loop = asyncio.get_running_loop()
-        next_period = next_beat = loop.time()
+        loop, lead = asyncio.get_running_loop(), self.lead
+        next_period = loop.time()
         assert link.lost is not None
-        # Runs until the link is lost or the task is cancelled: on a stop, run() steps down
-        # (a standby heartbeat, awaited) on this very link before it cancels us.
+        # Runs until the link is lost or the task is cancelled: on a stop, the shell steps
+        # down (a standby heartbeat, awaited) on this very link before it cancels us.
         while not link.lost.done():
             now = loop.time()
-            if not self._stopping and self.leadership.should_lead(self._monotonic()):
-                self.core.new_epoch(self.leadership.take_over(floor=int(self._wall() * 1000)))
-                self.site_limit_record.publish(link, self.site_limits)
-                self.leading.set()
-                self.notifier.status(f"leading, epoch {self.leadership.epoch}")
-                next_beat = next_period = now
-            if self.leadership.leading and now >= next_beat:
-                topic = self.topics.coordinator_heartbeat
-                link.publish(topic, self._heartbeat("leader"), qos=1, retain=True)
-                next_beat = now + self.config.heartbeat_s
+            if lead.take_over_if_due(now):
+                next_period = now
+            lead.beat(now)
             if now >= next_period:
-                if self.leadership.leading and not self._stopping:
+                if self.leadership.leading and not lead.stopping:
                     self._grant(link)
                 next_period = max(next_period + self.config.period_s, now)
-            wake = min(next_period, next_beat) if self.leadership.leading else next_period
-            wake = min(wake, now + self.config.heartbeat_s)
+            wake = min(lead.wake(next_period), now + self.config.heartbeat_s)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, wake - loop.time())):
                     await asyncio.shield(link.lost)
@@ -197,21 +164,10 @@ class CoordinatorService:
             period.allocation.reserved_w / 1e3,
         )
 
-    def _heartbeat(self, state: ControllerState) -> bytes:
-        ts = self.leadership.beat_ts(self._monotonic(), self._wall())
-        topic = self.topics.coordinator_heartbeat
-        # seq: the last grant round's, a restarted leaf's floor against replayed grants
-        return signed_heartbeat(self.signer, topic, self.leadership, state, ts, self.core.seq)
-
-    async def _step_down_on_exit(self) -> None:
-        await step_down_on_exit(
-            self.link,
-            self.leadership,
-            self.topics.coordinator_heartbeat,
-            self.signer,
-            self.leadership.beat_ts(self._monotonic(), self._wall()),
-            log,
-        )
+    def _took_over(self, epoch: int) -> None:
+        """Our part of taking the lead: the core's new epoch, the site limit's record."""
+        self.core.new_epoch(epoch)
+        self.site_limit_record.publish(self.link, self.site_limits)
 
     def _on_message(
         self, topic: str, payload: bytes, _arrived: float, retained: bool = False
@@ -220,14 +176,9 @@ class CoordinatorService:
         try:
             kind, name = self.topics.parse(topic)
             if kind == "coordinator":
-                beat = self.heartbeats_from.decode(Heartbeat, topic, payload)
-                if self.leadership.observe(beat, now, self._wall(), live):
-                    self.leading.clear()
-                self._heartbeat_seen.set()
+                self.lead.on_heartbeat(payload, live)
             elif kind == "site_limit":
-                if self.operators is None:
-                    raise ProtocolError("no operator key is trusted (trust.operator_keys)")
-                limit = self.operators.decode(SiteLimit, topic, payload)
+                limit = operator_limit(self.operators, topic, payload)
                 why = self.site_limits.take(limit, now, self._wall(), live=live)
                 if why is not None:
                     self._log.warning("site-limit-order", now, "site limit ignored: %s", why)
@@ -236,10 +187,7 @@ class CoordinatorService:
                     if self.leadership.leading:
                         self.site_limit_record.publish(self.link, self.site_limits)
             elif kind == "coordinator_site_limit_record":
-                record = self.site_limit_record.take(self.site_limits, payload, now, self._wall())
-                if record is not None:
-                    log.info("site limit record taken: operator %s's of ts %.3f, seq %d",
-                             record.operator, record.ts, record.seq)  # fmt: skip
+                self.site_limit_record.take(self.site_limits, payload, now, self._wall())
             elif kind == "summary":
                 summary = self.summaries_from.decode(Summary, topic, payload)
                 if summary.scope != name:

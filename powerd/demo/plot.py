@@ -14,6 +14,7 @@ from policies.tree import ROW, SITE
 from powerd.demo.summary import RAMP_WINDOW_S, RunRecord, regular_series
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 PHASE_COLOURS = {
@@ -43,7 +44,8 @@ def locked_share_pct(trace: RunRecord, job: int) -> np.ndarray:
     mine = trace.gpu_job == job
     if not mine.any():
         return np.zeros(len(trace.t))
-    return np.asarray(trace.gpu_locked[:, mine], dtype=float).mean(axis=1) * 100
+    locked: np.ndarray = np.asarray(trace.gpu_locked[:, mine], dtype=float).mean(axis=1) * 100
+    return locked
 
 
 def plot_trace(trace: RunRecord, path: str | Path, title: str = "powerd demo") -> Path:
@@ -82,14 +84,14 @@ def trace_figure(trace: RunRecord, title: str = "powerd demo") -> Figure:
     # the jobs on each row (by where their GPUs are), for shading
     gpu_row = _gpu_row(trace)
 
-    def shade(ax, jobs: list[int]) -> None:
+    def shade(ax: Axes, jobs: list[int]) -> None:
         for k in jobs:
             for start, stop, phase in _spans(trace.jobs[k].phases, end_s):
                 colour = PHASE_COLOURS.get(phase)
                 if colour:
                     ax.axvspan(start, stop, color=colour, alpha=0.35, lw=0)
 
-    def power_panel(ax, node: int, label: str, jobs: list[int]) -> None:
+    def power_panel(ax: Axes, node: int, label: str, jobs: list[int]) -> None:
         shade(ax, jobs)
         ax.plot(t, trace.node_power_w[:, node] / 1e3, color="black", lw=1.2, label="power")
         ax.axhline(trace.budget_w[node] / 1e3, color="tab:orange", ls="--", lw=1, label="budget")
@@ -131,7 +133,7 @@ def trace_figure(trace: RunRecord, title: str = "powerd demo") -> Figure:
     return fig
 
 
-def caps_panel(ax, trace: RunRecord) -> None:
+def caps_panel(ax: Axes, trace: RunRecord) -> None:
     """Each job's mean GPU power cap over time."""
     for k in range(len(trace.jobs)):
         mine = trace.gpu_job == k
@@ -147,7 +149,7 @@ def caps_panel(ax, trace: RunRecord) -> None:
         ax.legend(loc="upper right", fontsize=8, ncol=2)
 
 
-def locks_panel(ax, trace: RunRecord) -> None:
+def locks_panel(ax: Axes, trace: RunRecord) -> None:
     """Each job's share of GPUs with a locked clock over time, on its own 0-100 % axis
     (it shared the caps' panel on a 0-400 % axis, to keep it under the caps' lines)."""
     for k in range(len(trace.jobs)):
@@ -168,7 +170,7 @@ def locks_panel(ax, trace: RunRecord) -> None:
         ax.legend(loc="upper right", fontsize=8, ncol=2)
 
 
-def ramp_panel(ax, trace: RunRecord) -> None:
+def ramp_panel(ax: Axes, trace: RunRecord) -> None:
     """The site's measured ramp over the grid spec's window (policies.grid, on the samples
     put on a regular step), with the spec's limits: what the grid sees."""
     spec = trace.grid

@@ -26,10 +26,11 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,11 +52,11 @@ from powerd.demo.scenario import (
     default_jobs,
 )
 from powerd.demo.summary import JobRecord, PhaseAccount, RunRecord, Summary, summarize
-from powerd.embedded_broker import EmbeddedBroker
 from powerd.gpu import GpuError
 from powerd.gpu.simulated import SimulatedGpu, parse_spec
 from powerd.jobhook import FillFollower, PhaseReporter
-from powerd.mqtt_url import parse_broker_url
+from powerd.mqtt.embedded_broker import EmbeddedBroker
+from powerd.mqtt.url import parse_broker_url
 from powerd.recorder import open_recorder
 from powerd.signing import Signer, Verifier
 from powerd.topology import Topology, load_budgets
@@ -156,7 +157,7 @@ class _Sampler:
         self.gpu_power: list[np.ndarray] = []
         self.gpu_fill_energy: list[np.ndarray] = []
         # throughput_rel is deterministic in (phase, cap, lock) and costs an operating point
-        self._speed: list[tuple[tuple, float]] = [((), 0.0)] * len(gpus)
+        self._speed: list[tuple[tuple[Any, ...], float]] = [((), 0.0)] * len(gpus)
 
     def sample(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = len(self.gpus)
@@ -199,7 +200,9 @@ class _AccountedGpu(SimulatedGpu):
     drew in each job phase, at every phase change, lock and unlock: an agent reacts to a
     job's announcement in tens of milliseconds, which the sampler's steps cannot resolve."""
 
-    def __init__(self, *args, clock: Callable[[], float] = time.monotonic, **kwargs) -> None:
+    def __init__(
+        self, *args: Any, clock: Callable[[], float] = time.monotonic, **kwargs: Any
+    ) -> None:
         super().__init__(*args, clock=clock, **kwargs)
         self._account_clock = clock
         self.start_account()
@@ -343,9 +346,9 @@ async def run_demo(
     sampler = _Sampler(topology, gpus)
     cycles = _Cycles(topology.n_nodes, topology.n_gpus)
     stop = asyncio.Event()
-    tasks: list[asyncio.Task] = []
+    tasks: list[asyncio.Task[Any]] = []
     jobs: list[TrainingJob] = []
-    job_tasks: list[asyncio.Task] = []
+    job_tasks: list[asyncio.Task[Any]] = []
     fills: dict[str, FillFollower | None] = {}
     account: PhaseAccount | None = None
     broker = EmbeddedBroker()
@@ -384,7 +387,7 @@ async def run_demo(
         # misses its first fill targets. (This order also kept clear of an amqtt 0.12 race:
         # replaying retained messages on CONNECT, it walked every subscription of the
         # broker, awaiting, and a SUBSCRIBE adding a topic meanwhile ended the connection,
-        # "dictionary changed size". powerd.embedded_broker now replays a session's own
+        # "dictionary changed size". powerd.mqtt.embedded_broker now replays a session's own
         # subscriptions only, so a clean session's CONNECT no longer awaits in that walk.)
         fills = {p.name: _fill_follower(p, broker.url, options, gpus_by_node) for p in plans}
         await _subscribed([f for f in fills.values() if f is not None])
@@ -465,7 +468,7 @@ def _controller_config(url: str, options: DemoOptions) -> ControllerConfig:
 
 
 async def _teardown(
-    stop: asyncio.Event, job_tasks: list[asyncio.Task], tasks: list[asyncio.Task]
+    stop: asyncio.Event, job_tasks: list[asyncio.Task[Any]], tasks: list[asyncio.Task[Any]]
 ) -> None:
     """Stop the jobs, then agents and controller (they say goodbye on the broker); raise
     what failed. Every wait is bounded: a client stuck in its disconnect is cancelled."""
@@ -489,7 +492,7 @@ async def _teardown(
             raise RuntimeError(f"{task.get_name()} failed") from task.exception()
 
 
-async def _bounded(awaitable, what: str) -> None:
+async def _bounded(awaitable: Awaitable[Any], what: str) -> None:
     try:
         await asyncio.wait_for(awaitable, TEARDOWN_TIMEOUT_S)
     except TimeoutError:
@@ -503,7 +506,7 @@ async def _record(
     sampler: _Sampler,
     on_tick: Callable[[LiveState], None] | None,
     tick_s: float,
-    tasks: list[asyncio.Task],
+    tasks: list[asyncio.Task[Any]],
 ) -> None:
     """Sample the GPUs every ``sample_s`` and tick the view for ``record_s``."""
     t0 = state.t0
@@ -591,7 +594,7 @@ def _reporter(plan: JobPlan, url: str, options: DemoOptions) -> PhaseReporter:
 
 
 async def _wait_ready(
-    agents: list[AgentDaemon], service: ControllerService, tasks: list[asyncio.Task]
+    agents: list[AgentDaemon], service: ControllerService, tasks: list[asyncio.Task[Any]]
 ) -> None:
     """Every agent connected and the controller leading, or an error that says what is not."""
     waits = [a.connected.wait() for a in agents] + [service.leading.wait()]
@@ -608,7 +611,7 @@ async def _wait_ready(
         ) from None
 
 
-def _raise_if_failed(tasks: list[asyncio.Task]) -> None:
+def _raise_if_failed(tasks: list[asyncio.Task[Any]]) -> None:
     for task in tasks:
         if task.done() and not task.cancelled() and task.exception() is not None:
             raise RuntimeError(f"{task.get_name()} stopped") from task.exception()
@@ -631,7 +634,7 @@ def _trace(
             gpu_job[gpus.start : gpus.stop] = k
     n_nodes, n_gpus = topology.n_nodes, topology.n_gpus
 
-    def stack(rows: list[np.ndarray], width: int, dtype=float) -> np.ndarray:
+    def stack(rows: list[np.ndarray], width: int, dtype: type = float) -> np.ndarray:
         return np.array(rows, dtype=dtype) if rows else np.zeros((0, width), dtype=dtype)
 
     return RunRecord(

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from policies.capping import WAITING_PHASES
+from policies.rules import WAITING_PHASES
 from powerd.gpu.simulated import SimulatedGpu
 from powerd.jobhook import FillFollower, PhaseReporter
 from powerd.topology import Topology

@@ -81,8 +81,8 @@ from typing import Any
 import numpy as np
 
 from policies import grid as grid_measure
-from policies.capping import WAITING_PHASES
 from policies.causes import CLOCK_LOCK, FAILSAFE, LOST_CAUSES, NOT_HELD, loss_by_cause
+from policies.rules import WAITING_PHASES
 from policies.tree import LEVEL_NAMES, PHASE_CODES, in_codes, phase_codes
 from powerd.topology.grid import GridSpec, grid_report
 from powerd.vocabulary import PHASES, PROGRESS_PHASES
@@ -248,7 +248,9 @@ def regular_series(t: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, float
     return v[idx], step
 
 
-def _ramp(series: np.ndarray, step: float, window_s: float, spec: GridSpec | None = None):
+def _ramp(
+    series: np.ndarray, step: float, window_s: float, spec: GridSpec | None = None
+) -> grid_measure.RampStats:
     """``policies.grid.ramp_stats`` of a regular series (limits from ``spec``, if any)."""
     if step <= 0 or len(series) < 2:
         return grid_measure.RampStats(window_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -373,7 +375,8 @@ def _natural_site(trace: RunRecord, site_w: np.ndarray) -> np.ndarray | None:
     if fill is None or len(fill) < 2:
         return None
     t = np.asarray(trace.t, dtype=float)
-    return site_w - _fill_power_w(t, fill)
+    drawn_w: np.ndarray = site_w - _fill_power_w(t, fill)
+    return drawn_w
 
 
 def _resume_site(trace: RunRecord, natural_site_w: np.ndarray) -> np.ndarray | None:

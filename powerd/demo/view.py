@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from rich.cells import cell_len
@@ -15,6 +16,7 @@ from policies.tree import RACK, ROW, SITE, Tree
 from powerd.demo.runner import LiveState
 from powerd.demo.summary import Summary
 from powerd.topology.grid import NO_GRID_SPEC
+from powerd.units import fmt_kw_per_s as _kw
 
 BAR_WIDTH = 24  # the power bar in a wide terminal
 NARROW_BAR_WIDTH = 14  # in one narrower than the wide layout (an 80-column one)
@@ -464,10 +466,6 @@ def clock_locks_line(summary: Summary) -> str:
     return line
 
 
-def _kw(w_per_s: float) -> str:
-    return f"{w_per_s / 1e3:.1f} kW/s"
-
-
 def grid_breach_line(summary: Summary) -> str | None:
     """'outside the grid spec: ramp up 12.0 s, ramp down 3.1 s', or None (no breach, or
     no grid spec)."""
@@ -475,7 +473,7 @@ def grid_breach_line(summary: Summary) -> str | None:
     return f"outside the grid spec: {', '.join(breaches)}" if breaches else None
 
 
-def _rms(g: dict) -> str:
+def _rms(g: dict[str, Any]) -> str:
     rms, least = g.get("oscillation_band_rms_max_w"), g.get("oscillation_min_rms_w")
     shown = "n/a" if rms is None else f"{rms / 1e3:.1f} kW"
     return shown + (f" (counts from {least / 1e3:g} kW)" if least else "")

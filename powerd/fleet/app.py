@@ -7,10 +7,11 @@ import logging
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 from powerd.fleet.model import FleetModel, FleetOptions
 from powerd.fleet.runner import FleetRunner, RunOptions
-from powerd.mqtt_url import parse_broker_url
+from powerd.mqtt.url import parse_broker_url
 from powerd.signing import load_verifier
 from powerd.topology import load_budgets
 from powerd.topology.checks import log_budget_warnings
@@ -58,7 +59,7 @@ def run_fleet(
     seed: int = 1,
     verify_every: int = 1,
     report_json: Path | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Run until ``duration_s`` or SIGTERM/SIGINT; the report's summary.
 
     ``trust``: the controller public keys the simulated agents obey (KeyFileError, a

@@ -3,11 +3,14 @@
 One :class:`FleetModel` stands for every node of a budgets file (or the first
 N): GPUs with a demand, a cap and a clock lock, nodes with a telemetry
 sequence number, a mode and the last command applied. It answers the same
-messages the way ``powerd.agent.core.AgentCore`` does, in bulk:
+messages the way ``powerd.agent.core.AgentCore`` does, in bulk, by the agent's own
+rules (``powerd.agent.rules``, ``powerd.agent.following``) called for each node:
 
 - **Telemetry**: one protocol-valid ``Telemetry`` payload per node (what an
   agent publishes each period), power = ``min(demand, cap)``, scaled down
-  under a clock lock; the newest controller epoch it has seen.
+  under a clock lock as the simulated GPU's default workload is
+  (``powerd.gpu.workload_model.locked_power_share``); the newest controller epoch
+  it has seen.
 - **Commands** (``on_command``): signature verified against the trusted
   controller keys (``powerd.signing``), validated by ``powerd.protocol``; refused
   (``rejected``) in failsafe; ``stale`` if older than the newest epoch or not
@@ -53,47 +56,47 @@ Not simulated: the agents' command TTL (refreshed by every live heartbeat,
 so it only matters when heartbeats stop, which failsafe covers already); the
 broker's hop for the fleet's own announcements (its agents hear them at once);
 software smoothing (``agent.software_smoothing``: its GPUs report no smoothing); and
-per-GPU workload curves (``powerd.gpu.simulated`` has those, at ~100 times
-the cost per sample). ``tests/fleet/test_fleet_conformance.py`` holds the
+per-GPU workloads (``powerd.gpu.simulated`` has those, at ~100 times the cost per
+sample). ``tests/fleet/test_fleet_conformance.py`` holds the
 simulated answers to a real ``AgentCore``'s on the same messages.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 from msgspec import UNSET
 
 from policies.tree import RACK
-from powerd.agent.controls import FAILSAFE_RAISE_SHARE, profile_of, smoothing_wire
+from powerd.agent import rules
+from powerd.agent.controls import smoothing_wire
 from powerd.agent.following import Following
 from powerd.agent.phase_clock import LOCKING_PHASE
 from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
-from powerd.gpu.base import SmoothingProfile, SmoothingRange, smoothed_draw
+from powerd.fleet.jobs import COMM_LOAD, split_into_jobs
+from powerd.fleet.smoothing import FleetSmoothing
+from powerd.gpu.base import ClockRange, PowerLimitRange
 from powerd.gpu.clock_table import ClockTable
-from powerd.gpu.errors import GpuValueError
 from powerd.gpu.models import GPU_MODELS
-from powerd.gpu.simulated import (
-    SMOOTHING_FLOOR_MAX_PERCENT,
-    SMOOTHING_FLOOR_MIN_PERCENT,
-    SMOOTHING_PRESETS,
-    default_smoothing_preset,
-)
-from powerd.gpu.workload_model import lock_response
+from powerd.gpu.simulated import DEFAULT_WORKLOAD, workload_curve
+from powerd.gpu.workload_model import Device
+from powerd.gpu.workload_model import locked_power_share as curve_locked_share
 from powerd.protocol import (
     SMOOTHING_STATE_EVERY_SAMPLES,
-    Ack,
     AckError,
+    AckResult,
     Command,
     CommClock,
     GpuAck,
     GpuCommand,
     GpuSmoothing,
     Heartbeat,
+    Mode,
     PhaseEvent,
     ProtocolError,
     Status,
@@ -106,38 +109,19 @@ from powerd.protocol import (
 )
 from powerd.signing import SignatureError, Verifier
 from powerd.topology import Topology
-from powerd.vocabulary import PRIORITIES, PROTOCOL_VERSION
+from powerd.vocabulary import PROTOCOL_VERSION
 
 log = logging.getLogger("powerd.fleet")
 
-# Under a clock lock at a fraction s of the maximum clock, a GPU model without a clock
-# table draws this share of what it would draw unlocked: P ~ p_static + p_dyn * s^2.5
-# (powerd.gpu.workload_model); a model with one draws its table's power_rel at the lock,
-# as the simulated GPU does (powerd.gpu.workload_model.lock_response).
-_STATIC_SHARE = 0.3
-_CLOCK_EXPONENT = 2.5
+R = TypeVar("R")
 
 
 def locked_power_share(model: str, lock_mhz: float, table: ClockTable | None) -> float:
-    """The share of its unlocked draw a GPU of ``model`` draws at ``lock_mhz``, by its clock
-    ``table`` (``Topology.clock_table``) where it has one."""
-    if table is not None:
-        return min(1.0, lock_response(table, lock_mhz)[1])
-    share = min(1.0, lock_mhz / GPU_MODELS[model].sm_clock_max_mhz)
-    return _STATIC_SHARE + (1 - _STATIC_SHARE) * share**_CLOCK_EXPONENT
-
-
-COMM_LOAD = 0.35  # a GPU waiting on a collective draws this share of its compute demand
-STARTUP_S = 2.0  # a job announces startup, then compute this much later
-
-
-@dataclass
-class Job:
-    name: str
-    nodes: list[int]
-    priority: str
-    phase: str = "startup"
-    next_at: float = 0.0  # monotonic time of its next phase change
+    """The share of its unlocked draw a GPU of ``model`` draws at ``lock_mhz``: by its clock
+    ``table`` (``Topology.clock_table``) where it has one, else by the simulated GPU's
+    default workload curve (``powerd.gpu.workload_model.locked_power_share``)."""
+    device = Device.of(GPU_MODELS[model])
+    return curve_locked_share(workload_curve(DEFAULT_WORKLOAD), device, table, lock_mhz)
 
 
 @dataclass(frozen=True)
@@ -247,68 +231,47 @@ class FleetModel:
         self.energy_j: list[float] = [0.0] * n_gpus
         self._want: list[float] = self.demand_w.tolist()  # this period's demand, noise included
         self._noise = np.ones(n_gpus)
-        self._clock_min = self.clock_min_mhz.tolist()
         self._clock_max = self.clock_max_mhz.tolist()
         self._model = np.repeat([m.key for m in models], self.gpu_count).tolist()
         self._lock_share: dict[tuple[str, int], float] = {}  # (model, lock): a few entries
-        self._cap_min = self.cap_min_w.tolist()
         self._cap_max = self.cap_max_w.tolist()
+        # each GPU's ranges, as its agent clamps into them (equal ranges are one object)
+        self._limits = _ranges(
+            self.cap_min_w, self.cap_max_w, lambda lo, hi: PowerLimitRange(lo, hi, hi)
+        )
+        self._clocks = _ranges(
+            self.clock_min_mhz, self.clock_max_mhz, lambda lo, hi: ClockRange(int(lo), int(hi))
+        )
         self._first_gpu: list[int] = self.gpu_start.tolist()
         self._n_gpus: list[int] = self.gpu_count.tolist()
         self.failsafe = True
         self.seq = [0] * n_nodes
-        self.last_applied: list[tuple[int, int]] = [(-1, -1)] * n_nodes
+        self.last_applied: list[rules.Order] = [rules.NO_ORDER] * n_nodes
         # whom the agents follow, and whether it lives: as agents do (powerd.agent.following)
         self.following = self._following(-math.inf)
         self.heartbeat_deadline = -math.inf
         self.failsafe_raise_at: float | None = None  # failsafe: the caps below rise then
-        pick = self._rng.permutation(n_nodes)
-        n_silent = round(options.silent_fraction * n_nodes)
-        n_offline = round(options.offline_fraction * n_nodes)
-        self.silent = np.zeros(n_nodes, dtype=bool)
-        self.silent[pick[:n_silent]] = True
-        self.offline = np.zeros(n_nodes, dtype=bool)
-        self.offline[pick[n_silent : n_silent + n_offline]] = True
+        self.silent, self.offline = self._failing(n_nodes)
         # racks: the tree node each GPU sits under, and the watts under it that are not GPUs
         self.gpu_rack = tree.gpu_ancestor[RACK][:n_gpus]
         self.racks = np.unique(self.gpu_rack)
         self._rack_overhead_w = self._rack_overheads()
-        order = np.argsort(self.gpu_rack, kind="stable")
-        bounds = np.searchsorted(self.gpu_rack[order], self.racks)
-        self._rack_gpus = {
-            int(r): order[a:b].tolist()
-            for r, a, b in zip(self.racks, bounds, [*bounds[1:], self.n_gpus], strict=True)
-        }
-        # Hardware power smoothing, on the models that have it (GB200), as the simulated GPU
-        # offers it: SMOOTHING_PRESETS presets a GPU, one active, and the switch. None: a
-        # GPU without it. Presets are tuples shared until a GPU's are written.
-        fresh = tuple(default_smoothing_preset(i) for i in range(SMOOTHING_PRESETS))
+        self._rack_gpus = self._gpus_by_rack()
+        # hardware power smoothing, on the models that have it (GB200)
         has = np.repeat([m.has_power_smoothing for m in models], self.gpu_count).tolist()
-        self._presets: list[tuple[SmoothingProfile, ...] | None] = [
-            fresh if h else None for h in has
-        ]
-        self._smooth_preset: list[int] = [0] * n_gpus
-        self._falling_s: list[float] = [0.0] * n_gpus  # how long each has wanted to fall
-        # per GPU, for the hot loop: the active profile's (floor share of the cap, ramp up
-        # W/s, ramp down W/s, hysteresis s) while the switch is on, None while it is off (the
-        # switch itself); telemetry's state
-        self._smooth_ramps: list[tuple[float, float, float, float] | None] = [None] * n_gpus
-        self._smooth_json: dict[tuple[bool, int, float], str] = {}
-        self._smooth_state: list[str | None] = [
-            None if h is None else self._state_json(False, 0, h[0].floor_percent)
-            for h in self._presets
-        ]
-        # what each GPU's telemetry last carried, and how many samples ago (an agent sends a
-        # state when it changes and every SMOOTHING_STATE_EVERY_SAMPLES samples)
-        self._smooth_sent: list[str | None] = [None] * n_gpus
-        self._smooth_since: list[int] = [0] * n_gpus
-        self.smoothing_gpus = sum(has)
+        self.smoothing = FleetSmoothing(has)
+        self.smoothing_gpus = self.smoothing.gpus
         self.reported_w = list(self.power_w)  # what the last telemetry of each GPU said
         self.pushes: list[Push] = []
         self._pushed: dict[int, Push] = {}  # rack -> its open push
         self.counters = FleetCounters()
         self._templates = [self._template(i) for i in range(n_nodes)]
-        self.jobs = self._split_into_jobs(options.jobs)
+        node_racks = [
+            (n, int(self.gpu_rack[self._first_gpu[n]])) for n in self.reporting().tolist()
+        ]
+        self.jobs = split_into_jobs(
+            options.jobs, node_racks, options.job_prefix, options.job_priority
+        )
 
     # --- what the controller sees ------------------------------------------------------
 
@@ -336,10 +299,12 @@ class FleetModel:
         values: list[object] = [ts, self.seq[node], "failsafe" if self.failsafe else "controlled"]
         want, cap_w, lock_mhz, energy = self._want, self.cap_w, self.lock_mhz, self.energy_j
         clock_max, cap_max, power_w = self._clock_max, self._cap_max, self.power_w
-        model, lock_share = self._model, self._lock_share
-        ramps, states, falling = self._smooth_ramps, self._smooth_state, self._falling_s
-        sent, since, every = self._smooth_sent, self._smooth_since, SMOOTHING_STATE_EVERY_SAMPLES
-        for g in range(start, start + self._n_gpus[node]):
+        model, lock_share, smoothing = self._model, self._lock_share, self.smoothing
+        states, sent, since = smoothing.state, smoothing.sent, smoothing.since
+        every = SMOOTHING_STATE_EVERY_SAMPLES
+        gpus = range(start, start + self._n_gpus[node])
+        drawn: list[float] = []  # what each draws: its demand under its lock and cap
+        for g in gpus:
             lock = lock_mhz[g]
             power = want[g]
             if lock is not None:
@@ -350,18 +315,11 @@ class FleetModel:
                     share = lock_share[key] = locked_power_share(model[g], lock, table)
                 power *= share
             cap = cap_w[g]
-            if power > cap:
-                power = cap
-            elif power < 0.0:
-                power = 0.0
-            ramp = ramps[g]
-            if ramp is not None:  # smoothing on: as powerd.gpu.simulated moves the draw
-                floor_share, up_w_per_s, down_w_per_s, hysteresis_s = ramp
-                target = max(power, cap * floor_share)  # every fleet GPU runs a job
-                power, falling[g] = smoothed_draw(
-                    power_w[g], target, cap, up_w_per_s, down_w_per_s, hysteresis_s,
-                    falling[g], dt_s,
-                )  # fmt: skip
+            drawn.append(cap if power > cap else 0.0 if power < 0.0 else power)
+        if smoothing.on:  # as powerd.gpu.simulated moves the draw
+            smoothing.ramp(start, drawn, cap_w, power_w, dt_s)
+        for g, power in zip(gpus, drawn, strict=True):
+            lock, cap = lock_mhz[g], cap_w[g]
             power_w[g] = power
             used = energy[g] = energy[g] + power * dt_s
             if lock is None:
@@ -404,6 +362,14 @@ class FleetModel:
         """The newest controller epoch the agents follow (-1: none yet)."""
         return self.following.newest_epoch
 
+    @property
+    def mode(self) -> Mode:
+        """Every node's mode: the fleet's agents are controlled or in failsafe together."""
+        return "failsafe" if self.failsafe else "controlled"
+
+    def controller_live(self, now: float) -> bool:
+        return rules.controller_live(self.mode, now, self.heartbeat_deadline)
+
     def start(self, now: float) -> None:
         """The run begins: a running site's agents still follow the controller being replaced."""
         self.following = self._following(now)
@@ -428,18 +394,20 @@ class FleetModel:
         previous = self.newest_epoch
         taken = self.following.heartbeat(beat, now, wall, live)
         if taken.new_epoch:  # a new leader: every state on the next sample
-            self._smooth_sent = [None] * self.n_gpus
+            self.smoothing.new_leader()
             if previous >= 0:
                 self._end_policies(release=True)
-            self.last_applied = [  # a deposed epoch followed: its order starts afresh
-                (beat.epoch, -1) if beat.epoch < last[0] else last for last in self.last_applied
-            ]
+            after = rules.order_after_new_epoch
+            self.last_applied = [after(last, beat.epoch) for last in self.last_applied]
         if taken.verdict != "live":
             return False
         if taken.floor is not None:
-            self.last_applied = [max(last, taken.floor) for last in self.last_applied]
+            after_live, floor = rules.order_after_live, taken.floor
+            self.last_applied = [after_live(last, floor) for last in self.last_applied]
         self.heartbeat_ts = beat.ts
-        self.heartbeat_deadline = max(self.heartbeat_deadline, now + self.options.failsafe_after_s)
+        self.heartbeat_deadline = rules.live_until(
+            self.heartbeat_deadline, now, self.options.failsafe_after_s
+        )
         self.failsafe = False
         self.failsafe_raise_at = None
         return True
@@ -447,7 +415,7 @@ class FleetModel:
     def tick(self, now: float) -> bool:
         """Deadlines: True if the fleet has just entered failsafe. As agents do
         (``AgentCore.enter_failsafe``): caps above the failsafe cap come down at once, those
-        below rise ``FAILSAFE_RAISE_SHARE`` of ``failsafe_after_s`` later."""
+        below rise ``rules.FAILSAFE_RAISE_SHARE`` of ``failsafe_after_s`` later."""
         if self.failsafe and self.failsafe_raise_at is not None and now >= self.failsafe_raise_at:
             self.failsafe_raise_at = None
             self.cap_w[:] = self.failsafe_cap_w.tolist()
@@ -455,11 +423,14 @@ class FleetModel:
             return False
         self.failsafe = True
         self.counters.failsafe_entries += 1
-        held = np.asarray(self.cap_w, dtype=float)
-        below = held < self.failsafe_cap_w - 0.5
-        self.cap_w[:] = np.where(below, held, self.failsafe_cap_w).tolist()
-        self.failsafe_raise_at = (
-            now + FAILSAFE_RAISE_SHARE * self.options.failsafe_after_s if below.any() else None
+        caps = [
+            rules.failsafe_cap_w(held_w, failsafe_w)
+            for held_w, failsafe_w in zip(self.cap_w, self.failsafe_cap_w.tolist(), strict=True)
+        ]
+        self.cap_w[:] = [cap_w for cap_w, _ in caps]
+        any_below = any(below for _, below in caps)
+        self.failsafe_raise_at = rules.failsafe_raise_at(
+            now, self.options.failsafe_after_s, any_below
         )
         self.lock_mhz[:] = [None] * self.n_gpus
         self._end_policies(release=False)  # the locks are gone already
@@ -486,11 +457,11 @@ class FleetModel:
             self.counters.rejected_payloads += 1
             epoch, seq = peek_order(payload)
             return self._ack(node, epoch, seq, "rejected", [], str(exc), wall)
-        if self.failsafe or now > self.heartbeat_deadline:
-            why = "no live controller heartbeat: agent is in failsafe"
+        why = rules.refusal(self.mode, self.controller_live(now))
+        if why is not None:
             return self._ack(node, command.epoch, command.seq, "rejected", [], why, wall)
         order = (command.epoch, command.seq)
-        if command.epoch < self.newest_epoch or order <= self.last_applied[node]:
+        if rules.is_stale(command.epoch, command.seq, self.newest_epoch, self.last_applied[node]):
             return self._ack(node, command.epoch, command.seq, "stale", [], None, wall)
         start, count = int(self.gpu_start[node]), int(self.gpu_count[node])
         held = self._replace_policies(start, count, command.gpus)
@@ -507,7 +478,7 @@ class FleetModel:
             if comm_clock is not None and entry.comm_clock is not UNSET:
                 clamped = comm_clock.max_sm_clock_mhz != round(entry.comm_clock.max_sm_clock_mhz)
             if entry.cap_w is not UNSET:
-                cap = min(max(entry.cap_w, self._cap_min[g]), self._cap_max[g])
+                cap = self._limits[g].clamp(entry.cap_w)
                 clamped |= cap != entry.cap_w
                 cut |= cap < self.cap_w[g] - 1.0
                 rose |= cap > self.cap_w[g] + 1.0
@@ -521,8 +492,9 @@ class FleetModel:
                 self.counters.clock_locks += 1
             smoothing: GpuSmoothing | None = None
             if entry.smoothing is not UNSET:
-                clamped |= self._set_smoothing(g, entry.index, entry.smoothing, errors)
-                active = self._active_smoothing(g)
+                model = self._model[g]
+                clamped |= self.smoothing.set(g, entry.index, model, entry.smoothing, errors)
+                active = self.smoothing.active(g)
                 smoothing = None if active is None else smoothing_wire(active)
             acks.append(
                 GpuAck(
@@ -538,7 +510,7 @@ class FleetModel:
         kind = "cut" if cut else "raise" if rose else "no cap moved"
         self.counters.applied_by_kind[kind] = self.counters.applied_by_kind.get(kind, 0) + 1
         self.following.command_epoch(command.epoch)
-        result = "partial" if errors else "applied"
+        result = rules.applied_result(errors)
         ack = self._ack(node, command.epoch, command.seq, result, acks, "; ".join(errors), wall)
         self._check_pushes(now)
         return ack
@@ -588,13 +560,13 @@ class FleetModel:
 
     def _clamp_clock(self, g: int, clock_mhz: float) -> int:
         """A lock as GPU ``g`` takes it: rounded, into the device's range."""
-        return int(min(max(round(clock_mhz), self._clock_min[g]), self._clock_max[g]))
+        return self._clocks[g].clamp(clock_mhz)
 
     def on_phase(self, job: str, owner: str | None, phase: str, now: float) -> int:
         """A job's announcement, heard by every node: the GPUs whose policy names the job
         lock their clocks in ``communication`` and unlock them in any other phase
         (``powerd.agent.phase_clock``); how many GPUs it moved. Nothing while in failsafe."""
-        if self.failsafe or now > self.heartbeat_deadline:
+        if not self.controller_live(now):
             return 0
         moved = 0
         lock = phase == LOCKING_PHASE
@@ -643,7 +615,7 @@ class FleetModel:
     def rack_real_w(self, rack: int) -> float:
         """What the rack draws when its GPUs draw what they want under the caps they hold."""
         gpus = self._rack_gpus[rack]
-        ramps, drawn = self._smooth_ramps, self.power_w  # smoothing on: as it ramped, sampled
+        ramps, drawn = self.smoothing.ramps, self.power_w  # smoothing on: as it ramped, sampled
         real = sum(
             min(self.demand_w[g] if ramps[g] is None else drawn[g], self.cap_w[g]) for g in gpus
         )
@@ -651,39 +623,14 @@ class FleetModel:
 
     # --- jobs -----------------------------------------------------------------------------
 
-    def _split_into_jobs(self, count: int) -> list[Job]:
-        """``count`` jobs of whole racks (the reporting nodes of consecutive racks)."""
-        if count <= 0:
-            return []
-        reporting = set(self.reporting().tolist())
-        by_rack: dict[int, list[int]] = {}
-        for node in range(len(self.names)):
-            if node in reporting:
-                by_rack.setdefault(int(self.gpu_rack[self._first_gpu[node]]), []).append(node)
-        racks = list(by_rack.values())
-        count = min(count, len(racks))
-        return [
-            Job(
-                name=f"{self.options.job_prefix}-job{k:03d}",
-                nodes=[n for rack in racks[k::count] for n in rack],
-                priority=self.options.job_priority or PRIORITIES[k % len(PRIORITIES)],
-            )
-            for k in range(count)
-        ]
-
     def phase_events(self, now: float, wall: float) -> list[tuple[str, bytes]]:
         """The phase announcements due now, as (job, payload); demand follows the phase."""
         out = []
         for job in self.jobs:
             if now < job.next_at:
                 continue
-            if job.next_at == 0.0:  # first call: startup, with the node list
-                phase, last_for = "startup", STARTUP_S
-            elif job.phase in ("startup", "communication"):
-                phase, last_for = "compute", self.options.compute_s
-            else:
-                phase, last_for = "communication", self.options.communication_s
-            job.phase, job.next_at = phase, now + last_for
+            last_for = job.advance(now, self.options.compute_s, self.options.communication_s)
+            phase = job.phase
             gpus = [
                 g
                 for n in job.nodes
@@ -700,8 +647,8 @@ class FleetModel:
                 v=PROTOCOL_VERSION,
                 job=job.name,
                 ts=wall,
-                phase=phase,  # type: ignore[arg-type]
-                priority=job.priority,  # type: ignore[arg-type]
+                phase=phase,
+                priority=job.priority,
                 expected_s=last_for,
                 **job_nodes_fields(names),  # a long list as a host list
             )
@@ -719,80 +666,31 @@ class FleetModel:
 
     # --- power smoothing ---------------------------------------------------------------------
 
-    _SMOOTHING_RANGE = SmoothingRange(
-        SMOOTHING_FLOOR_MIN_PERCENT, SMOOTHING_FLOOR_MAX_PERCENT, SMOOTHING_PRESETS
-    )
-
     def smoothing_on(self) -> int:
         """How many GPUs have power smoothing switched on now."""
-        return sum(r is not None for r in self._smooth_ramps)
-
-    def _active_smoothing(self, g: int) -> SmoothingProfile | None:
-        """What the agent's ``Gpu.smoothing()`` reads back: the active preset, with the switch;
-        None on a GPU without smoothing."""
-        presets = self._presets[g]
-        if presets is None:
-            return None
-        active = presets[self._smooth_preset[g]]  # written with the switch off
-        return active if self._smooth_ramps[g] is None else _with_switch(active, True)
-
-    def _set_smoothing(self, g: int, index: int, wire: GpuSmoothing, errors: list[str]) -> bool:
-        """A command's profile for GPU ``g``, as ``powerd.agent.controls.set_smoothing`` and the
-        simulated GPU take it: the floor clamped into the device's range, the preset written
-        and activated, the switch set. Returns whether the floor was clamped."""
-        presets = self._presets[g]
-        if presets is None:
-            model = self._model[g]
-            errors.append(
-                f"GPU {index}: power smoothing not supported on this GPU: "
-                f"{model} has no power smoothing"
-            )
-            return False
-        try:
-            wanted = profile_of(wire)
-        except GpuValueError as exc:
-            errors.append(f"GPU {index}: power smoothing: {exc}")
-            return False
-        target = self._SMOOTHING_RANGE.clamp(wanted)
-        problems = self._SMOOTHING_RANGE.problems(target)
-        if problems:  # a preset beyond the device's: refused, nothing written
-            errors.append(f"GPU {index}: power smoothing: {'; '.join(problems)}")
-            return False
-        active = self._active_smoothing(g)
-        assert active is not None  # the GPU has presets
-        if not active.close_to(target):
-            written = _with_switch(target, False)
-            self._presets[g] = (*presets[: target.preset], written, *presets[target.preset + 1 :])
-            self._smooth_preset[g] = target.preset
-            self._falling_s[g] = 0.0
-            self._smooth_ramps[g] = (
-                (
-                    target.floor_percent / 100.0,
-                    target.ramp_up_w_per_s,
-                    target.ramp_down_w_per_s,
-                    target.ramp_down_hysteresis_ms / 1000.0,
-                )
-                if target.enabled
-                else None
-            )
-            self._smooth_state[g] = self._state_json(
-                target.enabled, target.preset, target.floor_percent
-            )
-        return target.floor_percent != wanted.floor_percent
-
-    def _state_json(self, enabled: bool, preset: int, floor_percent: float) -> str:
-        """Telemetry's ``smoothing`` (switch, active preset, floor) as the JSON member that
-        carries it; one string for each distinct state, shared by every GPU in it."""
-        key = (enabled, preset, floor_percent)
-        state = self._smooth_json.get(key)
-        if state is None:
-            state = self._smooth_json[key] = (
-                ',"smoothing":{"enabled":%s,"preset":%d,"floor_percent":%s}'  # noqa: UP031
-                % ("true" if enabled else "false", preset, repr(float(floor_percent)))
-            )
-        return state
+        return self.smoothing.on
 
     # --- internals --------------------------------------------------------------------------
+
+    def _failing(self, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Which nodes never report (silent) and which stopped (offline), drawn at random."""
+        pick = self._rng.permutation(n_nodes)
+        n_silent = round(self.options.silent_fraction * n_nodes)
+        n_offline = round(self.options.offline_fraction * n_nodes)
+        silent = np.zeros(n_nodes, dtype=bool)
+        silent[pick[:n_silent]] = True
+        offline = np.zeros(n_nodes, dtype=bool)
+        offline[pick[n_silent : n_silent + n_offline]] = True
+        return silent, offline
+
+    def _gpus_by_rack(self) -> dict[int, list[int]]:
+        """Each rack's GPUs, by the tree node index of the rack."""
+        order = np.argsort(self.gpu_rack, kind="stable")
+        bounds = np.searchsorted(self.gpu_rack[order], self.racks)
+        return {
+            int(r): order[a:b].tolist()
+            for r, a, b in zip(self.racks, bounds, [*bounds[1:], self.n_gpus], strict=True)
+        }
 
     def _rack_overheads(self) -> dict[int, float]:
         """Each rack's overhead plus its servers' (watts that are not GPUs)."""
@@ -828,25 +726,14 @@ class FleetModel:
         node: int,
         epoch: int,
         seq: int,
-        result: str,
+        result: AckResult,
         gpus: list[GpuAck],
         error: str | None,
         wall: float,
     ) -> bytes:
         self.counters.acks[result] = self.counters.acks.get(result, 0) + 1
         errors = [AckError(index=None, message=error)] if error else []
-        return encode(
-            Ack(
-                v=PROTOCOL_VERSION,
-                node=self.names[node],
-                epoch=epoch,
-                seq=seq,
-                ts=wall,
-                result=result,  # type: ignore[arg-type]
-                gpus=gpus,
-                errors=errors,
-            )
-        )
+        return encode(rules.make_ack(self.names[node], epoch, seq, wall, result, gpus, errors))
 
     def _template(self, node: int) -> str:
         """The node's telemetry JSON with %-placeholders for what changes."""
@@ -861,7 +748,7 @@ class FleetModel:
                 + f'"cap_min_w":{self.cap_min_w[g]:.1f},"cap_max_w":{self.cap_max_w[g]:.1f},'
                 + '"sm_clock_mhz":%d,"max_sm_clock_mhz":%s,"util_pct":%.1f,'
                 + '"temp_c":60.0,"power_reading":"simulated"'
-                + ("%s}" if self._presets[g] is not None else "}")
+                + ("%s}" if self.smoothing.presets[g] is not None else "}")
             )
         return (
             '{"v":1,"node":"'
@@ -872,5 +759,10 @@ class FleetModel:
         )
 
 
-def _with_switch(profile: SmoothingProfile, enabled: bool) -> SmoothingProfile:
-    return dataclasses.replace(profile, enabled=enabled)
+def _ranges(low: np.ndarray, high: np.ndarray, make: Callable[[float, float], R]) -> list[R]:
+    """One range per GPU from its bounds; equal bounds share one object."""
+    made: dict[tuple[float, float], R] = {}
+    return [
+        made.get(key) or made.setdefault(key, make(*key))
+        for key in zip(low.tolist(), high.tolist(), strict=True)
+    ]

@@ -36,8 +36,8 @@ import paho.mqtt.client as mqtt
 
 from powerd.fleet.model import FleetModel
 from powerd.fleet.wire import TopicFrames, WirePublisher
-from powerd.mqtt_link import paho_client
-from powerd.mqtt_url import NO_DELAY, BrokerSettings
+from powerd.mqtt.link import paho_client
+from powerd.mqtt.url import NO_DELAY, BrokerSettings
 
 log = logging.getLogger("powerd.fleet")
 

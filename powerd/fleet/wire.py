@@ -11,7 +11,7 @@ microseconds a message.
 It speaks only what a QoS 0 publisher needs (CONNECT with optional username
 and password, CONNACK, PUBLISH, PINGREQ/PINGRESP, DISCONNECT; TLS through an
 ``ssl.SSLContext``), for the simulator only; the framing is
-``powerd.mqtt_stream``'s, the controller's telemetry receiver. Everything that must behave as
+``powerd.mqtt.stream``'s, the controller's telemetry receiver. Everything that must behave as
 an agent does (commands, acks, heartbeats) goes through paho in
 ``powerd.fleet.runner``; the controller and the agent use paho and aiomqtt.
 """
@@ -22,8 +22,8 @@ import socket
 import ssl
 import time
 
-from powerd.mqtt_stream import connect_packet, remaining_length, str16
-from powerd.mqtt_url import BrokerSettings
+from powerd.mqtt.stream import connect_packet, remaining_length, str16
+from powerd.mqtt.url import BrokerSettings
 
 PINGREQ = b"\xc0\x00"
 DISCONNECT = b"\xe0\x00"

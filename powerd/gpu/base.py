@@ -183,36 +183,6 @@ class SmoothingProfile:
         )
 
 
-def smoothed_draw(
-    was_w: float,
-    target_w: float,
-    cap_w: float,
-    up_w_per_s: float,
-    down_w_per_s: float,
-    hysteresis_s: float,
-    falling_s: float,
-    dt_s: float,
-) -> tuple[float, float]:
-    """How power smoothing moves one GPU's draw over ``dt_s``: the draw at its end, and how
-    long the GPU has then wanted to fall (``falling_s`` is how long it had before).
-
-    A lower cap bites at once: the draw starts from ``min(was_w, cap_w)``. It heads for
-    ``min(target_w, cap_w)`` (what the caller makes of the natural draw and the floor),
-    rising no faster than ``up_w_per_s``; it falls only once it has wanted to for
-    ``hysteresis_s``, then no faster than ``down_w_per_s``. The simulated GPU and the fleet
-    simulator move their GPUs by it; ``policies.smoothing.ramp_toward`` is the same rule over
-    arrays, for the planner (``tests/gpu/test_smoothed_draw.py`` holds the two equal)."""
-    start = min(was_w, cap_w)
-    target = min(target_w, cap_w)
-    if target >= start:
-        return min(target, start + up_w_per_s * dt_s), 0.0
-    falling_s += dt_s
-    may_fall_s = min(dt_s, falling_s - hysteresis_s)
-    if may_fall_s <= 0.0:
-        return start, falling_s
-    return max(target, start - down_w_per_s * may_fall_s), falling_s
-
-
 @dataclass(frozen=True, slots=True)
 class SmoothingRange:
     """What one device accepts for power smoothing (NVML: min/max % TMP floor, preset count)."""

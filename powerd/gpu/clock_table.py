@@ -77,7 +77,8 @@ class ClockTable:
 
     def energy_rel(self) -> np.ndarray:
         """Energy per unit of work relative to the highest clock."""
-        return self.time_rel * self.power_rel
+        energy: np.ndarray = self.time_rel * self.power_rel
+        return energy
 
     def at(self, clock_mhz: float) -> tuple[float, float]:
         """(time_rel, power_rel) at ``clock_mhz``: linear between rows, clamped to the table."""

@@ -378,21 +378,21 @@ class NvmlGpu(Gpu):
         """Current board power draw in watts (see ``power_reading`` for which kind)."""
         if self._power_reading is PowerReading.INSTANT:
             return self._instant_power_mw() / 1000
-        return self._call("nvmlDeviceGetPowerUsage") / 1000
+        return float(self._call("nvmlDeviceGetPowerUsage")) / 1000
 
     def energy_j(self) -> float | None:
         """Energy since the driver loaded, in joules; None where the device has no counter."""
         if not self._has_energy:
             return None
-        return self._call("nvmlDeviceGetTotalEnergyConsumption") / 1000
+        return float(self._call("nvmlDeviceGetTotalEnergyConsumption")) / 1000
 
     def power_limit_w(self) -> float:
         """The power management limit set on the device, in watts."""
-        return self._call("nvmlDeviceGetPowerManagementLimit") / 1000
+        return float(self._call("nvmlDeviceGetPowerManagementLimit")) / 1000
 
     def enforced_cap_w(self) -> float:
         """The limit enforced now (minimum over all limiters, out-of-band ones too), in watts."""
-        return self._call("nvmlDeviceGetEnforcedPowerLimit") / 1000
+        return float(self._call("nvmlDeviceGetEnforcedPowerLimit")) / 1000
 
     def sm_clock_mhz(self) -> int:
         """Current SM clock in MHz."""

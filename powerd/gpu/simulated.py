@@ -45,6 +45,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal, ParamSpec, TypeVar
 
+import numpy as np
+
+from policies.smoothing import GpuRamps, ramp_toward
 from powerd.gpu.base import (
     SMOOTHING_MAX_PRESETS,
     ClockRange,
@@ -53,7 +56,6 @@ from powerd.gpu.base import (
     PowerReading,
     SmoothingProfile,
     SmoothingRange,
-    smoothed_draw,
 )
 from powerd.gpu.clock_table import ClockTable, shipped_clock_table
 from powerd.gpu.errors import GpuError, GpuLostError, GpuValueError
@@ -159,7 +161,8 @@ NVML_METHODS: frozenset[str] = frozenset(
 @functools.cache
 def _curves_document() -> dict[str, Any]:
     text = resources.files("powerd").joinpath(CURVES_RESOURCE).read_text(encoding="utf-8")
-    return json.loads(text)
+    document: dict[str, Any] = json.loads(text)
+    return document
 
 
 @functools.cache
@@ -597,19 +600,24 @@ class SimulatedGpu(Gpu):
         return min(power, self._enforced_w())
 
     def _ramped(self, smoothing: SmoothingProfile, target: float, t0: float, t1: float) -> float:
-        """The draw at ``t1``, moved from the draw at ``t0`` towards ``target`` by the
-        smoothing rule (``powerd.gpu.base.smoothed_draw``)."""
-        power, self._falling_s = smoothed_draw(
-            self._power,
-            target,
-            self._enforced_w(),
-            smoothing.ramp_up_w_per_s,
-            smoothing.ramp_down_w_per_s,
-            smoothing.ramp_down_hysteresis_ms / 1000.0,
-            self._falling_s,
-            t1 - t0,
+        """The draw at ``t1``, moved from the draw at ``t0`` towards ``target`` (the floor
+        applied) by the one ramp rule, ``policies.smoothing.ramp_toward``."""
+        ramps = GpuRamps(
+            up_w_per_s=smoothing.ramp_up_w_per_s,
+            down_w_per_s=smoothing.ramp_down_w_per_s,
+            floor_fraction=0.0,
+            hysteresis_s=smoothing.ramp_down_hysteresis_ms / 1000.0,
         )
-        return power
+        power, falling_s = ramp_toward(
+            np.array(self._power),
+            np.array(target),
+            np.array(self._enforced_w()),
+            ramps,
+            t1 - t0,
+            np.array(self._falling_s),
+        )
+        self._falling_s = float(falling_s)
+        return float(power)
 
     def _update(self) -> None:
         """Recompute the operating point after a change of state (time already advanced).

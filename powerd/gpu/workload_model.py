@@ -364,3 +364,16 @@ def _above_idle_share(curve: WorkloadCurve, device: Device, power_rel: float) ->
     if full_w <= device.idle_w:
         return power_rel
     return max(0.0, (power_rel * full_w - device.idle_w) / (full_w - device.idle_w))
+
+
+def locked_power_share(
+    curve: WorkloadCurve, device: Device, table: ClockTable | None, lock_mhz: float
+) -> float:
+    """The share of its unlocked draw a GPU running ``curve`` draws under a clock lock
+    (at most 1): the measured ``table``'s ``power_rel`` where there is one, else (3) at the
+    lock over (3) unlocked."""
+    if table is not None:
+        return min(1.0, lock_response(table, lock_mhz)[1])
+    free_w = operating_point(curve, device).power_w
+    locked_w = operating_point(curve, device, None, lock_mhz).power_w
+    return min(1.0, locked_w / free_w) if free_w > 0 else 1.0

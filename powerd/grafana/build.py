@@ -21,6 +21,7 @@ DATASOURCE_UID = "powerd-influxdb"  # grafana/provisioning/datasources/powerd.ya
 DATASOURCE = {"type": "influxdb", "uid": "${datasource}"}
 SCHEMA_VERSION = 39  # Grafana 10.4 / 11: loads as is, newer versions migrate
 GRID_WIDTH = 24
+Json = dict[str, Any]  # a JSON object of a dashboard, as Grafana reads it
 
 
 def ident(measurement: Measurement, name: str) -> str:
@@ -90,7 +91,7 @@ def subquery(outer: str, inner: Query, alias: str, group: tuple[str, ...] = ()) 
     )
 
 
-def target(query: str | Query, ref: str, *, alias: str = "", fmt: str = "time_series") -> dict:
+def target(query: str | Query, ref: str, *, alias: str = "", fmt: str = "time_series") -> Json:
     text = query.text() if isinstance(query, Query) else query
     out: dict[str, Any] = {
         "refId": ref,
@@ -148,17 +149,17 @@ class Panel:
     type: str
     title: str
     description: str
-    targets: list[dict]
+    targets: list[Json]
     w: int = 12
     h: int = 8
     unit: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=Json)
     min: float | None = None
     max: float | None = None
     colours: Colours | None = None
-    custom: dict[str, Any] = field(default_factory=dict)
-    overrides: list[dict] = field(default_factory=list)
-    mappings: list[dict] = field(default_factory=list)
+    custom: dict[str, Any] = field(default_factory=Json)
+    overrides: list[Json] = field(default_factory=list)
+    mappings: list[Json] = field(default_factory=list)
 
     def field_defaults(self) -> dict[str, Any]:
         defaults: dict[str, Any] = {}
@@ -176,7 +177,7 @@ class Panel:
             defaults["mappings"] = self.mappings
         return defaults
 
-    def to_json(self, panel_id: int, x: int, y: int) -> dict:
+    def to_json(self, panel_id: int, x: int, y: int) -> Json:
         refs = [chr(ord("A") + i) for i in range(len(self.targets))]
         panel = {
             "id": panel_id,
@@ -196,14 +197,14 @@ class Panel:
 def stat(
     title: str,
     description: str,
-    targets: list[dict],
+    targets: list[Json],
     *,
     unit: str,
     colours: Colours,
     w: int,
     h: int = 4,
     trend: bool = True,
-    mappings: tuple[dict, ...] = (),
+    mappings: tuple[Json, ...] = (),
 ) -> Panel:
     """A stat panel: each series' last value, coloured as ``colours`` says.
 
@@ -237,7 +238,7 @@ def stat(
     )
 
 
-def bands(*named: tuple[float | None, str, str]) -> tuple[Colours, tuple[dict, ...]]:
+def bands(*named: tuple[float | None, str, str]) -> tuple[Colours, tuple[Json, ...]]:
     """Colours and a word for each band of a value: ``(from, colour, word)``, lowest first,
     the first from minus infinity (``None``); a band ends where the next begins.
 
@@ -258,7 +259,7 @@ def bands(*named: tuple[float | None, str, str]) -> tuple[Colours, tuple[dict, .
 
 
 def ratio_panel(
-    title: str, description: str, targets: list[dict], *, over: str, w: int = 12, h: int = 8
+    title: str, description: str, targets: list[Json], *, over: str, w: int = 12, h: int = 8
 ) -> Panel:
     """A graph of power as a share of its ``over`` ("budget" or "limit") with a dashed line at
     100 %: amber for the budget (the controller caps above it), red for the limit (the
@@ -277,7 +278,7 @@ def ratio_panel(
     )
 
 
-def drawn_as_limit(matcher: dict, colour: str) -> dict:
+def drawn_as_limit(matcher: Json, colour: str) -> Json:
     """A field override: the series ``matcher`` picks are a line not to cross (a limit, a
     budget), drawn dashed in ``colour`` rather than in a series colour."""
     return {
@@ -289,11 +290,11 @@ def drawn_as_limit(matcher: dict, colour: str) -> dict:
     }
 
 
-def by_name(name: str) -> dict:
+def by_name(name: str) -> Json:
     return {"id": "byName", "options": name}
 
 
-def by_regexp(pattern: str) -> dict:
+def by_regexp(pattern: str) -> Json:
     return {"id": "byRegexp", "options": pattern}
 
 
@@ -301,7 +302,7 @@ def row_panel(title: str) -> Panel:
     return Panel("row", title, "", [], w=GRID_WIDTH, h=1, extra={"collapsed": False, "panels": []})
 
 
-def layout(panels: list[Panel]) -> list[dict]:
+def layout(panels: list[Panel]) -> list[Json]:
     """Left to right, wrapping at the grid width; a row panel starts a new line. Ids from 1."""
     out = []
     x = y = line_h = 0
@@ -325,7 +326,7 @@ def layout(panels: list[Panel]) -> list[dict]:
 # --- template variables ----------------------------------------------------------------
 
 
-def datasource_variable() -> dict:
+def datasource_variable() -> Json:
     return {
         "name": "datasource",
         "label": "InfluxDB",
@@ -341,7 +342,7 @@ def datasource_variable() -> dict:
 
 def query_variable(
     name: str, label: str, query: str, *, multi: bool = True, include_all: bool = True
-) -> dict:
+) -> Json:
     """A variable filled by ``SHOW TAG VALUES``; All expands to every value (a regex).
 
     It opens on All where it has All; otherwise on no value, which Grafana
@@ -364,7 +365,7 @@ def query_variable(
     }
 
 
-def opening_value(*, multi: bool, include_all: bool) -> dict:
+def opening_value(*, multi: bool, include_all: bool) -> Json:
     """A variable's ``current``: All (a list where several may be chosen), or no value."""
     if not include_all:
         return {"selected": False, "text": "", "value": ""}
@@ -386,9 +387,9 @@ def dashboard(
     title: str,
     description: str,
     panels: list[Panel],
-    variables: list[dict],
-    annotations: list[dict] | None = None,
-) -> dict:
+    variables: list[Json],
+    annotations: list[Json] | None = None,
+) -> Json:
     builtin = {
         "builtIn": 1,
         "datasource": {"type": "grafana", "uid": "-- Grafana --"},
@@ -430,7 +431,7 @@ def dashboard(
     }
 
 
-def annotation(name: str, query: str, color: str, *, text: str, tags: str = "") -> dict:
+def annotation(name: str, query: str, color: str, *, text: str, tags: str = "") -> Json:
     """An InfluxQL annotation query: each row of ``query`` marks its time with the value of
     column ``text``, tagged with column ``tags`` (comma-separated).
 

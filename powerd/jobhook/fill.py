@@ -73,7 +73,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from powerd.jobhook.publisher import connect_async
-from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.mqtt.url import BrokerSettings, parse_broker_url
 from powerd.protocol import FillRequest, ProtocolError, Topics, check_name, decode
 from powerd.ratelimit import LogOncePer
 

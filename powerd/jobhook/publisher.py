@@ -44,7 +44,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from powerd.backoff import Backoff
-from powerd.mqtt_url import NO_DELAY, BrokerSettings
+from powerd.mqtt.url import NO_DELAY, BrokerSettings
 
 log = logging.getLogger("powerd.jobhook")
 

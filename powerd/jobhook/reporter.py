@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from powerd.jobhook.publisher import Publisher
-from powerd.mqtt_url import BrokerSettings, parse_broker_url
+from powerd.mqtt.url import BrokerSettings, parse_broker_url
 from powerd.protocol import PhaseEvent, ProtocolError, Topics, encode, job_nodes_fields
 from powerd.protocol import check_name as _protocol_check_name
 from powerd.ratelimit import LogOncePer

@@ -163,4 +163,5 @@ def _redact(parts: Any) -> str:
     host = parts.hostname or ""
     if parts.port:
         host += f":{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    redacted: str = urlunsplit((parts.scheme, host, parts.path, "", ""))
+    return redacted

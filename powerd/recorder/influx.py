@@ -84,8 +84,9 @@ class Influx2Transport(Transport):
         _check_timeout(timeout_s)
         # imported here: the file recorder (the demo, a lean install) does not need it
         require("recorder", "recording to InfluxDB's v2 write API")
-        from influxdb_client import InfluxDBClient, WritePrecision
+        from influxdb_client.client.influxdb_client import InfluxDBClient
         from influxdb_client.client.write_api import SYNCHRONOUS
+        from influxdb_client.domain.write_precision import WritePrecision
 
         self.target = url
         self.org = org
@@ -115,7 +116,7 @@ class Influx2Transport(Transport):
 
     def close(self) -> Result:
         try:
-            self.client.close()
+            self.client.close()  # type: ignore[no-untyped-call]  # influxdb-client's own
         except Exception:  # nothing is lost with it
             log.debug("closing the InfluxDB client", exc_info=True)
         return OK

@@ -12,7 +12,8 @@ has ~20,750 servers.
 ``load_budgets`` / ``parse_budgets`` return a validated, read-only
 ``Topology`` or raise ``BudgetError`` whose message names the file, the tree
 node and the number at fault; nothing is half-loaded and nothing global
-changes. The modules: ``parse`` (TOML to columns), ``checks`` (the named
+changes. The modules: ``parse`` (TOML to columns; ``reader``, ``models_table``
+and ``grid_table`` read its values and tables), ``checks`` (the named
 whole-tree checks), ``units`` (spellings, plausible ranges, unit hints),
 ``model`` (``Topology`` and its ``tree``, the ``policies.tree.Tree`` everyone
 shares). Per-GPU data lives only in numpy arrays (built by ``np.repeat`` from

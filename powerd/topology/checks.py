@@ -30,10 +30,10 @@ from powerd.topology.units import (
     PLAUSIBLE_W,
     RAMP_PLAUSIBLE_PER_S,
     Written,
-    fmt_w,
     implausible,
     unit_hint,
 )
+from powerd.units import fmt_w
 
 _NAME_RE = re.compile(NAME_PATTERN)
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from policies import grid as grid_measure
-from powerd.topology.units import fmt_w
+from powerd.units import fmt_w
 
 DEFAULT_WINDOW_S = 1.0  # ramps are measured over a second, as MW/s limits are written
 DEFAULT_FLOOR_WINDOW_S = 60.0
@@ -190,17 +190,36 @@ def grid_report(
         )
         if seconds > 0
     ]
+    out |= _floor_costs(site_w, step_s, spec, energy_j, smoothing_j, demand_w, resume_w)
+    return out
+
+
+def _floor_costs(
+    site_w: np.ndarray,
+    step_s: float,
+    spec: GridSpec,
+    energy_j: float | None,
+    smoothing_j: float | None,
+    demand_w: np.ndarray | None,
+    resume_w: np.ndarray | None,
+) -> dict[str, Any]:
+    """``grid_report``'s floor part: the least floors a ramp limit needs (``floor_least_*``,
+    ``floor_ready_*``) and what the floor held, or the spec's, burns (``floor_*``)."""
+    out: dict[str, Any] = {}
+    up, down = spec.ramp_up_w_per_s, spec.ramp_down_w_per_s
     if demand_w is None and smoothing_j is None:
         demand_w = site_w
     if demand_w is not None and (math.isfinite(up) or math.isfinite(down)):
-        least = grid_measure.least_ramp_floor(demand_w, step_s, g.window_s, up, down)
+        least = grid_measure.least_ramp_floor(demand_w, step_s, spec.window_s, up, down)
         least_cost = grid_measure.floor_cost(demand_w, least, step_s, energy_j)
         out |= {
             "floor_least_kwh": least_cost.energy_kwh,
             "floor_least_share_of_jobs": _finite(least_cost.share_of_reference),
         }
         if resume_w is not None:
-            ready = grid_measure.least_ready_floor(demand_w, resume_w, step_s, g.window_s, up, down)
+            ready = grid_measure.least_ready_floor(
+                demand_w, resume_w, step_s, spec.window_s, up, down
+            )
             ready_cost = grid_measure.floor_cost(demand_w, ready, step_s, energy_j)
             out |= {
                 "floor_ready_kwh": ready_cost.energy_kwh,

@@ -1,11 +1,13 @@
 """Reading a budgets file: TOML → typed, checked entries → a ``Topology``.
 
-Three steps, each in one place: ``_Reader`` reads one value of one table with
-its type and range (every error names the file, the tree node and the number);
-``_Walker`` walks site → rows → racks → nodes, expands generators (``count``
-and a name template) and fills per-level columns; ``checks`` runs the
-whole-tree checks over the columns as arrays. Nothing is half-loaded: a
-``Topology`` comes out only when every check passed.
+Three steps, each in one place: ``Reader`` (module ``reader``) reads one value
+of one table with its type and range (every error names the file, the tree node
+and the number); the ``[models]`` and ``[site.grid]`` tables have modules of
+their own (``models_table``, ``grid_table``); ``_Walker`` walks site → rows →
+racks → nodes, expands generators (``count`` and a name template) and fills
+per-level columns; ``checks`` runs the whole-tree checks over the columns as
+arrays. Nothing is half-loaded: a ``Topology`` comes out only when every check
+passed.
 """
 
 from __future__ import annotations
@@ -22,38 +24,15 @@ from typing import Any
 import numpy as np
 
 from policies.tree import LEVEL_NAMES, RACK, ROW, SERVER, SITE
-from powerd.configfile import finite, shown
-from powerd.gpu.clock_table import (
-    ClockTable,
-    ClockTableError,
-    best_clock,
-    load_clock_table,
-    shipped_clock_table,
-    shipped_table,
-)
-from powerd.gpu.models import GPU_MODELS, GpuModel
+from powerd.gpu.models import GPU_MODELS
 from powerd.protocol import MAX_NAME_CHARS
 from powerd.topology import checks
-from powerd.topology.grid import (
-    BAND_PLAUSIBLE_HZ,
-    DEFAULT_FLOOR_WINDOW_S,
-    DEFAULT_OSCILLATION_BAND_HZ,
-    DEFAULT_OSCILLATION_WINDOW_S,
-    DEFAULT_WINDOW_S,
-    WINDOW_PLAUSIBLE_S,
-    GridSpec,
-)
+from powerd.topology.grid import GridSpec
+from powerd.topology.grid_table import read_grid
 from powerd.topology.model import BudgetError, Topology
-from powerd.topology.units import (
-    GRID_QUANTITIES,
-    OVERSUBSCRIPTION,
-    QUANTITIES,
-    RAMP_PLAUSIBLE_PER_S,
-    SPELLINGS,
-    ZERO_OK,
-    Written,
-    implausible,
-)
+from powerd.topology.models_table import Models, find_model, read_models
+from powerd.topology.reader import Reader
+from powerd.topology.units import OVERSUBSCRIPTION, QUANTITIES, Written
 from powerd.vocabulary import DEFAULT_FAILSAFE_FRACTION
 
 FORMAT_VERSION = 1
@@ -90,15 +69,6 @@ _KEYS = {
     SERVER: _NODE_KEYS | {"failsafe_cap_w", "gpus", "model"},
 }
 _TOP_KEYS = {"version", "site", "defaults", "models", "rows"}
-_MODEL_KEYS = {"failsafe_cap_w", "comm_clock_mhz", "comm_max_slowdown", "clock_table"}
-_GRID_WINDOWS = ("window_s", "floor_window_s", "oscillation_window_s")
-_GRID_KEYS = {
-    *(k for q in GRID_QUANTITIES.values() for k in q),
-    *_GRID_WINDOWS,
-    "floor_fraction",
-    "oscillation_band_hz",
-    "oscillation_max_share",
-}
 # name-template fields available at each level ("i" only in generators)
 _FIELDS = {ROW: ("site",), RACK: ("site", "row"), SERVER: ("site", "row", "rack")}
 _FIELD_OF_LEVEL = {SITE: "site", ROW: "row", RACK: "rack"}
@@ -122,338 +92,7 @@ def parse_budgets(text: str, source: str = "<string>") -> Topology:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise BudgetError(source, "", f"not valid TOML: {exc}") from None
-    return _build(_Reader(source), raw)
-
-
-def find_model(key: str) -> GpuModel | None:
-    """A GPU model by its key, case-insensitively."""
-    for known, model in GPU_MODELS.items():
-        if known.lower() == key.lower():
-            return model
-    return None
-
-
-# --- one value at a time ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Reader:
-    """Typed reads of one table's keys; every error names the file and the tree node."""
-
-    source: str
-
-    def fail(self, node: str, problem: str) -> BudgetError:
-        return BudgetError(self.source, node, problem)
-
-    def check_keys(self, table: dict[str, Any], known: set[str], node: str) -> None:
-        unknown = sorted(set(table) - known)
-        if unknown:
-            raise self.fail(
-                node,
-                f"unknown key(s) {unknown} (a typo?); known: {', '.join(sorted(known))}",
-            )
-
-    def number(self, table: dict[str, Any], key: str, node: str, *, zero_ok: bool = False) -> float:
-        value = table[key]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(node, f"{key} must be a number, got {value!r}")
-        if finite(value) is None:
-            raise self.fail(node, f"{key} = {shown(value)} must be a finite number")
-        if value < 0 or (value == 0 and not zero_ok):
-            sign = "negative" if value < 0 else "zero"
-            need = "≥ 0" if zero_ok else "> 0"
-            raise self.fail(node, f"{key} = {value:g} is {sign}; it must be {need}")
-        return float(value)
-
-    def integer(self, table: dict[str, Any], key: str, node: str, lo: int, hi: int) -> int:
-        value = table[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(node, f"{key} must be an integer, got {value!r}")
-        if not lo <= value <= hi:
-            raise self.fail(node, f"{key} = {shown(value)} is outside {lo}..{hi}")
-        return value
-
-    def watts(
-        self, table: dict[str, Any], quantity: str, node: str, *, required: bool = False
-    ) -> Written | None:
-        """A power or ramp in whichever unit the key names (``limit_kw``, ``ramp_w_per_s``)."""
-        given = [k for k in SPELLINGS[quantity] if k in table]
-        if len(given) > 1:
-            raise self.fail(node, f"give {quantity} once, not as {' and '.join(given)}")
-        if not given:
-            if required:
-                spellings = " / ".join(SPELLINGS[quantity])
-                raise self.fail(node, f"{quantity} is required ({spellings})")
-            return None
-        key = given[0]
-        value = self.number(table, key, node, zero_ok=quantity in ZERO_OK)
-        return Written(key, value, SPELLINGS[quantity][key])
-
-    def fraction(self, table: dict[str, Any], key: str, node: str) -> float | None:
-        if key not in table:
-            return None
-        value = self.number(table, key, node)
-        if value > 1:
-            hint = f"; a percentage? write {value / 100:g}" if 50 <= value <= 100 else ""
-            raise self.fail(node, f"{key} = {value:g} must be a fraction of budget in (0, 1]{hint}")
-        return value
-
-
-# --- the [models] table ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Models:
-    """What ``[models.<key>]`` tables set: failsafe caps and communication clocks."""
-
-    failsafe_cap_w: dict[str, float]
-    comm_clock_mhz: dict[str, float]  # NaN: configured, no clock
-    clock_tables: dict[str, ClockTable]  # the table a comm_max_slowdown chose from
-    comm_clock_keys: dict[str, dict[str, float | str]]  # the keys that chose the clock
-
-
-def _read_models(reader: _Reader, models: Any) -> _Models:
-    if not isinstance(models, dict):
-        raise reader.fail("[models]", "must be a table of [models.<GPU model>] tables")
-    failsafe: dict[str, float] = {}
-    clocks: dict[str, float] = {}
-    tables: dict[str, ClockTable] = {}
-    keys: dict[str, dict[str, float | str]] = {}
-    for key, table in models.items():
-        where = f"[models.{key}]"
-        model = find_model(key)
-        if model is None:
-            raise reader.fail(where, f"unknown GPU model {key!r}; known: {', '.join(GPU_MODELS)}")
-        if model.key in failsafe or model.key in clocks:
-            raise reader.fail(where, f"GPU model {model.key} is configured twice")
-        if not isinstance(table, dict):
-            raise reader.fail(where, "must be a table")
-        reader.check_keys(table, _MODEL_KEYS, where)
-        if "failsafe_cap_w" in table:
-            cap = reader.number(table, "failsafe_cap_w", where)
-            problem = checks.failsafe_out_of_range(cap, model)
-            if problem:
-                raise reader.fail(where, problem)
-            failsafe[model.key] = cap
-        clocks[model.key], chosen_from = _comm_clock(reader, table, model, where)
-        if chosen_from is not None:
-            tables[model.key] = chosen_from
-        keys[model.key] = _comm_clock_keys(reader, table, clocks[model.key])
-    return _Models(failsafe, clocks, tables, keys)
-
-
-def _comm_clock_keys(
-    reader: _Reader, table: dict[str, Any], clock_mhz: float
-) -> dict[str, float | str]:
-    """The keys that chose a model's communication clock, as a writer must repeat them for
-    the file it writes to choose the same clock from the same table (a ``clock_table``
-    path made absolute: the written file may live elsewhere). Empty: no clock."""
-    if "comm_max_slowdown" not in table:
-        return {"comm_clock_mhz": clock_mhz} if math.isfinite(clock_mhz) else {}
-    keys: dict[str, float | str] = {"comm_max_slowdown": float(table["comm_max_slowdown"])}
-    name = table.get("clock_table")
-    if isinstance(name, str):
-        is_path = name.lower().endswith(".csv")
-        keys["clock_table"] = str(_clock_table_path(reader, name).resolve()) if is_path else name
-    return keys
-
-
-def _clock_table_path(reader: _Reader, name: str) -> Path:
-    """A ``clock_table`` path as written: relative to the budgets file."""
-    return Path(reader.source).parent / name
-
-
-def _comm_clock(
-    reader: _Reader, table: dict[str, Any], model: GpuModel, where: str
-) -> tuple[float, ClockTable | None]:
-    """``comm_clock_mhz`` as given, or the clock table's best within ``comm_max_slowdown``
-    (and that table); NaN for neither (no clock lock)."""
-    if "comm_clock_mhz" in table and "comm_max_slowdown" in table:
-        raise reader.fail(
-            where,
-            "give comm_clock_mhz (a clock) or comm_max_slowdown (the clock table's best within "
-            "that slowdown), not both",
-        )
-    if "clock_table" in table and "comm_max_slowdown" not in table:
-        raise reader.fail(
-            where, "clock_table is read only with comm_max_slowdown (e.g. comm_max_slowdown = 0.05)"
-        )
-    if "comm_clock_mhz" in table:
-        clock = reader.number(table, "comm_clock_mhz", where)
-        _check_clock(reader, clock, "comm_clock_mhz", model, where)
-        return clock, None
-    if "comm_max_slowdown" not in table:
-        return math.nan, None
-    slowdown = reader.number(table, "comm_max_slowdown", where, zero_ok=True)
-    if slowdown >= 1:
-        hint = f"; a percentage? write {slowdown / 100:g}" if slowdown < 100 else ""
-        raise reader.fail(
-            where,
-            f"comm_max_slowdown = {slowdown:g} must be a fraction in [0, 1) (0.05: 5 %){hint}",
-        )
-    clock_table = _clock_table(reader, table, model, where)
-    clock, _ = best_clock(clock_table, slowdown)
-    _check_clock(reader, clock, f"the clock table's best ({clock_table.source})", model, where)
-    return clock, clock_table
-
-
-def _check_clock(reader: _Reader, clock: float, what: str, model: GpuModel, where: str) -> None:
-    lo, hi = model.sm_clock_min_mhz, model.sm_clock_max_mhz
-    if not lo <= clock <= hi:
-        hint = ""
-        if lo <= clock * 1e3 <= hi:
-            hint = f"; in GHz? {clock:g} GHz is {clock * 1e3:g} MHz"
-        raise reader.fail(
-            where,
-            f"{what} = {clock:g} MHz is outside the {model.key}'s SM clock range "
-            f"[{lo}, {hi}] MHz{hint}",
-        )
-
-
-def _clock_table(reader: _Reader, table: dict[str, Any], model: GpuModel, where: str) -> ClockTable:
-    """The ``clock_table`` named (a shipped name, or a .csv path relative to the budgets
-    file), else the model's shipped default; it must be the model's own."""
-    name = table.get("clock_table")
-    if name is None:
-        found = shipped_clock_table(model.key)
-        if found is None:
-            raise reader.fail(
-                where,
-                f"no shipped clock table for the {model.key}: give clock_table = "
-                '"<file>.csv" (written by powerplan clocks) or comm_clock_mhz',
-            )
-        return found
-    if not isinstance(name, str) or not name:
-        raise reader.fail(where, f"clock_table must be a name or a .csv path, got {name!r}")
-    try:
-        if name.lower().endswith(".csv"):
-            found = load_clock_table(_clock_table_path(reader, name))
-        else:
-            found = shipped_table(name)
-    except ClockTableError as exc:
-        raise reader.fail(where, f"clock_table: {exc}") from None
-    except KeyError as exc:
-        raise reader.fail(where, f"clock_table: {exc.args[0]} (or a path ending in .csv)") from None
-    if found.model != model.key:
-        raise reader.fail(
-            where,
-            f"clock_table {name!r} is for the {found.model}, not the {model.key} "
-            f"(powerplan clocks --scale-to {model.key} writes one)",
-        )
-    return found
-
-
-# --- the [site.grid] table --------------------------------------------------------------
-
-
-def _read_grid(reader: _Reader, raw: Any, budget_w: float) -> GridSpec | None:
-    """``[site.grid]``: the utility's limits on the measured site power (module grid)."""
-    if raw is None:
-        return None
-    where = "[site.grid]"
-    if not isinstance(raw, dict):
-        raise reader.fail(where, 'must be a table (docs/BUDGETS.md, "The grid spec")')
-    reader.check_keys(raw, _GRID_KEYS, where)
-    ramps: dict[str, float] = {}
-    lo, hi = budget_w * RAMP_PLAUSIBLE_PER_S[0], budget_w * RAMP_PLAUSIBLE_PER_S[1]
-    for quantity in ("ramp_up", "ramp_down"):
-        written = reader.watts(raw, quantity, where)
-        if written is None:
-            continue
-        if not lo <= written.watts <= hi:
-            what = f"the site's budget_w = {budget_w:g} W"
-            raise reader.fail(where, implausible(written, quantity, what, lo, hi, budget_w / 30))
-        ramps[quantity] = written.watts
-    least = reader.watts(raw, "oscillation_min_rms", where)
-    if least is not None and not least.watts <= budget_w:
-        what = f"the site's budget_w = {budget_w:g} W"
-        raise reader.fail(
-            where, implausible(least, "oscillation_min_rms", what, 0.0, budget_w, budget_w / 100)
-        )
-    seconds = {k: _grid_seconds(reader, raw, k, where) for k in _GRID_WINDOWS if k in raw}
-    floor = _grid_share(reader, raw, "floor_fraction", where, "of the recent running power", 1)
-    share = _grid_share(reader, raw, "oscillation_max_share", where, "of the variance", 0)
-    band = _grid_band(reader, raw, where)
-    if floor is None and "floor_window_s" in seconds:
-        raise reader.fail(
-            where,
-            f"floor_window_s = {seconds['floor_window_s']:g} s is given but floor_fraction "
-            "is not: there is no floor to hold",
-        )
-    window = seconds.get("oscillation_window_s", DEFAULT_OSCILLATION_WINDOW_S)
-    if window * band[0] < 1:
-        raise reader.fail(
-            where,
-            f"oscillation_window_s = {window:g} s is shorter than one period of the band's "
-            f"lower edge ({band[0]:g} Hz: {1 / band[0]:g} s), so a window cannot resolve the "
-            f"band; give oscillation_window_s ≥ {1 / band[0]:g}",
-        )
-    return GridSpec(
-        ramp_up_w_per_s=ramps.get("ramp_up", math.inf),
-        ramp_down_w_per_s=ramps.get("ramp_down", math.inf),
-        window_s=seconds.get("window_s", DEFAULT_WINDOW_S),
-        floor_fraction=floor,
-        floor_window_s=seconds.get("floor_window_s", DEFAULT_FLOOR_WINDOW_S),
-        oscillation_band_hz=band,
-        oscillation_max_share=share,
-        oscillation_window_s=window,
-        oscillation_min_rms_w=0.0 if least is None else least.watts,
-    )
-
-
-def _grid_seconds(reader: _Reader, table: dict[str, Any], key: str, where: str) -> float:
-    value = reader.number(table, key, where)
-    lo, hi = WINDOW_PLAUSIBLE_S
-    if not lo <= value <= hi:
-        hint = ""
-        if lo <= value / 1e3 <= hi:
-            hint = f"; in milliseconds? {value:g} ms is {value / 1e3:g} s"
-        raise reader.fail(
-            where, f"{key} = {value:g} s is implausible (expected {lo:g} s .. {hi:g} s){hint}"
-        )
-    return value
-
-
-def _grid_share(
-    reader: _Reader, table: dict[str, Any], key: str, where: str, of: str, open_top: int
-) -> float | None:
-    """A share in (0, 1) (``open_top``) or (0, 1], with a hint when it looks like a percent."""
-    if key not in table:
-        return None
-    value = reader.number(table, key, where)
-    if value > 1 or (open_top and value == 1):
-        interval = "(0, 1)" if open_top else "(0, 1]"
-        hint = f"; a percentage? write {value / 100:g}" if 1 < value <= 100 else ""
-        raise reader.fail(where, f"{key} = {value:g} must be a share {of} in {interval}{hint}")
-    return value
-
-
-def _grid_band(reader: _Reader, table: dict[str, Any], where: str) -> tuple[float, float]:
-    key = "oscillation_band_hz"
-    if key not in table:
-        return DEFAULT_OSCILLATION_BAND_HZ
-    value = table[key]
-    if not isinstance(value, list) or len(value) != 2:
-        raise reader.fail(where, f"{key} must be [low, high] in Hz (e.g. [0.1, 20]), got {value!r}")
-    edges = tuple(
-        reader.number({f"{key}[{i}]": v}, f"{key}[{i}]", where) for i, v in enumerate(value)
-    )
-    lo, hi = edges
-    if not lo < hi:
-        raise reader.fail(
-            where, f"{key} = [{lo:g}, {hi:g}]: the low edge must come first, below the high one"
-        )
-    plo, phi = BAND_PLAUSIBLE_HZ
-    if lo < plo or hi > phi:
-        hint = ""
-        if plo <= lo / 1e3 and hi / 1e3 <= phi:
-            hint = f"; in mHz? [{lo:g}, {hi:g}] mHz is [{lo / 1e3:g}, {hi / 1e3:g}] Hz"
-        raise reader.fail(
-            where,
-            f"{key} = [{lo:g}, {hi:g}] Hz is implausible (expected edges in "
-            f"{plo:g} Hz .. {phi:g} Hz){hint}",
-        )
-    return lo, hi
+    return _build(Reader(source), raw)
 
 
 # --- one entry of a rows / racks / nodes list ------------------------------------------
@@ -491,7 +130,7 @@ class _Spec:
 
 
 def _read_spec(
-    reader: _Reader, entry: Any, level: int, desc: str, position: int, parent_desc: str
+    reader: Reader, entry: Any, level: int, desc: str, position: int, parent_desc: str
 ) -> _Spec:
     what = LEVEL_NAMES[level]
     if not isinstance(entry, dict):
@@ -562,7 +201,7 @@ def _read_spec(
 
 
 def _template_fields(
-    reader: _Reader, name: str, level: int, is_gen: bool, node: str
+    reader: Reader, name: str, level: int, is_gen: bool, node: str
 ) -> tuple[str, ...]:
     allowed = _FIELDS[level] + (("i",) if is_gen else ())
     used: list[str] = []
@@ -629,7 +268,7 @@ class _Columns:
 class _Walker:
     """Walks the rows/racks/nodes lists, expanding generators into ``_Columns``."""
 
-    def __init__(self, reader: _Reader, models: _Models) -> None:
+    def __init__(self, reader: Reader, models: Models) -> None:
         self.reader = reader
         self.models = models
         self.columns = _Columns()
@@ -760,7 +399,7 @@ class _Walker:
 # --- the file ----------------------------------------------------------------------------
 
 
-def _build(reader: _Reader, raw: dict[str, Any]) -> Topology:
+def _build(reader: Reader, raw: dict[str, Any]) -> Topology:
     reader.check_keys(raw, _TOP_KEYS, "top level")
     if "version" in raw:
         version = raw["version"]
@@ -777,7 +416,7 @@ def _build(reader: _Reader, raw: dict[str, Any]) -> Topology:
         d if (v := reader.fraction(defaults, k, "[defaults]")) is None else v
         for k, d in zip(THRESHOLDS, _DEFAULT_THRESHOLDS, strict=True)
     )
-    models = _read_models(reader, raw.get("models", {}))
+    models = read_models(reader, raw.get("models", {}))
 
     site = raw.get("site")
     if not isinstance(site, dict):
@@ -788,11 +427,11 @@ def _build(reader: _Reader, raw: dict[str, Any]) -> Topology:
     walker.walk(raw.get("rows"), ROW, 0, {"site": spec.name}, thresholds, (None, ""), spec.desc)
     draft = _draft(reader.source, walker.columns, models)
     checks.run_all(draft)
-    grid = _read_grid(reader, site.get("grid"), float(draft.node_w["budget"][0]))
+    grid = read_grid(reader, site.get("grid"), float(draft.node_w["budget"][0]))
     return _topology(draft, models, grid)
 
 
-def _draft(source: str, cols: _Columns, models: _Models) -> checks.Draft:
+def _draft(source: str, cols: _Columns, models: Models) -> checks.Draft:
     """The walk's columns as flat arrays, nodes numbered level by level."""
     counts = [len(names) for names in cols.names]
     level_start = tuple(int(x) for x in np.concatenate([[0], np.cumsum(counts)]))
@@ -823,7 +462,7 @@ def _draft(source: str, cols: _Columns, models: _Models) -> checks.Draft:
     )
 
 
-def _topology(draft: checks.Draft, models: _Models, grid: GridSpec | None = None) -> Topology:
+def _topology(draft: checks.Draft, models: Models, grid: GridSpec | None = None) -> Topology:
     col = draft.node_w
     frozen = [draft.level, draft.parent, draft.server_gpus, draft.server_failsafe_cap_w]
     for a in (*frozen, *col.values()):

@@ -12,28 +12,27 @@ import math
 from dataclasses import dataclass
 
 from policies.tree import RACK, ROW, SERVER, SITE
+from powerd.units import POWER_SUFFIXES, POWER_SYMBOLS, RAMP_SUFFIXES, fmt_w
 
-POWER_UNITS = {"_w": 1.0, "_kw": 1e3, "_mw": 1e6}
-RAMP_UNITS = {"_w_per_s": 1.0, "_kw_per_s": 1e3, "_mw_per_s": 1e6}
 # quantity -> {key as written: factor to watts}
 QUANTITIES: dict[str, dict[str, float]] = {
-    "limit": {f"limit{s}": f for s, f in POWER_UNITS.items()},
-    "budget": {f"budget{s}": f for s, f in POWER_UNITS.items()},
-    "overhead": {f"overhead{s}": f for s, f in POWER_UNITS.items()},
-    "ramp": {f"ramp{s}": f for s, f in RAMP_UNITS.items()},
+    "limit": {f"limit{s}": f for s, f in POWER_SUFFIXES.items()},
+    "budget": {f"budget{s}": f for s, f in POWER_SUFFIXES.items()},
+    "overhead": {f"overhead{s}": f for s, f in POWER_SUFFIXES.items()},
+    "ramp": {f"ramp{s}": f for s, f in RAMP_SUFFIXES.items()},
     # An oversubscribed level (docs/BUDGETS.md, "Oversubscription"): what the caps under it
     # may sum to beyond its limit, and the rise its band keeps below the limit.
-    "oversubscription": {f"oversubscription{s}": f for s, f in POWER_UNITS.items()},
-    "rise_margin": {f"rise_margin{s}": f for s, f in POWER_UNITS.items()},
+    "oversubscription": {f"oversubscription{s}": f for s, f in POWER_SUFFIXES.items()},
+    "rise_margin": {f"rise_margin{s}": f for s, f in POWER_SUFFIXES.items()},
 }
 OVERSUBSCRIPTION = ("oversubscription", "rise_margin")
 # Quantities a file may give as 0 (the others must be > 0).
 ZERO_OK = frozenset({"overhead", "oversubscription", "rise_margin"})
 # The site's [site.grid] table: limits on the measured ramp, in the same three units.
 GRID_QUANTITIES: dict[str, dict[str, float]] = {
-    "ramp_up": {f"ramp_up{s}": f for s, f in RAMP_UNITS.items()},
-    "ramp_down": {f"ramp_down{s}": f for s, f in RAMP_UNITS.items()},
-    "oscillation_min_rms": {f"oscillation_min_rms{s}": f for s, f in POWER_UNITS.items()},
+    "ramp_up": {f"ramp_up{s}": f for s, f in RAMP_SUFFIXES.items()},
+    "ramp_down": {f"ramp_down{s}": f for s, f in RAMP_SUFFIXES.items()},
+    "oscillation_min_rms": {f"oscillation_min_rms{s}": f for s, f in POWER_SUFFIXES.items()},
 }
 SPELLINGS = {**QUANTITIES, **GRID_QUANTITIES}
 
@@ -50,8 +49,6 @@ PLAUSIBLE_W: dict[int, tuple[float, float]] = {
 }
 # A ramp limit goes from 0 to the budget in 10 ms at the fastest, ~3 h at the slowest.
 RAMP_PLAUSIBLE_PER_S = (1e-4, 100.0)
-
-_UNIT_NAMES = {1e-6: "µW", 1e-3: "mW", 1.0: "W", 1e3: "kW", 1e6: "MW", 1e9: "GW"}
 
 
 @dataclass(frozen=True)
@@ -100,12 +97,5 @@ def unit_hint(
     for spelling, unit in spellings.items():
         if math.isclose(unit, meant):
             return f"; did you mean {spelling} = {written.value:g} ({then})?"
-    unit_name = next((u for f, u in _UNIT_NAMES.items() if math.isclose(f, meant)), "")
+    unit_name = next((u for f, u in POWER_SYMBOLS.items() if math.isclose(f, meant)), "")
     return f"; a value in {unit_name}{per}? {written.value:g} {unit_name}{per} would be {then}"
-
-
-def fmt_w(watts: float) -> str:
-    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if watts >= factor:
-            return f"{watts / factor:g} {prefix}W"
-    return f"{watts:g} W"

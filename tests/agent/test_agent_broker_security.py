@@ -14,7 +14,7 @@ import pytest
 
 from powerd.agent.daemon import AgentDaemon
 from powerd.gpu.simulated import open_simulated
-from powerd.mqtt_url import PASSWORD_ENV, BrokerSettings
+from powerd.mqtt.url import PASSWORD_ENV, BrokerSettings
 from powerd.protocol import CommClock, GpuCommand, PhaseEvent, encode
 from tests.support.agent_harness import (
     FAILSAFE_CAP_W,

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import re
+import socket
 from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from powerd.agent import config as config_module
-from powerd.agent.config import (
-    DEFAULT_FAILSAFE_FRACTION,
-    AgentConfig,
-    ConfigError,
-    FailsafeConfig,
-    load_config,
-)
-from powerd.mqtt_url import BrokerSettings
+from powerd.agent.config import AgentConfig, FailsafeConfig, load_config
+from powerd.configfile import ConfigError
+from powerd.mqtt.url import BrokerSettings
 from powerd.topology import load_budgets
+from powerd.vocabulary import DEFAULT_FAILSAFE_FRACTION
 from tests.support.config_files import with_broker_files
 
 
@@ -38,7 +35,7 @@ def load_error(tmp_path: Path, text: str) -> tuple[Path, str]:
 
 
 def test_no_file_gives_defaults_with_short_hostname(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(config_module.socket, "gethostname", lambda: "gpu-node-7.dc1.example.com")
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu-node-7.dc1.example.com")
     config = load_config(None)
     assert config.node == "gpu-node-7"
     assert config.cluster == "default"
@@ -56,7 +53,7 @@ def test_no_file_gives_defaults_with_short_hostname(monkeypatch: pytest.MonkeyPa
 
 
 def test_no_file_with_unusable_hostname_says_how_to_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(config_module.socket, "gethostname", lambda: "bad_host!name")
+    monkeypatch.setattr(socket, "gethostname", lambda: "bad_host!name")
     with pytest.raises(ConfigError, match=r"agent\.node or --node"):
         load_config(None)
 
@@ -64,7 +61,7 @@ def test_no_file_with_unusable_hostname_says_how_to_fix(monkeypatch: pytest.Monk
 def test_empty_file_gives_defaults_and_records_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(config_module.socket, "gethostname", lambda: "n01")
+    monkeypatch.setattr(socket, "gethostname", lambda: "n01")
     path = write(tmp_path, "")
     config = load_config(path)
     assert config.node == "n01"
@@ -74,7 +71,7 @@ def test_empty_file_gives_defaults_and_records_source(
 
 
 def test_node_from_file_wins_over_hostname(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(config_module.socket, "gethostname", lambda: "bad_host!name")
+    monkeypatch.setattr(socket, "gethostname", lambda: "bad_host!name")
     config = load_config(write(tmp_path, '[agent]\nnode = "r01-n03"\n'))
     assert config.node == "r01-n03"
 
@@ -287,7 +284,7 @@ def test_error_names_file_and_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, key: str
 ) -> None:
     # a valid default node name, so that the error under test is the only one
-    monkeypatch.setattr(config_module.socket, "gethostname", lambda: "n1")
+    monkeypatch.setattr(socket, "gethostname", lambda: "n1")
     path, message = load_error(tmp_path, text)
     assert str(path) in message
     assert key in message

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerd.agent.core import MAX_ACK_ERRORS
+from powerd.agent.rules import MAX_ACK_ERRORS
 from powerd.gpu import GpuNotSupportedError, GpuPermissionError
 from powerd.gpu.simulated import SimulatedGpu
 from powerd.protocol import MAX_PAYLOAD_BYTES, Ack, GpuCommand, decode, encode

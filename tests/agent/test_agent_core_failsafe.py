@@ -7,8 +7,8 @@ from functools import partial
 import pytest
 
 from powerd.agent.config import FailsafeConfig
-from powerd.agent.controls import FAILSAFE_RAISE_SHARE
 from powerd.agent.core import AgentCore
+from powerd.agent.rules import FAILSAFE_RAISE_SHARE
 from powerd.gpu import GpuPermissionError
 from powerd.protocol import Command, GpuCommand, encode
 from tests.support.agent_core_harness import (

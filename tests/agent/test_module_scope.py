@@ -12,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from powerd.agent.config import AgentConfig, ConfigError, load_config
+from powerd.agent.config import AgentConfig, load_config
 from powerd.agent.core import AgentCore
 from powerd.agent.daemon import AgentDaemon
+from powerd.configfile import ConfigError
 from powerd.gpu import PowerScope
 from powerd.gpu.models import gpu_model
 from powerd.gpu.module_scope import ModuleScopeCap, with_module_scope

@@ -16,7 +16,7 @@ import pytest
 
 from powerd.gpu.simulated import open_simulated
 from powerd.jobhook import PhaseReporter
-from powerd.mqtt_url import PASSWORD_ENV, parse_broker_url
+from powerd.mqtt.url import PASSWORD_ENV, parse_broker_url
 from powerd.topology import parse_budgets
 from tests.support.agent_harness import NODE, running_agent
 from tests.support.brokers import Mosquitto

@@ -20,8 +20,8 @@ import itertools
 
 import pytest
 
-from powerd.controller.site_limit import SiteLimits
 from powerd.protocol import SiteLimit
+from powerd.site_limits.limits import SiteLimits
 from tests.controller.test_controller_core import (
     BANDS,
     CAP_MAX_W,

@@ -135,7 +135,7 @@ async def test_killed_leader_is_replaced_with_a_higher_epoch_and_caps_stay_safe(
                 after=killed_mark,
             )
         # A had capped them below their failsafe caps: they rise once every agent came
-        # down (powerd.agent.controls.FAILSAFE_RAISE_SHARE), none of them at once
+        # down (powerd.agent.rules.FAILSAFE_RAISE_SHARE), none of them at once
         assert max(agents.caps()) <= FAILSAFE_CAP_W
         await agents.wait_for(
             lambda: agents.caps() == [FAILSAFE_CAP_W] * 16, what="the failsafe caps"

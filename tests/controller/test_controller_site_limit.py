@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from policies.in_force import target_share, with_site_limit
-from powerd.controller.site_limit import SiteLimits
 from powerd.protocol import SiteLimit
 from powerd.signing import generate_key_files
+from powerd.site_limits.limits import SiteLimits
 from powerd.telemetry_schema import parse_line
 from powerd.topology import load_budgets, parse_budgets
 from tests.support.brokers import Mosquitto

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from policies import ClusterState
-from policies.capping import rising_after_wait
+from policies.rules import rising_after_wait
 from powerd.controller.core import ControllerCore, ControllerSettings
 from powerd.controller.smoothing import GRID_PRESET, grid_smoothing
 from powerd.protocol import (

@@ -1,11 +1,11 @@
-"""Site limits judged by receipt (powerd.controller.site_limit, docs/PROTOCOL.md "Clocks"):
+"""Site limits judged by receipt (powerd.site_limits.limits, docs/PROTOCOL.md "Clocks"):
 a live limit's window runs from its receipt on the caller's clock; a retained one is placed
 by the wall clock; one from the future is a clock alarm; order by (ts, seq)."""
 
 from __future__ import annotations
 
-from powerd.controller.site_limit import SiteLimits
 from powerd.protocol import SiteLimit
+from powerd.site_limits.limits import SiteLimits
 
 TS = 1_795_320_000.0
 MIN_S = 60.0

@@ -21,8 +21,8 @@ import pytest
 from policies import PHASE_CODES, ClusterState, PolicySettings, decide
 from policies.allocation import caps_at_draw_w
 from policies.in_force import GLIDE_SHARE_OF_RAMP, tree_in_force
-from powerd.controller.site_limit import SiteLimits
 from powerd.protocol import SiteLimit
+from powerd.site_limits.limits import SiteLimits
 from powerd.topology import load_budgets
 from tests.support.paths import REPO
 

@@ -23,8 +23,8 @@ import pytest
 
 from policies import PHASE_CODES, ClusterState, PolicySettings, decide
 from policies.smoothing import gpu_ramps, grid_policy, ramp_toward, wanted_w, with_cut_fall
-from powerd.controller.site_limit import SiteLimits
 from powerd.protocol import SiteLimit
+from powerd.site_limits.limits import SiteLimits
 from powerd.topology import load_budgets
 from tests.support.paths import REPO
 

@@ -16,7 +16,7 @@ import pytest
 from powerd.coordinator.app import build_coordinator
 from powerd.coordinator.config import CoordinatorConfig, validate
 from powerd.coordinator.service import CoordinatorService
-from powerd.mqtt_url import parse_broker_url
+from powerd.mqtt.url import parse_broker_url
 from powerd.protocol import Grant, Heartbeat, SiteLimit, Summary, Topics, encode
 from powerd.signing import Signer, Verifier, generate_key_files, load_signer
 from powerd.systemd import SystemdNotifier

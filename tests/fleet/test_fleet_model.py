@@ -167,7 +167,7 @@ def test_silent_and_offline_nodes_do_not_report() -> None:
 
 
 def test_jobs_announce_startup_then_alternate_compute_and_communication() -> None:
-    from powerd.fleet.model import COMM_LOAD, STARTUP_S
+    from powerd.fleet.jobs import COMM_LOAD, STARTUP_S
     from powerd.protocol import PhaseEvent
 
     m = fleet(
@@ -290,7 +290,7 @@ def test_under_power_smoothing_the_draw_ramps_holds_its_floor_and_the_cap_still_
     """As the simulated GB200 moves it (powerd.gpu.simulated): a communication dip is held for
     the hysteresis, then falls at the ramp-down rate; the compute that follows comes back at
     the ramp-up rate; never under the floor, and a lower cap bites at once."""
-    from powerd.fleet.model import COMM_LOAD
+    from powerd.fleet.jobs import COMM_LOAD
     from powerd.protocol import GpuSmoothing
 
     m = fleet(

@@ -1,6 +1,6 @@
-"""One smoothing rule: ``powerd.gpu.base.smoothed_draw`` (one GPU: the simulated GPU, the
-fleet simulator) and ``policies.smoothing.ramp_toward`` (arrays: the planner's whatif)
-move a draw the same way, step after step, whatever the caps and targets do."""
+"""One smoothing rule, ``policies.smoothing.ramp_toward``: stepped one GPU at a time (as
+the simulated GPU and the fleet simulator call it) or over an array (the planner's
+whatif), it moves a draw the same way, step after step, whatever the caps and targets do."""
 
 from __future__ import annotations
 
@@ -12,7 +12,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.smoothing import GpuRamps, ramp_toward
-from powerd.gpu.base import smoothed_draw
+
+
+def smoothed_draw(
+    was_w: float,
+    target_w: float,
+    cap_w: float,
+    up_w_per_s: float,
+    down_w_per_s: float,
+    hysteresis_s: float,
+    falling_s: float,
+    dt_s: float,
+) -> tuple[float, float]:
+    """One GPU's step, as the simulated GPU takes it (``SimulatedGpu._ramped``)."""
+    ramps = GpuRamps(up_w_per_s, down_w_per_s, 0.0, hysteresis_s)
+    drawn, falling = ramp_toward(
+        np.array(was_w), np.array(target_w), np.array(cap_w), ramps, dt_s, np.array(falling_s)
+    )
+    return float(drawn), float(falling)
+
 
 watts = st.floats(0.0, 1200.0)
 rates = st.sampled_from([math.inf, 0.0]) | st.floats(0.5, 2000.0)

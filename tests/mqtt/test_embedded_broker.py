@@ -1,8 +1,8 @@
-"""powerd.embedded_broker: the demo's broker hands retained messages to their subscribers only."""
+"""powerd.mqtt.embedded_broker: the demo's broker hands retained messages to their subscribers only."""
 
 from __future__ import annotations
 
-from powerd.embedded_broker import EmbeddedBroker
+from powerd.mqtt.embedded_broker import EmbeddedBroker
 from tests.support.brokers import MqttProbe
 
 HEARTBEAT = "powerd/v1/demo/controller/heartbeat"

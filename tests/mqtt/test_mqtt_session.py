@@ -1,4 +1,4 @@
-"""powerd.mqtt_session: the one reconnect loop (agent, controller) and cancel_until_done."""
+"""powerd.mqtt.session: the one reconnect loop (agent, controller) and cancel_until_done."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from powerd.backoff import Backoff
-from powerd.mqtt_session import SessionStats, cancel_until_done, keep_connected
+from powerd.mqtt.session import SessionStats, cancel_until_done, keep_connected
 
 log = logging.getLogger("test.session")
 

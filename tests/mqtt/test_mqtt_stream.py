@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerd.mqtt_stream import READ_BYTES, MqttStream, StreamError, remaining_length, str16
-from powerd.mqtt_url import parse_broker_url
+from powerd.mqtt.stream import READ_BYTES, MqttStream, StreamError, remaining_length, str16
+from powerd.mqtt.url import parse_broker_url
 from tests.support.brokers import TEST_PASSWORD, TEST_USER, Mosquitto
 from tests.support.secure_brokers import passwd_file
 

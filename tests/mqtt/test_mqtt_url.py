@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from powerd.mqtt_url import NO_DELAY, PASSWORD_ENV, BrokerSettings, parse_broker_url
+from powerd.mqtt.url import NO_DELAY, PASSWORD_ENV, BrokerSettings, parse_broker_url
 
 SECRET = "s3cr3t-Pa55"
 

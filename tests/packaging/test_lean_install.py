@@ -38,7 +38,10 @@ sys.meta_path.insert(0, _NoExtras())
 TINY = Path(str(resources.files("powerd.data").joinpath("budgets/tiny.toml")))
 # modules a node, a controller host or a scale test imports; the rest are the extras' users
 CORE_PACKAGES = ("agent", "controller", "fleet", "gpu")
-NOT_CORE = {"powerd.gpu.calibrate", "powerd.embedded_broker"}  # planner data stack, demo broker
+NOT_CORE = {
+    "powerd.gpu.calibrate",
+    "powerd.mqtt.embedded_broker",
+}  # planner data stack, demo broker
 
 
 @pytest.fixture
@@ -61,7 +64,7 @@ def test_the_blocker_blocks(lean_env) -> None:
 
 
 def test_core_modules_import_no_extra(lean_env) -> None:
-    names = ["powerd.protocol", "powerd.cli", "powerd.mqtt_link", "powerd.mqtt_stream"]
+    names = ["powerd.protocol", "powerd.cli", "powerd.mqtt.link", "powerd.mqtt.stream"]
     for package in CORE_PACKAGES:
         path = Path(powerd.__file__).parent / package
         names += [f"powerd.{package}.{m.name}" for m in pkgutil.iter_modules([str(path)])]

@@ -27,8 +27,9 @@ from planner.profiles import read_profiles
 from planner.sizing import WorkloadTrace, traces_from_profiles
 from planner.whatif import WhatifSettings, replay
 from powerd.cli import main as powerd
-from powerd.cli.options import UNITS, Quantity
+from powerd.click_types import Quantity
 from powerd.topology import Topology, load_budgets
+from powerd.units import UNITS
 from tests.support.paths import REPO, TEST_DATA
 
 GROUPS = {"powerd": powerd, "powerplan": powerplan}
@@ -160,7 +161,7 @@ def test_the_agent_shows_what_on_exit_does_by_default():
 @pytest.mark.parametrize(("path", "option"), list(options()), ids=lambda x: str(x))
 def test_a_quantity_is_named_for_its_unit_and_its_unit_for_it(path: str, option: click.Option):
     """--duration-s takes seconds, --overhead-w watts; an option named so takes a number in
-    that unit (with the hints of powerd.cli.options.Quantity)."""
+    that unit (with the hints of powerd.click_types.Quantity)."""
     long = [re.sub(r"-per-[a-z]+$", "", o) for o in option.opts if o.startswith("--")]
     suffix = next((s for s in UNIT_SUFFIXES if long and long[0].endswith(s)), None)
     if isinstance(option.type, Quantity):

@@ -1,4 +1,4 @@
-"""The README's planning walk-through runs exactly as written, and the docs' mixes name
+"""The planning walk-through (docs/PLANNER.md) runs exactly as written, and the docs' mixes name
 workloads the shipped profiles have (issue: the documented flow could not be pasted)."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ SHIPPED_PROFILES = ("tests/data/profiles/telemetry.lp", "tests/data/profiles/tra
 
 
 def documented_block() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    at = text.index(MARKER)  # the README says which block this test runs
+    text = (REPO / "docs" / "PLANNER.md").read_text(encoding="utf-8")
+    at = text.index(MARKER)  # the doc says which block this test runs
     match = re.compile(r"```sh\n(.*?)```", re.S).search(text, at)
     assert match is not None and text[at : match.start()].count("\n") == 1, "block after marker"
     return match.group(1)
@@ -36,7 +36,7 @@ def workloads_of_shipped_profiles() -> set[str]:
     return set(frame["workload"].unique())
 
 
-def test_the_readme_planning_block_runs_as_written(tmp_path: Path):
+def test_the_documented_planning_block_runs_as_written(tmp_path: Path):
     block = documented_block()
     assert "powerplan size" in block and "powerplan report" in block
     for top in {line.split("/")[0] for line in re.findall(r"(?<= )[\w.-]+/[\w./-]+", block)}:

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import planner.profiles as profiles
 from planner.cli import main
+from planner.errors import ProfileError
 from planner.profile_table import COLUMNS
 from planner.profiles import (
     aggregate_power,
@@ -158,7 +159,7 @@ def test_influxql_recorded_response(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_influxql_statement_error_names_the_server() -> None:
-    with pytest.raises(profiles.ProfileError, match="http://x:8086: query failed: boom"):
+    with pytest.raises(ProfileError, match="http://x:8086: query failed: boom"):
         profiles.influxql_frame("http://x:8086", {"results": [{"error": "boom"}]})
 
 
@@ -208,9 +209,9 @@ def test_influxql_against_a_real_server(influxd: str) -> None:
         columns={"power_w": "mean"},
     )
     assert len(mean) == 6 * 5  # GPUs with a job x 2 s bins
-    with pytest.raises(profiles.ProfileError, match="HTTP 400: error parsing query"):
+    with pytest.raises(ProfileError, match="HTTP 400: error parsing query"):
         read_influx(influxd, "SELEC 1", database="powerd")
-    with pytest.raises(profiles.ProfileError, match="returned no rows"):
+    with pytest.raises(ProfileError, match="returned no rows"):
         read_influx(influxd, "SELECT * FROM nothing", database="powerd")
 
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import main
-from planner.whatif import StorageSizing, storage_report
+from planner.whatif_storage import StorageSizing, storage_report
 from policies import PolicySettings, grid
 from policies.storage import Storage, dispatch
 from tests.planner.test_planner_whatif_grid import (

@@ -7,7 +7,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from policies.capping import Decision
 from policies.causes import (
     CAPPING,
     CLOCK_LOCK,
@@ -23,6 +22,7 @@ from policies.causes import (
     job_causes,
     loss_by_cause,
 )
+from policies.settings import Decision
 from policies.tree import PHASE_CODES
 
 COMPUTE, STARTUP = PHASE_CODES["compute"], PHASE_CODES["startup"]

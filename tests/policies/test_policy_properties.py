@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from policies import HIGH, LOW, NORMAL, SERVER, ClusterState, PolicySettings, decide
-from policies.capping import STAGED_PHASES, WAITING_PHASES
+from policies.rules import STAGED_PHASES, WAITING_PHASES
 from policies.tree import PHASE_CODES
 from tests.support.policy_trees import random_tree_and_state
 

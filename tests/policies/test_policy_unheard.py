@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 
 from policies import HIGH, LOW, NORMAL, PolicySettings, decide
-from policies.capping import GUESSED_BAND_SHARE
+from policies.between_bands import GUESSED_BAND_SHARE
 from tests.support.policy_trees import make_state, uncapping_everywhere, uniform_tree, with_bands
 
 BANDS = (11_000.0, 10_800.0, 6_500.0)

@@ -15,7 +15,7 @@ from powerd.agent.config import AgentConfig, FailsafeConfig
 from powerd.agent.daemon import AgentDaemon
 from powerd.gpu import Gpu
 from powerd.gpu.simulated import open_simulated
-from powerd.mqtt_url import parse_broker_url
+from powerd.mqtt.url import parse_broker_url
 from powerd.protocol import Ack, Command, GpuCommand, Heartbeat, Telemetry, Topics, decode, encode
 from powerd.vocabulary import ControllerState
 from tests.support.brokers import Mosquitto, MqttProbe

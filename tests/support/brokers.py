@@ -20,7 +20,7 @@ from typing import Any
 
 import aiomqtt
 
-from powerd.mqtt_url import NO_DELAY
+from powerd.mqtt.url import NO_DELAY
 from tests.support.servers import ServerProcess, find_program, free_port, port_open
 
 __all__ = ["Mosquitto", "MqttProbe", "find_mosquitto", "free_port"]

@@ -53,7 +53,7 @@ from powerd.controller.config import ControllerConfig, validate
 from powerd.controller.core import CycleResult
 from powerd.controller.service import ControllerService
 from powerd.gpu.simulated import SimulatedGpu, open_simulated
-from powerd.mqtt_url import parse_broker_url
+from powerd.mqtt.url import parse_broker_url
 from powerd.protocol import Ack, Heartbeat, Telemetry, Topics, decode
 from powerd.recorder import Recorder
 from powerd.topology import Topology, parse_budgets

@@ -8,7 +8,7 @@ modules import (``powerd.gpu.nvml`` against the oldest nvidia-ml-py allowed,
 which must have the power smoothing bindings: docs/POWER_SMOOTHING.md),
 that ``powerd gpus`` runs, and that msgspec at its floor still refuses
 non-finite numbers while decoding (the protocol relies on it:
-``powerd/protocol.py``, ``_decoding``).
+``powerd/protocol/constraints.py``, ``_decoding``).
 
     python tests/support/lean_install.py [--keep DIR]
 """
@@ -34,7 +34,7 @@ for module in {EXTRA_MODULES!r}:
         continue
     sys.exit(f"{{module}} is installed, but it is no core dependency")
 for module in ("powerd.agent.daemon", "powerd.gpu.nvml", "powerd.controller.service",
-               "powerd.fleet.runner", "powerd.mqtt_stream", "powerd.jobhook", "powerd.signing"):
+               "powerd.fleet.runner", "powerd.mqtt.stream", "powerd.jobhook", "powerd.signing"):
     importlib.import_module(module)
 from powerd.gpu import nvml
 if not nvml._HAS_SMOOTHING_BINDINGS:

@@ -34,13 +34,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policies.in_force import GLIDE_SHARE_OF_RAMP, SiteLine, target_share, tree_in_force
 from policies.tree import SITE, Tree
 from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
 from powerd.protocol import SiteLimit
-from powerd.topology.grid import GridSpec
+
+if TYPE_CHECKING:  # a type only: site limits sit below the budgets file's parsing
+    from powerd.topology.grid import GridSpec
 
 
 @dataclass

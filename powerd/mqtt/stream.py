@@ -4,7 +4,7 @@ What it speaks: CONNECT (clean session, optional username and password, TLS
 through the broker settings), one SUBSCRIBE at QoS 0, PUBLISH in (a QoS 1 or
 2 one, which a QoS 0 subscription should never get, is acknowledged all the
 same), PINGREQ/PINGRESP, DISCONNECT. Nothing else: commands, acks and
-heartbeats go through paho (``powerd.mqtt_link``), agents use aiomqtt.
+heartbeats go through paho (``powerd.mqtt.link``), agents use aiomqtt.
 
 Why it exists: at 20,736 messages a second paho spent ~20 us of Python per
 message on this path (three or four ``recv`` calls, a packet dict, a message
@@ -33,7 +33,7 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 
-from powerd.mqtt_url import BrokerSettings
+from powerd.mqtt.url import BrokerSettings
 
 log = logging.getLogger("powerd.mqtt")
 

@@ -5,8 +5,8 @@ agent and the controller.
 serve until the connection breaks), and on a broker or network failure log it,
 back off (exponential, full jitter: ``powerd.backoff``) and go again, until the
 owner is stopping. The agent's session is aiomqtt; the controller's control
-session is ``powerd.mqtt_link`` (paho on the event loop) and its telemetry
-session the receive-only ``powerd.mqtt_stream``; what they share is here.
+session is ``powerd.mqtt.link`` (paho on the event loop) and its telemetry
+session the receive-only ``powerd.mqtt.stream``; what they share is here.
 
 ``cancel_until_done`` stops tasks for good. Python 3.11's ``asyncio.wait_for``
 (inside aiomqtt's publish and connect, and in ``asyncio.timeout`` users) can lose

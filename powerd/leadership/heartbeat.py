@@ -2,15 +2,15 @@
 
 The site controller and the leaf controllers (``powerd.controller.service``) and
 the coordinators (``powerd.coordinator.service``) lead and follow by the same
-rules (``powerd.controller.leadership``), each on its own heartbeat topic.
+rules (``powerd.leadership.state``), each on its own heartbeat topic.
 """
 
 from __future__ import annotations
 
 import logging
 
-from powerd.controller.leadership import Leadership
-from powerd.mqtt_link import MqttLink
+from powerd.leadership.state import Leadership
+from powerd.mqtt.link import MqttLink
 from powerd.protocol import Heartbeat, encode
 from powerd.signing import Signer
 from powerd.vocabulary import PROTOCOL_VERSION, ControllerState

@@ -34,8 +34,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
 
-from powerd.mqtt_url import NO_DELAY, BrokerSettings
+from powerd.mqtt.url import NO_DELAY, BrokerSettings
 
 log = logging.getLogger("powerd.mqtt")
 
@@ -53,7 +54,7 @@ def paho_client(broker: BrokerSettings, client_id: str) -> mqtt.Client:
     """A paho client for ``broker`` (MQTT 3.1.1, clean session, its login and TLS), with
     no limit of its own on messages queued or in flight: its callers bound those."""
     client = mqtt.Client(
-        mqtt.CallbackAPIVersion.VERSION2,
+        CallbackAPIVersion.VERSION2,
         client_id=client_id,
         clean_session=True,
         protocol=mqtt.MQTTv311,
@@ -127,7 +128,7 @@ class MqttLink:
             if self.no_delay and isinstance(sock, socket.socket):  # TLS sockets are too
                 for option in NO_DELAY:
                     sock.setsockopt(*option)
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):  # not wait_for: see mqtt_stream
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):  # not wait_for: see powerd.mqtt.stream
                 await asyncio.shield(self._ready)
         except BaseException:
             self.close()

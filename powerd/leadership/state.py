@@ -1,4 +1,8 @@
-"""Who leads: epochs from heartbeats, step-down, and standby takeover.
+"""Who leads: epochs from heartbeats, step-down, and standby takeover, with no I/O.
+
+The same rules for every tier that leads by heartbeats (the site controller, the leaf
+controllers, the coordinators), each on its own heartbeat topic; "controller" below is
+any of them.
 
 Rules (docs/PROTOCOL.md, safety rule 2 and "Clocks"): a starting controller takes the
 highest epoch it sees plus one (the wall clock in milliseconds only when it has seen no
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S, SkewWatch
 from powerd.protocol import Heartbeat
 
+# Its lines (takeover, step-down, clock alarms) read as the controller's on every tier.
 log = logging.getLogger("powerd.controller")
 
 

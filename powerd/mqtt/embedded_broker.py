@@ -17,10 +17,11 @@ from amqtt.session import Session
 def free_local_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-class _RetainedToOwnSubscriptions(Broker):
+class _RetainedToOwnSubscriptions(Broker):  # type: ignore[misc]  # amqtt ships no types
     """amqtt's broker, sending a client the retained messages of its own subscriptions only.
 
     On every CONNECT, amqtt 0.11 and 0.12 replay to the connecting client the retained messages

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from powerd.controller.leadership import Leadership
+from powerd.leadership.state import Leadership
 from powerd.protocol import Heartbeat
 
 TAKEOVER_S = 10.0

@@ -1,0 +1,43 @@
+"""policies.rules on its own: rule 1 and the tests both cycles share."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies import PHASE_CODES, PolicySettings
+from policies.rules import held_at_cap, sanitised, staged_gpus
+from tests.support.policy_trees import make_state, uniform_tree
+
+
+def test_rule_1_reads_what_cannot_be_trusted_as_the_failsafe_cap_or_the_range():
+    tree = uniform_tree(1, 1, 1, 4)
+    state = make_state(
+        tree,
+        [np.nan, -5.0, 500.0, 2000.0],
+        [np.inf, 100.0, 5000.0, 700.0],
+        floor_w=[np.nan, 100.0, 300.0, 9000.0],
+        priority=[0, 1, 2, 7],
+    )
+    s = sanitised(tree, state)
+    failsafe = np.asarray(tree.failsafe_cap_w, dtype=float)
+    np.testing.assert_allclose(s.power, [failsafe[0], 0.0, 500.0, 2000.0])
+    np.testing.assert_allclose(s.cap, [failsafe[0], 200.0, 1200.0, 700.0])
+    np.testing.assert_allclose(s.floor, [200.0, 200.0, 300.0, 1200.0])
+    assert s.priority.tolist() == [0, 1, 2, 2]
+
+
+def test_held_and_staged_are_judged_alike_for_both_cycles():
+    tree = uniform_tree(1, 1, 1, 4)
+    phases = ["compute", "startup", "checkpoint", "compute"]
+    state = make_state(
+        tree,
+        [690.0, 600.0, 300.0, 1200.0],
+        [700.0, 700.0, 700.0, 1200.0],
+        phase=[PHASE_CODES[p] for p in phases],
+    )
+    s = sanitised(tree, state)
+    span = s.cap_max - s.cap_min
+    held = held_at_cap(s.ctl, s.power, s.cap, s.cap_max, span, PolicySettings())
+    # within 5 % of the range (50 W) below a cap under cap_max; at cap_max nobody is held
+    assert held.tolist() == [True, False, False, False]
+    assert staged_gpus(s).tolist() == [False, True, True, False]
