@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from planner.errors import ProfileError, read_input_text
-from policies.tree import NORMAL, PRIORITY_CODES, SERVER
+from policies.tree import SERVER
 from powerd.topology import Topology
+from powerd.vocabulary import PRIORITIES, Priority
 
 _JOB_KEYS = {"workload", "share", "gpus", "count", "priority", "name"}
 # Shares are fractions written by people: allow float noise, not a real overshoot.
@@ -42,7 +43,7 @@ class Job:
 
     name: str
     workload: str
-    priority: int  # policies.tree LOW / NORMAL / HIGH
+    priority: Priority  # as written; policies.tree.PRIORITY_CODES where arrays need codes
     share: float | None  # of the site's GPUs; exactly one of share and gpus is set
     gpus: int | None
 
@@ -139,15 +140,14 @@ def _entry(source: str, number: int, entry: object) -> list[Job]:
         if value % count:
             raise ProfileError(source, f"{where}: gpus = {value} do not split into {count} jobs")
         gpus = value // count
-    priority_name = entry.get("priority", "normal")
-    if priority_name not in PRIORITY_CODES:
+    priority = entry.get("priority", "normal")
+    if priority not in PRIORITIES:
         raise ProfileError(
-            source, f"{where}: priority = {priority_name!r}; one of low, normal, high"
+            source, f"{where}: priority = {priority!r}; one of {', '.join(PRIORITIES)}"
         )
     name = entry.get("name", workload)
     if not isinstance(name, str) or not name:
         raise ProfileError(source, f"{where}: name = {name!r} must be a non-empty string")
-    priority = PRIORITY_CODES.get(priority_name, NORMAL)
     return [
         Job(name if count == 1 else f"{name}-{k}", workload, priority, share, gpus)
         for k in range(1, count + 1)

@@ -85,7 +85,7 @@ from policies.smoothing import (
     wanted_w,
     with_cut_fall,
 )
-from policies.tree import LEVEL_NAMES, in_codes, phase_codes
+from policies.tree import LEVEL_NAMES, PRIORITY_CODES, in_codes, phase_codes
 from policies.turns import MAX_RAISES_PER_S, Turns, decide_in_turn
 from powerd.controller.smoothing import file_tree_in_force
 from powerd.topology import Topology
@@ -346,7 +346,7 @@ class _Steps:
         self.step_s, self.max_raises = step_s, max_raises
         self.static_caps = static_caps  # every GPU keeps its failsafe cap: no controller
         self.turns, self.all_live = Turns.of(tree), np.ones(tree.n_servers, dtype=bool)
-        job_priority = np.array([j.priority for j in placement.jobs], dtype=np.int8)
+        job_priority = np.array([PRIORITY_CODES[j.priority] for j in placement.jobs], dtype=np.int8)
         busy = source.busy
         self.priority = np.where(busy, job_priority[source.job_of], NORMAL).astype(np.int8)
         self.floor_w = tree.cap_min_w.copy()
@@ -562,7 +562,7 @@ def _result(
         {
             "job": [j.name for j in placement.jobs],
             "workload": [j.workload for j in placement.jobs],
-            "priority": [("low", "normal", "high")[j.priority] for j in placement.jobs],
+            "priority": [j.priority for j in placement.jobs],
             "gpus": placement.job_gpus,
             "demand_w_per_gpu": job_acc["demand_w"] / n,
             "power_w_per_gpu": job_acc["power_w"] / n,

@@ -28,7 +28,7 @@ LOW, NORMAL, HIGH = (len(PRIORITIES) - 1 - PRIORITIES.index(p) for p in ("low", 
 PRIORITY_CODES = {name: len(PRIORITIES) - 1 - rank for rank, name in enumerate(PRIORITIES)}
 
 # Phase codes, per GPU: PHASES[code] names it.
-PHASE_CODES = {name: code for code, name in enumerate(PHASES)}
+PHASE_CODES: dict[str, int] = {name: code for code, name in enumerate(PHASES)}
 
 
 def phase_codes(phases: Iterable[str]) -> np.ndarray:

@@ -18,13 +18,13 @@ Version = Literal[1]
 
 # What a training job is doing, as it announces it (jobs/{job}/phase).
 Phase = Literal["startup", "compute", "communication", "checkpoint", "eval", "idle", "shutdown"]
-PHASES: tuple[str, ...] = get_args(Phase)
+PHASES: tuple[Phase, ...] = get_args(Phase)
 # The phases that do training work: a job waiting on something resumes to one of them.
 PROGRESS_PHASES: tuple[Phase, ...] = ("compute", "eval")
 
 # A job's priority, highest first. Watts are taken from the lowest first.
 Priority = Literal["high", "normal", "low"]
-PRIORITIES: tuple[str, ...] = get_args(Priority)
+PRIORITIES: tuple[Priority, ...] = get_args(Priority)
 
 # The levels of the power tree, from the top.
 Level = Literal["site", "row", "rack", "node"]

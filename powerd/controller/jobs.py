@@ -26,6 +26,7 @@ from powerd.controller.settings import ControllerSettings
 from powerd.hostlist import MAX_HOSTS, SiteNames
 from powerd.protocol import PhaseEvent, ProtocolError, decode
 from powerd.ratelimit import LogOncePer
+from powerd.vocabulary import Phase, Priority
 
 log = logging.getLogger("powerd.controller")
 
@@ -34,19 +35,19 @@ log = logging.getLogger("powerd.controller")
 class Job:
     name: str
     nodes: list[str]
-    priority: str
-    phase: str  # as announced
+    priority: Priority
+    phase: Phase  # as announced
     since_mono: float
     announces_waits: bool = False  # it has announced communication or checkpoint itself
     owner: str | None = None  # the login whose topic announced it first; None: unowned
-    inferred_phase: str | None = None  # from power, for jobs that do not announce waits
+    inferred_phase: Phase | None = None  # from power, for jobs that do not announce waits
     # when its phase last changed (a repeat of the same phase keeps it), and how long the
     # wait it left then lasted (0: it left no wait): policies.ClusterState's phase times
     phase_since_mono: float = math.nan
     wait_before_s: float = 0.0
     expected_s: float = math.nan  # how long it said its phase would last (NaN: not said)
 
-    def enter(self, phase: str, now: float) -> None:
+    def enter(self, phase: Phase, now: float) -> None:
         """Take ``phase`` as announced at ``now``: a change starts its time, and one out of a
         wait into work remembers how long the wait lasted."""
         if phase == self.phase and not math.isnan(self.phase_since_mono):

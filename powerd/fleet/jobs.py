@@ -8,7 +8,6 @@ Each announces ``startup`` with its nodes, then alternates ``compute`` and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
 
 from powerd.vocabulary import PRIORITIES, Phase, Priority
 
@@ -41,7 +40,7 @@ def priority_of(name: str) -> Priority:
     """A priority word (ValueError for any other)."""
     if name not in PRIORITIES:
         raise ValueError(f"job priority must be one of {', '.join(PRIORITIES)}, not {name!r}")
-    return cast(Priority, name)
+    return name
 
 
 def split_into_jobs(

@@ -291,20 +291,30 @@ class FleetModel:
 
     def telemetry(self, node: int, ts: float, dt_s: float) -> bytes:
         """The node's telemetry payload now (protocol-valid JSON, as an agent sends it);
-        its GPUs draw what they want this period under their caps and clock locks.
+        its GPUs draw what they want this period under their caps and clock locks."""
+        return self.telemetry_of([node], ts, dt_s)[0]
+
+    def telemetry_of(self, nodes: list[int], ts: float, dt_s: float) -> list[bytes]:
+        """:meth:`telemetry` of each of ``nodes``, in order: the GPUs with smoothing on are
+        moved by the ramp rule in one call for them all (per call it costs as much for one
+        node's GPUs as for thousands).
 
         The simulator's hot loop (every node, every period): plain lists and locals."""
-        self.seq[node] += 1
+        drawn = [self._drawn(node) for node in nodes]
+        if self.smoothing.on:  # as powerd.gpu.simulated moves the draw
+            self.smoothing.ramp(
+                [self._first_gpu[node] for node in nodes], drawn, self.cap_w, self.power_w, dt_s
+            )
+        return [self._payload(node, d, ts, dt_s) for node, d in zip(nodes, drawn, strict=True)]
+
+    def _drawn(self, node: int) -> list[float]:
+        """What each of the node's GPUs draws before smoothing: its demand under its lock
+        and cap."""
         start = self._first_gpu[node]
-        values: list[object] = [ts, self.seq[node], "failsafe" if self.failsafe else "controlled"]
-        want, cap_w, lock_mhz, energy = self._want, self.cap_w, self.lock_mhz, self.energy_j
-        clock_max, cap_max, power_w = self._clock_max, self._cap_max, self.power_w
-        model, lock_share, smoothing = self._model, self._lock_share, self.smoothing
-        states, sent, since = smoothing.state, smoothing.sent, smoothing.since
-        every = SMOOTHING_STATE_EVERY_SAMPLES
-        gpus = range(start, start + self._n_gpus[node])
-        drawn: list[float] = []  # what each draws: its demand under its lock and cap
-        for g in gpus:
+        want, cap_w, lock_mhz = self._want, self.cap_w, self.lock_mhz
+        model, lock_share = self._model, self._lock_share
+        drawn: list[float] = []
+        for g in range(start, start + self._n_gpus[node]):
             lock = lock_mhz[g]
             power = want[g]
             if lock is not None:
@@ -316,8 +326,19 @@ class FleetModel:
                 power *= share
             cap = cap_w[g]
             drawn.append(cap if power > cap else 0.0 if power < 0.0 else power)
-        if smoothing.on:  # as powerd.gpu.simulated moves the draw
-            smoothing.ramp(start, drawn, cap_w, power_w, dt_s)
+        return drawn
+
+    def _payload(self, node: int, drawn: list[float], ts: float, dt_s: float) -> bytes:
+        """The node's telemetry with its GPUs at ``drawn``, their energy counted."""
+        self.seq[node] += 1
+        start = self._first_gpu[node]
+        values: list[object] = [ts, self.seq[node], "failsafe" if self.failsafe else "controlled"]
+        cap_w, lock_mhz, energy = self.cap_w, self.lock_mhz, self.energy_j
+        clock_max, cap_max, power_w = self._clock_max, self._cap_max, self.power_w
+        smoothing = self.smoothing
+        states, sent, since = smoothing.state, smoothing.sent, smoothing.since
+        every = SMOOTHING_STATE_EVERY_SAMPLES
+        gpus = range(start, start + self._n_gpus[node])
         for g, power in zip(gpus, drawn, strict=True):
             lock, cap = lock_mhz[g], cap_w[g]
             power_w[g] = power

@@ -312,14 +312,19 @@ class FleetRunner:
                 if burst > 0:
                     model._clock_now = now
                     ts = self._wall()
-                    for _ in range(burst):
+                    while burst > 0:  # in segments that end where a round does
                         if sent % n == 0:
                             self._close_round(now - start)
                             model.new_round()
-                        node = int(self._order[sent % n])
-                        wire = self._wires[node % len(self._wires)]
-                        wire.write(self._frames[node].frame(model.telemetry(node, ts, period)))
-                        sent += 1
+                        size = min(burst, n - sent % n)
+                        nodes = self._order[sent % n : sent % n + size].tolist()
+                        for node, payload in zip(
+                            nodes, model.telemetry_of(nodes, ts, period), strict=True
+                        ):
+                            wire = self._wires[node % len(self._wires)]
+                            wire.write(self._frames[node].frame(payload))
+                        sent += size
+                        burst -= size
                     for wire in self._wires:
                         wire.flush()
                 if self.options.push_every_s > 0 and now >= next_push:

@@ -109,30 +109,35 @@ class FleetSmoothing:
 
     def ramp(
         self,
-        start: int,
-        natural_w: list[float],
+        starts: list[int],
+        drawn: list[list[float]],
         cap_w: list[float],
         was_w: list[float],
         dt_s: float,
     ) -> None:
-        """Move the draw of GPUs ``start``, ``start + 1`` ... (as many as ``natural_w``) with the
-        switch on over ``dt_s``, in place in ``natural_w``: from what they drew (``was_w``)
-        towards their natural draw raised to the floor (every fleet GPU runs a job)."""
-        groups: dict[GpuRamps, list[int]] = {}
-        for g in range(start, start + len(natural_w)):
-            ramps = self.ramps[g]
-            if ramps is not None:
-                groups.setdefault(ramps, []).append(g)
-        for ramps, gpus in groups.items():
-            caps = np.array([cap_w[g] for g in gpus])
-            natural = np.array([natural_w[g - start] for g in gpus])
+        """Move the draw of the GPUs with the switch on over ``dt_s``, in place in ``drawn``:
+        ``drawn[k]`` holds what GPUs ``starts[k]``, ``starts[k] + 1`` ... would draw (their
+        natural draw under their caps). From what they drew (``was_w``) towards that, raised
+        to the floor (every fleet GPU runs a job); GPUs with equal ramps in one call."""
+        groups: dict[GpuRamps, list[tuple[int, int, int]]] = {}  # (gpu, node k, gpu on node)
+        ramps_of = self.ramps
+        for k, (start, values) in enumerate(zip(starts, drawn, strict=True)):
+            for i in range(len(values)):
+                ramps = ramps_of[start + i]
+                if ramps is not None:
+                    groups.setdefault(ramps, []).append((start + i, k, i))
+        for ramps, members in groups.items():
+            caps = np.array([cap_w[g] for g, _, _ in members])
+            natural = np.array([drawn[k][i] for _, k, i in members])
             target = np.maximum(natural, caps * ramps.floor_fraction)
-            was = np.array([was_w[g] for g in gpus])
-            falling = np.array([self.falling_s[g] for g in gpus])
-            drawn, falling = ramp_toward(was, target, caps, ramps, dt_s, falling)
-            for k, g in enumerate(gpus):
-                natural_w[g - start] = float(drawn[k])
-                self.falling_s[g] = float(falling[k])
+            was = np.array([was_w[g] for g, _, _ in members])
+            falling = np.array([self.falling_s[g] for g, _, _ in members])
+            moved, falling = ramp_toward(was, target, caps, ramps, dt_s, falling)
+            for (g, k, i), power, fell in zip(
+                members, moved.tolist(), falling.tolist(), strict=True
+            ):
+                drawn[k][i] = power
+                self.falling_s[g] = fell
 
     def _ramps(self, profile: SmoothingProfile) -> GpuRamps:
         ramps = GpuRamps(

@@ -71,8 +71,8 @@ def test_a_gpu_without_smoothing_refuses_a_profile() -> None:
 def test_a_nodes_gpus_ramp_as_each_would_alone(
     steps: list[tuple[float, float, float]], mixed: bool
 ) -> None:
-    """Three GPUs of a node (two ramped alike, one on other ramps or off): the fleet's draw
-    is the rule's for each GPU stepped on its own."""
+    """Three GPUs on two nodes (two ramped alike, one on other ramps or off), moved in one
+    call: the fleet's draw is the rule's for each GPU stepped on its own."""
     smoothing = FleetSmoothing([True, True, True])
     for g, wire in enumerate([profile(50.0, 20.0), profile(50.0, 20.0), profile(5.0, 80.0)]):
         smoothing.set(g, g, "GB200", wire if mixed or g < 2 else profile(1, 1, on=False), [])
@@ -82,8 +82,9 @@ def test_a_nodes_gpus_ramp_as_each_would_alone(
         now = [natural_w, natural_w * 0.5, natural_w]
         caps = [cap_w] * 3
         now = [min(w, cap_w) for w in now]
-        want = list(now)
-        smoothing.ramp(0, want, caps, drawn, dt_s)
+        nodes = [now[:2], now[2:]]  # GPUs 0-1 on one node, GPU 2 on the next
+        smoothing.ramp([0, 2], nodes, caps, drawn, dt_s)
+        want = nodes[0] + nodes[1]
         for g in range(3):
             ramps = smoothing.ramps[g]
             if ramps is None:

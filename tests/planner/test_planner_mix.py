@@ -7,7 +7,6 @@ import pytest
 
 from planner.errors import ProfileError
 from planner.mix import check_workloads, load_mix, parse_mix, place
-from policies.tree import HIGH, LOW, NORMAL
 from powerd.topology import parse_budgets
 
 
@@ -59,7 +58,7 @@ share = 0.1
     assert [j.name for j in mix.jobs] == ["llama-1", "llama-2", "bert", "bert-eval"]
     assert [j.share for j in mix.jobs] == [0.25, 0.25, None, 0.1]
     assert mix.jobs[2].gpus == 8
-    assert [j.priority for j in mix.jobs] == [HIGH, HIGH, LOW, NORMAL]
+    assert [j.priority for j in mix.jobs] == ["high", "high", "low", "normal"]
     assert mix.workloads == ("llama", "bert")
 
 
