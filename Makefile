@@ -29,7 +29,7 @@ test: deps venv
 	@# most tests wait on brokers and processes, so two run at a time; the ones that
 	@# assert on wall-clock pacing (marker realtime) then run alone
 	$(BIN)/pytest -q -n 2 --dist loadfile -m "not realtime" --durations=10
-	$(BIN)/pytest -q -m realtime --durations=5
+	$(BIN)/pytest -q -m realtime --durations=15
 
 lint: venv
 	$(BIN)/ruff check .
