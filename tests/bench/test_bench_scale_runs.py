@@ -60,7 +60,9 @@ def test_scale_benchmark_runs(tmp_path: Path) -> None:
     limit = run["site_limit"]
     assert limit["limit_w"] == 12e6 and limit["power_before_w"] > limit["limit_w"]
     assert limit["limit_in_force_cycles"] > 0
-    assert limit["fall_max_w_per_s"] > 0 and limit["glide_s"] > 0
+    # the fastest fall is measured (not judged: a 2 s limit under a push a second may see
+    # the site rise; tests/controller/test_controller_site_limit.py judges the glide)
+    assert limit["fall_max_w_per_s"] is not None and limit["glide_s"] > 0
 
 
 def test_scale_benchmark_hostile_runs(tmp_path: Path) -> None:
