@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import msgspec
 from msgspec import UNSET
 
+from powerd.agent.rules import smoothing_to_write
 from powerd.gpu import Gpu, GpuError, GpuNotSupportedError
 from powerd.gpu.base import POWER_LIMIT_RESOLUTION_W, SmoothingProfile
 from powerd.protocol import AckError, GpuAck, GpuCommand, GpuSmoothing, GpuSmoothingState
@@ -84,13 +85,14 @@ def set_smoothing(gpu: Gpu, wanted: SmoothingProfile) -> bool:
     ``GpuNotSupportedError`` on a GPU without smoothing; ``GpuValueError`` for a preset
     beyond the device's count (a preset is not a quantity: it is never clamped).
     """
-    target = gpu.smoothing_range().clamp(wanted)  # raises GpuNotSupportedError without it
+    device = gpu.smoothing_range()  # raises GpuNotSupportedError without it
     active = gpu.smoothing()
     if active is None:
         raise GpuNotSupportedError(f"GPU {gpu.index} reads back no smoothing profile")
-    if not active.close_to(target):
-        gpu.set_smoothing(target)
-    return target.floor_percent != wanted.floor_percent
+    write, clamped = smoothing_to_write(active, wanted, device)
+    if write is not None:
+        gpu.set_smoothing(write)
+    return clamped
 
 
 def apply_gpu_command(gpu: Gpu, command: GpuCommand) -> GpuCommandResult:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from msgspec import UNSET
 
+from powerd.agent import rules
 from powerd.agent.controls import set_clock_lock
 from powerd.gpu import Gpu, GpuError
 from powerd.protocol import CommClock, GpuCommand, PhaseEvent, ProtocolError, Topics, decode
@@ -38,7 +39,6 @@ log = logging.getLogger("powerd.agent")
 # second or more (docs/JOBHOOK.md); past this, a flood is dropped, not obeyed.
 PHASES_PER_S = 20.0
 PHASE_BURST = 40.0
-LOCKING_PHASE = "communication"
 
 
 @dataclass
@@ -91,9 +91,11 @@ class PhaseClocks:
         for index in list(self.phase_locked):
             new = wanted.get(index)
             old = self.policies.get(index)
-            if new is None or old is None or self._topic(new) != self._topic(old):
+            if not rules.lock_stays(True, _job_of(old), _job_of(new)):
                 self._unlock(index, "its clock policy ended")
-            elif new.max_sm_clock_mhz != old.max_sm_clock_mhz:
+            elif (
+                new is not None and old is not None and new.max_sm_clock_mhz != old.max_sm_clock_mhz
+            ):
                 self._lock(index, new)
         self.policies = wanted
         return {index: self._held(index, policy) for index, policy in wanted.items()}
@@ -148,7 +150,7 @@ class PhaseClocks:
             return
         self.counters.phases_applied += 1
         for index in mine:
-            if event.phase == LOCKING_PHASE:
+            if rules.phase_locks(event.phase):
                 self._lock(index, self.policies[index])
             else:
                 self._unlock(index, f"job {job}: {event.phase}")
@@ -182,3 +184,11 @@ class PhaseClocks:
         self._log.warning(
             f"phase-gpu{index}", self._monotonic(), "gpu %d: clock %s failed: %s", index, what, exc
         )
+
+
+def _job_of(policy: CommClock | None) -> rules.PolicyJob | None:
+    return None if policy is None else (policy.job, policy.owner)
+
+
+def _clock_of(policy: CommClock | None) -> float | None:
+    return None if policy is None else policy.max_sm_clock_mhz

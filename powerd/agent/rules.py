@@ -11,7 +11,13 @@ thousands of nodes, so the two cannot drift apart (docs/PROTOCOL.md):
   heartbeat of an epoch floors that order at its ``seq`` (``order_after_live``), and a
   deposed epoch followed starts it afresh (``order_after_new_epoch``);
 - failsafe is make before break (``failsafe_cap_w``, ``failsafe_raise_at``);
-- an ack's result and its errors (``applied_result``, ``unknown_gpu_error``, ``make_ack``).
+- an ack's result and its errors (``applied_result``, ``unknown_gpu_error``, ``make_ack``);
+- clock policies: a job's ``communication`` locks the clocks its policy names, any other
+  phase unlocks them (``phase_locks``); a command that replaces a GPU's policy keeps the
+  lock an announcement made only for the same job, at the new policy's clock
+  (``lock_stays``), and a command's own clock makes the lock the command's;
+- power smoothing: the profile written, and whether its floor was clamped
+  (``smoothing_to_write``).
 
 Which controller is followed, heartbeat by heartbeat, is ``powerd.agent.following``.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from powerd.gpu.base import SmoothingProfile, SmoothingRange
 from powerd.protocol import Ack, AckError, AckResult, GpuAck, Mode
 from powerd.vocabulary import PROTOCOL_VERSION
 
@@ -38,6 +45,11 @@ FAILSAFE_RAISE_SHARE = 0.5
 FAILSAFE_BELOW_MARGIN_W = 0.5
 
 MAX_ACK_ERRORS = 32  # keeps an ack well inside the 64 KiB payload limit
+
+LOCKING_PHASE = "communication"  # the phase a clock policy locks its GPUs' clocks in
+
+# a clock policy's job: (its name, the owner level of its topic; None: the unowned topic)
+PolicyJob = tuple[str, str | None]
 
 
 def controller_live(mode: Mode, now_mono: float, deadline_mono: float) -> bool:
@@ -125,3 +137,26 @@ def make_ack(
         gpus=gpus,
         errors=errors,
     )
+
+
+def phase_locks(phase: str) -> bool:
+    """Whether an announcement of ``phase`` by a job a GPU holds a clock policy for locks
+    the GPU's clock (at the policy's) or, any other phase, unlocks it."""
+    return phase == LOCKING_PHASE
+
+
+def lock_stays(phase_locked: bool, old: PolicyJob | None, new: PolicyJob | None) -> bool:
+    """Whether a lock an announcement made stays (at the new policy's clock) when an
+    applied command replaces the GPU's policy: only for the same job; otherwise it ends."""
+    return phase_locked and old is not None and new is not None and old == new
+
+
+def smoothing_to_write(
+    active: SmoothingProfile, wanted: SmoothingProfile, device: SmoothingRange
+) -> tuple[SmoothingProfile | None, bool]:
+    """A command's smoothing profile on a GPU whose active one is ``active``: the profile
+    to write (its floor clamped into the device's range; None when the active one is
+    already that), and whether the floor was clamped."""
+    target = device.clamp(wanted)
+    write = None if active.close_to(target) else target
+    return write, target.floor_percent != wanted.floor_percent

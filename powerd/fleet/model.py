@@ -44,13 +44,13 @@ rules (``powerd.agent.rules``, ``powerd.agent.following``) called for each node:
   on collectives); the controller may lock their clocks meanwhile.
 
 - **Clock policies** (a command's ``comm_clock``), as ``powerd.agent.phase_clock``
-  holds them: every applied command replaces each of its node's GPUs' policy, the
-  ack reads it back (its clock clamped into the device's range); the job's own
-  announcements (``on_phase``; the fleet's jobs' through ``phase_events``) lock
-  its GPUs' clocks in ``communication`` and unlock them in any other phase;
-  failsafe and a newer controller epoch end every policy. So the controller
-  leaves those clocks to the jobs, as it does with real agents, and sends no
-  command at a phase change for them.
+  holds them, by the same rules (``rules.lock_stays``, ``rules.phase_locks``): every
+  applied command replaces each of its node's GPUs' policy, the ack reads it back (its
+  clock clamped into the device's range); the job's own announcements (``on_phase``;
+  the fleet's jobs' through ``phase_events``) lock its GPUs' clocks in
+  ``communication`` and unlock them in any other phase; failsafe and a newer controller
+  epoch end every policy. So the controller leaves those clocks to the jobs, as it does
+  with real agents, and sends no command at a phase change for them.
 
 Not simulated: the agents' command TTL (refreshed by every live heartbeat,
 so it only matters when heartbeats stop, which failsafe covers already); the
@@ -76,7 +76,6 @@ from policies.tree import RACK
 from powerd.agent import rules
 from powerd.agent.controls import smoothing_wire
 from powerd.agent.following import Following
-from powerd.agent.phase_clock import LOCKING_PHASE
 from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
 from powerd.fleet.jobs import COMM_LOAD, split_into_jobs
 from powerd.fleet.smoothing import FleetSmoothing
@@ -567,11 +566,12 @@ class FleetModel:
             new, old = wanted.get(k), self.policy[g]
             clock = None if new is None else self._clamp_clock(g, new.max_sm_clock_mhz)
             if self._phase_locked[g]:
-                if new is None or old is None or (new.job, new.owner) != old[:2]:
+                new_job = None if new is None else (new.job, new.owner)
+                if rules.lock_stays(True, None if old is None else old[:2], new_job):
+                    self.lock_mhz[g] = clock
+                else:
                     self._phase_locked[g] = False
                     self.lock_mhz[g] = None
-                else:
-                    self.lock_mhz[g] = clock
             if new is None or clock is None:
                 self.policy[g] = None
             else:
@@ -590,7 +590,7 @@ class FleetModel:
         if not self.controller_live(now):
             return 0
         moved = 0
-        lock = phase == LOCKING_PHASE
+        lock = rules.phase_locks(phase)
         for g, policy in enumerate(self.policy):
             if policy is None or policy[0] != job or policy[1] != owner:
                 continue

@@ -15,6 +15,7 @@ import dataclasses
 import numpy as np
 
 from policies.smoothing import GpuRamps, ramp_toward
+from powerd.agent import rules
 from powerd.agent.controls import profile_of
 from powerd.gpu.base import SmoothingProfile, SmoothingRange
 from powerd.gpu.errors import GpuValueError
@@ -89,14 +90,14 @@ class FleetSmoothing:
         except GpuValueError as exc:
             errors.append(f"GPU {index}: power smoothing: {exc}")
             return False
-        target = SMOOTHING_RANGE.clamp(wanted)
-        problems = SMOOTHING_RANGE.problems(target)
+        problems = SMOOTHING_RANGE.problems(SMOOTHING_RANGE.clamp(wanted))
         if problems:  # a preset beyond the device's: refused, nothing written
             errors.append(f"GPU {index}: power smoothing: {'; '.join(problems)}")
             return False
         active = self.active(g)
         assert active is not None  # the GPU has presets
-        if not active.close_to(target):
+        target, clamped = rules.smoothing_to_write(active, wanted, SMOOTHING_RANGE)
+        if target is not None:
             written = _with_switch(target, False)
             self.presets[g] = (*presets[: target.preset], written, *presets[target.preset + 1 :])
             self.active_preset[g] = target.preset
@@ -105,7 +106,7 @@ class FleetSmoothing:
             self.ramps[g] = self._ramps(target) if target.enabled else None
             self.on += self.ramps[g] is not None
             self.state[g] = self._state_json(target.enabled, target.preset, target.floor_percent)
-        return target.floor_percent != wanted.floor_percent
+        return clamped
 
     def ramp(
         self,

@@ -59,3 +59,30 @@ def test_an_ack_lists_at_most_max_ack_errors() -> None:
     assert ack.result == "partial" and len(ack.errors) == rules.MAX_ACK_ERRORS
     assert ack.errors[-1] == AckError(index=None, message="9 more errors")
     assert rules.applied_result([]) == "applied"
+
+
+def test_communication_locks_a_policys_clocks_and_any_other_phase_unlocks_them() -> None:
+    assert rules.phase_locks("communication")
+    assert not any(rules.phase_locks(p) for p in ("compute", "checkpoint", "eval", "startup"))
+
+
+jobs = st.none() | st.tuples(st.sampled_from(["a", "b"]), st.none() | st.just("alice"))
+
+
+@given(locked=st.booleans(), old=jobs, new=jobs)
+def test_an_announcements_lock_stays_through_a_command_only_for_the_same_job(
+    locked: bool, old: rules.PolicyJob | None, new: rules.PolicyJob | None
+) -> None:
+    stays = rules.lock_stays(locked, old, new)
+    assert stays == (locked and old is not None and old == new)
+
+
+def test_a_smoothing_profile_is_written_only_when_it_differs_and_its_floor_clamped() -> None:
+    from powerd.gpu.base import SmoothingProfile, SmoothingRange
+
+    device = SmoothingRange(10.0, 90.0, 4)
+    active = SmoothingProfile(0, True, 50.0, 100.0, 100.0, 1000.0)
+    assert rules.smoothing_to_write(active, active, device) == (None, False)
+    low = SmoothingProfile(0, True, 2.0, 100.0, 100.0, 1000.0)  # under the device's floor
+    write, clamped = rules.smoothing_to_write(active, low, device)
+    assert clamped and write is not None and write.floor_percent == 10.0
