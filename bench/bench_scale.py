@@ -594,7 +594,8 @@ def main() -> None:
         default="",
         help=f"comma-separated attacks by one login during the window's first two thirds "
         f"({', '.join(HOSTILE)}); the results say what the attack did and what was left "
-        "after it [default: none]",
+        "after it; at 20,736 nodes give --warmup-s 30, so that the fleet's own start-up "
+        "(every node capped at once) is over before the attack begins [default: none]",
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
