@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import machine, report
+from bench.common import add_safety_argument, machine, report
 from powerd.controller.config import ControllerConfig
 from powerd.controller.core import ControllerCore
 from powerd.controller.inbox import Waiting
@@ -255,14 +255,7 @@ def main() -> None:
         default=0,
         help="acks reach the controller this many periods after their command [default: 0]",
     )
-    parser.add_argument(
-        "--safety",
-        choices=("caps", "bands"),
-        default="caps",
-        help="the controller's [policy] safety_by_caps: caps, every level within its limit "
-        "by the caps in force (policies/allocation.py); bands, Dynamo's bands on measured "
-        "power (policies/capping.py) [default: caps]",
-    )
+    add_safety_argument(parser, "The controller's policy.")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     shares = (args.withhold_share, args.lose_share)

@@ -62,6 +62,9 @@ from powerd.protocol import (
 from powerd.signing import Signer
 from powerd.topology import load_budgets
 
+# the bench's wall clock is its monotonic one plus this (telemetry, phases and points on it)
+WALL_OFFSET_S = 1.7e9
+
 
 def telemetry_payloads(
     topology,
@@ -137,7 +140,7 @@ def run(
         tree,
         settings,
         monotonic=lambda: clock[0],
-        wall=lambda: clock[0] + 1.7e9,
+        wall=lambda: clock[0] + WALL_OFFSET_S,
     )
     core.new_epoch(1)
     names = list(tree.server_ordinal)
@@ -145,7 +148,7 @@ def run(
     for j, job in enumerate(job_names):  # each job announced with its share of the nodes
         nodes = names[j * len(names) // jobs : (j + 1) * len(names) // jobs]
         fields = job_nodes_fields(nodes)  # a long list as a host list, as a job hook sends it
-        event = PhaseEvent(v=1, job=job, ts=clock[0] + 1.7e9, phase="startup", **fields)
+        event = PhaseEvent(v=1, job=job, ts=clock[0] + WALL_OFFSET_S, phase="startup", **fields)
         core.on_phase(job, encode(event))
     records = Records("bench", topology, "bench", fine_every_s=fine_every_s)
     rng = np.random.default_rng(seed)
@@ -169,12 +172,19 @@ def run(
     for c in range(cycles + warmup):
         for j, job in enumerate(job_names):  # nine cycles of compute, one of communication
             phase: Phase = "communication" if (c + j) % 10 == 9 else "compute"
-            event = PhaseEvent(v=1, job=job, ts=clock[0] + 1.7e9, phase=phase)
+            event = PhaseEvent(v=1, job=job, ts=clock[0] + WALL_OFFSET_S, phase=phase)
             core.on_phase(job, encode(event))
         hot = np.isin(gpu_rack, rng.choice(racks, max(1, len(racks) // 10), replace=False))
         power = np.where(hot, rng.uniform(1100.0, 1200.0, n), power)
         payloads = telemetry_payloads(
-            topology, tree, np.minimum(power, cap), cap, c, clock[0], state, state_every
+            topology,
+            tree,
+            np.minimum(power, cap),
+            cap,
+            c,
+            clock[0] + WALL_OFFSET_S,
+            state,
+            state_every,
         )
         t0 = time.perf_counter()
         samples = []
@@ -193,7 +203,7 @@ def run(
             topic = topics.command(node)
             signer.sign(topic, encode(command))
         t2s = time.perf_counter()
-        lines = records.cycle(core, result, clock[0] + 1.7e9)
+        lines = records.cycle(core, result, clock[0] + WALL_OFFSET_S)
         t3 = time.perf_counter()
         n_gpu_lines = sum(len(records.telemetry(core, s)) for s in samples)
         t4 = time.perf_counter()

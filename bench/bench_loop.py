@@ -49,7 +49,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from bench.common import machine, report
+from bench.common import add_safety_argument, machine, report
 from powerd.gpu import Gpu, GpuError
 from powerd.gpu.models import gpu_model
 from powerd.jobhook import PhaseReporter
@@ -644,14 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--broker", metavar="URL", help="a running broker (default: embedded)")
     parser.add_argument("--quick", action="store_true", help="1 s holds, failsafe after 2 s")
     parser.add_argument("--keep", action="store_true", help="keep the logs and files")
-    parser.add_argument(
-        "--safety",
-        choices=("caps", "bands"),
-        default="caps",
-        help="the controller's [policy] safety_by_caps: caps, the node within its limit by "
-        "its caps (policies/allocation.py); bands, Dynamo's bands on measured power, the node "
-        "capped to its budget (policies/capping.py) [default: caps]",
-    )
+    add_safety_argument(parser, "The controller's policy.")
     parser.add_argument(
         "--agent-period-s", type=float, default=0.5, help="the agent's telemetry period (0.5)"
     )

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import machine, report
+from bench.common import add_safety_argument, machine, report
 from policies import PHASE_CODES, ClusterState, PolicySettings, Tree, decide
 from tests.support.policy_trees import gb200_site
 
@@ -174,13 +174,7 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=18, help="servers per rack")
     parser.add_argument("--gpus", type=int, default=4, help="GPUs per server")
     parser.add_argument("--runs", type=int, default=30, help="timed calls per scenario")
-    parser.add_argument(
-        "--safety",
-        choices=("caps", "bands"),
-        default="caps",
-        help="caps: time policies.allocation (PolicySettings.safety_by_caps); bands: the "
-        "bands of policies/capping.py [default: caps]",
-    )
+    add_safety_argument(parser, "The policy timed.")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
     result = run(

@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as mqtt
 
-from bench.common import cpu_s, machine, mem_mb, report, run_dir
+from bench.common import add_safety_argument, cpu_s, machine, mem_mb, report, run_dir
 from powerd.fleet.app import fleet_argv
 from powerd.fleet.sites import NODES_PER_RACK, RACKS_PER_ROW, SITE_FILE, cut_site
 from powerd.mqtt.url import PASSWORD_ENV
@@ -581,14 +581,7 @@ def main() -> None:
     )
     parser.add_argument("--site-limit-after-s", type=float, default=5.0)
     parser.add_argument("--site-limit-for-s", type=float, default=20.0)
-    parser.add_argument(
-        "--safety",
-        choices=("caps", "bands"),
-        default="caps",
-        help="the controller's [policy] safety_by_caps: caps, every level within its limit "
-        "by the caps in force (policies/allocation.py); bands, Dynamo's bands on measured "
-        "power (policies/capping.py) [default: caps]",
-    )
+    add_safety_argument(parser, "The controller's policy.")
     parser.add_argument(
         "--hostile",
         default="",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from powerd.click_types import SAFETY_CHOICES, SAFETY_HELP
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -65,3 +68,14 @@ def run_dir(name: str, keep: Path | None = None, temp_prefix: str = "") -> Itera
     out = keep / re.sub(r"[^A-Za-z0-9.-]+", "-", name)
     out.mkdir(parents=True, exist_ok=True)
     yield out
+
+
+def add_safety_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--safety caps|bands`` (default caps), as ``powerd.click_types.safety_option`` gives
+    the click commands: the controller's ``[policy] safety_by_caps``; ``what`` it applies to."""
+    parser.add_argument(
+        "--safety",
+        choices=SAFETY_CHOICES,
+        default=SAFETY_CHOICES[0],
+        help=f"{what} {SAFETY_HELP} [default: {SAFETY_CHOICES[0]}]",
+    )

@@ -15,6 +15,12 @@ from powerd.units import UNITS, plain_number, split_quantity
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 SAFETY_CHOICES = ("caps", "bands")
+SAFETY_HELP = (
+    "caps: every rack, row and the site within its limit by the caps in force, the caps "
+    "moved to the GPUs held at theirs (policies/allocation.py, docs/CONTROLLER.md 'Safety "
+    "by caps'); bands: Dynamo's bands on measured power, a node drawing above its "
+    "cap_threshold capped down to its cap_target (policies/capping.py)."
+)
 
 
 def safety_option(what: str) -> Decorator:
@@ -25,11 +31,7 @@ def safety_option(what: str) -> Decorator:
         type=click.Choice(SAFETY_CHOICES),
         default=SAFETY_CHOICES[0],
         show_default=True,
-        help=f"{what} caps: every rack, row and the site within its limit by the caps in "
-        "force, the caps moved to the GPUs held at theirs (policies/allocation.py, "
-        "docs/CONTROLLER.md 'Safety by caps'); bands: Dynamo's bands on measured power, a "
-        "node drawing above its cap_threshold capped down to its cap_target "
-        "(policies/capping.py).",
+        help=f"{what} {SAFETY_HELP}",
     )
 
 
