@@ -12,14 +12,19 @@ mode, and the epoch it follows).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import subprocess
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from powerd.topology import parse_budgets
 from tests.liveness.clocks import (
+    SkewedClock,
     leaders,
     longest_failsafe_s,
     needs_faketime,
@@ -101,6 +106,46 @@ async def all_follow(p: MqttProbe, epoch: int, after: int, timeout_s: float) -> 
     )
 
 
+@dataclass
+class Pair:
+    a: subprocess.Popen[bytes]
+    b: subprocess.Popen[bytes]
+    epoch_a: int  # A's epoch, every agent following it
+    b_starts: int  # the probe's mark just before B started
+
+
+@contextlib.asynccontextmanager
+async def a_leading_b_standing_by(
+    p: MqttProbe,
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    clock_a: SkewedClock | None = None,
+    clock_b: SkewedClock | None = None,
+) -> AsyncIterator[Pair]:
+    """A leads with every agent following it, then B starts and connects; both are stopped
+    at the end (A may have been killed already). ``clock_a``, ``clock_b``: their wall
+    clocks (None: the real one)."""
+    budgets, config_a, config_b = configs(tmp_path, mosquitto)
+    a = spawn_controller(args(config_a, budgets), tmp_path / "a.log", clock_a)
+    b = None
+    try:
+        epoch_a = await leading(p, "ctl-a")
+        await all_follow(p, epoch_a, 0, WAIT_S)
+        b_starts = p.mark()
+        b = spawn_controller(args(config_b, budgets), tmp_path / "b.log", clock_b)
+        await until(lambda: "connected to" in (tmp_path / "b.log").read_text(), 30.0, "B up")
+        yield Pair(a, b, epoch_a, b_starts)
+    finally:
+        stop(a)
+        if b is not None:
+            b.terminate()
+            b.wait(WAIT_S)
+
+
+def logs_of(tmp_path: Path) -> str:
+    return f"A:\n{tail(tmp_path / 'a.log')}\nB:\n{tail(tmp_path / 'b.log')}"
+
+
 def worst_failsafe_s(p: MqttProbe, after: int) -> float:
     return max(longest_failsafe_s(s) for s in samples(p.messages, after).values())
 
@@ -113,51 +158,43 @@ async def test_a_dead_leader_that_ran_an_hour_ahead_keeps_nobody_out_of_failsafe
     sent, live and retained, every 0.2 s. Its heartbeats are no liveness: the standby B
     takes over within its takeover time and every agent follows B (before: the replayed
     heartbeats, an hour "fresh", kept every agent controlled and B passive)."""
-    budgets, config_a, config_b = configs(tmp_path, mosquitto)
     clock_a = skewed_clock(tmp_path, "ctl-a")
-    topology = parse_budgets(budgets.read_text())
-    async with probe(mosquitto) as p, running_agents(mosquitto, topology, "compute"):
-        a = spawn_controller(args(config_a, budgets), tmp_path / "a.log", clock_a)
-        b = None
-        try:
-            epoch_a = await leading(p, "ctl-a")
-            await all_follow(p, epoch_a, 0, WAIT_S)
-            b = spawn_controller(args(config_b, budgets), tmp_path / "b.log")
-            await until(lambda: "connected to" in (tmp_path / "b.log").read_text(), 30.0, "B up")
-            ahead_mark = p.mark()
-            clock_a.step("+1h")
-            await asyncio.sleep(3.0)
-            captured = [
-                m for m in p.messages[ahead_mark:] if m.topic == TOPICS.heartbeat and not m.retain
-            ]
-            a.send_signal(signal.SIGKILL)
-            killed_at = time.monotonic()
-            a.wait(WAIT_S)
-            killed_mark = p.mark()
-            replay_until = killed_at + FOLLOW_WITHIN_S + 2.0
-            i = 0
-            while time.monotonic() < replay_until:
-                beat = captured[i % len(captured)]
-                await p.publish(TOPICS.heartbeat, beat.payload, retain=True)
-                await p.publish(TOPICS.heartbeat, beat.payload)
-                i += 1
-                await asyncio.sleep(0.2)
-            assert len(captured) >= 10
-            epoch_b = await leading(p, "ctl-b", after=killed_mark, timeout_s=1.0)
-            b_led_at = next(
-                m.at
-                for m in p.messages[killed_mark:]
-                if m.topic == TOPICS.heartbeat
-                and not m.retain
-                and heartbeat_of(m).controller == "ctl-b"
-            )
-            followed_at = await all_follow(p, epoch_b, killed_mark, 1.0)
-        finally:
-            stop(a)
-            if b is not None:
-                b.terminate()
-                b.wait(WAIT_S)
-    logs = f"A:\n{tail(tmp_path / 'a.log')}\nB:\n{tail(tmp_path / 'b.log')}"
+    topology = parse_budgets(budgets_toml())
+    async with (
+        probe(mosquitto) as p,
+        running_agents(mosquitto, topology, "compute"),
+        a_leading_b_standing_by(p, tmp_path, mosquitto, clock_a=clock_a) as pair,
+    ):
+        a, epoch_a = pair.a, pair.epoch_a
+        ahead_mark = p.mark()
+        clock_a.step("+1h")
+        await asyncio.sleep(3.0)
+        captured = [
+            m for m in p.messages[ahead_mark:] if m.topic == TOPICS.heartbeat and not m.retain
+        ]
+        a.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        a.wait(WAIT_S)
+        killed_mark = p.mark()
+        replay_until = killed_at + FOLLOW_WITHIN_S + 2.0
+        i = 0
+        while time.monotonic() < replay_until:
+            beat = captured[i % len(captured)]
+            await p.publish(TOPICS.heartbeat, beat.payload, retain=True)
+            await p.publish(TOPICS.heartbeat, beat.payload)
+            i += 1
+            await asyncio.sleep(0.2)
+        assert len(captured) >= 10
+        epoch_b = await leading(p, "ctl-b", after=killed_mark, timeout_s=1.0)
+        b_led_at = next(
+            m.at
+            for m in p.messages[killed_mark:]
+            if m.topic == TOPICS.heartbeat
+            and not m.retain
+            and heartbeat_of(m).controller == "ctl-b"
+        )
+        followed_at = await all_follow(p, epoch_b, killed_mark, 1.0)
+    logs = logs_of(tmp_path)
     print(f"B led {b_led_at - killed_at:.2f} s after A's death, all agents followed after "
           f"{followed_at - killed_at:.2f} s, longest failsafe {worst_failsafe_s(p, killed_mark):.2f} s")  # fmt: skip
     assert epoch_b == epoch_a + 1, logs
@@ -178,34 +215,25 @@ async def test_a_standby_an_hour_off_makes_at_most_one_leadership_change(
     failsafe_after_s plus a takeover. Before: B an hour ahead deposed A 0.3 s after its
     start with an epoch an hour of milliseconds up; B an hour behind led after A's death
     with heartbeats an hour old that no agent followed (the site in failsafe for good)."""
-    budgets, config_a, config_b = configs(tmp_path, mosquitto)
-    topology = parse_budgets(budgets.read_text())
-    async with probe(mosquitto) as p, running_agents(mosquitto, topology, "compute"):
-        a = spawn_controller(args(config_a, budgets), tmp_path / "a.log")
-        b = None
-        try:
-            epoch_a = await leading(p, "ctl-a")
-            await all_follow(p, epoch_a, 0, WAIT_S)
-            start_mark = p.mark()
-            clock_b = skewed_clock(tmp_path, "ctl-b", offset)
-            b = spawn_controller(args(config_b, budgets), tmp_path / "b.log", clock_b)
-            await until(lambda: "connected to" in (tmp_path / "b.log").read_text(), 30.0, "B up")
-            await asyncio.sleep(3.0)  # B has heard A for a while
-            before_kill = leaders(p.messages[start_mark:])
-            a.send_signal(signal.SIGKILL)
-            killed_at = time.monotonic()
-            a.wait(WAIT_S)
-            killed_mark = p.mark()
-            epoch_b = await leading(p, "ctl-b", after=start_mark, timeout_s=FOLLOW_WITHIN_S)
-            followed_at = await all_follow(p, epoch_b, killed_mark, FOLLOW_WITHIN_S + 2.0)
-            await asyncio.sleep(2.0)  # and they stay with it
-            end = {n: s[-1] for n, s in samples(p.messages, killed_mark).items()}
-        finally:
-            stop(a)
-            if b is not None:
-                b.terminate()
-                b.wait(WAIT_S)
-    logs = f"A:\n{tail(tmp_path / 'a.log')}\nB:\n{tail(tmp_path / 'b.log')}"
+    clock_b = skewed_clock(tmp_path, "ctl-b", offset)
+    topology = parse_budgets(budgets_toml())
+    async with (
+        probe(mosquitto) as p,
+        running_agents(mosquitto, topology, "compute"),
+        a_leading_b_standing_by(p, tmp_path, mosquitto, clock_b=clock_b) as pair,
+    ):
+        a, epoch_a, start_mark = pair.a, pair.epoch_a, pair.b_starts
+        await asyncio.sleep(3.0)  # B has heard A for a while
+        before_kill = leaders(p.messages[start_mark:])
+        a.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        a.wait(WAIT_S)
+        killed_mark = p.mark()
+        epoch_b = await leading(p, "ctl-b", after=start_mark, timeout_s=FOLLOW_WITHIN_S)
+        followed_at = await all_follow(p, epoch_b, killed_mark, FOLLOW_WITHIN_S + 2.0)
+        await asyncio.sleep(2.0)  # and they stay with it
+        end = {n: s[-1] for n, s in samples(p.messages, killed_mark).items()}
+    logs = logs_of(tmp_path)
     changes = leaders(p.messages)
     print(f"{offset}: leaders {changes}; all agents followed B {followed_at - killed_at:.2f} s "
           f"after A's death, longest failsafe {worst_failsafe_s(p, start_mark):.2f} s")  # fmt: skip
@@ -226,28 +254,20 @@ async def test_a_leader_whose_clock_steps_an_hour_either_way_stays_followed(
     3 s each. No leadership change, and no agent ever falls to failsafe: A's heartbeats
     carry its epoch's time base, moved by its monotonic clock (before: stepped back, its
     heartbeats were an hour old to every agent, failsafe for good, and B took over)."""
-    budgets, config_a, config_b = configs(tmp_path, mosquitto)
     clock_a = skewed_clock(tmp_path, "ctl-a")
-    topology = parse_budgets(budgets.read_text())
-    async with probe(mosquitto) as p, running_agents(mosquitto, topology, "compute"):
-        a = spawn_controller(args(config_a, budgets), tmp_path / "a.log", clock_a)
-        b = None
-        try:
-            epoch_a = await leading(p, "ctl-a")
-            await all_follow(p, epoch_a, 0, WAIT_S)
-            b = spawn_controller(args(config_b, budgets), tmp_path / "b.log")
-            await until(lambda: "connected to" in (tmp_path / "b.log").read_text(), 30.0, "B up")
-            mark = p.mark()
-            for offset in ("+1h", "-1h", "+0"):
-                clock_a.step(offset)
-                await asyncio.sleep(3.0)
-            end = {n: s[-1] for n, s in samples(p.messages, mark).items()}
-        finally:
-            stop(a)
-            if b is not None:
-                b.terminate()
-                b.wait(WAIT_S)
-    logs = f"A:\n{tail(tmp_path / 'a.log')}\nB:\n{tail(tmp_path / 'b.log')}"
+    topology = parse_budgets(budgets_toml())
+    async with (
+        probe(mosquitto) as p,
+        running_agents(mosquitto, topology, "compute"),
+        a_leading_b_standing_by(p, tmp_path, mosquitto, clock_a=clock_a) as pair,
+    ):
+        epoch_a = pair.epoch_a
+        mark = p.mark()
+        for offset in ("+1h", "-1h", "+0"):
+            clock_a.step(offset)
+            await asyncio.sleep(3.0)
+        end = {n: s[-1] for n, s in samples(p.messages, mark).items()}
+    logs = logs_of(tmp_path)
     assert leaders(p.messages) == [("ctl-a", epoch_a)], logs
     assert worst_failsafe_s(p, mark) == 0.0, logs
     assert {(s.mode, s.epoch) for s in end.values()} == {("controlled", epoch_a)}, logs
