@@ -851,7 +851,7 @@ BAD += [
         cls,
         build(cls, (path, Raw(raw))),
         None,
-        "utf-8",
+        "(?i)utf-8",
         id=pid(cls, path, label),
     )
     for cls, path in UTF8_PATHS
