@@ -1,15 +1,16 @@
 # powerd: `make demo` runs the whole loop on this machine; `make test` runs ruff, mypy and
 # every test (and installs the core alone at its minimum pins in a throwaway venv:
-# tests/support/lean_install.py). Tests run two at a time, the `realtime` ones alone after.
+# tests/support/lean_install.py). Tests run three at a time, the `realtime` ones alone after.
 # Both create the virtual environment; `make test` also installs the Debian
-# services the tests start (mosquitto, systemd-analyze) when they are missing.
+# programs the tests start (DEB_NEEDS: mosquitto, InfluxDB, VictoriaMetrics, Prometheus,
+# Alertmanager, systemd-analyze, faketime) when they are missing.
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the test suite needs, as "command:package" pairs.
-DEB_NEEDS := mosquitto:mosquitto systemd-analyze:systemd victoria-metrics:victoria-metrics influxd:influxdb faketime:faketime
+DEB_NEEDS := mosquitto:mosquitto systemd-analyze:systemd victoria-metrics:victoria-metrics influxd:influxdb faketime:faketime promtool:prometheus prometheus-alertmanager:prometheus-alertmanager
 
 .PHONY: demo test lint format bench deps venv clean
 
@@ -26,9 +27,9 @@ test: deps venv
 	  if [ $$installed = 0 ]; then grep '^lean install' $(VENV)/lean_install.log; \
 	  else cat $(VENV)/lean_install.log; fi; \
 	  [ $$typed = 0 ] && [ $$installed = 0 ]
-	@# most tests wait on brokers and processes, so two run at a time; the ones that
-	@# assert on wall-clock pacing (marker realtime) then run alone
-	$(BIN)/pytest -q -n 2 --dist loadfile -m "not realtime" --durations=10
+	@# most tests wait on brokers and processes (even three at a time use 1.3 of 2 cores),
+	@# so three run at a time; those that assert on wall-clock pacing (realtime) then alone
+	$(BIN)/pytest -q -n 3 --dist loadfile -m "not realtime" --durations=10
 	$(BIN)/pytest -q -m realtime --durations=15
 
 lint: venv

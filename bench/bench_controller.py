@@ -8,6 +8,7 @@ as they arrive from the broker), then times, per cycle:
   batches (the ingest loop's work for one telemetry period; receiving it is
   ``bench/bench_scale.py``'s),
 - ``cycle``: ``ControllerCore.cycle()``: arrays, ``policies.decide``, commands,
+- ``job_causes``: of the cycle, what held each job's GPUs (``powerd.controller.job_causes``),
 - ``sign``: encoding and signing every command of the cycle (Ed25519), as the
   service does before publishing them,
 - ``records``: building the recorder's ``tree`` and ``decision`` points,
@@ -38,6 +39,7 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +47,7 @@ from bench.common import machine, report
 from powerd.controller.config import ControllerConfig
 from powerd.controller.core import ControllerCore
 from powerd.controller.inbox import Waiting
+from powerd.controller.job_causes import JobHeld
 from powerd.controller.records import Records
 from powerd.controller.service import INGEST_BATCH
 from powerd.controller.smoothing import grid_smoothing
@@ -60,6 +63,7 @@ from powerd.protocol import (
     job_nodes_fields,
 )
 from powerd.signing import Signer
+from powerd.telemetry_schema import JOB_HELD
 from powerd.topology import load_budgets
 
 # the bench's wall clock is its monotonic one plus this (telemetry, phases and points on it)
@@ -151,6 +155,7 @@ def run(
         event = PhaseEvent(v=1, job=job, ts=clock[0] + WALL_OFFSET_S, phase="startup", **fields)
         core.on_phase(job, encode(event))
     records = Records("bench", topology, "bench", fine_every_s=fine_every_s)
+    held_s = _timed_job_causes(core)
     rng = np.random.default_rng(seed)
     n = tree.n_gpus
     power = rng.uniform(750.0, 950.0, n)
@@ -160,6 +165,7 @@ def run(
     timings: dict[str, list[float]] = {
         "ingest": [],
         "cycle": [],
+        "job_causes": [],
         "sign": [],
         "records": [],
         "gpu_records": [],
@@ -217,6 +223,7 @@ def run(
             continue  # warm-up
         timings["ingest"].append(t1 - t0)
         timings["cycle"].append(t2 - t1)
+        timings["job_causes"].append(held_s[-1])
         timings["sign"].append(t2s - t2)
         timings["records"].append(t3 - t2s)
         timings["gpu_records"].append(t4 - t3)
@@ -234,10 +241,26 @@ def run(
         "gpus_in_announced_phases_last_cycle": gpus_timed,
         "median_ms": {k: round(statistics.median(v) * 1e3, 1) for k, v in timings.items()},
         "max_ms": {k: round(max(v) * 1e3, 1) for k, v in timings.items()},
-        "tree_points_last_cycle": len(lines),
+        "tree_points_last_cycle": sum(not line.startswith(JOB_HELD.name + ",") for line in lines),
+        "job_held_points_last_cycle": sum(line.startswith(JOB_HELD.name + ",") for line in lines),
         "gpu_points_last_cycle": n_gpu_lines,
         "median_commands_per_cycle": statistics.median(commands_sent),
     }
+
+
+def _timed_job_causes(core: ControllerCore) -> list[float]:
+    """Time ``core.job_causes.step`` within each cycle: the seconds, one a cycle."""
+    held_s: list[float] = []
+    step = core.job_causes.step
+
+    def timed(*args: Any, **kwargs: Any) -> list[JobHeld]:
+        t = time.perf_counter()
+        out = step(*args, **kwargs)
+        held_s.append(time.perf_counter() - t)
+        return out
+
+    core.job_causes.step = timed  # type: ignore[method-assign]
+    return held_s
 
 
 def main() -> None:

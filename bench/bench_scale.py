@@ -377,6 +377,7 @@ def send_site_limit(broker: Mosquitto, out: Path, limit_w: float, for_s: float) 
             "--key", str(out / "operator.key"), "--operator", "bench",
             "--reason", "bench_scale demand response",
             "--broker", broker.url, "--cluster", CLUSTER,
+            "--wait-s", "0",  # the clock starts at publication, as before the confirmation
         ],
         capture_output=True,
         text=True,

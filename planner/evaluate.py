@@ -15,12 +15,13 @@ overhead`` is what racks may use.
 **A rack is the unit.** Every site is built from whole racks of the file's
 shape (its servers, their GPUs, models and overheads, and the rack's own
 overhead), in rows of the file's first row's rack count and overhead; a file
-whose racks differ (in those, or in the limits, budgets, capping bands or
-ramps (c) keeps) is refused. Per GPU, the non-GPU power that comes with it
-is then ``o = (node overheads + rack overhead + row overhead / racks per row)
-/ GPUs per rack``: 400 W on the 150 MW site (a 1 kW tray per 4 GB200, 10.8 kW
-of switches per 72), close to the ~360 W docs/PLANNER.md derives from Meta's
-figures.
+whose racks differ (in those, or in the limits, capping bands or ramps (c)
+keeps) is refused. Rack budgets may differ (no strategy keeps them: (c) sizes
+its own), so the file ``powerplan size`` wrote, a budget per rack, evaluates.
+Per GPU, the non-GPU power that comes with it is then ``o = (node overheads +
+rack overhead + row overhead / racks per row) / GPUs per rack``: 400 W on the
+150 MW site (a 1 kW tray per 4 GB200, 10.8 kW of switches per 72), close to the
+~360 W docs/PLANNER.md derives from Meta's figures.
 
 **The strategies.**
 

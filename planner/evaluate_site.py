@@ -143,7 +143,9 @@ class RackShape:
 
 def rack_shape(top: Topology) -> RackShape:
     """The file's rack; :class:`EvaluateError` if its racks are not all alike (servers,
-    GPUs, models, overheads, limits, budgets, bands and ramps)."""
+    GPUs, models, overheads, limits, bands and ramps). Their budgets may differ: no
+    strategy keeps a rack's budget ((a) and (b) set their own, (c) sizes them as `size`
+    does), and a file `powerplan size` wrote has one per rack."""
     first_server = top.level_start[SERVER]
     server_rack = np.asarray(top.parent[first_server : top.level_start[SERVER + 1]])
     overhead = np.asarray(top.overhead_w, dtype=float)
@@ -158,14 +160,21 @@ def rack_shape(top: Topology) -> RackShape:
         )
         shapes.setdefault(rack, []).append(server)
     racks = range(top.level_start[RACK], top.level_start[RACK + 1])
-    signatures = {r: (tuple(shapes.get(r, [])), overhead[r], file_node(top, r)) for r in racks}
+    signatures = {
+        r: (
+            tuple(shapes.get(r, [])),
+            overhead[r],
+            dataclasses.replace(file_node(top, r), budget_w=0.0),
+        )
+        for r in racks
+    }
     first = signatures[racks[0]]
     odd = [top.names[r] for r, s in signatures.items() if s != first]
     if odd or not first[0]:
         raise EvaluateError(
             f"{top.source}: evaluate builds each strategy's site from whole racks of one shape,"
             f" but rack(s) {', '.join(odd[:3])}{' ...' if len(odd) > 3 else ''} differ from"
-            f" {top.names[racks[0]]!r} (servers, GPUs, models, overheads, limits, budgets,"
+            f" {top.names[racks[0]]!r} (servers, GPUs, models, overheads, limits,"
             " capping bands or ramps)"
         )
     first_row = top.level_start[ROW]
@@ -180,7 +189,7 @@ def rack_shape(top: Topology) -> RackShape:
         row_overhead_w=float(overhead[first_row]),
         site_overhead_w=float(overhead[0]),
         file_servers=tuple(s[3] for s in servers),
-        file_rack=first[2],
+        file_rack=file_node(top, racks[0]),  # (c) sizes its budget
         file_row=file_node(top, first_row),
         file_site=file_node(top, 0),
     )

@@ -282,12 +282,27 @@ def cell_text(value: Any) -> str:
     if isinstance(value, np.generic) and not isinstance(value, float):  # numpy scalars
         return cell_text(value.item())
     if isinstance(value, float):
-        if not math.isfinite(value):
-            return "-"
-        if abs(value) >= 1000:
-            return f"{value:,.0f}"
-        return f"{value:.3g}"
+        return _float_text(value)
     return str(value)
+
+
+SMALLEST_SHOWN = 1e-6  # closer to 0 than this (not 0), a cell says "<0.000001"
+
+
+def _float_text(value: float) -> str:
+    """Three significant digits, never in scientific notation (``6.94e-05`` is 0.0000694
+    in a table people read): whole numbers with thousands separators from 1,000 up (999.7
+    too, which ``.3g`` would write ``1e+03``), and a bound below a millionth."""
+    if not math.isfinite(value):
+        return "-"
+    if abs(value) >= 999.5:
+        return f"{value:,.0f}"
+    if value == 0:
+        return "0"
+    if abs(value) < SMALLEST_SHOWN:
+        return f">-{SMALLEST_SHOWN:.6f}" if value < 0 else f"<{SMALLEST_SHOWN:.6f}"
+    text: str = np.format_float_positional(value, precision=3, unique=False, fractional=False)
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _nested_text(value: Any) -> str:

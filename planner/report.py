@@ -25,7 +25,7 @@ from planner.profiles import SWING_SHARE
 from planner.report_doc import Document
 from planner.sizing import SizingSettings, WorkloadTrace, size
 from planner.sweep import foreign_sweeps, sweep_label_warnings
-from planner.whatif import WhatifResult, WhatifSettings, grid_table, replay
+from planner.whatif import WhatifResult, WhatifSettings, grid_table, replay, site_limit_w
 from policies.causes import largest_causes
 from policies.tree import SERVER
 from powerd.topology import Topology
@@ -226,7 +226,7 @@ def _summary(
     return items
 
 
-def _grid_section(doc: Document, grid: dict[str, object]) -> None:
+def _grid_section(doc: Document, grid: dict[str, object], site_w: float) -> None:
     """The replayed site power as the grid sees it (planner.whatif.grid_table)."""
     doc.heading("The site as the grid sees it")
     if not grid.get("measured"):
@@ -246,7 +246,7 @@ def _grid_section(doc: Document, grid: dict[str, object]) -> None:
     breaches = grid.get("breaches")
     if isinstance(breaches, list) and breaches:
         doc.bullets([f"outside the grid spec: {b}" for b in breaches])
-    doc.table(grid_table(grid))
+    doc.table(grid_table(grid, site_w))
 
 
 def build(
@@ -415,7 +415,7 @@ def _capping_section(
     )
     figures[PLOTS["capping"]] = lambda path: plots.plot_capping(whatif.levels, path)
     doc.image(PLOTS["capping"], "% of steps capping and deepest cut per level")
-    _grid_section(doc, whatif.info["grid"])  # type: ignore[arg-type]
+    _grid_section(doc, whatif.info["grid"], site_limit_w(whatif))  # type: ignore[arg-type]
 
 
 def _caps_section(

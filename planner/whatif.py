@@ -621,9 +621,24 @@ def lost_table(result: WhatifResult) -> pd.DataFrame:
     return pd.concat([rows, pd.DataFrame([site])], ignore_index=True)
 
 
-def grid_table(grid: dict[str, object]) -> pd.DataFrame:
+def site_limit_w(result: WhatifResult) -> float:
+    """The replayed site's limit: the scale :func:`grid_table` writes the site's power in."""
+    nodes = result.nodes
+    return float(nodes.loc[nodes["level"] == "site", "limit_w"].iloc[0])
+
+
+def grid_table(grid: dict[str, object], site_w: float) -> pd.DataFrame:
     """``info["grid"]`` (powerd.topology.grid.grid_report) as rows: what, unit, value, limit,
-    seconds outside it."""
+    seconds outside it. Power and ramps in the site's scale (``powerd.units.power_unit`` of
+    ``site_w``, its limit: kW/s for a 215 kW site, MW/s for 150 MW), the unit the grid
+    spec's own line is written in (JSON keeps watts)."""
+    from powerd.units import power_unit
+
+    factor, symbol = power_unit(site_w)
+
+    def scaled(value: object) -> object:
+        return value / factor if isinstance(value, int | float) else value
+
     edges = grid["oscillation_band_seen_hz"] or grid["oscillation_band_hz"]
     assert isinstance(edges, list)
     lo, hi = edges
@@ -631,18 +646,18 @@ def grid_table(grid: dict[str, object]) -> pd.DataFrame:
     ramp = f"over {grid['ramp_window_s']:g} s"
     rows: list[tuple[str, str, object, object, object]] = []
     for way in ("up", "down"):
-        limit = grid.get(f"ramp_{way}_limit_w_per_s")
+        limit = scaled(grid.get(f"ramp_{way}_limit_w_per_s"))
         rows.append(
             (
                 f"ramp {way}, max {ramp}",
-                "W/s",
-                grid[f"ramp_{way}_max_w_per_s"],
+                f"{symbol}/s",
+                scaled(grid[f"ramp_{way}_max_w_per_s"]),
                 limit,
                 grid.get(f"s_outside_ramp_{way}"),
             )
         )
-        p99 = grid[f"ramp_{way}_p99_w_per_s"]
-        rows.append((f"ramp {way}, p99 {ramp}", "W/s", p99, limit, None))
+        p99 = scaled(grid[f"ramp_{way}_p99_w_per_s"])
+        rows.append((f"ramp {way}, p99 {ramp}", f"{symbol}/s", p99, limit, None))
     band = f"{lo:g}-{hi:g} Hz"
     rows += [
         (
@@ -655,12 +670,12 @@ def grid_table(grid: dict[str, object]) -> pd.DataFrame:
         (f"oscillation share {band}, whole replay", "share", grid["oscillation_share"], None, None),
         (
             f"oscillation in {band}, RMS, worst {window}",
-            "W",
-            grid["oscillation_band_rms_max_w"],
-            grid.get("oscillation_min_rms_w") or None,
+            symbol,
+            scaled(grid["oscillation_band_rms_max_w"]),
+            scaled(grid.get("oscillation_min_rms_w") or None),
             None,
         ),
-        (f"peak-to-peak, worst {window}", "W", grid["peak_to_peak_max_w"], None, None),
+        (f"peak-to-peak, worst {window}", symbol, scaled(grid["peak_to_peak_max_w"]), None, None),
     ]
     if "floor_energy_kwh" in grid:
         if grid["floor_source"] == "burnt by smoothing":

@@ -28,15 +28,19 @@ is then charged to one cause, so that the causes add up to the loss:
 A job whose speed is set by its slowest GPU (synchronous training) loses
 ``1 - speed`` each step, charged to the slowest GPU's cause
 (``job_causes``). Used by ``planner.whatif`` and ``powerd demo``.
+
+The controller, which knows no demand, charges the same causes to what it sees
+(``seen_causes``, recorded per job by ``powerd.controller.job_causes``), and for
+``capping`` also the level whose budget cut (``binding_levels``, ``cap_levels``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from policies.rules import STAGED_CODES
-from policies.settings import Decision
-from policies.tree import in_codes
+from policies.rules import STAGED_CODES, held_at_cap
+from policies.settings import Decision, PolicySettings
+from policies.tree import LEVEL_NAMES, SERVER, SITE, ClusterState, Tree, in_codes, phase_codes
 
 CAUSES = (
     "capping",
@@ -81,6 +85,108 @@ def cap_causes(
         out[lowered & decision.shifted] = PRIORITY_SHIFT
     if len(decision.cut_levels):
         out[lowered & (decision.cut_levels != 0)] = CAPPING
+    return out
+
+
+# The level whose budget held a GPU by ``capping``: a level of the tree, or, at its root,
+# what bounds the root in force: an operator's site limit, a coordinator's grant to a leaf.
+LEVEL_TAGS = (*LEVEL_NAMES, "site limit", "grant")
+SITE_LIMIT, GRANT = len(LEVEL_NAMES), len(LEVEL_NAMES) + 1
+NO_LEVEL = -1
+_WORKING_CODES = phase_codes(("compute", "startup"))
+
+
+def initial_levels(n_gpus: int) -> np.ndarray:
+    """No level: no GPU is held by ``capping`` as agents start."""
+    return np.full(n_gpus, NO_LEVEL, dtype=np.int8)
+
+
+def binding_levels(tree: Tree, decision: Decision, root: int = SITE) -> np.ndarray:
+    """Per GPU, the level that binds it this cycle: the nearest node over it that is capping
+    (``Decision.node_capping``: above its capping threshold under the bands; under safety by
+    caps, its caps at its limit with a GPU under it short of what it asks), else the nearest
+    level that cut it (``Decision.cut_levels``), else the nearest node over it between its
+    bands (measured above its uncapping threshold: rule 3c levels under it), else
+    ``NO_LEVEL``. The root's level reads ``root``: ``SITE``, or ``SITE_LIMIT``/``GRANT``
+    when that bounds the root in force."""
+    out = np.full(tree.n_gpus, NO_LEVEL, dtype=np.int8)
+    power = np.asarray(decision.node_power_w, dtype=float)
+    if len(power) == tree.n_nodes:
+        with np.errstate(invalid="ignore"):
+            between = power > np.asarray(tree.uncap_threshold_w, dtype=float)
+        for lvl in range(SITE, SERVER + 1):
+            out[between[tree.gpu_ancestor[lvl]]] = lvl
+    cut = np.asarray(decision.cut_levels)
+    if len(cut):
+        for lvl in range(SITE, SERVER + 1):  # the nearest last: it wins
+            out[(cut >> lvl) & 1 == 1] = lvl
+    capping = np.asarray(decision.node_capping, dtype=bool)
+    if len(capping) and capping.any():
+        for lvl in range(SITE, SERVER + 1):
+            out[capping[tree.gpu_ancestor[lvl]]] = lvl
+    out[out == SITE] = root
+    return out
+
+
+def cap_levels(
+    levels: np.ndarray,
+    causes: np.ndarray,
+    new_causes: np.ndarray,
+    old_cap_w: np.ndarray,
+    decision: Decision,
+    bound: np.ndarray,
+) -> np.ndarray:
+    """``levels`` after a cycle, beside ``cap_causes`` (``causes`` before it, ``new_causes``
+    after): a GPU that takes ``capping`` this cycle (its cap lowered by it, or held at its
+    failsafe start by a full node) takes the level that binds it (``bound``, from
+    ``binding_levels``) and carries it as its cause; a GPU held by any other cause has
+    ``NO_LEVEL``."""
+    capping = new_causes == CAPPING
+    lowered = np.asarray(decision.cap_w) < np.asarray(old_cap_w) - _LOWERED_W
+    took = capping & ((causes != CAPPING) | lowered)
+    out: np.ndarray = np.where(capping, levels, NO_LEVEL).astype(np.int8)
+    out[took] = bound[took]
+    return out
+
+
+def seen_causes(
+    tree: Tree,
+    state: ClusterState,
+    causes: np.ndarray,
+    settings: PolicySettings,
+    locked: np.ndarray | None = None,
+) -> np.ndarray:
+    """Per GPU, why it is held as a controller sees it (``NOT_HELD`` if it is not): it knows
+    no demand, so a GPU is *held* when its job works (``compute``, ``startup``: a wait is
+    not slowed by power) and it is held at its cap (``policies.rules.held_at_cap``:
+    controllable, its cap below its max limit, drawing within ``stage_headroom_fraction``
+    of its range under the cap: 50 W on a 200-1200 W GB200, the margin under which the
+    policies count it as wanting more) or its SM clock is ``locked``. Its cause is
+    ``clock lock`` if locked, else the rule that last lowered its cap (``causes``, from
+    ``cap_causes``). ``grid ramp`` is not seen: a draw the ramp holds back is under the
+    cap, not at it."""
+    power = np.asarray(state.power_w, dtype=float)
+    cap = np.asarray(state.cap_w, dtype=float)
+    cap_max = np.asarray(tree.cap_max_w, dtype=float)
+    span = cap_max - np.asarray(tree.cap_min_w, dtype=float)
+    ctl = np.asarray(state.controllable, dtype=bool)
+    working = in_codes(np.asarray(state.phase), _WORKING_CODES)
+    with np.errstate(invalid="ignore"):  # NaN draw: not held
+        at_cap = held_at_cap(ctl, power, cap, cap_max, span, settings)
+    out = np.where(at_cap & working, causes, NOT_HELD).astype(np.int8)
+    if locked is not None:
+        out[locked & working] = CLOCK_LOCK
+    return out
+
+
+def held_back_w(tree: Tree, state: ClusterState, cause: np.ndarray) -> np.ndarray:
+    """Per GPU, the watts its cause holds back: its max limit less its cap (less its draw for
+    a clock lock, which holds it under its cap); 0 where it is not held."""
+    cap_max = np.asarray(tree.cap_max_w, dtype=float)
+    under = np.where(cause == CLOCK_LOCK, state.power_w, state.cap_w)
+    with np.errstate(invalid="ignore"):
+        out: np.ndarray = np.where(cause != NOT_HELD, np.maximum(cap_max - under, 0.0), 0.0)
+    out[np.isnan(out)] = 0.0
     return out
 
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from powerd.metrics.address import parse_listen
 from powerd.mqtt.url import BrokerSettings, parse_broker_url
 from powerd.signing import (
     KeyFileError,
@@ -233,6 +234,16 @@ def broker_from_table(table: dict[str, Any], where: str) -> BrokerSettings:
     for key in ("password_file", "ca_file", "cert_file", "key_file"):
         _check_readable(where, f"broker.{key}", getattr(broker, key))
     return broker
+
+
+def check_metrics_listen(where: str, listen: str | None) -> None:
+    """ConfigError unless ``[metrics] listen`` (or ``--metrics-listen``) is HOST:PORT."""
+    if listen is None:
+        return
+    try:
+        parse_listen(listen)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: metrics.listen (--metrics-listen): {exc}") from None
 
 
 def _check_readable(where: str, dotted: str, path: str | None) -> None:

@@ -177,11 +177,8 @@ def load_signer(path: str | Path) -> Signer:
     """The private key in ``path``; refused if others may read it or it is not Ed25519."""
     path = Path(path)
     key_file = _read(path)
-    if _is_public_pem(key_file.data):
-        raise KeyFileError(
-            f"{path}: this is a public key; a private key is needed here (the .key file "
-            "`powerd keys generate` wrote beside it)"
-        )
+    if _is_public_key(path, key_file.data):  # before the mode: 0644 is right for a .pub
+        raise KeyFileError(f"{path}: this is a public key; give the private key{_private_of(path)}")
     if key_file.mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyFileError(
             f"{path}: a private key must be readable by its owner only "
@@ -311,8 +308,31 @@ def _file_kind(mode: int) -> str:
     return next((name for test, name in kinds.items() if test(mode)), "not a plain file")
 
 
-def _is_public_pem(data: bytes) -> bool:
-    return b"PUBLIC KEY-----" in data and b"PRIVATE KEY" not in data
+# How an OpenSSH public key line begins (``ssh-keygen``'s .pub files).
+SSH_PUBLIC_PREFIXES = (b"ssh-", b"ecdsa-sha2-", b"sk-ssh-", b"sk-ecdsa-")
+
+
+def _is_public_key(path: Path, data: bytes) -> bool:
+    """A public key, whatever its form: PEM, an OpenSSH line, or a ``.pub`` file with no
+    private key in it."""
+    if b"PRIVATE KEY" in data:
+        return False
+    return (
+        b"PUBLIC KEY-----" in data
+        or data.lstrip().startswith(SSH_PUBLIC_PREFIXES)
+        or path.suffix == ".pub"
+    )
+
+
+def _private_of(path: Path) -> str:
+    """Where the private half of the public key at ``path`` is, as far as its name says:
+    ': PREFIX.key' (``powerd keys generate``), ': FILE' (the file without .pub: openssl,
+    ssh-keygen), else a hint."""
+    stem = path.with_suffix("") if path.suffix == ".pub" else path
+    for candidate in (stem.with_name(stem.name + ".key"), stem):
+        if candidate != path and candidate.is_file():
+            return f": {candidate}"
+    return " (the file without .pub, or the .key file `powerd keys generate` wrote beside the .pub)"
 
 
 def _b64(raw: bytes) -> str:

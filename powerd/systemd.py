@@ -77,6 +77,32 @@ def render_coordinator_unit(
     )
 
 
+# ProtectHome=yes makes these empty for every unit's service, PrivateTmp=yes gives it its own
+# empty /tmp and /var/tmp: an ExecStart (or its interpreter) under one cannot run.
+HIDDEN_FROM_UNITS = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
+
+
+def hidden_install_paths(exec_path: str) -> list[str]:
+    """Those of ``exec_path``, its resolved path and its script's interpreter (its ``#!``
+    line: a virtual environment's python) that the units' hardening hides from the
+    service; empty when the unit can run it."""
+    candidates = [exec_path, os.path.realpath(exec_path)]
+    try:
+        with open(exec_path, "rb") as script:
+            first = script.readline(4096)
+    except OSError:
+        first = b""
+    if first.startswith(b"#!") and first[2:].split():
+        interpreter = first[2:].split()[0].decode(errors="replace")
+        candidates += [interpreter, os.path.realpath(interpreter)]
+    hidden = [
+        path
+        for path in dict.fromkeys(candidates)
+        if any(path == top or path.startswith(top + "/") for top in HIDDEN_FROM_UNITS)
+    ]
+    return hidden
+
+
 def this_executable() -> str:
     """The ``powerd`` executable of this installation: on PATH, else the running one."""
     found = shutil.which("powerd")

@@ -1,6 +1,6 @@
 """What powerd writes to the time-series store: the one place that names it.
 
-Four measurements, each a ``Measurement`` constant that lists its tags and
+Five measurements, each a ``Measurement`` constant that lists its tags and
 fields with their types and units (``docs/TELEMETRY.md`` is the same table in
 prose; the Grafana dashboards query these names in InfluxQL):
 
@@ -10,7 +10,9 @@ prose; the Grafana dashboards query these names in InfluxQL):
   control cycle,
 - ``decision``: one point per control cycle: what the controller did and how
   healthy the cluster looked,
-- ``phase_event``: one point per phase change a training job announced.
+- ``phase_event``: one point per phase change a training job announced,
+- ``job_held``: per control cycle, a job's GPUs held below what they would draw, by
+  cause and level (``powerd.controller.job_causes``).
 
 Everything is built as InfluxDB line protocol strings: the one internal form,
 which both the v2 write API and the local ``.lp`` file take as they are
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from policies.causes import CAUSES, LEVEL_TAGS
 from powerd.line_protocol import (
     FLOAT,
     INT,
@@ -58,6 +61,7 @@ __all__ = [
     "FLOAT",
     "GPU",
     "INT",
+    "JOB_HELD",
     "MEASUREMENTS",
     "PHASE_EVENT",
     "STRING",
@@ -73,6 +77,7 @@ __all__ = [
     "escape_string",
     "gpu_line",
     "iter_lines",
+    "job_held_line",
     "parse_line",
     "phase_event_from_message",
     "phase_event_line",
@@ -312,7 +317,32 @@ PHASE_EVENT = Measurement(
     ),
 )
 
-MEASUREMENTS: tuple[Measurement, ...] = (GPU, TREE, DECISION, PHASE_EVENT)
+JOB_HELD = Measurement(
+    name="job_held",
+    description="a job's GPUs held below what they would draw, by cause and level",
+    writer="controller (the leader)",
+    rate="per control cycle, one point per job, cause and level with a GPU held (none: none)",
+    tags=(
+        _CLUSTER,
+        _tag("controller", "name of the controller that led the cycle"),
+        _tag("job", "job name; `no job` for GPUs no job is announced on", required=True),
+        _tag("cause", "what lowered the caps (policies.causes)", required=True, allowed=CAUSES),
+        _tag(
+            "level",
+            "for capping: the level whose budget cut (site, row, rack, node), or what bound"
+            " the root: `site limit` (an operator's) or `grant` (a coordinator's)",
+            allowed=LEVEL_TAGS,
+        ),
+    ),
+    fields=(
+        Field("gpus", INT, "count", "the job's GPUs held by this cause and level"),
+        Field("held_w", FLOAT, "W", "watts held back: max limit less cap (less draw: clock lock)"),
+        Field("job_gpus", INT, "count", "the job's GPUs under this controller"),
+        Field("held_share", FLOAT, "fraction", "gpus / job_gpus"),
+    ),
+)
+
+MEASUREMENTS: tuple[Measurement, ...] = (GPU, TREE, DECISION, PHASE_EVENT, JOB_HELD)
 
 
 # --- builders ------------------------------------------------------------------
@@ -569,3 +599,23 @@ def phase_event_from_message(cluster: str, event: PhaseEvent) -> str:
         nodes=event.node_count(),  # a host list counted, not expanded
         expected_s=event.expected_s,
     )
+
+
+def job_held_line(
+    ts: float,
+    *,
+    cluster: str,
+    job: str,
+    cause: str,
+    controller: str | None = None,
+    level: str | None = None,
+    gpus: int,
+    held_w: float,
+    job_gpus: int,
+) -> str | None:
+    """One ``job_held`` point."""
+    tags = {"cluster": cluster, "controller": controller, "job": job, "cause": cause}
+    tags["level"] = level
+    share = gpus / job_gpus if job_gpus else None
+    fields = {"gpus": gpus, "held_w": held_w, "job_gpus": job_gpus, "held_share": share}
+    return JOB_HELD.line(ts, tags, fields)

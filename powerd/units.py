@@ -56,12 +56,20 @@ def plain_number(value: float) -> str:
     return format(value, ".12g")
 
 
+def power_unit(watts: float) -> tuple[float, str]:
+    """The unit :func:`fmt_w` writes ``watts`` in, the largest of GW, MW, kW that is at most
+    them, else W: (factor to watts, symbol), 1.2e5 -> (1e3, "kW"). A site's scale: its
+    tables in the unit of its limit."""
+    for factor in (1e9, 1e6, 1e3):
+        if watts >= factor:
+            return factor, POWER_SYMBOLS[factor]
+    return 1.0, "W"
+
+
 def fmt_w(watts: float) -> str:
     """Watts in the largest of GW, MW, kW that is at most them: 1.2e5 -> "120 kW"."""
-    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if watts >= factor:
-            return f"{watts / factor:g} {prefix}W"
-    return f"{watts:g} W"
+    factor, symbol = power_unit(watts)
+    return f"{watts / factor:g} {symbol}"
 
 
 def fmt_kw_or_mw(watts: float) -> str:

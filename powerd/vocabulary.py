@@ -33,6 +33,8 @@ LEVELS: tuple[str, ...] = get_args(Level)
 # An agent's mode, as its telemetry reports it.
 Mode = Literal["controlled", "failsafe", "local"]
 MODES: tuple[str, ...] = get_args(Mode)
+# how a controller counts a node it has not heard from for stale_after_s, or offline
+STALE: Final = "stale"
 
 # A node's retained status (the last will publishes "offline").
 NodeState = Literal["online", "failsafe", "offline"]

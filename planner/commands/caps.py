@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,6 +14,9 @@ from planner.mix import load_mix
 from planner.output import emit, format_option
 from planner.sweep import default_label, load_sweeps, sweep_label_warnings
 from powerd.click_types import Quantity
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ZEUS_WORKLOAD_COLS = "dataset,network,batch_size,optimizer"
 
@@ -118,6 +122,12 @@ def parse_mix(value: str) -> dict[str, float]:
     help="Cap grid step for --interpolate, W.",
 )
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG here.")
+@click.option(
+    "--per-workload",
+    is_flag=True,
+    help="Also print each workload's own best cap, after the answer (--format json and csv "
+    "always have them).",
+)
 @format_option()
 def command(
     files: tuple[str, ...],
@@ -132,6 +142,7 @@ def command(
     interpolate: bool,
     step_w: float,
     plot_path: str | None,
+    per_workload: bool,
     fmt: str,
 ) -> None:
     """Recommend the power cap that maximises cluster throughput inside a fixed site power.
@@ -143,8 +154,14 @@ def command(
     average power. Defaults read the Zeus power-limit sweeps as they are.
 
     \b
+    The table format prints the answer first: the best cap per GPU model for
+    the mix, then the mix's table; --per-workload adds each workload's own.
+
+    \b
     Examples:
       powerplan caps tests/data/zeus-power-limit/summary_power_a40.csv --overhead-w 150
+      powerplan caps tests/data/zeus-power-limit/summary_power_a40.csv --overhead-w 150 \\
+          --per-workload
       powerplan caps tests/data/zeus-power-limit/summary_power_*.csv --overhead-w 360 \\
           --interpolate --plot caps.png --format json
       powerplan caps tests/data/zeus-power-limit/summary_power_a40.csv --overhead-w 360 \\
@@ -185,12 +202,39 @@ def command(
         from planner.plots import plot_caps
 
         plot_caps(result, Path(plot_path))
-    emit(
-        {"caps": result.per_workload, "mix": result.mix},
-        fmt,
-        extra={
-            "overhead_w": overhead_w,
-            "interpolated": interpolate,
-            "objective": "max throughput / (cap_w + overhead_w); thr_per_mw: work/s per MW",
-        },
-    )
+    extra: dict[str, object] = {
+        "overhead_w": overhead_w,
+        "interpolated": interpolate,
+        "objective": "max throughput / (cap_w + overhead_w); thr_per_mw: work/s per MW",
+    }
+    if fmt != "table":
+        emit({"caps": result.per_workload, "mix": result.mix}, fmt, extra=extra)
+        return
+    for line in answer_lines(result.mix):
+        click.echo(line)
+    tables = {"mix": result.mix}
+    if per_workload:
+        tables["caps, per workload"] = result.per_workload
+    else:
+        extra["per workload"] = (
+            f"{len(result.per_workload)} workloads' own best caps: --per-workload "
+            "(--format json and csv have them)"
+        )
+    emit(tables, fmt, extra=extra)
+
+
+def answer_lines(mix: pd.DataFrame) -> list[str]:
+    """'a40: best cap 200 W of 300 W, +24.1 % throughput per MW over the maximum cap (each
+    GPU at 0.966 of its speed) for 53 workloads': one line per GPU model, what the
+    command is for, before any table."""
+    lines = []
+    for row in mix.itertuples(index=False):
+        line = (
+            f"{row.gpu}: best cap {row.cap_w:g} W of {row.max_cap_w:g} W, "
+            f"{row.gain_pct:+.1f} % throughput per MW over the maximum cap (each GPU at "
+            f"{row.speed_vs_max:.3f} of its speed) for {row.workloads} workloads"
+        )
+        if row.at_min_cap:
+            line += "; the lowest cap measured: a lower one may be better (measure lower)"
+        lines.append(line)
+    return lines

@@ -240,9 +240,9 @@ def _tree_fit(top: Topology, sized: Sizing, factor: float | None) -> dict[str, o
     fit = sized.info.get("tree", {})
     at_floor = list(fit.get("rows_at_floor", [])) if isinstance(fit, dict) else []
     sums = f"sum to {total / 1e3:,.1f} kW, the leaves may hold {pool / 1e3:,.1f} kW together"
-    refused = (
-        "does not fit: a leaf controller refuses this file "
-        "(powerplan size --tree sizes the rows within it)"
+    refused = (  # the budgets file does not say how many controllers run it: both cases
+        "one controller for the whole site loads this file; a tree of controllers does not "
+        "(its leaves would refuse it: powerplan size --tree sizes the rows within it)"
     )
     if factor is None:
         note = f"the rows' budgets {sums}: {'fits' if fits else refused}"

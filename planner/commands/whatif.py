@@ -234,7 +234,7 @@ def _speed(
 def _emit_whatif(result: WhatifResult, budgets: Path, fmt: str) -> None:
     """The replay as people read it (levels, site and rows, the racks that capped most,
     jobs, losses by cause, the grid, the storage), or whole."""
-    from planner.whatif import grid_table, lost_table
+    from planner.whatif import grid_table, lost_table, site_limit_w
     from planner.whatif_storage import storage_table
     from policies.causes import LOST_CAUSES, lost_column
 
@@ -247,18 +247,19 @@ def _emit_whatif(result: WhatifResult, budgets: Path, fmt: str) -> None:
     extra.pop("throughput_lost_site_by_cause")  # its own table below
     grid = extra.pop("grid")
     assert isinstance(grid, dict)
+    nodes = result.nodes
+    site_w = site_limit_w(result)  # the site's scale, for the grid's tables
     storage = extra.pop("storage", None)
     stored: dict[str, object] = {}
     if isinstance(storage, dict):
         extra["storage assumptions"] = "; ".join(storage["assumptions"])
         stored = {
             "rack energy storage (policies/storage.py)": storage_table(storage),
-            "grid draw with the storage vs the grid spec": grid_table(storage["grid"]),
+            "grid draw with the storage vs the grid spec": grid_table(storage["grid"], site_w),
         }
     extra["grid spec"] = grid["spec"]
     if grid["oscillation_note"]:
         extra["grid band"] = grid["oscillation_note"]
-    nodes = result.nodes
     shown = nodes[nodes["level"] != "rack"]
     racks = nodes[nodes["level"] == "rack"]
     worst = racks.sort_values(["capping_share", "withheld_mean_w"], ascending=False).head(10)
@@ -269,7 +270,7 @@ def _emit_whatif(result: WhatifResult, budgets: Path, fmt: str) -> None:
             "racks that capped most": worst,
             "jobs": result.jobs.drop(columns=[lost_column(c) for c in LOST_CAUSES]),
             "throughput lost, by cause (of each job's throughput)": lost_table(result),
-            "site power vs the grid spec": grid_table(grid),
+            "site power vs the grid spec": grid_table(grid, site_w),
             **stored,
         },
         fmt,

@@ -17,6 +17,7 @@ from powerd.configfile import (
     ConfigError,
     Getter,
     broker_from_table,
+    check_metrics_listen,
     read_toml,
     with_overrides,
 )
@@ -80,6 +81,8 @@ class AgentConfig:
     max_command_ttl_s: float = DEFAULT_MAX_COMMAND_TTL_S  # a command holds at most this long
     # a heartbeat whose ts runs further ahead of this node's clock is refused (a clock alarm)
     max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
+    # "HOST:PORT" where /metrics is served (powerd.metrics); None: no endpoint
+    metrics_listen: str | None = None
     source: str = "<defaults>"
 
     def verifier(self) -> Verifier | None:
@@ -125,6 +128,7 @@ _KNOWN = {
     "broker": BROKER_KEYS,
     "failsafe": {"cap_w", "caps_w", "fraction"},
     "trust": {"controller_keys"},
+    "metrics": {"listen"},
 }
 
 
@@ -191,6 +195,7 @@ def load_config(path: str | Path | None) -> AgentConfig:
         controller_keys=get.paths(raw.get("trust", {}), "trust.controller_keys"),
         max_command_ttl_s=get.number(agent, "agent.max_command_ttl_s", DEFAULT_MAX_COMMAND_TTL_S),
         max_clock_skew_s=get.number(agent, "agent.max_clock_skew_s", DEFAULT_MAX_CLOCK_SKEW_S),
+        metrics_listen=get.opt_str(raw.get("metrics", {}), "metrics.listen", None),
         source=where,
     )
     _validate(config, where)
@@ -270,6 +275,7 @@ def _validate(config: AgentConfig, where: str) -> None:
             )
     if not 0.05 <= fs.fraction <= 1.0:
         raise ConfigError(f"{where}: failsafe.fraction must be in [0.05, 1.0], got {fs.fraction}")
+    check_metrics_listen(where, config.metrics_listen)
     b = config.broker
     if not 0 < b.reconnect_min_s <= b.reconnect_max_s:
         raise ConfigError(f"{where}: need 0 < broker.reconnect_min_s <= broker.reconnect_max_s")

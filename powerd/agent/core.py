@@ -138,6 +138,7 @@ class AgentCore:
         # which controller it follows, and whether it lives (heartbeats by receipt)
         self.following = Following(failsafe_after_s, max_clock_skew_s, log, monotonic())
         self._heartbeat_deadline = float("-inf")  # monotonic time the live heartbeat expires
+        self.heartbeat_heard_mono: float | None = None  # the last live heartbeat's receipt
         self._command_deadline: float | None = None  # set once a command has a ttl running
         self._command_ttl_s: float | None = None
         self._failsafe_raise_at: float | None = None  # GPUs below their failsafe caps rise
@@ -205,6 +206,7 @@ class AgentCore:
         if taken.verdict != "live":
             return
         self._last_applied = rules.order_after_live(self._last_applied, taken.floor)
+        self.heartbeat_heard_mono = now_mono
         self._heartbeat_deadline = rules.live_until(
             self._heartbeat_deadline, now_mono, self.failsafe_after_s
         )

@@ -30,8 +30,9 @@ from powerd.backoff import Backoff
 from powerd.gpu import Gpu, PowerScope
 from powerd.gpu.module_scope import with_module_scope
 from powerd.gpu.software_smoothing import with_software_smoothing
+from powerd.metrics.readings import AgentReading, GpuReading
 from powerd.mqtt.session import SessionStats, cancel_until_done, keep_connected
-from powerd.protocol import NodeState, Topics, encode
+from powerd.protocol import NodeState, Telemetry, Topics, encode
 from powerd.ratelimit import TokenBucket
 from powerd.signing import Verifier
 from powerd.systemd import SystemdNotifier
@@ -91,6 +92,8 @@ class AgentDaemon:
         self._phase_subscribed: set[str] = set()  # job phase topics subscribed this session
         self._subscribing = asyncio.Lock()
         self._resync: asyncio.Task[None] | None = None  # a sync the sample loop started
+        self.last_telemetry: Telemetry | None = None  # the last sample (its /metrics reads it)
+        self.acks_sent: dict[str, int] = {}  # by result (its /metrics reads them)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then leave the GPUs as configured and say offline."""
@@ -142,7 +145,8 @@ class AgentDaemon:
         fill_topic = self.topics.fill(self.config.node)
         while not self._stopping:  # the flag too: see powerd.mqtt.session
             self.core.tick()
-            telemetry = encode(self.core.telemetry())
+            self.last_telemetry = sample = self.core.telemetry()
+            telemetry = encode(sample)
             fill = self.core.fill
             client = self._client
             if client is not None:
@@ -189,6 +193,20 @@ class AgentDaemon:
             log.info("status %s published", state)
         self._published_state = state
         self.notifier.status(f"{state}, mode {self.core.mode}")
+
+    def metrics_reading(self) -> AgentReading:
+        """What ``/metrics`` shows now (``powerd.metrics.agent``; read from its thread)."""
+        core, sample = self.core, self.last_telemetry
+        gpus = () if sample is None else sample.gpus
+        return AgentReading(
+            node=self.config.node,
+            mode=core.mode,
+            heartbeat_mono=core.heartbeat_heard_mono,
+            gpus=tuple(GpuReading(g.index, g.power_w, g.cap_w) for g in gpus),
+            acks=dict(self.acks_sent),
+            rejected_signatures=core.counters.unverified,
+            clock_alarms=core.counters.clock_alarms,
+        )
 
     # --- the connection loop -----------------------------------------------
 
@@ -267,6 +285,7 @@ class AgentDaemon:
     async def _on_command(self, client: aiomqtt.Client, payload: bytes) -> None:
         ack = self.core.on_command(payload)
         await self._sync_phase_topics(client)  # listening before the controller has the ack
+        self.acks_sent[ack.result] = self.acks_sent.get(ack.result, 0) + 1
         if ack.result == "rejected" and not self._rejected_acks.take():
             return
         await client.publish(

@@ -13,6 +13,7 @@ import signal
 from powerd import __version__
 from powerd.agent.config import AgentConfig
 from powerd.gpu import GpuError
+from powerd.metrics.serving import Endpoint, serving
 
 log = logging.getLogger("powerd")
 
@@ -44,8 +45,17 @@ async def run_agent(config: AgentConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    daemon = AgentDaemon(config, gpus, verifier=verifier)
+
+    def start_metrics(listen: str) -> Endpoint | None:
+        from powerd.metrics.agent import AgentCollector
+        from powerd.metrics.server import serve
+
+        return serve(AgentCollector(daemon.metrics_reading), listen, "agent")
+
     try:
-        await AgentDaemon(config, gpus, verifier=verifier).run(stop)
+        with serving(config.metrics_listen, start_metrics):
+            await daemon.run(stop)
     finally:
         close_gpus(gpus)
 

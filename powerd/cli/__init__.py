@@ -23,6 +23,8 @@ from powerd.cli.gpus import command as gpus_command
 from powerd.cli.keys import group as keys_group
 from powerd.cli.limit import group as limit_group
 from powerd.cli.reference import group as reference_group
+from powerd.cli.site import group as site_group
+from powerd.cli.status import command as status_command
 from powerd.cli.unit import group as unit_group
 
 
@@ -59,6 +61,8 @@ main.add_command(gpus_command)
 main.add_command(unit_group)
 main.add_command(keys_group)
 main.add_command(limit_group)
+main.add_command(status_command)
 main.add_command(reference_group)
+main.add_command(site_group)
 
 __all__ = ["main"]

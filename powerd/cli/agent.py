@@ -12,6 +12,7 @@ from powerd.cli.options import (
     cluster_option,
     config_option,
     log_level_option,
+    metrics_listen_option,
     setup_logging,
     simulate_option,
 )
@@ -74,6 +75,7 @@ from powerd.gpu import GpuError
     default=None,
     help="No controller: hold the failsafe caps and publish telemetry only.",
 )
+@metrics_listen_option(9470)
 @log_level_option()
 def command(
     config_path: Path | None,
@@ -88,6 +90,7 @@ def command(
     trust: tuple[Path, ...],
     software_smoothing: bool | None,
     local_mode: bool | None,
+    metrics_listen: str | None,
     log_level: str,
 ) -> None:
     """Run the node agent.
@@ -128,6 +131,7 @@ def command(
             mode="local" if local_mode else None,
             software_smoothing=software_smoothing,
             controller_keys=tuple(str(p) for p in trust) or None,
+            metrics_listen=metrics_listen,
         )
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None

@@ -14,6 +14,7 @@ from powerd.cli.options import (
     cluster_option,
     config_option,
     log_level_option,
+    metrics_listen_option,
     record_option,
     setup_logging,
     signing_key_option,
@@ -70,6 +71,7 @@ from powerd.configfile import ConfigError
     help="Record nothing [default: record, to --record, else the config's [recorder], else "
     "telemetry.lp in the state directory].",
 )
+@metrics_listen_option(9471)
 @log_level_option()
 def command(
     config_path: Path | None,
@@ -84,6 +86,7 @@ def command(
     coordinator_keys: tuple[Path, ...],
     grid_smoothing: bool | None,
     no_record: bool,
+    metrics_listen: str | None,
     log_level: str,
 ) -> None:
     """Run the cluster controller.
@@ -138,6 +141,7 @@ def command(
             signing_key=None if signing_key is None else str(signing_key),
             coordinator_keys=tuple(str(p) for p in coordinator_keys) or None,
             grid_smoothing=grid_smoothing,
+            metrics_listen=metrics_listen,
         )
         config.verifier(config.signer())  # an unusable key, or one in two roles, stops us
         config.grant_verifier()  # and an unreadable coordinator key

@@ -13,6 +13,7 @@ from powerd.cli.options import (
     cluster_option,
     config_option,
     log_level_option,
+    metrics_listen_option,
     setup_logging,
     signing_key_option,
 )
@@ -56,6 +57,7 @@ from powerd.configfile import ConfigError
     help="Public key (PEM) of the leaf controllers, the only keys whose summaries count; "
     "repeatable. Replaces trust.controller_keys.",
 )
+@metrics_listen_option(9472)
 @log_level_option()
 def command(
     config_path: Path | None,
@@ -69,6 +71,7 @@ def command(
     takeover_after_s: float | None,
     signing_key: Path | None,
     trust: tuple[Path, ...],
+    metrics_listen: str | None,
     log_level: str,
 ) -> None:
     """Run the site coordinator of a tree of controllers.
@@ -109,6 +112,7 @@ def command(
             takeover_after_s=takeover_after_s,
             signing_key=None if signing_key is None else str(signing_key),
             controller_keys=tuple(str(p) for p in trust) or None,
+            metrics_listen=metrics_listen,
         )
         config.heartbeat_verifier(config.signer())  # unusable keys, or one in two roles
         config.summary_verifier()  # no leaf key, or an unreadable one: stop here, named

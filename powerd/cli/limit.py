@@ -6,7 +6,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -15,8 +14,9 @@ from powerd.cli.options import (
     cluster_option,
     log_level_option,
     setup_logging,
+    trust_option,
 )
-from powerd.click_types import Decorator
+from powerd.click_types import Decorator, Quantity
 from powerd.units import SECONDS_PER, WATTS_PER, split_quantity
 
 
@@ -49,6 +49,11 @@ def group() -> None:
     "Demand response". Unlike other options, --site and --for take their unit
     in the value (120MW, 15m).
 
+    Each command waits (--wait-s) until the leader's state (retained, signed)
+    says it holds this very message, and exits 0; it exits 1 with the leader's
+    reason when the leader refused it, when the broker refused the publish
+    (MQTT v5 "Not authorized": the ACL), or when no leader answered in time.
+
     \b
     Examples:
       powerd keys generate /etc/powerd/operator      # its .pub in trust.operator_keys
@@ -72,6 +77,16 @@ def _options(command: Callable[..., None]) -> Callable[..., None]:
             default="operator",
             show_default=True,
             help="Who sets it (a name, in the logs).",
+        ),
+        click.option(
+            "--wait-s",
+            type=Quantity("s", min=0),
+            default=15.0,
+            show_default=True,
+            help="How long to wait for the leader's confirmation (0: do not wait).",
+        ),
+        trust_option(
+            "the confirmation counts only if signed by one of these", "unverified, said so"
         ),
         broker_option("mqtt://localhost"),
         cluster_option("default"),
@@ -118,17 +133,21 @@ def set_limit(
     reason: str,
     key_path: Path,
     operator: str,
+    wait_s: float,
+    trust_paths: tuple[Path, ...],
     broker: str | None,
     cluster: str | None,
     log_level: str,
 ) -> None:
-    """Set a temporary site limit, signed with the operator's key.
+    """Set a temporary site limit, signed with the operator's key, and wait for the
+    leader to confirm it.
 
     \b
     Examples:
       powerd limit set --site 120MW --for 15m --key /etc/powerd/operator.key
       powerd limit set --site 95000kW --for 1h --start-in 10m --reason 'utility event 4711' \\
-        --key /etc/powerd/operator.key --broker mqtts://site-broker
+        --key /etc/powerd/operator.key --broker mqtts://powerd-operator@site-broker \\
+        --trust /etc/powerd/controller.pub
     """
     setup_logging(log_level)
     try:
@@ -137,9 +156,10 @@ def set_limit(
         expires = starts + parse_duration_s(duration)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    _publish(key_path, operator, broker, cluster, limit_w, starts, expires, reason)
     start, end = (time.strftime("%H:%M:%S", time.localtime(t)) for t in (starts, expires))
-    click.echo(f"site limited to {limit_w / 1e3:,.1f} kW from {start} until {end}")
+    what = f"site limit of {limit_w / 1e3:,.1f} kW from {start} until {end}"
+    _publish(key_path, operator, broker, cluster, limit_w, starts, expires, reason,
+             wait_s, trust_paths, what)  # fmt: skip
 
 
 @group.command("clear", short_help="Clear the site limit now.")
@@ -149,11 +169,14 @@ def clear_limit(
     reason: str,
     key_path: Path,
     operator: str,
+    wait_s: float,
+    trust_paths: tuple[Path, ...],
     broker: str | None,
     cluster: str | None,
     log_level: str,
 ) -> None:
-    """Clear the site limit now: the budgets file's bands return.
+    """Clear the site limit now: the budgets file's bands return. Waits for the leader
+    to confirm it, as `set`.
 
     \b
     Examples:
@@ -161,8 +184,8 @@ def clear_limit(
     """
     setup_logging(log_level)
     now = time.time()
-    _publish(key_path, operator, broker, cluster, None, now, now + 1.0, reason)
-    click.echo("site limit cleared")
+    _publish(key_path, operator, broker, cluster, None, now, now + 1.0, reason,
+             wait_s, trust_paths, "site limit clear")  # fmt: skip
 
 
 def _publish(
@@ -174,14 +197,20 @@ def _publish(
     starts: float,
     expires: float,
     reason: str,
+    wait_s: float,
+    trust_paths: tuple[Path, ...],
+    what: str,
 ) -> None:
+    """Sign, publish and (``wait_s`` > 0) wait for the leader's word; ClickException (exit
+    1) unless confirmed."""
     from powerd.mqtt.url import parse_broker_url
     from powerd.protocol import ProtocolError, SiteLimit, Topics, encode
-    from powerd.signing import KeyFileError, load_signer
+    from powerd.signing import KeyFileError, load_signer, load_verifier
     from powerd.vocabulary import PROTOCOL_VERSION
 
     try:
         signer = load_signer(key_path)
+        verifier = load_verifier(trust_paths) if trust_paths else None
         topics = Topics(cluster or "default")
         settings = parse_broker_url(broker or "mqtt://localhost")
         now = time.time()
@@ -190,16 +219,18 @@ def _publish(
             starts_ts=starts, expires_ts=expires, reason=reason,
         )  # fmt: skip
         payload = signer.sign(topics.site_limit, encode(message))
+        kwargs = settings.client_kwargs()
     except (KeyFileError, ProtocolError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    from powerd.cli.limit_wait import Outcome, send_and_wait
+
     try:
-        asyncio.run(_send(settings.client_kwargs(), topics.site_limit, payload))
+        outcome: Outcome = asyncio.run(
+            send_and_wait(kwargs, topics, payload, message, wait_s, verifier)
+        )
     except Exception as exc:  # any failure to reach the broker: say which and why
         raise click.ClickException(f"broker {settings.display}: {exc}") from None
-
-
-async def _send(kwargs: dict[str, Any], topic: str, payload: bytes) -> None:
-    import aiomqtt
-
-    async with aiomqtt.Client(**kwargs, timeout=10) as client:
-        await client.publish(topic, payload, qos=1, retain=True)
+    key_id = signer.trusted().key_id
+    click.echo(outcome.text(what, settings.display, topics.site_limit, key_id), err=not outcome.ok)
+    if not outcome.ok:
+        raise SystemExit(1)

@@ -52,6 +52,28 @@ def broker_option(default: str = "broker.url of --config, else mqtt://localhost"
     )
 
 
+def metrics_listen_option(port: int) -> Decorator:
+    """--metrics-listen HOST:PORT: serve Prometheus /metrics there (powerd.metrics)."""
+    return click.option(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help=f"Serve Prometheus metrics at http://HOST:PORT/metrics, for example 0.0.0.0:{port} "
+        '(docs/OPERATIONS.md, "Metrics"). Replaces metrics.listen [default: off].',
+    )
+
+
+def trust_option(only: str, default: str) -> Decorator:
+    """``--trust PUB`` (repeatable, into ``trust_paths``): the leaders' public keys."""
+    return click.option(
+        "--trust",
+        "trust_paths",
+        multiple=True,
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help=f"A controller's (or coordinator's) public key: {only} (repeat for several) "
+        f"[default: {default}].",
+    )
+
+
 def budgets_option(help: str) -> Decorator:
     """--budgets FILE (required), passed as ``budgets_path``."""
     return click.option(

@@ -14,6 +14,7 @@ from powerd.controller.records import Records
 from powerd.controller.scoping import LeafGrants
 from powerd.controller.service import ControllerService
 from powerd.controller.smoothing import file_tree_in_force, grid_ramp_w_per_s, grid_smoothing
+from powerd.metrics.serving import Endpoint, serving
 from powerd.protocol import GpuSmoothing
 from powerd.recorder import Recorder, open_recorder
 from powerd.signing import Signer
@@ -148,4 +149,11 @@ async def run_controller(config: ControllerConfig, budgets_path: Path) -> None:
         task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
-    await service.run(stop)
+
+    def start_metrics(listen: str) -> Endpoint | None:
+        from powerd.controller.metrics_feed import serve_controller
+
+        return serve_controller(service, listen)
+
+    with serving(config.metrics_listen, start_metrics):
+        await service.run(stop)

@@ -18,6 +18,7 @@ from powerd.configfile import (
     Getter,
     broker_from_table,
     check_key_roles,
+    check_metrics_listen,
     read_toml,
     signer_from,
     verifier_from,
@@ -139,6 +140,8 @@ class ControllerConfig:
     # a leaf's summary to the coordinator after a cycle, at most this often (an early cycle
     # sends none sooner): the coordinator reads them every period (5 s by default)
     summary_every_s: float = 1.0
+    # "HOST:PORT" where /metrics is served (powerd.metrics); None: no endpoint
+    metrics_listen: str | None = None
     source: str = "<defaults>"
 
     def parsed_scope(self) -> Scope | None:
@@ -283,6 +286,7 @@ def _known_keys() -> dict[str, set[str] | frozenset[str]]:
             "file_max_mb",
             "file_keep",
         },
+        "metrics": {"listen"},
     }
 
 
@@ -357,6 +361,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
         controller_keys=get.paths(trust, "trust.controller_keys"),
         coordinator_keys=get.paths(trust, "trust.coordinator_keys"),
         operator_keys=get.paths(trust, "trust.operator_keys"),
+        metrics_listen=get.opt_str(raw.get("metrics", {}), "metrics.listen", None),
         source=where,
         infer_phases=get.flag(section, "controller.infer_phases", defaults.infer_phases),
         grid_smoothing=get.flag(section, "controller.grid_smoothing", defaults.grid_smoothing),
@@ -378,6 +383,7 @@ def load_controller_config(path: str | Path | None) -> ControllerConfig:
 
 
 def validate(config: ControllerConfig, where: str) -> None:
+    check_metrics_listen(where, config.metrics_listen)
     if config.scope is not None:
         try:
             parse_scope(config.scope)

@@ -44,6 +44,7 @@ from powerd.controller.commands import (
 from powerd.controller.counters import CycleCounters
 from powerd.controller.inbox import Waiting
 from powerd.controller.ingest_health import IngestHealth
+from powerd.controller.job_causes import JobCauses, job_index, root_level
 from powerd.controller.job_limits import AnnouncementGate
 from powerd.controller.jobs import Job, JobRegistry
 from powerd.controller.node_clocks import NodeClocks, node_clocks
@@ -204,6 +205,7 @@ class ControllerCore:
         # moving any draw (policies.allocation.caps_at_draw_w), overheads included
         self.site_caps_at_draw_w: float | None = None
         self.counters = CycleCounters()
+        self.job_causes = JobCauses(tree.n_gpus)  # what held each job's GPUs, and why
         self.rejected_total = 0
         self.last_dt_s = settings.cycle_s
         self._last_cycle_mono: float | None = None
@@ -322,6 +324,15 @@ class ControllerCore:
             self.turns,
             self.settings.max_raises_per_cycle,
             self.settings.cycle_s,
+        )
+        self.job_causes.step(
+            self.tree,
+            state,
+            decision,
+            self.settings.policy,
+            job_index(self.registry),
+            locked=np.isfinite(self.views.clock_mhz),
+            root=root_level(self.site_limit_w, self.tree),
         )
         counters.uncap_waiting = self.turns.uncap_waiting
         counters.cut_waiting = self.turns.cut_waiting

@@ -24,6 +24,7 @@ from powerd.controller.inbox import Waiting
 from powerd.controller.settings import ControllerSettings
 from powerd.protocol import GpuSmoothingState, ProtocolError, Status, Telemetry, decode
 from powerd.ratelimit import LogOncePer
+from powerd.vocabulary import MODES, STALE
 
 log = logging.getLogger("powerd.controller")
 
@@ -385,6 +386,20 @@ class NodeViews:
     def in_mode(self, mode: str) -> np.ndarray:
         modes: np.ndarray = self.mode == mode
         return modes
+
+    def unheard(self, now: float, stale_after_s: float) -> np.ndarray:
+        """The servers not heard from for over ``stale_after_s`` at ``now``, or offline."""
+        unheard: np.ndarray = ((now - self.last_seen) > stale_after_s) | self.offline
+        return unheard
+
+    def by_mode(self, now: float, stale_after_s: float) -> dict[str, int]:
+        """Servers counted by the mode each last reported (``MODES``), the :meth:`unheard`
+        ones as ``STALE`` whatever they reported: every server once."""
+        stale = self.unheard(now, stale_after_s)
+        heard = ~stale
+        counts = {mode: int(np.count_nonzero((self.mode == mode) & heard)) for mode in MODES}
+        counts[STALE] = int(np.count_nonzero(stale))
+        return counts
 
     def with_last_smoothing(self, sample: Telemetry) -> Telemetry:
         """``sample`` with each GPU that carries no smoothing state given the one its

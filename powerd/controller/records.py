@@ -11,6 +11,9 @@ tenth of the nodes each second at 10 s, never all of them in the same second.
 Unstaggered, 82,944 ``gpu`` points built in one burst every 10 s stalled the
 150 MW site's controller for ~2 s (bench/RESULTS.md, scale).
 
+Per cycle, ``job_held`` points say what held each job's GPUs, by cause and level
+(``powerd.controller.job_causes``).
+
 The ``decision`` point carries two site ramps, each a change since the last
 cycle over the cycle's length: of the sum of caps (``site_ramp_w_per_s``) and of
 the measured site power (``site_power_ramp_w_per_s``), beside the grid's limits
@@ -30,6 +33,7 @@ from powerd.controller.core import ControllerCore, CycleResult
 from powerd.protocol import PhaseEvent, Telemetry
 from powerd.telemetry_schema import (
     decision_line,
+    job_held_line,
     phase_event_from_message,
     telemetry_lines,
     tree_line,
@@ -174,6 +178,27 @@ class Records:
         )
         if line is not None:
             lines.append(line)
+        lines += self.job_held(core, ts)
+        return lines
+
+    def job_held(self, core: ControllerCore, ts: float) -> list[str]:
+        """One ``job_held`` point per job, cause and level with a GPU held at the last
+        cycle (``powerd.controller.job_causes``)."""
+        lines = []
+        for held in core.job_causes.held:
+            line = job_held_line(
+                ts,
+                cluster=self.cluster,
+                controller=self.controller,
+                job=held.job,
+                cause=held.cause,
+                level=held.level,
+                gpus=held.gpus,
+                held_w=held.held_w,
+                job_gpus=held.job_gpus,
+            )
+            if line is not None:
+                lines.append(line)
         return lines
 
     def telemetry(self, core: ControllerCore, sample: Telemetry) -> list[str]:

@@ -41,6 +41,7 @@ from powerd.controller.scoping import LeafGrants
 from powerd.controller.smoothing import file_tree_in_force, grid_ramp_w_per_s
 from powerd.leadership.shell import LeaderShell
 from powerd.leadership.state import Leadership
+from powerd.leadership.state_report import StateReport, held_limit, levels_over, node_counts
 from powerd.mqtt.link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt.session import SessionStats, cancel_until_done, keep_connected
 from powerd.mqtt.stream import MqttStream, StreamError
@@ -129,6 +130,10 @@ class ControllerService:
         self.operator_verifier = config.operator_verifier()
         self.site_limit_record = SiteLimitRecord(
             t.site_limit_record, self.signer, self.verifier, log
+        )
+        # the leader's state, for people (powerd status, powerd limit's confirmation)
+        self.state_report = StateReport(
+            t.state_of(t.scope), self.signer, "controller", config.name, t.scope
         )
         self._base_tree = core.tree  # the file's, under which a site limit lowers the site
         self._site_line: SiteLine | None = None  # the operator's line the core's tree is under
@@ -367,6 +372,8 @@ class ControllerService:
             # scale, tens of ms): the broker's queue for us does not fill meanwhile
             asyncio.get_running_loop().call_soon(self._record_cycle, result, self._wall())
         self.cycles = [*self.cycles[-59:], result]
+        if self.state_report.due(now, self.leadership.epoch):
+            self._publish_state(link)
 
     def _count_dropped_unread(self) -> None:
         """What the connections dropped unread since the last cycle, into the core's counts."""
@@ -454,13 +461,18 @@ class ControllerService:
             self.core.count_rejected()
             self._log.warning("site-limit", now, "site limit refused: %s", exc)
             return
+        held = self.site_limits.limit
         why = self.site_limits.take(limit, now, self._wall(), live=live)
         self._count_clocks()
         if why is not None:
+            self.state_report.refuse(limit, why, held)
+            if self.leadership.leading:  # the operator's `powerd limit` waits for it
+                self._publish_state(self.control)
             self._log.warning("site-limit-order", now, "site limit ignored: %s", why)
             return
         if self.leadership.leading:
             self.site_limit_record.publish(self.control, self.site_limits)
+            self._publish_state(self.control)
         what = "cleared" if limit.limit_w is None else f"{limit.limit_w / 1e3:,.1f} kW"
         log.warning(
             "site limit from %s: %s from %s until %s%s",
@@ -469,6 +481,24 @@ class ControllerService:
             time.strftime("%H:%M:%S", time.localtime(limit.starts_ts)),
             time.strftime("%H:%M:%S", time.localtime(limit.expires_ts)),
             f" ({limit.reason})" if limit.reason else "",
+        )
+
+    def _publish_state(self, link: MqttLink) -> None:
+        """The leader's state, retained (``powerd.leadership.state_report``): the limit it
+        holds, the last it refused, nodes by mode, levels over their (breaker) limits."""
+        now, core = self._monotonic(), self.core
+        tree = self._base_tree
+        last = self.cycles[-1].decision if self.cycles else None
+        over = None if last is None else levels_over(tree.level, last.node_power_w, tree.limit_w)
+        active = self.site_limits.active_w(now) is not None
+        self.state_report.publish(
+            link,
+            now,
+            epoch=self.leadership.epoch,
+            wall=self._wall(),
+            limit=held_limit(self.site_limits.limit, active),
+            nodes=node_counts(core.views.by_mode(now, self.config.stale_after_s)),
+            over_limit=over,
         )
 
     def _on_site_limit_record(self, payload: bytes) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from powerd.coordinator.config import CoordinatorConfig
 from powerd.coordinator.core import CoordinatorCore
 from powerd.coordinator.service import CoordinatorService
+from powerd.metrics.serving import Endpoint, serving
 from powerd.signing import Signer
 from powerd.topology import Topology, load_budgets
 from powerd.topology.checks import log_budget_warnings
@@ -51,4 +52,11 @@ async def run_coordinator(config: CoordinatorConfig, budgets_path: Path) -> None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await service.run(stop)
+
+    def start_metrics(listen: str) -> Endpoint | None:
+        from powerd.coordinator.metrics_feed import serve_coordinator
+
+        return serve_coordinator(service, listen)
+
+    with serving(config.metrics_listen, start_metrics):
+        await service.run(stop)

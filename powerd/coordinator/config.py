@@ -14,6 +14,7 @@ from powerd.configfile import (
     Getter,
     broker_from_table,
     check_key_roles,
+    check_metrics_listen,
     read_toml,
     signer_from,
     verifier_from,
@@ -54,6 +55,8 @@ class CoordinatorConfig:
     # operators' public keys: a temporary site limit (demand response) counts only when
     # signed by one of these
     operator_keys: tuple[str, ...] = ()
+    # "HOST:PORT" where /metrics is served (powerd.metrics); None: no endpoint
+    metrics_listen: str | None = None
     source: str = "<defaults>"
 
     def parsed_scopes(self, topology: Topology) -> list[Scope]:
@@ -129,6 +132,7 @@ def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:
         "coordinator": {"name", "cluster", "scopes", *_TIMING},
         "broker": BROKER_KEYS,
         "trust": {"signing_key", "controller_keys", "coordinator_keys", "operator_keys"},
+        "metrics": {"listen"},
     }
     raw = read_toml(path, known)
     get = Getter(where)
@@ -149,6 +153,7 @@ def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:
         controller_keys=get.paths(trust, "trust.controller_keys"),
         coordinator_keys=get.paths(trust, "trust.coordinator_keys"),
         operator_keys=get.paths(trust, "trust.operator_keys"),
+        metrics_listen=get.opt_str(raw.get("metrics", {}), "metrics.listen", None),
         source=where,
         **{k: get.number(section, f"coordinator.{k}", getattr(defaults, k)) for k in _TIMING},
     )
@@ -157,6 +162,7 @@ def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:
 
 
 def validate(config: CoordinatorConfig, where: str) -> None:
+    check_metrics_listen(where, config.metrics_listen)
     for what, name in (("coordinator", config.name), ("cluster", config.cluster)):
         try:
             check_name(name, what)

@@ -22,6 +22,7 @@ from powerd.coordinator.config import CoordinatorConfig
 from powerd.coordinator.core import CoordinatorCore, Period
 from powerd.leadership.shell import LeaderShell
 from powerd.leadership.state import Leadership
+from powerd.leadership.state_report import StateReport, held_limit
 from powerd.mqtt.link import LinkError, MqttLink
 from powerd.mqtt.session import SessionStats
 from powerd.protocol import ProtocolError, Summary, Topics, encode
@@ -87,10 +88,15 @@ class CoordinatorService:
         self.site_limit_record = SiteLimitRecord(
             t.coordinator_site_limit_record, self.signer, self.heartbeats_from, log
         )
+        # the leader's state, for people (powerd status, powerd limit's confirmation)
+        self.state_report = StateReport(
+            t.coordinator_state, self.signer, "coordinator", config.name
+        )
         self.periods: list[Period] = []  # the last few
         self.period_listeners: list[Callable[[Period], None]] = []
         self._monotonic = monotonic
         self._wall = wall
+        self.rejected = 0  # payloads refused: unsigned, forged or malformed (its /metrics)
         self._log = LogOncePer(log)
 
     @property
@@ -154,6 +160,8 @@ class CoordinatorService:
                 listener(period)
             except Exception:
                 log.exception("period listener %r failed", listener)
+        if self.state_report.due(self._monotonic(), self.leadership.epoch):
+            self._publish_state(link)
         c = period.counters
         log.info(
             "period %d: site %.1f kW measured, %d leaves heard, %d silent, %.1f kW reserved",
@@ -162,6 +170,19 @@ class CoordinatorService:
             c.leaves_heard,
             c.leaves_silent,
             period.allocation.reserved_w / 1e3,
+        )
+
+    def _publish_state(self, link: MqttLink) -> None:
+        """The leader's state, retained (``powerd.leadership.state_report``)."""
+        now = self._monotonic()
+        silent = self.periods[-1].counters.leaves_silent if self.periods else None
+        self.state_report.publish(
+            link,
+            now,
+            epoch=self.leadership.epoch,
+            wall=self._wall(),
+            limit=held_limit(self.site_limits.limit, self.site_limits.active_w(now) is not None),
+            leaves_silent=silent,
         )
 
     def _took_over(self, epoch: int) -> None:
@@ -179,13 +200,17 @@ class CoordinatorService:
                 self.lead.on_heartbeat(payload, live)
             elif kind == "site_limit":
                 limit = operator_limit(self.operators, topic, payload)
+                held = self.site_limits.limit
                 why = self.site_limits.take(limit, now, self._wall(), live=live)
                 if why is not None:
+                    self.state_report.refuse(limit, why, held)
                     self._log.warning("site-limit-order", now, "site limit ignored: %s", why)
                 else:
                     log.warning("site limit taken: %s", self.site_limits.limit)
                     if self.leadership.leading:
                         self.site_limit_record.publish(self.link, self.site_limits)
+                if self.leadership.leading:  # the operator's `powerd limit` waits for it
+                    self._publish_state(self.link)
             elif kind == "coordinator_site_limit_record":
                 self.site_limit_record.take(self.site_limits, payload, now, self._wall())
             elif kind == "summary":
@@ -204,6 +229,7 @@ class CoordinatorService:
                         self.config.max_clock_skew_s,
                     )
         except ProtocolError as exc:  # forged, unsigned or malformed: it counts for nothing
+            self.rejected += 1
             self._log.warning(f"bad-{topic}", now, "refused %s: %s", topic, exc)
         except Exception:  # no payload stops the coordinator
             log.exception("unexpected error handling %s", topic)

@@ -25,6 +25,7 @@ PHASE_COLOURS = {
 JOB_COLOURS = ("tab:blue", "tab:green", "tab:olive", "tab:cyan")  # not the phases' colours
 MAX_ROW_PANELS = 4
 PANEL_HEIGHT_IN = 2.6
+HEADROOM = 0.06  # of a panel's span, above its highest line and below its lowest
 LOCKS_HEIGHT = 0.5  # the clock-lock panel, as a share of a power panel's height
 
 
@@ -106,6 +107,7 @@ def trace_figure(trace: RunRecord, title: str = "powerd demo") -> Figure:
         ax.set_ylabel("kW")
         ax.set_title(label, loc="left", fontsize=10)
         ax.grid(alpha=0.3)
+        headroom(ax)
 
     all_jobs = list(range(len(trace.jobs)))
     power_panel(axes[0], SITE, f"site {trace.names[SITE]}", [])
@@ -125,6 +127,7 @@ def trace_figure(trace: RunRecord, title: str = "powerd demo") -> Figure:
         ax.axhline(1.0, color="tab:orange", ls="--", lw=1)
         ax.set_ylabel("power / budget")
         ax.set_title("rows", loc="left", fontsize=10)
+        headroom(ax)
     caps_panel(axes[-1], trace)
     locks_panel(locks, trace)
     handles = [Patch(color=c, alpha=0.35, label=p) for p, c in PHASE_COLOURS.items()]
@@ -193,6 +196,21 @@ def ramp_panel(ax: Axes, trace: RunRecord) -> None:
     limits = "" if spec is None or not spec.limits_ramp else " against the grid spec's limits"
     ax.set_title(f"site ramp{limits}", loc="left", fontsize=10)
     ax.grid(alpha=0.3)
+    headroom(ax)
+
+
+def headroom(ax: Axes, share: float = HEADROOM) -> None:
+    """The y axis from below the lowest line drawn to above the highest, limits and budgets
+    included, by ``share`` of the span: a limit is never on the panel's edge, where the
+    frame hides it (matplotlib rescales for a horizontal line only when it is outside the
+    bounds so far, which the power's own margin can put it just inside)."""
+    values = [np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()]
+    finite = np.concatenate([v[np.isfinite(v)] for v in values]) if values else np.zeros(0)
+    if not len(finite):
+        return
+    lo, hi = float(finite.min()), float(finite.max())
+    pad = share * (hi - lo) if hi > lo else max(abs(hi) * share, 1.0)
+    ax.set_ylim(lo - pad, hi + pad)
 
 
 def _gpu_row(trace: RunRecord) -> np.ndarray:

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from policies.causes import largest_causes
 from powerd.demo.runner import DemoOptions, DemoRun
-from powerd.demo.summary import RunRecord, Summary
+from powerd.demo.summary import VERDICT_FAILED, VERDICT_WARNED, RunRecord, Summary
 from powerd.demo.view import grid_breach_line, print_summary
 
 
@@ -83,8 +83,9 @@ def cap_ramp_breach_line(summary: Summary) -> str | None:
 
 
 def print_outcome(console: Console, run: DemoRun, plot: Path, record: str | None) -> None:
-    """The summary table, what was recorded, every grid limit the site's power broke, and
-    every limit violated (or ``ok``)."""
+    """The summary table, what was recorded, every grid limit the site's power broke and a
+    cap ramp over its limit (warnings), every limit violated, then one verdict that agrees
+    with all of them and with the exit code (``Summary.verdict``)."""
     summary = run.summary
     console.print()
     print_summary(console, summary, str(plot.resolve()))
@@ -104,17 +105,44 @@ def print_outcome(console: Console, run: DemoRun, plot: Path, record: str | None
         console.print(lost, highlight=False)
     ramp = cap_ramp_breach_line(summary)
     if ramp:
-        console.print(f"[bold yellow]RAMP[/]: {ramp}", highlight=False)
+        console.print(f"[bold yellow]RAMP (warning)[/]: {ramp}", highlight=False)
     breach = grid_breach_line(summary)
     if breach:
-        console.print(f"[bold red]GRID[/]: {breach} ({summary.grid['spec']})", highlight=False)
-    if summary.limit_violated:
-        for v in summary.limit_violations:
-            console.print(
-                f"[bold red]LIMIT VIOLATED[/]: {v['level']} {v['name']} drew up to "
-                f"{v['peak_w'] / 1e3:.1f} kW, above its {v['limit_w'] / 1e3:g} kW limit, "
-                f"for {v['seconds']:.1f} s (first at {v['first_at_s']:.1f} s)",
-                highlight=False,
-            )
-        return
-    console.print("[green]ok[/]: no rack, row, node or the site went over its limit")
+        console.print(
+            f"[bold yellow]GRID (warning)[/]: {breach} ({summary.grid['spec']})", highlight=False
+        )
+    for v in summary.limit_violations:
+        console.print(
+            f"[bold red]LIMIT VIOLATED[/]: {v['level']} {v['name']} drew up to "
+            f"{v['peak_w'] / 1e3:.1f} kW, above its {v['limit_w'] / 1e3:g} kW limit, "
+            f"for {v['seconds']:.1f} s (first at {v['first_at_s']:.1f} s)",
+            highlight=False,
+        )
+    console.print(verdict_line(summary), highlight=False)
+
+
+def verdict_line(summary: Summary) -> str:
+    """The outcome's last line (rich markup): failed on a limit (exit 1), ok with the
+    warnings named (exit 0: the grid spec and the ramp limit are about the grid, the exit
+    code about breakers), or ok."""
+    if summary.verdict == VERDICT_FAILED:
+        n = len(summary.limit_violations)
+        nodes = "a tree node" if n == 1 else f"{n} tree nodes"
+        return (
+            f"[bold red]failed[/]: {nodes} went over a limit (LIMIT VIOLATED above); "
+            f"exit {summary.exit_code}"
+        )
+    safe = "no rack, row, node or the site went over its limit"
+    if summary.verdict == VERDICT_WARNED:
+        above = " and ".join(
+            {
+                "grid spec": "the site's power broke the grid spec (GRID above)",
+                "ramp limit": "the sum of caps rose faster than the site's ramp limit (RAMP above)",
+            }[w]
+            for w in summary.warnings
+        )
+        return (
+            f"[bold yellow]ok, with warnings[/]: {safe}, but {above}: the grid's limits, not "
+            f"the breakers', so exit {summary.exit_code}"
+        )
+    return f"[green]ok[/]: {safe}; exit {summary.exit_code}"

@@ -40,8 +40,9 @@ Definitions
   oscillation band (the part the step can see: 0.1 s steps see up to 5 Hz),
   the worst peak-to-peak, the seconds outside each limit, and ``breaches``
   lists every limit broken. Without one the same is measured with the
-  defaults, ``spec`` says "no grid spec" and nothing is a breach. Breaches do
-  not change the exit code, which is about breakers (limits), not the grid.
+  defaults, ``spec`` says "no grid spec" and nothing is a breach. Breaches are
+  warnings (``Summary.verdict``: "ok, with warnings"), not failures: the exit
+  code is about breakers (limits), not the grid.
 - *Energy*: the GPUs' energy counters (exact) plus every overhead times the
   run's length.
 - *Throughput relative to uncapped*: over the GPU-seconds a job spends in a
@@ -89,6 +90,7 @@ from powerd.vocabulary import PHASES, PROGRESS_PHASES
 
 RAMP_WINDOW_S = 1.0
 EXIT_OK, EXIT_LIMIT_VIOLATED = 0, 1
+VERDICT_OK, VERDICT_WARNED, VERDICT_FAILED = "ok", "ok, with warnings", "limit violated"
 
 
 @dataclass(frozen=True)
@@ -213,9 +215,29 @@ class Summary:
     def exit_code(self) -> int:
         return EXIT_LIMIT_VIOLATED if self.limit_violated else EXIT_OK
 
+    @property
+    def verdict(self) -> str:
+        """``limit violated`` (exit 1), ``ok, with warnings`` (exit 0: the site's power broke
+        the grid spec, or the sum of caps rose faster than its ramp limit: the grid's
+        concern, not the breakers') or ``ok``: what the outcome's last line says."""
+        if self.limit_violated:
+            return VERDICT_FAILED
+        return VERDICT_WARNED if self.warnings else VERDICT_OK
+
+    @property
+    def warnings(self) -> list[str]:
+        """'grid spec', 'ramp limit': what went wrong short of a limit."""
+        ramp = self.site_ramp_limit_w_per_s
+        over_ramp = ramp is not None and self.peak_site_cap_ramp_up_w_per_s > ramp
+        return [
+            w for w, hit in (("grid spec", self.grid_breaches), ("ramp limit", over_ramp)) if hit
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["limit_violated"] = self.limit_violated
+        out["verdict"] = self.verdict
+        out["warnings"] = self.warnings
         out["exit_code"] = self.exit_code
         return out
 

@@ -1,5 +1,5 @@
 """The jobs and phases dashboard: the phases jobs announce, their power, the capping they
-take."""
+take, and what held their GPUs (cause and level)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from powerd.grafana.common import (
     cluster_variable,
     phase_annotation,
 )
-from powerd.telemetry_schema import GPU, PHASE_EVENT
+from powerd.telemetry_schema import GPU, JOB_HELD, PHASE_EVENT
 
 
 def jobs_and_phases() -> Json:
@@ -102,6 +102,32 @@ def jobs_and_phases() -> Json:
             unit="percentunit",
             min=0,
             max=1,
+        ),
+        Panel(
+            "timeseries",
+            "Why the job's GPUs were held",
+            "Per job, the most GPUs held below what they would draw in the interval, by cause"
+            " (policies.causes: capping, priority shift, staged phase, failsafe start, clock"
+            " lock) and, for capping, the level whose budget cut (rack, row, site, or the"
+            " operator's site limit or the coordinator's grant). Held: at its cap below its"
+            ' max limit, or clock locked, while its job computes (docs/CONTROLLER.md, "Why'
+            ' was my job slowed?").',
+            [
+                target(
+                    Query(
+                        JOB_HELD,
+                        (("max({gpus})", "gpus"),),
+                        job,
+                        ("job", "cause", "level"),
+                        fill="0",
+                    ),
+                    "A",
+                    alias="$tag_job: $tag_cause $tag_level",
+                )
+            ],
+            w=24,
+            min=0,
+            custom={"drawStyle": "bars", "stacking": {"mode": "normal", "group": "A"}},
         ),
         Panel(
             "table",

@@ -415,7 +415,76 @@ class SiteLimit(Payload):
             raise ValueError("expires_ts must be after starts_ts")
 
 
+# --- leader state: what a leader holds, for people (``powerd status``, ``powerd limit``) -----
+
+
+class HeldLimit(Payload):
+    """The operator site limit a leader holds (the newest it took, by ``(ts, seq)``):
+    ``limit_w`` null is a clear; ``in_force``: within its window by the leader's clock."""
+
+    operator: Name
+    ts: float
+    seq: NonNegInt
+    limit_w: PositiveW | None
+    starts_ts: float
+    expires_ts: float
+    in_force: bool
+
+
+class RefusedLimit(Payload):
+    """The last operator site limit a leader refused, though signed by a trusted key: its
+    ``(ts, seq)`` and the leader's reason (not newer than the one held; a clock alarm;
+    already over)."""
+
+    ts: float
+    seq: NonNegInt
+    reason: Annotated[str, Meta(max_length=300)]
+
+
+class NodeCounts(Payload):
+    """Nodes by the mode they report; ``stale``: not heard within ``stale_after_s``, or
+    offline (not counted under a mode)."""
+
+    controlled: NonNegInt
+    failsafe: NonNegInt
+    local: NonNegInt
+    stale: NonNegInt
+
+
+class LevelCounts(Payload):
+    """Levels whose measured power is over their limit (the breaker's), by level."""
+
+    site: NonNegInt
+    row: NonNegInt
+    rack: NonNegInt
+
+
+class LeaderState(Payload):
+    """A leader's state, for people: signed, retained on its role's topic
+    (``Topics.controller_state``, ``scope_state``, ``coordinator_state``), at once after
+    it takes or refuses a site limit, and every few seconds. A standby publishes none; a
+    new leader overwrites it. Counts, not per-node data. Nothing decides anything from it:
+    ``SiteLimitRecord`` is the limits' order across restarts, not this."""
+
+    v: Version
+    role: Literal["controller", "coordinator"]
+    name: Name
+    epoch: NonNegInt
+    ts: float
+    scope: Name | None = None  # a leaf controller's scope; null: the site
+    limit: HeldLimit | None = None
+    refused: RefusedLimit | None = None
+    nodes: NodeCounts | None = None  # null: a coordinator (it counts no nodes)
+    over_limit: LevelCounts | None = None
+    leaves_silent: NonNegInt | None = None  # a coordinator: leaves it did not hear
+
+
 name_float_fields(
+    HeldLimit,
+    RefusedLimit,
+    NodeCounts,
+    LevelCounts,
+    LeaderState,
     GpuSmoothingState,
     GpuSmoothing,
     GpuTelemetry,
@@ -447,6 +516,7 @@ Message = (
     | Grant
     | SiteLimit
     | FillRequest
+    | LeaderState
 )
 M = TypeVar(
     "M",
@@ -460,4 +530,5 @@ M = TypeVar(
     Grant,
     SiteLimit,
     FillRequest,
+    LeaderState,
 )

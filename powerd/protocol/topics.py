@@ -84,6 +84,28 @@ class Topics:
         return f"{self.prefix}/coordinator/site-limit"
 
     @property
+    def controller_state(self) -> str:
+        """The leading site controller's state, for people (retained, signed): ``LeaderState``."""
+        return f"{self.prefix}/controller/state"
+
+    def scope_state(self, scope: str) -> str:
+        """A scope's leading leaf controller's state (retained, signed): ``LeaderState``."""
+        return f"{self.prefix}/scopes/{check_name(scope, 'scope')}/state"
+
+    @property
+    def coordinator_state(self) -> str:
+        """A tree's leading coordinator's state (retained, signed): ``LeaderState``."""
+        return f"{self.prefix}/coordinator/state"
+
+    @property
+    def all_scope_states(self) -> str:
+        return f"{self.prefix}/scopes/+/state"
+
+    def state_of(self, scope: str | None) -> str:
+        """The state topic of the controllers that agents of ``scope`` follow."""
+        return self.controller_state if scope is None else self.scope_state(scope)
+
+    @property
     def all_summaries(self) -> str:
         return f"{self.prefix}/scopes/+/summary"
 
@@ -123,7 +145,8 @@ class Topics:
         """Split a topic of this cluster into (kind, name).
 
         kind is one of telemetry, command, ack, status, fill, phase, heartbeat, summary,
-        grant, coordinator, site_limit, site_limit_record, coordinator_site_limit_record;
+        grant, state, coordinator, site_limit, site_limit_record, coordinator_site_limit_record,
+        controller_state, coordinator_state;
         name is the node, job or scope
         (None for the site controller's heartbeat, the coordinator's and the site limits).
         Raises ProtocolError otherwise.
@@ -142,6 +165,10 @@ class Topics:
             return "site_limit_record", None
         if parts == ["coordinator", "site-limit"]:
             return "coordinator_site_limit_record", None
+        if parts == ["controller", "state"]:
+            return "controller_state", None
+        if parts == ["coordinator", "state"]:
+            return "coordinator_state", None
         if len(parts) == 3 and parts[0] == "scopes" and parts[2] in _SCOPE_KINDS:
             return parts[2], check_name(parts[1], "scope")
         if len(parts) == 3 and parts[0] == "nodes" and parts[2] in _NODE_KINDS:
@@ -152,4 +179,4 @@ class Topics:
 
 
 _NODE_KINDS = frozenset({"telemetry", "command", "ack", "status", "fill"})
-_SCOPE_KINDS = frozenset({"heartbeat", "summary", "grant"})
+_SCOPE_KINDS = frozenset({"heartbeat", "summary", "grant", "state"})

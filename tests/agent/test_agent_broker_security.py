@@ -6,7 +6,6 @@ import asyncio
 import logging
 import ssl
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,11 @@ from tests.support.agent_harness import (
 )
 from tests.support.brokers import Mosquitto, MqttProbe
 from tests.support.keys import VERIFIER
-from tests.support.secure_brokers import make_certs, passwd_file, tls_broker
+from tests.support.secure_brokers import (
+    make_certs,
+    shipped_acl_broker,
+    tls_broker,
+)
 
 AGENT_PASSWORD = "n0de-Secret-42"
 CONTROLLER_PASSWORD = "ctl-Secret-17"
@@ -39,21 +42,14 @@ JOB_OWNER, JOB_PASSWORD = "alice", "j0b-Secret-8"
 @pytest.fixture
 def secured(tmp_path: Path):
     """Mosquitto with no anonymous access, a password file and powerd's example ACL."""
-    acl = tmp_path / "acl"
-    acl.write_text(resources.files("powerd.data").joinpath("mosquitto-acl.example").read_text())
-    passwords = passwd_file(
-        tmp_path / "passwd",
+    broker = shipped_acl_broker(
+        tmp_path,
         {
             NODE: AGENT_PASSWORD,
             "powerd-controller": CONTROLLER_PASSWORD,
             "intruder": "x",
             JOB_OWNER: JOB_PASSWORD,
         },
-    )
-    broker = Mosquitto(
-        tmp_path,
-        allow_anonymous=False,
-        extra_config=f"password_file {passwords}\nacl_file {acl}",
     )
     broker.start()
     yield broker

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,11 @@ from tests.support.controller_harness import (
     running_controller,
     until,
 )
-from tests.support.secure_brokers import make_certs, passwd_file, tls_broker
+from tests.support.secure_brokers import (
+    make_certs,
+    shipped_acl_config,
+    tls_broker,
+)
 
 CONTROLLER_PASSWORD = "ctl-Secret-17"
 AGENT_PASSWORD = "n0de-Secret-42"
@@ -65,8 +68,6 @@ def certs(tmp_path_factory) -> dict[str, Path]:
 
 def secured_tls_broker(tmp_path: Path, certs: dict[str, Path]) -> Mosquitto:
     """TLS with client certificates, passwords, and the ACL powerd ships."""
-    acl = tmp_path / "acl"
-    acl.write_text(resources.files("powerd.data").joinpath("mosquitto-acl.example").read_text())
     users = {
         NODE: AGENT_PASSWORD,
         "powerd-controller": CONTROLLER_PASSWORD,
@@ -74,10 +75,9 @@ def secured_tls_broker(tmp_path: Path, certs: dict[str, Path]) -> Mosquitto:
         "alice": JOB_PASSWORD,
         "bob": JOB_PASSWORD,
     }
-    passwords = passwd_file(tmp_path / "passwd", users)
     broker = tls_broker(tmp_path, certs, require_client_cert=True)
     broker.allow_anonymous = False
-    broker.extra_config = f"password_file {passwords}\nacl_file {acl}"
+    broker.extra_config = shipped_acl_config(tmp_path, users)
     return broker
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from powerd.protocol import Grant, Summary, Topics, encode
+from powerd.protocol import Grant, LeaderState, NodeCounts, Summary, Topics, encode
 from powerd.signing import Signer, generate_key_files, load_signer
 from powerd.topology import parse_budgets
-from tests.support.brokers import MqttProbe
+from tests.support.brokers import MqttProbe, Received
 from tests.support.controller_harness import (
     CLUSTER,
     controller_config,
@@ -72,6 +72,19 @@ async def test_a_leaf_leads_its_scope_only_and_takes_only_signed_grants(mosquitt
         # its telemetry subscription is its nodes' topics: the broker sent nothing else
         assert leaf.service.inbox.unknown == 0
         assert leaf.service.telemetry.received > 0
+
+        # its state, for `powerd status`, on its scope's topic, signed, counting its nodes
+        def nodes_of(m: Received) -> NodeCounts | None:
+            return VERIFIER.decode(LeaderState, m.topic, m.payload).nodes
+
+        state = await probe.expect(
+            SCOPED.scope_state("r1"), lambda m: getattr(nodes_of(m), "controlled", 0) == 2
+        )
+        told = VERIFIER.decode(LeaderState, state.topic, state.payload)
+        assert told.nodes is not None and (told.role, told.scope) == ("controller", "r1")
+        assert told.nodes.stale == 0
+        async with MqttProbe(mosquitto.port, [SCOPED.scope_state("r1")]) as late:
+            assert (await late.expect(SCOPED.scope_state("r1"))).retain  # kept for a late reader
         first = summary_of(await probe.expect(SCOPED.summary("r1")))
         assert (first.budget_w, first.grant_seq, first.nodes) == (12_000.0, None, 2)
         assert first.file_budget_w == 12_000.0 and first.limit_w == 14_000.0

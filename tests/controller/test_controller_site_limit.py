@@ -182,8 +182,10 @@ async def test_a_site_limit_is_reached_within_the_ramp_held_and_released(
             before_w = site_now()
 
             # a stranger's limit: refused, nothing changes
-            refused = run_limit(mosquitto, stranger_key, "--site", "3kW", "--for", "60s")
-            assert refused.returncode == 0, refused.stderr  # published; the controller refuses
+            refused = run_limit(mosquitto, stranger_key, "--site", "3kW", "--for", "60s",
+                                "--wait-s", "1")  # fmt: skip
+            # published; the controller refuses it, and `powerd limit` says it is not confirmed
+            assert refused.returncode == 1 and "NOT confirmed" in refused.stderr, refused.stderr
             await until(lambda: "site limit refused" in log.read_text(), WAIT_S, "refused")
 
             hold_s = HOLD_CAPS_S if by_caps else HOLD_S

@@ -114,3 +114,18 @@ def test_a_status_says_offline_and_a_failsafe_cap_above_the_plan() -> None:
     online = Status(v=1, node="k1-n1", state="online", ts=WALL0, gpus=2, agent_version="0.1.0")
     views.take_status(0, "k1-n1", online)
     assert not views.offline[0]
+
+
+def test_nodes_by_mode_count_each_node_once_an_unheard_one_as_stale() -> None:
+    p = parts()
+    views = views_of(p)
+    n = len(p.tree.server_names)
+    assert views.by_mode(p.clock.t, p.settings.stale_after_s) == {
+        "controlled": 0, "failsafe": 0, "local": 0, "stale": n,
+    }  # fmt: skip
+    assert take(views, p, "k2-n1", telemetry_payload("k2-n1", [300.0, 310.0], 600.0))
+    counts = views.by_mode(p.clock.t, p.settings.stale_after_s)
+    assert (counts["controlled"], counts["stale"]) == (1, n - 1)
+    later = p.clock.t + p.settings.stale_after_s + 0.1  # not heard since: stale again
+    assert views.by_mode(later, p.settings.stale_after_s)["stale"] == n
+    assert sum(counts.values()) == n

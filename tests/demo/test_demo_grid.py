@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from rich.console import Console
 
 from policies.tree import PHASE_CODES
 from powerd.demo.report import print_outcome
-from powerd.demo.summary import regular_series, summarize
+from powerd.demo.summary import Summary, regular_series, summarize
 from powerd.demo.view import grid_breach_line, grid_rows, print_summary
 from powerd.topology.grid import NO_GRID_SPEC, GridSpec
 from tests.demo.test_demo_summary import make_trace
@@ -177,10 +178,41 @@ def test_the_terminal_summary_and_the_outcome_flag_every_breach():
     out = _printed(s)
     assert "grid spec" in out and SPEC.describe() in out
     assert "outside the grid spec" in out and "site ramp (1 s)" in out and "p99" in out
-    run = SimpleNamespace(summary=s, recorded=None)
+    lines = _outcome(s)
+    assert f"GRID (warning): {grid_breach_line(s)} ({SPEC.describe()})" in lines
+
+
+def test_the_verdict_agrees_with_every_check_above_it_and_with_the_exit_code():
+    """A grid breach is a warning (the demo exits 1 on a limit only): the last line says
+    'ok, with warnings', never a bare 'ok' under a GRID line; a limit violated says failed."""
+    within = summarize(grid_trace(np.full(N, 60.0), SPEC))
+    assert within.verdict == "ok" and within.warnings == [] and within.exit_code == 0
+    assert _outcome(within)[-1].startswith("ok: no rack, row, node or the site went over")
+
+    breached = summarize(grid_trace(site_series(), SPEC))
+    assert breached.verdict == "ok, with warnings" and breached.warnings == ["grid spec"]
+    assert breached.exit_code == 0 and breached.to_dict()["verdict"] == "ok, with warnings"
+    last = _outcome(breached)[-1]
+    assert last.startswith("ok, with warnings: no rack, row, node or the site went over")
+    assert "broke the grid spec (GRID above)" in last and last.endswith("exit 0")
+
+    over = site_series()
+    over[100:110] = 130.0  # above the site's 120 W limit for 1 s, and a breach of the spec
+    failed = summarize(grid_trace(over, SPEC))
+    assert failed.verdict == "limit violated" and failed.exit_code == 1
+    lines = _outcome(failed)
+    assert any(line.startswith("LIMIT VIOLATED: site site") for line in lines)
+    assert lines[-1] == "failed: a tree node went over a limit (LIMIT VIOLATED above); exit 1"
+    assert not any(line.startswith("ok") for line in lines)
+
+
+def _outcome(summary: Summary) -> list[str]:
+    """What print_outcome prints, the summary table included, line by line."""
     buf = io.StringIO()
-    print_outcome(Console(file=buf, width=300), run, _Path(), None)
-    assert f"GRID: {grid_breach_line(s)}" in buf.getvalue()
+    run: Any = SimpleNamespace(summary=summary, recorded=None)  # the DemoRun fields it reads
+    plot: Any = _Path()
+    print_outcome(Console(file=buf, width=300), run, plot, None)
+    return [line.rstrip() for line in buf.getvalue().splitlines() if line.strip()]
 
 
 def test_jittered_samples_are_put_back_on_their_grid():

@@ -55,3 +55,19 @@ def test_the_lock_panel_runs_from_0_to_100_percent_and_holds_each_jobs_share():
     for ax in fig.axes:
         if "%" in ax.get_ylabel():
             assert ax.get_ylim()[1] <= 100.0
+
+
+def test_every_power_panel_leaves_headroom_above_its_limit_line():
+    """Power 44-107 W under a 110 W row limit (the demo's row1, in W): matplotlib's margin
+    over the power alone ended the axis 0.15 W above the limit, which the frame hid."""
+    power = np.array([[50.0, 44.0, 40.0]] * N)
+    power[2:6] = [117.0, 107.0, 90.0]
+    fig = trace_figure(make_trace(power))
+    panels = [ax for ax in fig.axes if ax.get_ylabel() == "kW"]
+    assert [ax.get_title(loc="left") for ax in panels] == ["site site", "row row"]
+    for ax, limit_kw in zip(panels, (0.120, 0.110), strict=True):
+        bottom, top = ax.get_ylim()
+        drawn = [float(np.max(line.get_ydata())) for line in ax.get_lines()]
+        assert max(drawn) == limit_kw  # the limit is the highest line drawn
+        assert top - limit_kw >= 0.05 * (top - bottom), (ax.get_title(loc="left"), top)
+        assert bottom < min(float(np.min(line.get_ydata())) for line in ax.get_lines())

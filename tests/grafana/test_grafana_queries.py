@@ -416,3 +416,20 @@ def test_gpus_under_grid_smoothing_are_counted_hardware_and_software(recorded: R
     everything = panel_series(recorded, dash, title, recorded.start_ms, recorded.end_ms)
     assert max(everything["hardware"].values()) == recorded.smoothing["hardware"]
     assert max(everything["software"].values()) == recorded.smoothing["software"]
+
+
+def test_the_held_panel_shows_each_jobs_gpus_by_cause_and_level(recorded: Recorded):
+    """What held the demo's jobs, as the controller recorded it (``job_held``): one series
+    per job, cause and level; a level for capping only; never more GPUs than the job has."""
+    from policies.causes import CAUSES, LEVEL_TAGS
+
+    dash = DASHBOARDS["jobs-and-phases.json"]()
+    selection = resolve(recorded, dash)
+    (query,) = [q for t, _, q in panel_queries(dash) if t == "Why the job's GPUs were held"]
+    series = run(recorded, interpolate(query, selection, recorded.start_ms, recorded.end_ms))
+    seen = {(s["tags"]["job"], s["tags"]["cause"], s["tags"]["level"]) for s in series}
+    assert {job for job, _, _ in seen} <= set(recorded.demo["jobs"]) and seen
+    for _, cause, level in seen:
+        assert cause in CAUSES and (level in LEVEL_TAGS if cause == "capping" else level == "")
+    gpus = max(v for s in series for _, v in s["values"] if v is not None)
+    assert 0 < gpus <= recorded.topology.tree.n_gpus

@@ -11,7 +11,6 @@ Mosquitto, real controllers, a real ``powerd agent`` process and the ``powerd li
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -32,6 +31,7 @@ from tests.support.controller_harness import (
     controller_config,
     heartbeat_of,
     probe,
+    run_powerd,
     running_controller,
     until,
 )
@@ -162,20 +162,17 @@ async def test_an_older_clear_replayed_as_retained_does_not_erase_a_limit_across
     config = replace(controller_config(mosquitto), operator_keys=(str(op_pub),))
     limit_w = 8_000.0
 
-    def run_limit(*args: str) -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "powerd", "limit", *args, "--key", str(op_key),
-             "--broker", mosquitto.url, "--cluster", TOPICS.cluster],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
+    async def run_limit(*args: str) -> None:
+        code, out = await run_powerd("limit", *args, "--key", str(op_key),
+                                     "--broker", mosquitto.url, "--cluster", TOPICS.cluster)  # fmt: skip
+        assert code == 0, out
 
     async with probe(mosquitto) as p:
         async with running_controller(mosquitto, topology, config) as first:
             clear_mark = p.mark()
-            run_limit("clear")
+            await run_limit("clear")
             clear = await p.expect(TOPICS.site_limit, after=clear_mark)
-            run_limit("set", "--site", f"{limit_w:g}W", "--for", "10m")
+            await run_limit("set", "--site", f"{limit_w:g}W", "--for", "10m")
             await first.wait_for(lambda: first.core.site_limit_w == limit_w)
             await p.publish(TOPICS.site_limit, clear.payload, retain=True)
             await first.wait_cycles(4)

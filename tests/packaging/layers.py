@@ -36,6 +36,7 @@ LAYERS: list[tuple[int, str]] = [
     (7, "powerd.coordinator"),
     (7, "powerd.agent"),
     (6, "powerd.site_limits"),
+    (6, "powerd.site_config"),  # powerd site generate: a site's files from its budgets
     (5, "powerd.topology"),
     (5, "powerd.leadership"),
     (5, "powerd.jobhook"),
@@ -45,6 +46,7 @@ LAYERS: list[tuple[int, str]] = [
     (3, "powerd.signing"),
     (3, "powerd.telemetry_schema"),
     (3, "powerd.gpu"),
+    (3, "powerd.metrics"),  # prometheus_client; the daemons' feeds live in their packages
     (2, "powerd.protocol"),
     (2, "policies"),
     (1, "powerd.hostlist"),

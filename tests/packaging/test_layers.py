@@ -74,6 +74,7 @@ RULES = [
             "powerd.backoff",
             "powerd.ratelimit",
             "powerd.systemd",
+            "powerd.metrics",  # its agent, readings and server modules: no numpy
             "powerd",
             "powerd.__version__",
         ),

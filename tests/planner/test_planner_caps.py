@@ -277,3 +277,26 @@ def test_cli_rejects_bad_options() -> None:
     assert negative.exit_code == 2
     labels = runner.invoke(main, ["caps", *FILES, "--overhead-w", "0", "--gpu-label", "x"])
     assert labels.exit_code == 2
+
+
+def test_the_table_gives_the_answer_first_and_each_workload_behind_a_flag() -> None:
+    """The A40 sweep printed ~230 lines of per-workload rows before the answer (the mix
+    row, one cap per GPU model); now its first line is the answer."""
+    a40 = str(ZEUS / "summary_power_a40.csv")
+    short = CliRunner().invoke(main, ["caps", a40, "--overhead-w", "150"])
+    assert short.exit_code == 0, short.output
+    lines = short.stdout.splitlines()
+    mix = _cli_json(a40, "--overhead-w", "150")["mix"][0]
+    assert lines[0] == (
+        f"a40: best cap {mix['cap_w']:g} W of {mix['max_cap_w']:g} W, "
+        f"{mix['gain_pct']:+.1f} % throughput per MW over the maximum cap (each GPU at "
+        f"{mix['speed_vs_max']:.3f} of its speed) for 53 workloads"
+    )
+    assert lines[0].startswith("a40: best cap 200 W of 300 W, +24.1 %")
+    assert len(lines) < 40 and "imagenet/resnet50" not in short.stdout
+    assert "per workload: 53 workloads' own best caps: --per-workload" in short.stdout
+    full = CliRunner().invoke(main, ["caps", a40, "--overhead-w", "150", "--per-workload"])
+    assert full.exit_code == 0, full.output
+    assert full.stdout.splitlines()[0] == lines[0]
+    assert full.stdout.index("mix") < full.stdout.index("imagenet/resnet50/256/adadelta")
+    assert "caps, per workload" in full.stdout

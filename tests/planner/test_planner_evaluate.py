@@ -23,7 +23,7 @@ from planner.evaluate_site import (
 )
 from planner.mix import parse_mix
 from planner.sizing import WorkloadTrace
-from policies.tree import PHASE_CODES
+from policies.tree import PHASE_CODES, RACK
 from powerd.gpu.clock_table import ClockTable
 from powerd.topology import parse_budgets
 from tests.support.paths import REPO, TEST_DATA
@@ -389,3 +389,35 @@ def test_the_report_holds_every_strategy_its_assumptions_and_a_drawn_plot(tmp_pa
     assert (out / "evaluation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     pixels = matplotlib.image.imread(out / "evaluation.png")
     assert pixels.shape[0] > 200 and pixels.shape[1] > 400 and pixels.std() > 0.01
+
+
+def test_evaluate_takes_the_file_size_just_wrote(tmp_path):
+    """docs/PLANNER.md's flow: `size -o sized.toml` then `evaluate sized.toml` was refused
+    ("rack(s) row2-k3, row2-k4 differ": size gives each rack its own budget, which no
+    strategy keeps). A rack whose limit differs is still refused."""
+    inputs = [
+        str(TEST_DATA / "profiles" / "telemetry.lp"),
+        str(TEST_DATA / "profiles" / "train.csv"),
+        *("--workload", "untagged", "--mix", str(REPO / "examples" / "planning" / "mix.toml")),
+    ]
+    demo = REPO / "powerd" / "data" / "budgets" / "demo.toml"
+    sized = tmp_path / "sized.toml"
+    wrote = CliRunner().invoke(
+        main, ["size", str(demo), *inputs, "-o", str(sized), "--allow-over-limit"]
+    )
+    assert wrote.exit_code == 0, wrote.output
+    top = parse_budgets(sized.read_text(encoding="utf-8"))
+    racks = top.budget_w[top.level_start[RACK] : top.level_start[RACK + 1]]
+    assert len(set(racks.tolist())) > 1  # what evaluate refused
+    args = ["evaluate", str(sized), *inputs, "--duration-s", "30", "--format", "json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    rows = {row["strategy"]: row for row in json.loads(result.stdout)["strategies"]}
+    assert rows["c"]["gpus"] == top.n_gpus  # the demo site's 256 GPUs
+    odd = tmp_path / "odd.toml"
+    odd.write_text(
+        sized.read_text(encoding="utf-8").replace("limit_w = 28000", "limit_w = 27000", 1),
+        encoding="utf-8",
+    )
+    refused = CliRunner().invoke(main, ["evaluate", str(odd), *inputs, "--duration-s", "30"])
+    assert refused.exit_code != 0 and "differ from" in refused.output

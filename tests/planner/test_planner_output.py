@@ -164,3 +164,16 @@ def test_piped_output_without_columns_is_a_fixed_width():
         cwd=REPO,
     )
     assert int(done.stdout) == PIPE_WIDTH
+
+
+def test_numbers_in_tables_are_never_in_scientific_notation():
+    """whatif printed a lost share as 6.94e-05 and .3g writes 999.7 as 1e+03."""
+    assert cell_text(6.94e-05) == "0.0000694" and cell_text(2.2e-05) == "0.000022"
+    assert cell_text(-0.000123) == "-0.000123"
+    assert cell_text(999.7) == "1,000" and cell_text(999.4) == "999"
+    assert cell_text(1e-9) == "<0.000001" and cell_text(-1e-9) == ">-0.000001"
+    assert cell_text(0.0) == "0" and cell_text(-0.0) == "0"
+    # everything else as before: three significant digits, thousands from 1,000
+    for value in (0.0253, 0.699, 0.4, 1.0, 48.442, 120.5, 1234.5, 47_656_848.0):
+        old = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+        assert cell_text(value) == old

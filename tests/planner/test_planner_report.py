@@ -157,8 +157,9 @@ def test_markdown_report_has_every_plot_and_the_sizing_numbers(
     assert isinstance(grid, dict)
     table = md_table_after(text, "The site as the grid sees it")
     up = table[table["what"] == "ramp up, max over 1 s"].iloc[0]
-    assert up["value"] == cell_text(grid["ramp_up_max_w_per_s"])
-    assert up["limit"] == cell_text(20_000.0)
+    assert up["unit"] == "kW/s"  # the site's scale (215 kW), as its grid spec's line
+    assert up["value"] == cell_text(grid["ramp_up_max_w_per_s"] / 1e3)
+    assert up["limit"] == cell_text(20.0)
     assert up["s_outside"] == cell_text(grid["s_outside_ramp_up"])
 
     # what lost throughput, by cause: each job's row and the summary are the replay's own

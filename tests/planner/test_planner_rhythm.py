@@ -193,7 +193,7 @@ def test_the_least_floor_is_measured_on_the_draw_with_no_floor_held():
     # under smoothing the bound is on the draw without it: not the smoothed series, whose
     # own least floor is nothing (it already meets the ramps)
     assert 0 < g_smooth["floor_least_kwh"] < g_raw["floor_least_kwh"]
-    table = grid_table(g_smooth)
+    table = grid_table(g_smooth, 1e5)
     assert "energy the least floor within the ramp limits burns" in set(table["what"])
 
 
@@ -205,5 +205,5 @@ def test_the_least_ready_floor_is_above_the_least_floor_and_reported():
         g = run.info["grid"]
         assert g["floor_ready_kwh"] >= g["floor_least_kwh"] * (1 - 1e-9)
         assert g["floor_ready_share_of_jobs"] >= g["floor_least_share_of_jobs"] * (1 - 1e-9)
-        what = set(grid_table(g)["what"])
+        what = set(grid_table(g, 1e5)["what"])
         assert "energy the least floor that cannot know when waits end burns" in what

@@ -170,11 +170,14 @@ def test_without_tree_the_output_says_whether_a_leaf_controller_loads_the_file(
         f"the rows' budgets sum to {total / 1e3:,.1f} kW, the leaves may hold {pool / 1e3:,.1f} kW"
     )
     assert doc["tree_of_controllers"].startswith(sums)
+    # the file does not say whether one controller or a tree runs it: the note says what
+    # each would do, not "a leaf controller refuses this file" to a one-controller site
     refused = (
-        "does not fit: a leaf controller refuses this file "
-        "(powerplan size --tree sizes the rows within it)"
+        "one controller for the whole site loads this file; a tree of controllers does not "
+        "(its leaves would refuse it: powerplan size --tree sizes the rows within it)"
     )
     assert doc["tree_of_controllers"].endswith(": fits" if fits else refused)
+    assert "a leaf controller refuses" not in doc["tree_of_controllers"]
     header = " ".join(line[2:] for line in out.read_text().splitlines() if line.startswith("# "))
     assert f"Tree of controllers: {doc['tree_of_controllers']}." in header
     row = back.rows[0]

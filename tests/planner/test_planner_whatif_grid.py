@@ -5,6 +5,7 @@ site series; without ``[site.grid]`` it says "no grid spec"."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +186,35 @@ def test_the_command_prints_the_grid_metrics(tmp_path: Path):
     plain = runner.invoke(main, ["whatif", str(bare), *args[2:]])
     assert plain.exit_code == 0, plain.output
     assert f"grid spec: {NO_GRID_SPEC}" in plain.output
+
+
+def test_the_grid_table_is_in_the_sites_scale_and_json_keeps_watts():
+    """whatif printed '47,656,848 W/s' beside a grid spec in MW/s: the table's power and
+    ramps are in the unit of the site's limit (powerd.units.power_unit), its own line's."""
+    from planner.whatif import grid_table, site_limit_w
+
+    top, result = replay_demo(duration_s=120.0)
+    grid = result.info["grid"]
+    assert site_limit_w(result) == top.limit_w[0] == 215_000.0
+    table = grid_table(grid, site_limit_w(result)).set_index("what")
+    ramp = table.loc["ramp up, max over 1 s"]
+    assert ramp["unit"] == "kW/s" and "kW/s" in grid["spec"]
+    assert ramp["value"] == pytest.approx(grid["ramp_up_max_w_per_s"] / 1e3)
+    assert ramp["limit"] == pytest.approx(20.0)  # ramp_up_kw_per_s = 20
+    assert table.loc["peak-to-peak, worst 60 s", "unit"] == "kW"
+    assert set(table["unit"]) <= {"kW/s", "kW", "share", "kWh", "share of jobs' energy"}
+    big = grid_table(grid, 150e6).set_index("what").loc["ramp up, max over 1 s"]
+    assert big["unit"] == "MW/s"
+    assert big["value"] == pytest.approx(grid["ramp_up_max_w_per_s"] / 1e6)
+    # the CLI's table: no scientific notation, no W/s beside the spec's kW/s
+    args = [
+        *("whatif", str(DEMO), str(REPO / "tests/data/profiles/telemetry.lp")),
+        *(str(REPO / "tests/data/profiles/train.csv"), "--workload", "untagged"),
+        *("--mix", str(REPO / "examples/planning/mix.toml"), "--duration-s", "300"),
+    ]
+    printed = CliRunner().invoke(main, args)
+    assert printed.exit_code == 0, printed.output
+    assert " W/s " not in printed.stdout and "│ kW/s " in printed.stdout
+    assert not re.search(r"\d[eE][+-]?\d", printed.stdout), printed.stdout
+    as_json = CliRunner().invoke(main, [*args, "--format", "json"])
+    assert "ramp_up_max_w_per_s" in json.loads(as_json.stdout)["grid"]  # watts, as ever

@@ -29,6 +29,7 @@ from powerd.protocol import (
     GpuTelemetry,
     Grant,
     Heartbeat,
+    LeaderState,
     PhaseEvent,
     ProtocolError,
     Status,
@@ -164,7 +165,7 @@ def test_docs_examples_match_the_tests() -> None:
     """docs/PROTOCOL.md shows exactly these examples, in this order, and they decode; then
     one signed heartbeat, in the form a verifier cuts its signature from."""
     blocks = re.findall(r"```json\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.S)
-    assert len(blocks) == len(CLASSES) + 3
+    assert len(blocks) == len(CLASSES) + 4
     for cls, block in zip(CLASSES, blocks[: len(CLASSES)], strict=True):
         assert json.loads(block) == json.loads(EXAMPLES[cls]), cls.__name__
         decode(cls, block)
@@ -173,6 +174,8 @@ def test_docs_examples_match_the_tests() -> None:
     assert summary.demand_w == [3100000.0, 780000.0, 0.0] and summary.grant_seq == 57
     grant = decode(Grant, blocks[len(CLASSES) + 1], "row01")
     assert (grant.budget_w, grant.ttl_s, grant.seq) == (7350000.0, 15.0, 58)
+    state = decode(LeaderState, blocks[len(CLASSES) + 2])  # for people: powerd status
+    assert state.limit is not None and state.limit.in_force and state.nodes is not None
     signed = json.dumps(json.loads(blocks[-1]), separators=(",", ":")).encode()
     decode(Heartbeat, signed)
     assert detach_signature(signed) is not None

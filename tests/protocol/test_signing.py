@@ -303,13 +303,44 @@ def test_a_huge_key_file_is_refused_after_a_bounded_read(tmp_path: Path) -> None
 
 
 def test_a_public_key_given_as_a_private_key_is_called_a_public_key(tmp_path: Path) -> None:
-    """Not blamed on its mode (0644, right for a .pub): chmod 600 would not have helped."""
-    _, pub_path = generate_key_files(tmp_path / "ctl")
+    """Not blamed on its mode (0644, right for a .pub): chmod 600 would not have helped. The
+    message names the private key beside it where there is one."""
+    key_path, pub_path = generate_key_files(tmp_path / "ctl")
     with pytest.raises(KeyFileError) as refused:
         load_signer(pub_path)
     message = str(refused.value)
-    assert message.startswith(f"{pub_path}: this is a public key; a private key is needed")
+    assert message == f"{pub_path}: this is a public key; give the private key: {key_path}"
     assert "chmod" not in message and "mode" not in message
+
+
+def test_an_openssh_public_key_given_as_a_private_key_is_called_a_public_key(
+    tmp_path: Path,
+) -> None:
+    """ssh-keygen's id_ed25519.pub (one OpenSSH line, 0644) was blamed on its mode: 'chmod
+    600' and then 'not an unencrypted PEM private key'. Before any mode check: a public
+    key, and the file without .pub is named where it exists, a hint where it does not."""
+    public = Signer.generate().public.public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    lone = tmp_path / "id_ed25519.pub"
+    lone.write_bytes(public + b" me@host\n")
+    lone.chmod(0o644)
+    with pytest.raises(KeyFileError) as refused:
+        load_signer(lone)
+    message = str(refused.value)
+    assert message.startswith(f"{lone}: this is a public key; give the private key (the file ")
+    assert "without .pub" in message and "mode" not in message and "chmod" not in message
+    private = tmp_path / "id_ed25519"
+    private.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    with pytest.raises(
+        KeyFileError, match=f"this is a public key; give the private key: {private}$"
+    ):
+        load_signer(lone)
+    renamed = tmp_path / "operator.key"  # an OpenSSH line in a file not named .pub
+    renamed.write_bytes(public + b"\n")
+    renamed.chmod(0o600)
+    with pytest.raises(KeyFileError, match="this is a public key; give the private key"):
+        load_signer(renamed)
 
 
 def test_one_key_in_two_roles_is_refused_naming_both_roles_and_files(tmp_path: Path) -> None:

@@ -441,3 +441,16 @@ def ack_of(message) -> Ack:
 
 def heartbeat_of(message) -> Heartbeat:
     return decode(Heartbeat, message.payload)
+
+
+async def run_powerd(*args: str, timeout_s: float = 60.0) -> tuple[int, str]:
+    """``python -m powerd ARGS`` without blocking the event loop (a controller running in
+    this process must go on hearing and answering, e.g. confirming ``powerd limit``): its
+    exit code and its output (stdout and stderr together)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "powerd", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace")

@@ -52,10 +52,30 @@ from powerd.signing import Signer, Verifier
 signer = Signer.generate()
 body = encode(Heartbeat(v=1, epoch=1, ts=1.0, controller="c", state="leader"))
 assert Verifier([signer.trusted()]).open("t", signer.sign("t", body))  # Ed25519 at the floor
+from powerd.metrics.agent import AgentCollector
+from powerd.metrics.readings import AgentReading, GpuReading
+from powerd.metrics.server import serve
+import powerd.metrics.controller, powerd.metrics.coordinator, urllib.request
+reading = AgentReading("n1", "controlled", None, (GpuReading(0, 1.0, 2.0),), {{}}, 0, 0)
+server = serve(AgentCollector(lambda: reading), "127.0.0.1:" + str(sys.argv[1]), "agent")
+body = urllib.request.urlopen(server.url, timeout=5).read().decode()
+assert 'powerd_agent_gpu_cap_watts{{gpu="0",node="n1"}} 2.0' in body, body  # /metrics at the floor
+server.close()
 from importlib.metadata import version
 print(json.dumps({{name: version(name) for name in
-    ("aiomqtt", "msgspec", "nvidia-ml-py", "click", "numpy", "paho-mqtt", "cryptography")}}))
+    ("aiomqtt", "msgspec", "nvidia-ml-py", "click", "numpy", "paho-mqtt", "cryptography",
+     "prometheus-client")}}))
 """
+
+
+def _free_port() -> int:
+    """A port for the check's /metrics endpoint."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def minimum_pins() -> list[str]:
@@ -84,7 +104,7 @@ def main() -> None:
             check=True,
         )
         # run from elsewhere: the repository's own powerd/ must not shadow the install
-        subprocess.run([python, "-c", CHECK], check=True, cwd=tmp)
+        subprocess.run([python, "-c", CHECK, str(_free_port())], check=True, cwd=tmp)
         gpus = subprocess.run(
             [str(where / "bin" / "powerd"), "gpus", "--simulate", "2xH100"],
             check=True,

@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 import subprocess
+from importlib import resources
 from pathlib import Path
 
 from tests.support.brokers import Mosquitto
+
+
+def shipped_acl_config(d: Path, users: dict[str, str]) -> str:
+    """Mosquitto config lines for powerd's shipped ACL and a password file of ``users``
+    (login: password), both written in ``d``."""
+    acl = d / "acl"
+    acl.write_text(resources.files("powerd.data").joinpath("mosquitto-acl.example").read_text())
+    passwords = passwd_file(d / "passwd", users)
+    return f"password_file {passwords}\nacl_file {acl}"
+
+
+def shipped_acl_broker(d: Path, users: dict[str, str]) -> Mosquitto:
+    """Mosquitto (not started) with no anonymous access, ``users``' passwords and the
+    shipped ACL."""
+    return Mosquitto(d, allow_anonymous=False, extra_config=shipped_acl_config(d, users))
 
 
 def passwd_file(path: Path, users: dict[str, str]) -> Path:

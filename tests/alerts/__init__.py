@@ -1,0 +1,1 @@
+"""Alert rules: Prometheus (promtool, end to end) and Grafana-provisioned."""

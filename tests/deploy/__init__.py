@@ -1,0 +1,1 @@
+"""Deploying a site: the generated configuration, the shipped ACL, the units' install paths."""
