@@ -20,17 +20,17 @@ demo: venv
 test: deps venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	@# most tests wait on brokers and processes (even three at a time use 1.3 of 2 cores),
-	@# so three run at a time, and the type checks and the lean install (pip) beside them;
-	@# those that assert on wall-clock pacing (marker realtime) then run alone
+	@# the lean install waits on pip while mypy works: side by side (beside the tests they
+	@# took as long: mypy is a core's work)
 	@$(BIN)/python tests/support/lean_install.py > $(VENV)/lean_install.log 2>&1 & lean=$$!; \
-	  ($(BIN)/mypy && $(BIN)/mypy --strict powerd planner policies) > $(VENV)/mypy.log 2>&1 & typing=$$!; \
-	  $(BIN)/pytest -q -n 3 --dist loadfile -m "not realtime" --durations=10; tested=$$?; \
-	  wait $$typing; typed=$$?; cat $(VENV)/mypy.log; \
+	  $(BIN)/mypy && $(BIN)/mypy --strict powerd planner policies; typed=$$?; \
 	  wait $$lean; installed=$$?; \
 	  if [ $$installed = 0 ]; then grep '^lean install' $(VENV)/lean_install.log; \
 	  else cat $(VENV)/lean_install.log; fi; \
-	  [ $$tested = 0 ] && [ $$typed = 0 ] && [ $$installed = 0 ]
+	  [ $$typed = 0 ] && [ $$installed = 0 ]
+	@# most tests wait on brokers and processes (even three at a time use 1.3 of 2 cores),
+	@# so three run at a time; those that assert on wall-clock pacing (realtime) then alone
+	$(BIN)/pytest -q -n 3 --dist loadfile -m "not realtime" --durations=10
 	$(BIN)/pytest -q -m realtime --durations=15
 
 lint: venv
