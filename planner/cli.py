@@ -12,6 +12,7 @@ import click
 from planner.commands.caps import command as caps_command
 from planner.commands.clocks import command as clocks_command
 from planner.commands.evaluate import command as evaluate_command
+from planner.commands.frontier import command as frontier_command
 from planner.commands.profiles import command as profiles_command
 from planner.commands.report import command as report_command
 from planner.commands.rhythm import command as rhythm_command
@@ -51,6 +52,7 @@ main.add_command(report_command, "report")
 main.add_command(rhythm_command, "rhythm")
 main.add_command(clocks_command, "clocks")
 main.add_command(evaluate_command, "evaluate")
+main.add_command(frontier_command, "frontier")
 
 if __name__ == "__main__":
     main()

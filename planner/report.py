@@ -279,6 +279,11 @@ def build(
             speed,
             on_step=on_step,
         )
+        from planner.frontier import replay_position
+
+        where = replay_position(top, whatif)
+        if where is not None:  # where the site sits against `powerplan frontier`'s frontier
+            whatif.info["frontier"] = where
     caps = None
     if sweep is not None:
         if settings.overhead_w is None:
@@ -416,6 +421,11 @@ def _capping_section(
     figures[PLOTS["capping"]] = lambda path: plots.plot_capping(whatif.levels, path)
     doc.image(PLOTS["capping"], "% of steps capping and deepest cut per level")
     _grid_section(doc, whatif.info["grid"], site_limit_w(whatif))  # type: ignore[arg-type]
+    where = whatif.info.get("frontier")
+    if isinstance(where, dict):
+        from planner.frontier import position_line
+
+        doc.paragraph(f"Against `powerplan frontier`'s frontier, the site {position_line(where)}.")
 
 
 def _caps_section(

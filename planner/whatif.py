@@ -19,7 +19,10 @@ the spec's window (max and p99, W/s), the share of its variance in the
 oscillation band (the part of it the step can see: 1 s steps see up to
 0.5 Hz), the worst peak-to-peak, and with a ``[site.grid]`` the seconds
 outside each limit and the energy holding its floor would burn
-(``info["grid"]``). Without one the same is measured with the defaults and
+(``info["grid"]``), and under a ramp limit the work lost to the grid against
+its bound (``grid_report``'s ``lost_*``: the site's demand, every GPU's demand
+uncapped plus the overheads, not served; budget capping, were it to bind,
+counts too). Without one the same is measured with the defaults and
 ``info["grid"]["spec"]`` says "no grid spec".
 
 Throughput: a synchronous job runs at the pace of its slowest GPU, so a
@@ -170,6 +173,8 @@ class WhatifResult:
     jobs: pd.DataFrame
     info: dict[str, object]
     site_power_w: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per step, measured
+    # per step, what the site would draw with no floor held (site_power_w unsmoothed)
+    site_demand_w: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # per job: the share of steps in communication and the mean per-GPU power drawn in them
     communication: pd.DataFrame = field(default_factory=pd.DataFrame)
     jobs_energy_j: float = 0.0  # what the jobs' GPUs drew: what costs are a share of
@@ -237,6 +242,7 @@ def replay(
         top, tree, placement, tallies.acc, tallies.job_acc, tallies.job_lost, n_steps, info
     )
     result.site_power_w = tallies.site_w
+    result.site_demand_w = tallies.site_natural_w
     result.jobs_energy_j = jobs_j
     return result
 
@@ -276,6 +282,7 @@ class _Tallies:
     site_natural_w: np.ndarray  # ... what it would draw with no floor held (site_w unsmoothed)
     # ... and were every waiting GPU to resume at once (policies.grid.least_ready_floor)
     site_resume_w: np.ndarray
+    site_need_w: np.ndarray  # ... with no grid spec: the jobs' demand, uncapped (lost work)
     held_j_by_phase: np.ndarray  # energy burnt holding floors and ramps, by phase
 
     @classmethod
@@ -288,6 +295,7 @@ class _Tallies:
             site_w=site_w,
             site_natural_w=np.empty(n_steps) if smoothing else site_w,
             site_resume_w=np.empty(n_steps),
+            site_need_w=np.empty(n_steps),
             held_j_by_phase=np.zeros(len(PHASE_CODES)),
         )
 
@@ -395,7 +403,9 @@ class _Steps:
             busy & in_codes(phase, _WAITING_CODES),
         )
         tallies.site_resume_w[t] = tallies.site_natural_w[t] + shortfall_w
-        _tally_nodes(tallies.acc, tree, decision, tree.node_sum(demand_w) + tree.overhead_below_w)
+        node_demand_w = tree.node_sum(demand_w) + tree.overhead_below_w
+        tallies.site_need_w[t] = node_demand_w[0]
+        _tally_nodes(tallies.acc, tree, decision, node_demand_w)
         self._tally_jobs(tallies, power_w, demand_w, natural_w, now_w, now_phase)
         if not self.static_caps:
             self.causes = cap_causes(self.causes, self.cap_w, decision, phase)
@@ -488,6 +498,7 @@ def _replay_info(
         smoothing_j=burnt,
         demand_w=tallies.site_natural_w,
         resume_w=tallies.site_resume_w,
+        need_w=tallies.site_need_w,
     )
     if settings.smoothing:
         info["smoothing"] = {
@@ -700,4 +711,23 @@ def grid_table(grid: dict[str, object], site_w: float) -> pd.DataFrame:
             rows.append((what, "kWh", grid[f"floor_{key}_kwh"], None, None))
             share = grid[f"floor_{key}_share_of_jobs"]
             rows.append((what, "share of jobs' energy", share, None, None))
+    if "lost_work_kwh" in grid:  # policies.grid_frontier
+        rows += [
+            (
+                "energy burnt over the least a causal floor burns",
+                "ratio",
+                grid["floor_ratio_to_causal"],
+                None,
+                None,
+            ),
+            ("work lost to the grid (demand not served)", "kWh", grid["lost_work_kwh"], None, None),
+            (
+                "least work lost within the ramp limits, burning as much",
+                "kWh",
+                grid["lost_least_kwh"],
+                None,
+                None,
+            ),
+            ("work lost over that least", "ratio", grid["lost_ratio_to_bound"], None, None),
+        ]
     return pd.DataFrame(rows, columns=["what", "unit", "value", "limit", "s_outside"])

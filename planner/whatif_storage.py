@@ -18,7 +18,13 @@ import pandas as pd
 from planner.whatif import WhatifResult
 from policies.grid import J_PER_KWH
 from policies.smoothing import DEFAULT_MARGIN
-from policies.storage import DEFAULT_HORIZON_S, DEFAULT_ROUND_TRIP, Storage, dispatch
+from policies.storage import (
+    DEFAULT_HORIZON_S,
+    DEFAULT_ROUND_TRIP,
+    Dispatch,
+    Storage,
+    dispatch,
+)
 from policies.tree import RACK
 from powerd.topology import Topology
 from powerd.topology.grid import GridSpec, grid_report
@@ -77,6 +83,16 @@ def _kwh_and_share(name: str, joules: float, jobs_j: float) -> dict[str, float |
     return {f"{name}_kwh": joules / J_PER_KWH, f"{name}_share_of_jobs": share}
 
 
+def storage_dispatch(
+    top: Topology, site_w: np.ndarray, step_s: float, sizing: StorageSizing
+) -> Dispatch:
+    """The storage dispatched over a site series (``policies.storage.dispatch``), its grid
+    draw within ``margin`` × the spec's ramp limits."""
+    spec, pool = check_storage(top, sizing)
+    up, down = (sizing.margin * spec.ramp_up_w_per_s, sizing.margin * spec.ramp_down_w_per_s)
+    return dispatch(site_w, step_s, pool, up, down, sizing.horizon_s)
+
+
 def storage_report(top: Topology, result: WhatifResult, sizing: StorageSizing) -> dict[str, object]:
     """``info["storage"]``: the storage dispatched over the replayed site series, the grid
     draw it leaves measured as the site is (``grid_report``, without its floor costs: the
@@ -85,8 +101,7 @@ def storage_report(top: Topology, result: WhatifResult, sizing: StorageSizing) -
     spec, pool = check_storage(top, sizing)
     racks = rack_count(top)
     step_s = float(result.info["step_s"])  # type: ignore[arg-type]
-    up, down = (sizing.margin * spec.ramp_up_w_per_s, sizing.margin * spec.ramp_down_w_per_s)
-    run = dispatch(result.site_power_w, step_s, pool, up, down, sizing.horizon_s)
+    run = storage_dispatch(top, result.site_power_w, step_s, sizing)
     jobs_j = result.jobs_energy_j
     measured = grid_report(run.grid_w, step_s, spec, jobs_j, demand_w=run.grid_w)
     site_grid = result.info.get("grid", {})

@@ -74,7 +74,8 @@ made before its job resumes.
 3. **Loans last.** What is left goes back to the lenders, up to their caps in force:
    a lender gives only what a GPU that asks takes. Under grid smoothing
    (``startup_rise_w_per_s`` > 0) a GPU in a staged phase (``startup``, ``checkpoint``)
-   then holds at most its draw plus ``h`` (its floor at least), as ``policies.capping``'s
+   then holds at most its draw plus ``policies.rules.stage_headroom_w`` (``h`` and what its
+   fill rises by in two cycles; its floor at least), as ``policies.capping``'s
    rule 2: a start fills up within the site's ramp instead of jumping to its entitlement
    at its first step of compute.
 4. **Make before break.** Cuts (target below the cap in force, by at least
@@ -124,6 +125,7 @@ from policies.rules import (
     clocks_and_floor,
     own_rise_w_per_s,
     sanitised,
+    stage_headroom_w,
     staged_gpus,
     under_a_passed_limit,
 )
@@ -154,7 +156,7 @@ def allocate(tree: Tree, state: ClusterState, dt_s: float, settings: PolicySetti
     node_power = node_draw_w(tree, s.power)
     allowance = allowance_w(tree, node_power)
     room = _room_w(tree, allowance)
-    r = _roles(tree, state, s, settings, room, node_power, allowance)
+    r = _roles(tree, state, s, settings, room, node_power, allowance, dt_s)
     base, ranked = _bases(tree, s, r, room)
     target, want = _target(tree, s, r, base, ranked, room)
     new, cut = _make_before_break(tree, state, s, r, target, room, dt_s, settings)
@@ -192,6 +194,7 @@ def _roles(
     room: np.ndarray,
     node_power: np.ndarray,
     allowance: np.ndarray,
+    dt_s: float,
 ) -> _Roles:
     """Who asks, waits, lends, returns, borrows, is out of turn (the rules' terms)."""
     power, cap, ctl = s.power, s.cap, s.ctl
@@ -236,7 +239,7 @@ def _roles(
         frozen=frozen,
         give_to=give_to,
         staged=staged,
-        stage_cap=np.maximum(power + h, s.floor),
+        stage_cap=np.maximum(power + stage_headroom_w(span, dt_s, settings), s.floor),
         entitled=entitled,
         over=over,
         under_over=under_over,
@@ -346,6 +349,8 @@ def _make_before_break(
             # and a staged GPU's headroom, which it draws at once when its compute begins
             own_w += float(np.sum(np.where(r.staged, r.stage_cap - power, 0.0)))
             allowed_w = max(ramp_w - own_w, 0.0) + freed_w
+            # a staged GPU's raise up to its stage cap is in own_w already (its headroom)
+            allowed_w += float(np.sum(np.where(r.staged & rise, target - cap, 0.0)))
             raise_room[SITE] = min(raise_room[SITE], sum_in_force[SITE] + allowed_w)
         y = cap.copy()
         for prio in range(HIGH, LOW - 1, -1):

@@ -24,12 +24,13 @@ A node's measured power is the measured power of every GPU under it plus its
    ramp). A controllable GPU in one of them has its cap *lowered* (never
    raised) to ``max(stage_cap, power_w + headroom, floor_w)`` with
    ``stage_cap = cap_min + startup_cap_fraction * (cap_max - cap_min)`` and
-   ``headroom = stage_headroom_fraction * (cap_max - cap_min)``, and it is not
-   handed watts back while it stays in that phase. So during a start or a
-   checkpoint the caps sit just above what the GPU draws (never below the
-   staged start cap), and when the phase ends the GPUs climb back through
-   step 4, whose ramp limits hold at every level: the job's rise is bounded
-   by the site, row, rack and server ramps. The rule is stateless: "entering
+   ``headroom = stage_headroom_fraction * (cap_max - cap_min)`` (under software grid
+   smoothing, plus what its fill rises by in two cycles:
+   ``policies.rules.stage_headroom_w``), and it is not handed watts back while it
+   stays in that phase. So during a start or a checkpoint the caps sit just above
+   what the GPU draws (never below the staged start cap), and when the phase ends
+   the GPUs climb back through step 4, whose ramp limits hold at every level: the
+   job's rise is bounded by the site, row, rack and server ramps. The rule is stateless: "entering
    startup" is every cycle spent in it.
 3. **Capping, bottom-up** (servers, racks, rows, site). A node whose measured
    power is above ``cap_threshold_w`` must come down to ``cap_target_w``: it
@@ -105,6 +106,7 @@ from policies.rules import (
     clocks_and_floor,
     held_at_cap,
     sanitised,
+    stage_headroom_w,
     staged_gpus,
     under_a_passed_limit,
 )
@@ -129,7 +131,7 @@ def decide(
     s = sanitised(tree, state)  # 1. (s.cap is the cycle's caps, updated in place)
     node_power = tree.node_sum(s.power) + tree.overhead_below_w
     capping = node_power > tree.cap_threshold_w
-    staged = _stage(s, settings)  # 2.
+    staged = _stage(s, dt_s, settings)  # 2.
     # held at its cap (rule 3b): judged on the caps before this cycle's cuts
     waiting = in_codes(s.phase, WAITING_CODES)
     span = s.cap_max - s.cap_min
@@ -157,15 +159,16 @@ def decide(
     return _decision(tree, s, node_power, capping, cuts, moved, dt_s, settings)  # 5. and 6.
 
 
-def _stage(s: Sanitised, settings: PolicySettings) -> np.ndarray:
+def _stage(s: Sanitised, dt_s: float, settings: PolicySettings) -> np.ndarray:
     """Rule 2, in place on ``s.cap``: a controllable GPU in a staged phase has its cap
-    lowered to ``max(stage_cap, power + headroom, floor)``. Returns the staged GPUs."""
+    lowered to ``max(stage_cap, power + headroom, floor)`` (the headroom:
+    ``policies.rules.stage_headroom_w``). Returns the staged GPUs."""
     staged = staged_gpus(s)
     if staged.any():
         i = np.flatnonzero(staged)
         span = s.cap_max[i] - s.cap_min[i]
         stage_cap = np.maximum(s.cap_min[i] + settings.startup_cap_fraction * span, s.floor[i])
-        np.maximum(stage_cap, s.power[i] + settings.stage_headroom_fraction * span, out=stage_cap)
+        np.maximum(stage_cap, s.power[i] + stage_headroom_w(span, dt_s, settings), out=stage_cap)
         s.cap[i] = np.minimum(s.cap[i], stage_cap)
     return staged
 

@@ -70,6 +70,10 @@ keeps the spec. Reported under "storage": the grid draw measured as the site
 is, energy burnt, lost in conversion and held back (kWh, share of the jobs'
 energy), beside the least floor without storage, and the charge's range. The
 replay itself is unchanged; --smoothing is its alternative, not a companion.
+With a ramp limit, "frontier" says where the site sits against `powerplan frontier`'s
+frontier at its storage: the energy it burns above its demand with no floor held and
+the demand it leaves unserved, per day, against the least any schedule within the
+ramp limits loses at that burn (lost_over_bound: 1 is on the frontier).
 Per job: held_share (steps with any GPU drawing below its demand),
 gpus_held_share (the mean share of its GPUs held), throughput_lost, and the
 loss split by cause, adding up to it (policies/causes.py): capping (a node over
@@ -209,6 +213,11 @@ def command(
         raise click.ClickException(str(exc)) from None
     if sizing is not None:
         result.info["storage"] = storage_report(inputs.top, result, sizing)
+    from planner.frontier import replay_position
+
+    where = replay_position(inputs.top, result, sizing)
+    if where is not None:  # where the site sits against `powerplan frontier`'s frontier
+        result.info["frontier"] = where
     _emit_whatif(result, budgets, fmt)
 
 
@@ -258,6 +267,11 @@ def _emit_whatif(result: WhatifResult, budgets: Path, fmt: str) -> None:
             "grid draw with the storage vs the grid spec": grid_table(storage["grid"], site_w),
         }
     extra["grid spec"] = grid["spec"]
+    where = extra.pop("frontier", None)
+    if isinstance(where, dict):
+        from planner.frontier import position_line
+
+        extra["on the frontier (powerplan frontier)"] = position_line(where)
     if grid["oscillation_note"]:
         extra["grid band"] = grid["oscillation_note"]
     shown = nodes[nodes["level"] != "rack"]

@@ -156,6 +156,8 @@ class _Sampler:
         self.fill_energy: list[float] = []
         self.gpu_power: list[np.ndarray] = []
         self.gpu_fill_energy: list[np.ndarray] = []
+        self.gpu_demand: list[np.ndarray] = []  # what each would draw with no cap (lost work)
+        self._demand: list[tuple[tuple[Any, ...], float]] = [((), 0.0)] * len(gpus)
         # throughput_rel is deterministic in (phase, cap, lock) and costs an operating point
         self._speed: list[tuple[tuple[Any, ...], float]] = [((), 0.0)] * len(gpus)
 
@@ -166,6 +168,7 @@ class _Sampler:
         phase = np.empty(n, dtype=np.int8)
         speed = np.empty(n)
         fill = np.empty(n)
+        demand = np.empty(n)
         energy = 0.0
         for i, gpu in enumerate(self.gpus):
             power[i] = gpu.power_w()
@@ -179,6 +182,11 @@ class _Sampler:
                 cached = (key, gpu.throughput_rel())
                 self._speed[i] = cached
             speed[i] = cached[1]
+            wants = self._demand[i]
+            if wants[0] != (gpu.phase, lock):  # an operating point: kept while they hold
+                wants = ((gpu.phase, lock), gpu.demand_w())
+                self._demand[i] = wants
+            demand[i] = wants[1]
             energy += gpu.energy_j() or 0.0
             fill[i] = gpu.fill_energy_j()
         node_power = self.tree.node_sum(power) + self.overhead
@@ -192,6 +200,7 @@ class _Sampler:
         self.fill_energy.append(float(fill.sum()))
         self.gpu_power.append(power)
         self.gpu_fill_energy.append(fill)
+        self.gpu_demand.append(demand)
         return node_power, cap, locked
 
 
@@ -678,6 +687,7 @@ def _trace(
         duration_s=duration_s,
         gpu_fill_energy_j=np.array(sampler.fill_energy) if options.smoothing else None,
         gpu_power_w=stack(sampler.gpu_power, n_gpus),
+        gpu_demand_w=stack(sampler.gpu_demand, n_gpus),
         gpu_fill_energy_each_j=stack(sampler.gpu_fill_energy, n_gpus)
         if options.smoothing
         else None,

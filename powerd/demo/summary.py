@@ -163,6 +163,9 @@ class RunRecord:
     # smoothing on. None: not recorded (no least ready floor)
     gpu_power_w: np.ndarray | None = None
     gpu_fill_energy_each_j: np.ndarray | None = None
+    # per GPU: what each would draw in its phase at its max limit, no cap (under its clock
+    # lock), (n_samples, n_gpus): the demand lost work is counted from. None: not recorded
+    gpu_demand_w: np.ndarray | None = None
     # (n_cycles, n_gpus) int8: after each cycle, the rule that last lowered each GPU's cap
     # (policies.causes); None: not recorded (every GPU then counts as at its failsafe cap)
     cycle_cause: np.ndarray | None = None
@@ -353,6 +356,7 @@ def summarize(trace: RunRecord) -> Summary:
             smoothing_j=_fill_j(trace),
             demand_w=None if natural is None else regular_series(trace.t, natural)[0],
             resume_w=_resume_site(trace, site if natural is None else natural),
+            need_w=_need_site(trace),
         ),
         energy_gpu_wh=gpu_j / 3600.0,
         energy_site_wh=site_j / 3600.0,
@@ -418,6 +422,16 @@ def _resume_site(trace: RunRecord, natural_site_w: np.ndarray) -> np.ndarray | N
     levels = grid_measure.ResumeLevels(natural.shape[1])
     shortfall = [levels.step(natural[k], working[k], waiting[k]) for k in range(len(t))]
     return regular_series(t, natural_site_w + np.array(shortfall))[0]
+
+
+def _need_site(trace: RunRecord) -> np.ndarray | None:
+    """What the site would draw with no grid spec at each sample, on the regular steps: every
+    GPU's demand (``RunRecord.gpu_demand_w``) plus every overhead; None without it."""
+    demand = trace.gpu_demand_w
+    if demand is None or len(demand) < 2:
+        return None
+    site_w = np.asarray(demand, dtype=float).sum(axis=1) + trace.overhead_total_w
+    return regular_series(np.asarray(trace.t, dtype=float), site_w)[0]
 
 
 def _progress_mask(phase: np.ndarray) -> np.ndarray:

@@ -422,6 +422,23 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
     console.print(table)
 
 
+def grid_bounds_line(g: dict[str, Any]) -> str:
+    """'floor 2.18x the causal bound; lost 0.041 kWh of work, 1.37x the least at that
+    energy (0.030 kWh)': ``grid_report``'s lost-work part, one line."""
+
+    def times(ratio: float | None) -> str:
+        return "n/a" if ratio is None else f"{ratio:.2f}x"
+
+    floor = f"floor {times(g['floor_ratio_to_causal'])} the causal bound"
+    lost = f"lost {g['lost_work_kwh']:.3f} kWh of work"
+    if not g["lost_least_kwh"] and g["lost_work_kwh"]:  # the ratio is infinite
+        return f"{floor}; {lost}, where burning as much none need be lost"
+    return (
+        f"{floor}; {lost}, {times(g['lost_ratio_to_bound'])} the least at that energy "
+        f"({g['lost_least_kwh']:.3f} kWh)"
+    )
+
+
 def rise_first_note(summary: Summary) -> str:
     """'; compute waited 2.9 s to fill back up after long waits (llm-high 1.5 s, ...)': time
     out of the jobs' compute that throughput vs uncapped, over progress phases, leaves out."""
@@ -559,6 +576,8 @@ def grid_rows(summary: Summary) -> list[tuple[str, str, str]]:
             )
     if floor:
         rows.append(("grid floor", "; ".join(floor), ""))
+    if "lost_work_kwh" in g:
+        rows.append(("grid cost vs bounds", grid_bounds_line(g), ""))
     if not has_spec:  # nothing to be outside of
         return rows
     outside = (

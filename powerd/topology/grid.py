@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from policies import grid as grid_measure
+from policies import grid_frontier
 from powerd.units import fmt_w
 
 DEFAULT_WINDOW_S = 1.0  # ramps are measured over a second, as MW/s limits are written
@@ -121,6 +122,7 @@ def grid_report(
     smoothing_j: float | None = None,
     demand_w: np.ndarray | None = None,
     resume_w: np.ndarray | None = None,
+    need_w: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """A site's regular power series (one value every ``step_s``) measured as the grid sees
     it (``policies.grid``), against ``spec`` when there is one: what ``powerplan whatif``
@@ -134,7 +136,9 @@ def grid_report(
     limit is reported (``floor_least_*``, ``policies.grid.least_ramp_floor``). ``resume_w``:
     what the site would draw were every waiting job to resume at once; given, the least a
     floor that cannot know when waits end must burn is reported too (``floor_ready_*``,
-    ``policies.grid.least_ready_floor``)."""
+    ``policies.grid.least_ready_floor``). ``need_w``: what the site would draw with no grid
+    spec (its jobs' demand, uncapped); given, with a ramp limit, the work lost to the grid
+    and its bound are reported (``_lost_work``)."""
     g = spec or GridSpec()
     out: dict[str, Any] = {"spec": NO_GRID_SPEC if spec is None else spec.describe()}
     out["step_s"] = step_s
@@ -191,7 +195,45 @@ def grid_report(
         if seconds > 0
     ]
     out |= _floor_costs(site_w, step_s, spec, energy_j, smoothing_j, demand_w, resume_w)
+    if need_w is not None and spec.limits_ramp:
+        out |= _lost_work(site_w, step_s, spec, need_w, smoothing_j, out.get("floor_ready_kwh"))
     return out
+
+
+def _lost_work(
+    site_w: np.ndarray,
+    step_s: float,
+    spec: GridSpec,
+    need_w: np.ndarray,
+    smoothing_j: float | None,
+    floor_ready_kwh: float | None,
+) -> dict[str, Any]:
+    """``grid_report``'s lost-work part (``policies.grid_frontier``). ``lost_work_kwh``:
+    the site's demand with no grid spec not served, ``sum((need_w - site_w)^+) step_s``.
+    ``lost_least_kwh``: the least any schedule meeting the ramp limits loses while burning
+    no more than this one did (``smoothing_j``; without it, what the site drew above
+    ``need_w``): the bound at that energy. ``lost_ratio_to_bound``: the one over the
+    other; ``floor_ratio_to_causal``: the floor energy burnt over ``floor_ready_kwh`` (the
+    least a floor that cannot know when waits end burns). None where a bound is 0."""
+    need = grid_measure.as_series(need_w, "need_w")
+    gap_w = need - grid_measure.as_series(site_w)
+    lost_j = float(np.maximum(gap_w, 0.0).sum()) * step_s
+    burnt_j = (
+        smoothing_j if smoothing_j is not None else float(np.maximum(-gap_w, 0.0).sum()) * step_s
+    )
+    least_j = grid_frontier.least_lost_j(
+        need, step_s, spec.window_s, spec.ramp_up_w_per_s, spec.ramp_down_w_per_s, burnt_j
+    )
+    kwh = grid_measure.J_PER_KWH
+    floor_ratio = None
+    if smoothing_j is not None and floor_ready_kwh:
+        floor_ratio = smoothing_j / kwh / floor_ready_kwh
+    return {
+        "lost_work_kwh": lost_j / kwh,
+        "lost_least_kwh": least_j / kwh,
+        "lost_ratio_to_bound": lost_j / least_j if least_j > 0 else None,
+        "floor_ratio_to_causal": floor_ratio,
+    }
 
 
 def _floor_costs(

@@ -16,7 +16,7 @@ from rich.console import Console
 from policies.tree import PHASE_CODES
 from powerd.demo.report import print_outcome
 from powerd.demo.summary import Summary, regular_series, summarize
-from powerd.demo.view import grid_breach_line, grid_rows, print_summary
+from powerd.demo.view import grid_bounds_line, grid_breach_line, grid_rows, print_summary
 from powerd.topology.grid import NO_GRID_SPEC, GridSpec
 from tests.demo.test_demo_summary import make_trace
 
@@ -302,3 +302,42 @@ def test_the_least_ready_floor_holds_each_wait_one_window_under_its_resumption()
     # without per-GPU samples there is nothing to be ready for: no such figure
     bare = summarize(make_trace(power, t=t, grid=SPEC, gpu_fill_energy_j=fill_j.sum(axis=1)))
     assert "floor_ready_kwh" not in bare.grid and "floor_least_kwh" in bare.grid
+
+
+def test_the_summary_gives_the_work_lost_to_the_grid_against_its_bound():
+    """1 s samples, rises ≤ 4 W/s over 1 s, 10 W of overhead. One GPU's demand steps from 0
+    to 10 W at 2 s; it drew 0, 2 (2 W of it fill), 6, 8 W. The site needed 10, 10, 20,
+    20 W and drew 10, 12, 16, 18: 4 + 2 = 6 J of work lost. Holding ``h`` W at 1 s loses
+    (6 - h)^+ + (2 - h)^+ J, so at the 2 J burnt the least is 4 J: 1.5x the bound. The
+    least causal floor on the draw without the fill (10, 10, 16, 18: a 6 W rise) lifts
+    1 s to 12 W: 2 J, as much as was burnt (1.0x)."""
+    drawn = np.column_stack([[0.0, 2.0, 6.0, 8.0], np.zeros(4)])
+    fill_j = np.column_stack([[0.0, 2.0, 2.0, 2.0], np.zeros(4)])
+    demand = np.column_stack([[0.0, 0.0, 10.0, 10.0], np.zeros(4)])
+    site = 10.0 + drawn.sum(axis=1)
+    spec = GridSpec(ramp_up_w_per_s=4.0, window_s=1.0)
+    s = summarize(
+        make_trace(
+            np.column_stack([site, site, site]),
+            grid=spec,
+            gpu_fill_energy_j=fill_j.sum(axis=1),
+            gpu_power_w=drawn,
+            gpu_fill_energy_each_j=fill_j,
+            gpu_demand_w=demand,
+        )
+    )
+    g = json.loads(json.dumps(s.to_dict()))["grid"]  # as --summary-json writes it
+    assert g["lost_work_kwh"] == pytest.approx(6.0 / 3.6e6)
+    assert g["lost_least_kwh"] == pytest.approx(4.0 / 3.6e6)
+    assert g["lost_ratio_to_bound"] == pytest.approx(1.5)
+    assert g["floor_ready_kwh"] == pytest.approx(2.0 / 3.6e6)
+    assert g["floor_ratio_to_causal"] == pytest.approx(1.0)
+    rows = dict((label, value) for label, value, _ in grid_rows(s))
+    assert rows["grid cost vs bounds"].startswith("floor 1.00x the causal bound; lost 0.000 kWh")
+    assert "1.50x the least at that energy" in rows["grid cost vs bounds"]
+    # burning 6 J, no work need be lost: the ratio is infinite, and the line says why
+    g["lost_least_kwh"], g["lost_ratio_to_bound"] = 0.0, None
+    assert grid_bounds_line(g).endswith("where burning as much none need be lost")
+    # no demand recorded: no lost work
+    bare = summarize(make_trace(np.column_stack([site, site, site]), grid=spec))
+    assert "lost_work_kwh" not in bare.grid

@@ -306,13 +306,16 @@ def test_cuts_that_restore_the_invariant_wait_their_turn_unless_a_limit_is_drawn
 STARTUP = PHASE_CODES["startup"]
 
 
-def test_under_grid_smoothing_a_start_holds_caps_one_headroom_over_its_draw():
+def test_under_grid_smoothing_a_start_holds_caps_a_headroom_and_two_cycles_of_fill_over_its_draw():
     tree = one_rack(4 * 1200.0)
     state = make_state(tree, 400.0, 960.0, phase=STARTUP)
     smoothed = dataclasses.replace(CAPS, startup_rise_w_per_s=50.0)
     h = CAPS.stage_headroom_fraction * 1000.0  # 50 W of the 200-1200 W range
     d = decide(tree, state, 1.0, smoothed)
-    np.testing.assert_allclose(d.cap_w, 400.0 + h)  # follows the draw, not its entitlement
+    # follows the draw, not its entitlement: one headroom over it, and what its fill rises
+    # by in two 1 s cycles at 50 W/s (with the headroom alone the cap paced the start,
+    # below its share of the ramp: policies.rules.stage_headroom_w)
+    np.testing.assert_allclose(d.cap_w, 400.0 + h + 2 * 50.0)
     # without grid smoothing a start keeps its cap: nothing asks for its watts
     np.testing.assert_allclose(decide(tree, state, 1.0, CAPS).cap_w, 960.0)
 
@@ -332,7 +335,8 @@ def test_under_grid_smoothing_raises_leave_the_site_ramp_to_the_starts_rising_on
     d = decide(tree, state, 1.0, smoothed)
     raised = float(np.sum(d.cap_w[:4] - 600.0))
     # the ramp less the starts' own rise (50 W/s each) and the headroom each holds over its
-    # draw (50 W: it draws it at once when its compute begins)
-    h = CAPS.stage_headroom_fraction * 1000.0
+    # draw (50 W and two cycles of its fill, 100 W: it draws it at once when its compute
+    # begins; policies.rules.stage_headroom_w)
+    h = CAPS.stage_headroom_fraction * 1000.0 + 2 * 50.0
     np.testing.assert_allclose(d.cap_w[4:], 250.0 + h)
     assert raised == pytest.approx(1000.0 - 4 * 50.0 - 4 * h)

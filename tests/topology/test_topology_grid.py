@@ -188,3 +188,30 @@ def test_the_report_gives_the_least_floor_that_meets_the_ramp_limits():
     assert lifted["floor_least_kwh"] == report["floor_least_kwh"]
     # no ramp limit, nothing a floor must hold
     assert "floor_least_kwh" not in grid_report(site_w, 1.0, GridSpec(), 100.0)
+
+
+def test_the_report_gives_the_work_lost_to_the_grid_and_its_bound():
+    """Demand 0, 10, 10 W at 1 s steps, rises ≤ 4 W/s (policies.grid_frontier's hand case:
+    holding h W at the first step loses 8 - 2h J for h ≤ 2). The site drew 2, 6, 8 W,
+    burning 2 J: it lost 4 + 2 = 6 J where 4 J is the least at 2 J burnt (ratio 1.5). The
+    least causal floor on it burns 6 J (6, 10, 10: ready for the rise from the start),
+    so the 2 J burnt are 1/3 of it."""
+    from powerd.topology.grid import grid_report
+
+    need_w = np.array([0.0, 10.0, 10.0])
+    site_w = np.array([2.0, 6.0, 8.0])
+    spec = GridSpec(ramp_up_w_per_s=4.0, window_s=1.0)
+    report = grid_report(
+        site_w, 1.0, spec, 100.0, smoothing_j=2.0, demand_w=need_w, resume_w=need_w, need_w=need_w
+    )
+    assert report["lost_work_kwh"] == pytest.approx(6.0 / 3.6e6)
+    assert report["lost_least_kwh"] == pytest.approx(4.0 / 3.6e6)
+    assert report["lost_ratio_to_bound"] == pytest.approx(1.5)
+    assert report["floor_ready_kwh"] == pytest.approx(6.0 / 3.6e6)
+    assert report["floor_ratio_to_causal"] == pytest.approx(1 / 3)
+    # nothing said burnt: what the site drew above the demand (2 J here) is
+    plain = grid_report(site_w, 1.0, spec, 100.0, need_w=need_w)
+    assert plain["lost_least_kwh"] == pytest.approx(4.0 / 3.6e6)
+    assert plain["floor_ratio_to_causal"] is None
+    # no ramp limit, no bound
+    assert "lost_work_kwh" not in grid_report(site_w, 1.0, GridSpec(), 100.0, need_w=need_w)
