@@ -140,12 +140,14 @@ def cap_levels(
     after): a GPU that takes ``capping`` this cycle (its cap lowered by it, or held at its
     failsafe start by a full node) takes the level that binds it (``bound``, from
     ``binding_levels``) and carries it as its cause; a GPU held by any other cause has
-    ``NO_LEVEL``."""
+    ``NO_LEVEL``. A GPU already held by ``capping`` whose cap reads lowered while no level
+    binds it (its cap in force read back before last cycle's cut landed: the same cut)
+    keeps the level it had."""
     capping = new_causes == CAPPING
     lowered = np.asarray(decision.cap_w) < np.asarray(old_cap_w) - _LOWERED_W
     took = capping & ((causes != CAPPING) | lowered)
     out: np.ndarray = np.where(capping, levels, NO_LEVEL).astype(np.int8)
-    out[took] = bound[took]
+    out[took] = np.where(bound[took] != NO_LEVEL, bound[took], out[took])
     return out
 
 

@@ -88,3 +88,9 @@ def test_a_gpu_takes_its_level_when_it_takes_capping_and_keeps_it_while_held():
     # 2: capping carried on (cap rising); 3: staged, no level
     out = cap_levels(levels, before, after, old, decision([700, 600, 750, 600]), bound)
     assert list(out) == [RACK, RACK, ROW, NO_LEVEL]
+    # 1 and 2 read lowered again (their caps in force read back before the cut landed)
+    # while nothing binds them: the same cut, their levels kept (seen under load: a
+    # capping-held GPU recorded with no level)
+    unbound = np.full(4, NO_LEVEL, np.int8)
+    again = cap_levels(out, after, after, old, decision([700, 600, 600, 600]), unbound)
+    assert list(again) == [RACK, RACK, ROW, NO_LEVEL]
