@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from planner.whatif import WhatifResult
-from planner.whatif_storage import StorageSizing, storage_dispatch
+from planner.whatif_storage import StorageSizing, ramp_spec, storage_dispatch
 from policies.grid import J_PER_KWH, as_series
 from policies.grid_frontier import (
     FrontierPoint,
@@ -82,17 +82,6 @@ def units_of(result: WhatifResult) -> Units:
     if gpus <= 0 or result.jobs_energy_j <= 0:
         raise ValueError("the replay has no jobs drawing power: nothing to count work in")
     return Units(duration_s, result.jobs_energy_j / (gpus * duration_s))
-
-
-def ramp_spec(top: Topology) -> GridSpec:
-    """The site's grid spec; it must limit the ramp (what the frontier is about)."""
-    if top.grid is None or not top.grid.limits_ramp:
-        raise ValueError(
-            "the frontier needs a grid spec with a ramp limit: add [site.grid] with "
-            "ramp_up_mw_per_s / ramp_down_mw_per_s to the budgets file (docs/BUDGETS.md, "
-            "'The grid spec')"
-        )
-    return top.grid
 
 
 @dataclass(frozen=True)
@@ -169,7 +158,7 @@ def site_frontiers(
     points: int = 9,
 ) -> list[SiteFrontier]:
     """One frontier per storage size, over the replayed site series ``site_w``."""
-    spec = ramp_spec(top)
+    spec = ramp_spec(top, "the frontier")
     out = []
     for sizing in sizings:
         shifted = shifted_by_storage(top, site_w, step_s, sizing)

@@ -47,12 +47,13 @@ class StorageSizing:
         )
 
 
-def storage_spec(top: Topology) -> GridSpec:
-    """The grid spec storage is dispatched to meet: it must limit the ramp."""
+def ramp_spec(top: Topology, needs: str = "rack storage") -> GridSpec:
+    """The site's grid spec, which must limit the ramp: what rack storage is dispatched to
+    meet, and what the frontier is about (``needs``: who needs it, for the message)."""
     if top.grid is None or not top.grid.limits_ramp:
         raise ValueError(
-            "rack storage needs a grid spec with a ramp limit to dispatch to: add "
-            "[site.grid] with ramp_up_mw_per_s / ramp_down_mw_per_s to the budgets file "
+            f"{needs} needs a grid spec with a ramp limit: add [site.grid] with "
+            "ramp_up_mw_per_s / ramp_down_mw_per_s to the budgets file "
             "(docs/BUDGETS.md, 'The grid spec')"
         )
     return top.grid
@@ -69,7 +70,7 @@ def rack_count(top: Topology) -> int:
 def check_storage(top: Topology, sizing: StorageSizing) -> tuple[GridSpec, Storage]:
     """Everything ``storage_report`` needs, checked before a long replay (ValueError): the
     spec it dispatches to and the site's pool."""
-    spec = storage_spec(top)
+    spec = ramp_spec(top)
     pool = sizing.pool(rack_count(top))
     if not (math.isfinite(sizing.horizon_s) and sizing.horizon_s > 0):
         raise ValueError(f"the storage horizon must be positive, not {sizing.horizon_s} s")

@@ -122,13 +122,12 @@ def command(
         NO_STORAGE,
         answer_table,
         frontier_table,
-        ramp_spec,
         site_frontiers,
         units_of,
     )
     from planner.output import column_mapping
     from planner.whatif import WhatifSettings, replay
-    from planner.whatif_storage import StorageSizing, check_storage
+    from planner.whatif_storage import StorageSizing, check_storage, ramp_spec
 
     if storage_kj and storage_kw_per_rack is None:
         raise click.UsageError(
@@ -142,7 +141,7 @@ def command(
     sizings = [NO_STORAGE]
     sizings += [StorageSizing(kj, storage_kw_per_rack or 0.0) for kj in storage_kj if kj > 0]
     try:
-        spec = ramp_spec(inputs.top)
+        spec = ramp_spec(inputs.top, "the frontier")
         for sizing in sizings[1:]:
             check_storage(inputs.top, sizing)
         with step_progress("replaying") as on_step:
