@@ -1,6 +1,6 @@
 # powerd: `make demo` runs the whole loop on this machine; `make test` runs ruff, mypy and
 # every test (and installs the core alone at its minimum pins in a throwaway venv:
-# tests/support/lean_install.py). Tests run three at a time, the `realtime` ones alone after.
+# tests/support/lean_install.py). Tests run four at a time, the `realtime` ones alone after.
 # Both create the virtual environment; `make test` also installs the Debian
 # programs the tests start (DEB_NEEDS: mosquitto, InfluxDB, VictoriaMetrics, Prometheus,
 # Alertmanager, systemd-analyze, faketime) when they are missing.
@@ -28,9 +28,9 @@ test: deps venv
 	  if [ $$installed = 0 ]; then grep '^lean install' $(VENV)/lean_install.log; \
 	  else cat $(VENV)/lean_install.log; fi; \
 	  [ $$typed = 0 ] && [ $$installed = 0 ]
-	@# most tests wait on brokers and processes (even three at a time use 1.3 of 2 cores),
-	@# so three run at a time; those that assert on wall-clock pacing (realtime) then alone
-	$(BIN)/pytest -q -n 3 --dist loadfile -m "not realtime" --durations=10
+	@# most tests wait on brokers and processes (three at a time used 1.3 of 2 cores, four 1.6),
+	@# so four run at a time; those that assert on wall-clock pacing (realtime) then alone
+	$(BIN)/pytest -q -n 4 --dist loadfile -m "not realtime" --durations=10
 	$(BIN)/pytest -q -m realtime --durations=15
 
 lint: venv
