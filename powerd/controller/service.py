@@ -41,7 +41,7 @@ from powerd.controller.scoping import LeafGrants
 from powerd.controller.smoothing import file_tree_in_force, grid_ramp_w_per_s
 from powerd.leadership.shell import LeaderShell
 from powerd.leadership.state import Leadership
-from powerd.leadership.state_report import StateReport, held_limit, levels_over, node_counts
+from powerd.leadership.state_report import StateReport, levels_over, node_counts
 from powerd.mqtt.link import LINK_ERRORS, LinkError, MqttLink
 from powerd.mqtt.session import SessionStats, cancel_until_done, keep_connected
 from powerd.mqtt.stream import MqttStream, StreamError
@@ -490,13 +490,12 @@ class ControllerService:
         tree = self._base_tree
         last = self.cycles[-1].decision if self.cycles else None
         over = None if last is None else levels_over(tree.level, last.node_power_w, tree.limit_w)
-        active = self.site_limits.active_w(now) is not None
         self.state_report.publish(
             link,
             now,
             epoch=self.leadership.epoch,
             wall=self._wall(),
-            limit=held_limit(self.site_limits.limit, active),
+            limit=self.site_limits.held(now),
             nodes=node_counts(core.views.by_mode(now, self.config.stale_after_s)),
             over_limit=over,
         )

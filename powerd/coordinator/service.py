@@ -22,7 +22,7 @@ from powerd.coordinator.config import CoordinatorConfig
 from powerd.coordinator.core import CoordinatorCore, Period
 from powerd.leadership.shell import LeaderShell
 from powerd.leadership.state import Leadership
-from powerd.leadership.state_report import StateReport, held_limit
+from powerd.leadership.state_report import StateReport
 from powerd.mqtt.link import LinkError, MqttLink
 from powerd.mqtt.session import SessionStats
 from powerd.protocol import ProtocolError, Summary, Topics, encode
@@ -181,7 +181,7 @@ class CoordinatorService:
             now,
             epoch=self.leadership.epoch,
             wall=self._wall(),
-            limit=held_limit(self.site_limits.limit, self.site_limits.active_w(now) is not None),
+            limit=self.site_limits.held(now),
             leaves_silent=silent,
         )
 

@@ -36,16 +36,6 @@ STATE_EVERY_S = 5.0  # between two states when nothing happened
 REASON_MAX_CHARS = 300  # RefusedLimit.reason's bound
 
 
-def held_limit(limit: SiteLimit | None, in_force: bool) -> HeldLimit | None:
-    """The state's account of the limit a leader holds (None: it took none)."""
-    if limit is None:
-        return None
-    return HeldLimit(
-        operator=limit.operator, ts=limit.ts, seq=limit.seq, limit_w=limit.limit_w,
-        starts_ts=limit.starts_ts, expires_ts=limit.expires_ts, in_force=in_force,
-    )  # fmt: skip
-
-
 def node_counts(by_mode: Mapping[str, int]) -> NodeCounts:
     """The state's nodes by mode, from a count by mode and ``STALE``
     (``NodeViews.by_mode``)."""

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from policies.in_force import GLIDE_SHARE_OF_RAMP, SiteLine, target_share, tree_in_force
 from policies.tree import SITE, Tree
 from powerd.clock_skew import DEFAULT_MAX_CLOCK_SKEW_S
-from powerd.protocol import SiteLimit
+from powerd.protocol import HeldLimit, SiteLimit
 
 if TYPE_CHECKING:  # a type only: site limits sit below the budgets file's parsing
     from powerd.topology.grid import GridSpec
@@ -96,6 +96,17 @@ class SiteLimits:
         if now is not None and not live and _window(message, now, wall, live)[1] <= now:
             return f"a retained site limit (ts {message.ts}) already over by this clock"
         return None
+
+    def held(self, now: float) -> HeldLimit | None:
+        """The newest limit taken, as a leader's state tells it (``LeaderState.limit``),
+        in force or not at ``now``; None if none was taken."""
+        m = self.limit
+        if m is None:
+            return None
+        return HeldLimit(
+            operator=m.operator, ts=m.ts, seq=m.seq, limit_w=m.limit_w, starts_ts=m.starts_ts,
+            expires_ts=m.expires_ts, in_force=self.active_w(now) is not None,
+        )  # fmt: skip
 
     def active_w(self, now: float) -> float | None:
         """The limit in force at ``now`` (the clock ``take`` was given), or None."""
