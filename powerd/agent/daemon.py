@@ -98,6 +98,7 @@ class AgentDaemon:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; then leave the GPUs as configured and say offline."""
         self.core.start()  # safety rule 1: failsafe caps before connecting anywhere
+        self.last_telemetry = self.core.telemetry()  # /metrics shows those caps at once
         self.notifier.ready(f"failsafe caps applied on {len(self.core.gpus)} GPU(s)")
         tasks = {
             asyncio.create_task(self._sample_loop(), name="sample"),

@@ -246,7 +246,10 @@ class ControllerService:
         self._decide_now.clear()
         assert link.lost is not None
         link.lost.add_done_callback(lambda _: self._decide_now.set())  # wake up to leave
-        while not link.lost.done() and not lead.stopping:
+        # Runs until the link is lost or the task is cancelled: on a stop, the shell steps
+        # down (a standby heartbeat, awaited) on this very link before it cancels us; a
+        # loop that left on its own at the stop would close the link under that step-down.
+        while not link.lost.done():
             now = loop.time()
             lead.take_over_if_due(now)
             lead.beat(now)
@@ -254,7 +257,7 @@ class ControllerService:
             early = self._decide_now.is_set() and now - last_cycle >= self.config.cycle_s / 4
             if periodic or early:
                 self._decide_now.clear()
-                if self.leadership.leading:
+                if self.leadership.leading and not lead.stopping:
                     self._cycle(link)
                     last_cycle = now
                     async with self._cycled:

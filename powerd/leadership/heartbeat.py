@@ -48,7 +48,11 @@ async def step_down_on_exit(
     """A clean stop hands over at once: a retained standby heartbeat, not a stale leader one
     (a standby takes over when the leader it followed says so, live). ``ts``: the epoch's
     time base (``Leadership.beat_ts``), so the standby takes it as sent now."""
-    if not link.connected.is_set() or not leadership.leading:
+    if not leadership.leading:
+        return
+    if not link.connected.is_set():
+        log.warning("no broker connection to step down on: a standby leads once this epoch "
+                    "has been silent for its takeover time")  # fmt: skip
         return
     leadership.leading = False
     standby = signed_heartbeat(signer, topic, leadership, "standby", ts)

@@ -43,6 +43,8 @@ def test_agents_and_controller_expose_their_state(mosquitto: Mosquitto, tmp_path
         node, port = AGENTS[0], ports[AGENTS[0]]
 
         def failsafe(s: dict) -> bool:
+            # a series not there yet is a KeyError: scrape_until tries again
+            value(s, "powerd_agent_gpu_cap_watts", node=node, gpu="3")
             return value(s, "powerd_agent_failsafe", node=node) == 1
 
         # no controller yet: failsafe, its caps those it applied at start, no heartbeat heard
