@@ -58,6 +58,12 @@ def summary(info: dict) -> dict:
             "floor_least_share_of_jobs",
             "floor_ready_kwh",
             "floor_ready_share_of_jobs",
+            "floor_ratio_to_causal",
+            "lost_work_kwh",
+            "lost_least_kwh",
+            "lost_ratio_to_bound",
+            "lost_at_floors_kwh",
+            "lost_ratio_at_floors",
         )
     }
     out["s_above_limit_max"] = max(level["s_above_limit_max"] for level in info["levels"])

@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs a GP
             follower.fill_back_up(timeout_s=60.0)  # after a long wait, before computing
             follower.working()
             time.sleep(args.step_s)  # forward and backward
-            follower.waiting()
+            follower.waiting(args.comm_s)  # how long it expects to wait
             time.sleep(args.comm_s)  # the exposed all-reduce
         follower.stopping()
         if not follower.wait_ramped(done_w=args.idle_w, timeout_s=300.0):

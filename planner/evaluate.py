@@ -95,7 +95,9 @@ stretched time, which errs high); the worst node's seconds above its limit,
 per level and overall; the most-capping node's share of steps and the share
 of steps a job has a GPU held below its demand (a static cap holds GPUs
 without any node capping); the worst site ramp up and down over the grid
-spec's window and the seconds outside the spec. For (d) against (c): the GPU
+spec's window and the seconds outside the spec; for (e), the floor energy over
+the least a causal floor burns and the work lost to the grid over the least any
+schedule keeping its floors loses (``powerplan whatif``'s). For (d) against (c): the GPU
 energy in communication phases (locked power over the stretched time), the
 energy saved and the iteration time it costs.
 
@@ -483,6 +485,9 @@ def strategy_row(
         "ramp_down_max_mw_per_s": float(grid["ramp_down_max_w_per_s"]) / W_PER_MW,
         "s_outside_ramp": sum(float(s) for s in outside if s is not None),
         "s_outside_oscillation": grid.get("s_outside_oscillation"),
+        # grid smoothing's two costs against their bounds (powerd.topology.grid._lost_work)
+        "floor_ratio_to_causal": grid.get("floor_ratio_to_causal"),
+        "lost_ratio_at_floors": grid.get("lost_ratio_at_floors"),
     }
 
 
@@ -510,6 +515,8 @@ def oracle_row(plan_c: Plan, oracle: OracleResult, site_w: float) -> dict[str, o
         "ramp_down_max_mw_per_s": math.nan,
         "s_outside_ramp": math.nan,
         "s_outside_oscillation": None,
+        "floor_ratio_to_causal": None,
+        "lost_ratio_at_floors": None,
     }
 
 

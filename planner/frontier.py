@@ -269,10 +269,10 @@ def replay_position(
     top: Topology, result: WhatifResult, sizing: StorageSizing | None = None, points: int = 9
 ) -> dict[str, object] | None:
     """Where a whatif replay sits against the frontier at its storage (``position``); None
-    without a ramp limit or jobs. The demand is what the site would draw with no floor held
-    (``WhatifResult.site_demand_w``); with smoothing its draw burns what it holds above that
-    and loses what it holds below (site-wide, per step); without, it burns and loses nothing
-    and meets the spec only if its ramps do. With ``sizing`` the storage's dispatch is the
+    without a ramp limit or jobs. The demand is what the site would draw with no grid spec
+    (``WhatifResult.site_demand_w``, the one ``grid_report``'s bounds are computed on): its
+    draw burns what it holds above that and loses what it holds below (site-wide, per
+    step); it meets the spec only if its ramps do. With ``sizing`` the storage's dispatch is the
     schedule: it burns what the storage cannot take and loses what it cannot give, against
     the frontier of the demand the storage leaves (``shifted_by_storage``)."""
     from policies.grid import ramp_stats

@@ -70,6 +70,7 @@ from policies.causes import (
     LOST_CAUSES,
     NOT_HELD,
     cap_causes,
+    grid_held_w,
     held_causes,
     initial_causes,
     job_causes,
@@ -173,7 +174,8 @@ class WhatifResult:
     jobs: pd.DataFrame
     info: dict[str, object]
     site_power_w: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per step, measured
-    # per step, what the site would draw with no floor held (site_power_w unsmoothed)
+    # per step, what the site would draw with no grid spec: no floor held, nothing held back
+    # by a grid rule (budget capping in); the demand every grid bound is computed on
     site_demand_w: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # per job: the share of steps in communication and the mean per-GPU power drawn in them
     communication: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -242,7 +244,7 @@ def replay(
         top, tree, placement, tallies.acc, tallies.job_acc, tallies.job_lost, n_steps, info
     )
     result.site_power_w = tallies.site_w
-    result.site_demand_w = tallies.site_natural_w
+    result.site_demand_w = tallies.site_need_w
     result.jobs_energy_j = jobs_j
     return result
 
@@ -282,7 +284,10 @@ class _Tallies:
     site_natural_w: np.ndarray  # ... what it would draw with no floor held (site_w unsmoothed)
     # ... and were every waiting GPU to resume at once (policies.grid.least_ready_floor)
     site_resume_w: np.ndarray
-    site_need_w: np.ndarray  # ... with no grid spec: the jobs' demand, uncapped (lost work)
+    # ... with no grid spec: the natural draw plus what the grid's rules held back (budget
+    # capping stays in: its cost is not the grid's); and that held-back work, J, GPU by GPU
+    site_need_w: np.ndarray
+    grid_held_j: float
     held_j_by_phase: np.ndarray  # energy burnt holding floors and ramps, by phase
 
     @classmethod
@@ -296,6 +301,7 @@ class _Tallies:
             site_natural_w=np.empty(n_steps) if smoothing else site_w,
             site_resume_w=np.empty(n_steps),
             site_need_w=np.empty(n_steps),
+            grid_held_j=0.0,
             held_j_by_phase=np.zeros(len(PHASE_CODES)),
         )
 
@@ -404,9 +410,12 @@ class _Steps:
         )
         tallies.site_resume_w[t] = tallies.site_natural_w[t] + shortfall_w
         node_demand_w = tree.node_sum(demand_w) + tree.overhead_below_w
-        tallies.site_need_w[t] = node_demand_w[0]
         _tally_nodes(tallies.acc, tree, decision, node_demand_w)
-        self._tally_jobs(tallies, power_w, demand_w, natural_w, now_w, now_phase)
+        held_w, above_natural_w = self._tally_jobs(
+            tallies, power_w, demand_w, natural_w, now_w, now_phase
+        )
+        tallies.site_need_w[t] = tallies.site_natural_w[t] + above_natural_w
+        tallies.grid_held_j += held_w * self.step_s
         if not self.static_caps:
             self.causes = cap_causes(self.causes, self.cap_w, decision, phase)
             self.cap_w = decision.cap_w
@@ -419,8 +428,10 @@ class _Steps:
         natural_w: np.ndarray,
         now_w: np.ndarray,
         now_phase: np.ndarray,
-    ) -> None:
-        """Per job: its speed, whether and why it was held, its demand and draw."""
+    ) -> tuple[float, float]:
+        """Per job: its speed, whether and why it was held, its demand and draw. Returns
+        what the grid's rules held back now, W: (the demand they held back, the part of it
+        that is not already in the site's natural draw), ``grid_held_w``."""
         busy_idx, job_start = self.source.busy_idx, self.source.job_start  # contiguous
         job_gpus, job_acc = self.placement.job_gpus, tallies.job_acc
         speed_gpu, job_speed = self.source.speeds(power_w, demand_w, self.speed)
@@ -442,6 +453,10 @@ class _Steps:
         in_comm = now_phase == _COMM_CODE
         job_acc["comm"] += in_comm
         job_acc["comm_power_w"] += np.where(in_comm, job_power_w, 0.0)
+        held_w, beyond_w = grid_held_w(
+            power_w[busy_idx], demand_w[busy_idx], natural_w[busy_idx], self.causes[busy_idx]
+        )
+        return float(held_w.sum()), float(beyond_w.sum())
 
 
 _NOT_RUNNING_CODES = phase_codes(("idle", "shutdown"))
@@ -499,6 +514,7 @@ def _replay_info(
         demand_w=tallies.site_natural_w,
         resume_w=tallies.site_resume_w,
         need_w=tallies.site_need_w,
+        lost_j=tallies.grid_held_j,
     )
     if settings.smoothing:
         info["smoothing"] = {
@@ -728,6 +744,26 @@ def grid_table(grid: dict[str, object], site_w: float) -> pd.DataFrame:
                 None,
                 None,
             ),
-            ("work lost over that least", "ratio", grid["lost_ratio_to_bound"], None, None),
+            (
+                "work lost over the least at that energy",
+                "ratio",
+                grid["lost_ratio_to_bound"],
+                None,
+                None,
+            ),
+            (
+                "least work lost keeping these floors, rising at the ramp limit",
+                "kWh",
+                grid["lost_at_floors_kwh"],
+                None,
+                None,
+            ),
+            (
+                "work lost over the least at these floors",
+                "ratio",
+                grid["lost_ratio_at_floors"],
+                None,
+                None,
+            ),
         ]
     return pd.DataFrame(rows, columns=["what", "unit", "value", "limit", "s_outside"])

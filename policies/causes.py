@@ -52,6 +52,9 @@ CAUSES = (
 )
 CAPPING, PRIORITY_SHIFT, STAGED, FAILSAFE, CLOCK_LOCK, GRID_RAMP = range(len(CAUSES))
 NOT_HELD = -1
+# the causes that hold work back for the site's ramp limits (staged rises, the GPUs' own
+# ramp under smoothing): the work lost to a grid spec; the others are the budgets'
+GRID_CAUSES = (STAGED, GRID_RAMP)
 # what a split of throughput lost reports: every cause, and what no cause explains (a speed
 # a hair under 1 from a draw within HELD_TOLERANCE_W of its demand)
 LOST_CAUSES = (*CAUSES, "unexplained")
@@ -247,3 +250,17 @@ def largest_causes(by_cause: dict[str, float], least: float = 0.0005) -> list[tu
         key=lambda item: item[1],
         reverse=True,
     )
+
+
+def grid_held_w(
+    drawn_w: np.ndarray, demand_w: np.ndarray, capped_w: np.ndarray, cap_cause: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """What the grid's rules (``GRID_CAUSES``) hold back of each GPU's demand, W, any
+    shape: ``(held, beyond)``. Held: a draw below what its cap allows (``capped_w``: the
+    smoothing's ramp) plus, where a staged phase last lowered its cap (``cap_cause``), its
+    demand above that cap; a cap the budgets lowered is theirs, not the grid's. ``beyond``:
+    the staged part alone, the demand a capped draw does not show."""
+    ramp_w = np.maximum(capped_w - drawn_w, 0.0)
+    beyond: np.ndarray = np.where(cap_cause == STAGED, np.maximum(demand_w - capped_w, 0.0), 0.0)
+    held: np.ndarray = ramp_w + beyond
+    return held, beyond

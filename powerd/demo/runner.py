@@ -681,6 +681,7 @@ def _trace(
                 gpus=len(job.gpus),
                 phases=list(job.phases),
                 rise_first_s=job.rise_first_s,
+                rise_first_spans=list(job.rise_first_spans),
             )
             for job in jobs
         ],

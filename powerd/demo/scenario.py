@@ -254,6 +254,7 @@ class TrainingJob:
         self.on_phase = on_phase
         self.phases: list[tuple[float, str]] = []  # (at, phase) as it happened
         self.rise_first_s = 0.0  # spent filling back up after long waits, before compute
+        self.rise_first_spans: list[tuple[float, float]] = []  # (from, to), since t0
 
     @property
     def phase(self) -> str | None:
@@ -268,13 +269,11 @@ class TrainingJob:
                     await self._rise_first()  # a job that stops does not fill back up
                 if phase == "startup":
                     reporter.startup(nodes=plan.nodes, expected_s=plan.startup_s)
-                elif phase == "communication":
-                    reporter.set_phase(phase, expected_s=plan.comm_s)
-                elif phase == "checkpoint":
-                    reporter.set_phase(phase, expected_s=plan.checkpoint_s)
+                elif phase in WAITING_PHASES:
+                    reporter.set_phase(phase, expected_s=self._expected_s(phase))
                 elif phase != "shutdown":
                     reporter.set_phase(phase)
-                self._tell_fill(phase)
+                self._tell_fill(phase, self._expected_s(phase))
                 self._switch(phase)
                 if phase == "shutdown":  # announces it, then flushes: blocking, so in a thread
                     await asyncio.to_thread(reporter.shutdown, 2.0)
@@ -287,8 +286,13 @@ class TrainingJob:
                 self._switch("shutdown")
                 await asyncio.to_thread(reporter.shutdown, 1.0)
 
-    def _tell_fill(self, phase: str) -> None:
-        """The job's side of software smoothing: only the job knows when it waits."""
+    def _expected_s(self, phase: str) -> float | None:
+        """How long the job expects ``phase`` to last, as it announces it."""
+        return {"communication": self.plan.comm_s, "checkpoint": self.plan.checkpoint_s}.get(phase)
+
+    def _tell_fill(self, phase: str, expected_s: float | None = None) -> None:
+        """The job's side of software smoothing: only the job knows when it waits (and, as
+        it announces, for how long it expects to)."""
         if self.fill is None:
             return
         if phase == "shutdown":
@@ -296,7 +300,7 @@ class TrainingJob:
         elif phase == "startup":
             self.fill.starting()  # rise slowly to the cap before the first step
         elif phase in WAITING_PHASES:
-            self.fill.waiting()
+            self.fill.waiting(expected_s)
         else:
             self.fill.working()
 
@@ -314,7 +318,9 @@ class TrainingJob:
         after_checkpoint = self.phase == "checkpoint"
         if not await asyncio.to_thread(self.fill.fill_back_up, RISE_TIMEOUT_S, after_checkpoint):
             log.warning("%s: the fill did not rise in %g s", self.plan.name, RISE_TIMEOUT_S)
-        self.rise_first_s += self.clock() - started
+        ended = self.clock()
+        self.rise_first_s += ended - started
+        self.rise_first_spans.append((started - self.t0, ended - self.t0))
 
     async def _ramp_down(self) -> None:
         """Keep filling down the agents' ramp until every GPU is back near its idle power."""

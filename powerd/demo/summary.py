@@ -59,7 +59,9 @@ Definitions
   share of the job's progress GPU-seconds below full speed. A job's
   ``rise_first_s`` is how long its compute waited, after checkpoints and long
   waits, for its GPUs to fill back up (software grid smoothing): time the
-  throughput, over progress phases, leaves out, so the summary states it beside.
+  throughput, over progress phases, leaves out, so the summary states it beside
+  (and ``rise_first_spans`` when); the grid report counts it as work lost to the
+  grid (``_grid_need``), with what a grid rule held back.
 - *Clock locks*: GPU-seconds with the SM clock locked, in all; in communication
   (and the share of communication GPU-time locked); outside it; and in a progress
   phase (``compute``, ``eval``: *locked compute*, a lock that outlived the wait it
@@ -82,7 +84,14 @@ from typing import Any
 import numpy as np
 
 from policies import grid as grid_measure
-from policies.causes import CLOCK_LOCK, FAILSAFE, LOST_CAUSES, NOT_HELD, loss_by_cause
+from policies.causes import (
+    CLOCK_LOCK,
+    FAILSAFE,
+    LOST_CAUSES,
+    NOT_HELD,
+    grid_held_w,
+    loss_by_cause,
+)
 from policies.rules import WAITING_PHASES
 from policies.tree import LEVEL_NAMES, PHASE_CODES, in_codes, phase_codes
 from powerd.topology.grid import GridSpec, grid_report
@@ -103,9 +112,10 @@ class JobRecord:
     gpus: int
     phases: list[tuple[float, str]]  # (seconds since the start, phase), in order
     # seconds its compute waited, after long waits, for its GPUs to fill back up (software
-    # grid smoothing: FillFollower.must_rise_first); not in throughput_rel, which counts
+    # grid smoothing: FillFollower.fill_back_up); not in throughput_rel, which counts
     # progress phases only
     rise_first_s: float = 0.0
+    rise_first_spans: list[tuple[float, float]] = field(default_factory=list)  # (from, to) s
 
 
 @dataclass(frozen=True)
@@ -333,6 +343,7 @@ def summarize(trace: RunRecord) -> Summary:
 
     jobs, throughput, lost_by_cause = _jobs(trace, dt)
     natural = _natural_site(trace, site)  # None: nothing burnt
+    need = _grid_need(trace, site if natural is None else natural)
     ramp_limit = float(trace.site_ramp_limit_w_per_s)
     return Summary(
         duration_s=float(trace.duration_s),
@@ -356,7 +367,8 @@ def summarize(trace: RunRecord) -> Summary:
             smoothing_j=_fill_j(trace),
             demand_w=None if natural is None else regular_series(trace.t, natural)[0],
             resume_w=_resume_site(trace, site if natural is None else natural),
-            need_w=_need_site(trace),
+            need_w=None if need is None else need[0],
+            lost_j=None if need is None else need[1],
         ),
         energy_gpu_wh=gpu_j / 3600.0,
         energy_site_wh=site_j / 3600.0,
@@ -424,29 +436,60 @@ def _resume_site(trace: RunRecord, natural_site_w: np.ndarray) -> np.ndarray | N
     return regular_series(t, natural_site_w + np.array(shortfall))[0]
 
 
-def _need_site(trace: RunRecord) -> np.ndarray | None:
-    """What the site would draw with no grid spec at each sample, on the regular steps: every
-    GPU's demand (``RunRecord.gpu_demand_w``) plus every overhead; None without it."""
-    demand = trace.gpu_demand_w
-    if demand is None or len(demand) < 2:
+def _grid_need(trace: RunRecord, drawn_site_w: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """What the site would have drawn with no grid spec, on the regular steps, and the work
+    the grid held back (J): ``drawn_site_w`` (the site without what smoothing burnt) plus
+    the demand a staged cap held back (``policies.causes.grid_held_w``, by the rule that
+    last lowered its cap), and for every GPU of a job whose compute waited
+    to fill back up (``rise_first_spans``), its compute demand (at its first sample after
+    the wait) over what its wait drew meanwhile (the fill is burnt, not work). Budget
+    capping stays in: its cost is not the grid's. None without per-GPU demand."""
+    demand, power = trace.gpu_demand_w, trace.gpu_power_w
+    if demand is None or power is None or len(demand) < 2:
         return None
-    site_w = np.asarray(demand, dtype=float).sum(axis=1) + trace.overhead_total_w
-    return regular_series(np.asarray(trace.t, dtype=float), site_w)[0]
+    demand, t = np.asarray(demand, float), np.asarray(trace.t, dtype=float)
+    power = np.asarray(power, float)  # what each drew without what smoothing burnt:
+    if trace.gpu_fill_energy_each_j is not None:
+        power = power - _fill_power_w(t, np.asarray(trace.gpu_fill_energy_each_j, float))
+    capped = np.minimum(demand, np.asarray(trace.gpu_cap_w, float))
+    # no ramp part: software smoothing holds no draw below its cap but to fill back up
+    # (the spans below), and a sample's fill is the mean since the one before, so its
+    # draw less its fill is noise around its cap at every change of phase
+    _, held = grid_held_w(capped, demand, capped, sample_cap_causes(trace))
+    for j, job in enumerate(trace.jobs):
+        gpus = np.flatnonzero(trace.gpu_job == j)
+        for start_s, end_s in job.rise_first_spans:
+            first, after = np.searchsorted(t, [start_s, end_s])
+            if after >= len(t) or first >= after:
+                continue
+            want_w = demand[after, gpus]  # its compute's demand, once it computed
+            waited_w = np.maximum(want_w - power[first:after, gpus], 0.0)
+            held[first:after, gpus] = waited_w
+    held_w = held.sum(axis=1)  # what each drew shows none of it: all of it is need
+    lost_j = float((held_w * sample_durations(t)).sum())
+    return regular_series(t, drawn_site_w + held_w)[0], lost_j
 
 
 def _progress_mask(phase: np.ndarray) -> np.ndarray:
     return in_codes(np.asarray(phase), phase_codes(PROGRESS_PHASES))
 
 
-def sample_causes(trace: RunRecord) -> np.ndarray:
-    """(n_samples, n_gpus): why each GPU ran below full speed at each sample
-    (``policies.causes``; ``NOT_HELD`` at full speed or outside progress phases)."""
+def sample_cap_causes(trace: RunRecord) -> np.ndarray:
+    """(n_samples, n_gpus): the rule that last lowered each GPU's cap as of the newest
+    controller cycle at or before each sample (``FAILSAFE`` before the first)."""
     n_samples, n_gpus = np.shape(trace.gpu_throughput)
     cap_cause = np.full((n_samples, n_gpus), FAILSAFE, dtype=np.int8)
     if trace.cycle_cause is not None and len(trace.cycle_cause):
         newest = np.searchsorted(trace.cycle_t, trace.t, side="right") - 1
         seen = newest >= 0
         cap_cause[seen] = trace.cycle_cause[newest[seen]]
+    return cap_cause
+
+
+def sample_causes(trace: RunRecord) -> np.ndarray:
+    """(n_samples, n_gpus): why each GPU ran below full speed at each sample
+    (``policies.causes``; ``NOT_HELD`` at full speed or outside progress phases)."""
+    cap_cause = sample_cap_causes(trace)
     cause = np.where(np.asarray(trace.gpu_locked, dtype=bool), CLOCK_LOCK, cap_cause)
     slow = (np.asarray(trace.gpu_throughput) < 1.0 - 1e-9) & _progress_mask(trace.gpu_phase)
     return np.where(slow, cause, NOT_HELD).astype(np.int8)
@@ -490,6 +533,7 @@ def _jobs(
             "mean_cap_in_compute_w": float(caps.mean()) if len(caps) else None,
             "phases": [[round(at, 2), phase] for at, phase in job.phases],
             "rise_first_s": job.rise_first_s,
+            "rise_first_spans": [[round(a, 2), round(b, 2)] for a, b in job.rise_first_spans],
         }
     lost_site = {
         c: float(v) / time_all if time_all else 0.0

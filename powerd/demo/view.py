@@ -423,20 +423,21 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
 
 
 def grid_bounds_line(g: dict[str, Any]) -> str:
-    """'floor 2.18x the causal bound; lost 0.041 kWh of work, 1.37x the least at that
-    energy (0.030 kWh)': ``grid_report``'s lost-work part, one line."""
+    """'floor 2.18x the causal bound; lost 0.041 kWh of work, 1.37x the least at its floors
+    (0.030 kWh), 0.000 kWh the least at that energy': ``grid_report``'s lost-work part."""
 
     def times(ratio: float | None) -> str:
         return "n/a" if ratio is None else f"{ratio:.2f}x"
 
     floor = f"floor {times(g['floor_ratio_to_causal'])} the causal bound"
     lost = f"lost {g['lost_work_kwh']:.3f} kWh of work"
+    at_floors = g.get("lost_at_floors_kwh")
+    if at_floors is not None:
+        lost += f", {times(g.get('lost_ratio_at_floors'))} the least at its floors"
+        lost += f" ({at_floors:.3f} kWh)"
     if not g["lost_least_kwh"] and g["lost_work_kwh"]:  # the ratio is infinite
-        return f"{floor}; {lost}, where burning as much none need be lost"
-    return (
-        f"{floor}; {lost}, {times(g['lost_ratio_to_bound'])} the least at that energy "
-        f"({g['lost_least_kwh']:.3f} kWh)"
-    )
+        return f"{floor}; {lost}; burning as much, none need be lost"
+    return f"{floor}; {lost}; {g['lost_least_kwh']:.3f} kWh the least at that energy"
 
 
 def rise_first_note(summary: Summary) -> str:

@@ -13,31 +13,35 @@ tells it when it waits and works, because only the job knows:
     follower = FillFollower(broker, ["node7"], on_fill=fill_gpus, cluster="prod")
     follower.start()
     follower.starting()      # loading the model: raise the draw slowly to the cap
-    follower.waiting()       # a collective, a checkpoint: hold the draw, let it fall slowly
+    follower.waiting(2.0)    # a collective, a checkpoint (2 s expected, if known): hold
+                             # the draw, let it fall slowly, be back when it should end
     follower.fill_back_up(timeout_s=60.0, after_checkpoint=checkpointed)  # if it fell far
     follower.working()       # compute again: nothing to fill above the floor
     follower.stopping()      # the last step is done: fall slowly at once, no floor
     follower.wait_ramped(done_w=100.0, timeout_s=120.0)   # fill down the ramp, then exit
     follower.close()
 
-The target of a GPU, with ``H`` where the GPU stood when the job entered its
-state (the draw last sampled while it worked, when it leaves work; its target
-then, otherwise: so a change of state never raises a target at once):
-starting since ``t_s``, ``min(cap, max(floor, H + ramp_up × (t - t_s)))``, so
-that the first step of compute does not jump from a starting GPU's draw to its
-cap; working, its floor; waiting since ``t_w``, ``max(floor, H - ramp_down ×
-max(0, t - t_w - hysteresis))``; stopping since ``t_e``, ``max(0, H - ramp_down
-× (t - t_e))``: no floor, and no hysteresis, which only guards against a
-wait ending at once (a job that stops will not resume, and only the job knows
-it). Compute that resumes steps each GPU at once from its target up to where compute
-puts it, ``min(cap, the draw last sampled at work)``, or the cap if that draw was held at
-the cap it had then (``resume_levels``): after a wait shorter than two
-hysteresis windows that is what its fall took within the last window, but after a long
-one (a checkpoint: its draw fell to the checkpoint's, and an H100's staged cap cannot go
-below 200 W) more than the GPU's share of one window's rise (``ramp_up × hysteresis``),
-which no cap can slow. ``must_rise_first()`` says so, and the job then fills back up
-first, at the ramp-up rate (``starting()`` and ``wait_risen()``, both in
-``fill_back_up()``), before it computes; after a checkpoint it always does. The
+The target of a GPU, with ``H`` where the GPU stood when the job entered its state (the
+draw last sampled while it worked, when it leaves work; its target then, otherwise: so a
+change of state never raises a target at once): starting since ``t_s``, ``min(cap,
+max(floor, H + ramp_up × (t - t_s)))``, so that the first step of compute does not jump
+from a starting GPU's draw to its cap; working, its floor; waiting since ``t_w``,
+``max(floor, H - ramp_down × max(0, t - t_w - hysteresis))``, and, when the job said how
+long it expects to wait (``waiting(expected_s)``, ending at ``T``), at least ``R -
+ramp_up × (T - t)`` with ``R`` where compute will put it (below) but no higher than
+``H``: back there when the wait should end (past ``T``, ``R`` held through the
+hysteresis, then falling); stopping since ``t_e``, ``max(0, H - ramp_down × (t -
+t_e))``: no floor, and no hysteresis, which only guards against a wait ending at once (a
+job that stops will not resume, and only the job knows it). Compute that resumes steps
+each GPU at once from its target up to where compute puts it, ``min(cap, the draw last
+sampled at work)``, or the cap if that draw was held at the cap it had then
+(``resume_levels``): after a wait shorter than two hysteresis windows that is what its
+fall took within the last window, but after a long one (a checkpoint: its draw fell to
+the checkpoint's, and an H100's staged cap cannot go below 200 W) more than the GPU's
+share of one window's rise (``ramp_up × hysteresis``), which no cap can slow.
+``must_rise_first()`` says so, and the job then fills back up first, at the ramp-up rate
+(``starting()`` and ``wait_risen()``, both in ``fill_back_up()``), before it computes;
+after a checkpoint it always does. The
 controller counts a GPU in a staged phase (``startup``, ``checkpoint``) as rising on its
 own at its share (rule 4 of ``policies/capping.py``) until compute is announced, so a job
 that announces its checkpoint until it has filled back up shares the site's ramp with
@@ -63,6 +67,7 @@ broker's ACL gives only the node's agent write access to its fill topic
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
@@ -159,6 +164,7 @@ class FillFollower:
         self._gpus: dict[str, dict[int, _Gpu]] = {n: {} for n in self.nodes}
         self._state = "working"  # working, starting, waiting, stopping
         self._since = clock()  # when the job entered its state
+        self._ends: float | None = None  # when a wait is expected to end, if announced
         self.received = 0
         self.rejected = 0
         self._logs = LogOncePer(log, 60.0)
@@ -194,10 +200,16 @@ class FillFollower:
         faster than the ramp-up rate, up to its cap."""
         self._enter("starting")
 
-    def waiting(self) -> None:
+    def waiting(self, expected_s: float | None = None) -> None:
         """The job waits (a collective, a checkpoint): hold each GPU's draw, let it fall
-        only after the hysteresis and no faster than the rate."""
-        self._enter("waiting")
+        only after the hysteresis and no faster than the rate. ``expected_s``: how long the
+        job expects the wait to last, if it knows (what it announces): each GPU's target
+        then also climbs at the ramp-up rate to be back where compute puts it when the wait
+        is expected to end, so compute resumes with no step and nothing to fill first."""
+        ends = None
+        if expected_s is not None and math.isfinite(expected_s) and expected_s > 0:
+            ends = expected_s
+        self._enter("waiting", ends)
 
     def working(self) -> None:
         """The job works again: nothing to fill above the floor."""
@@ -315,11 +327,18 @@ class FillFollower:
             for node, targets in calls:
                 self._call(node, targets)
 
-    def _enter(self, state: str) -> None:
+    def _enter(self, state: str, ends_after_s: float | None = None) -> None:
         with self._cond:
-            if state == self._state:
-                return
             now = self._clock()
+            ends = None if ends_after_s is None else now + ends_after_s
+            if state == self._state:
+                if state == "waiting" and ends is not None:  # one wait after another (a
+                    for node, gpus in self._gpus.items():  # checkpoint after a collective):
+                        held = self._targets(node, now)  # on from where each GPU is,
+                        for index, g in gpus.items():  # as a wait that begins now
+                            g.held_w = held[index]
+                    self._since, self._ends = now, ends
+                return
             worked = self._state == "working" and not self._stale(now)
             for node, gpus in self._gpus.items():  # go on from where each GPU is: no jump up
                 held = self._targets(node, now)
@@ -327,20 +346,20 @@ class FillFollower:
                     g.held_w = g.worked_w if worked else held[index]
                     if state == "starting":  # a target fallen below the GPU's own draw
                         g.held_w = max(g.held_w, g.power_w)  # rises from the draw
-            self._state, self._since = state, now
+            self._state, self._since, self._ends = state, now, ends
             self._cond.notify_all()
             calls = [(n, self._targets(n, now)) for n in self.nodes if self._gpus[n]]
         for node, targets in calls:
             self._call(node, targets)
 
     def _targets(self, node: str, now: float) -> dict[int, float]:
-        state, since = self._state, self._since
+        state, since, ends = self._state, self._since, self._ends
         last = self._last_request_s
         stale_at = None if last is None or not self._stale(now) else last + self.stale_after_s
         out = {}
         for index, g in self._gpus[node].items():
             if stale_at is None:
-                out[index] = self._level(g, state, since, now)
+                out[index] = self._level(g, state, since, now, ends)
                 continue
             # nobody repeats the order: fall from where it was, no floor, at the last rate
             if state == "working":
@@ -348,7 +367,7 @@ class FillFollower:
             elif state == "starting":
                 top, pause_s = self._level(g, state, since, stale_at), g.hysteresis_s
             elif state == "waiting":  # what is left of its hysteresis, if any
-                top = self._level(g, state, since, stale_at)
+                top = self._level(g, state, since, stale_at, ends)
                 pause_s = max(0.0, since + g.hysteresis_s - stale_at)
             else:  # stopping: already falling
                 top, pause_s = self._level(g, state, since, stale_at), 0.0
@@ -356,14 +375,25 @@ class FillFollower:
         return out
 
     @staticmethod
-    def _level(g: _Gpu, state: str, since: float, now: float) -> float:
-        """The target in ``state``, entered at ``since`` holding ``g.held_w``."""
+    def _level(g: _Gpu, state: str, since: float, now: float, ends: float | None = None) -> float:
+        """The target in ``state``, entered at ``since`` holding ``g.held_w``; ``ends``:
+        when a wait is expected to end (None: unknown)."""
         if state == "working":
             return g.floor_w
         if state == "starting":
             return min(g.cap_w, max(g.floor_w, g.held_w + g.up_w_per_s * max(0.0, now - since)))
         if state == "waiting":  # it may end at any moment: hold for the hysteresis first
-            return max(g.floor_w, FillFollower._fallen(g, g.held_w, since + g.hysteresis_s, now))
+            fallen = FillFollower._fallen(g, g.held_w, since + g.hysteresis_s, now)
+            if ends is not None:  # and be back where compute puts it when it should end,
+                # up to where it stood (a cap raised meanwhile is no step up at once); past
+                # that, held there through the hysteresis
+                resume_w = min(_resume_w(g), g.held_w)
+                if now <= ends:
+                    planned_w = resume_w - g.up_w_per_s * (ends - now)
+                else:
+                    planned_w = FillFollower._fallen(g, resume_w, ends + g.hysteresis_s, now)
+                fallen = max(fallen, planned_w)
+            return max(g.floor_w, fallen)
         return FillFollower._fallen(g, g.held_w, since, now)  # stopping: it will not resume
 
     @staticmethod

@@ -123,6 +123,7 @@ def grid_report(
     demand_w: np.ndarray | None = None,
     resume_w: np.ndarray | None = None,
     need_w: np.ndarray | None = None,
+    lost_j: float | None = None,
 ) -> dict[str, Any]:
     """A site's regular power series (one value every ``step_s``) measured as the grid sees
     it (``policies.grid``), against ``spec`` when there is one: what ``powerplan whatif``
@@ -138,7 +139,8 @@ def grid_report(
     floor that cannot know when waits end must burn is reported too (``floor_ready_*``,
     ``policies.grid.least_ready_floor``). ``need_w``: what the site would draw with no grid
     spec (its jobs' demand, uncapped); given, with a ramp limit, the work lost to the grid
-    and its bound are reported (``_lost_work``)."""
+    and its bound are reported (``_lost_work``); ``lost_j``: the work the grid held back
+    counted GPU by GPU, when known (else the site's shortfall from ``need_w``)."""
     g = spec or GridSpec()
     out: dict[str, Any] = {"spec": NO_GRID_SPEC if spec is None else spec.describe()}
     out["step_s"] = step_s
@@ -196,7 +198,8 @@ def grid_report(
     ]
     out |= _floor_costs(site_w, step_s, spec, energy_j, smoothing_j, demand_w, resume_w)
     if need_w is not None and spec.limits_ramp:
-        out |= _lost_work(site_w, step_s, spec, need_w, smoothing_j, out.get("floor_ready_kwh"))
+        ready_kwh = out.get("floor_ready_kwh")
+        out |= _lost_work(site_w, step_s, spec, need_w, smoothing_j, ready_kwh, lost_j)
     return out
 
 
@@ -207,6 +210,7 @@ def _lost_work(
     need_w: np.ndarray,
     smoothing_j: float | None,
     floor_ready_kwh: float | None,
+    held_j: float | None = None,
 ) -> dict[str, Any]:
     """``grid_report``'s lost-work part (``policies.grid_frontier``). ``lost_work_kwh``:
     the site's demand with no grid spec not served, ``sum((need_w - site_w)^+) step_s``.
@@ -217,13 +221,23 @@ def _lost_work(
     least a floor that cannot know when waits end burns). None where a bound is 0."""
     need = grid_measure.as_series(need_w, "need_w")
     gap_w = need - grid_measure.as_series(site_w)
-    lost_j = float(np.maximum(gap_w, 0.0).sum()) * step_s
+    lost_j = float(np.maximum(gap_w, 0.0).sum()) * step_s if held_j is None else held_j
     burnt_j = (
         smoothing_j if smoothing_j is not None else float(np.maximum(-gap_w, 0.0).sum()) * step_s
     )
     least_j = grid_frontier.least_lost_j(
         need, step_s, spec.window_s, spec.ramp_up_w_per_s, spec.ramp_down_w_per_s, burnt_j
     )
+    # the highest series meeting the limits under max(need, site): floors no higher than
+    # these, every rise as fast as the limits allow (what "at its floors" means)
+    ceiling = grid_frontier.least_ramp_ceiling(
+        np.maximum(need, grid_measure.as_series(site_w)),
+        step_s,
+        spec.window_s,
+        spec.ramp_up_w_per_s,
+        spec.ramp_down_w_per_s,
+    )
+    at_floors_j = float(np.maximum(need - ceiling, 0.0).sum()) * step_s
     kwh = grid_measure.J_PER_KWH
     floor_ratio = None
     if smoothing_j is not None and floor_ready_kwh:
@@ -232,6 +246,8 @@ def _lost_work(
         "lost_work_kwh": lost_j / kwh,
         "lost_least_kwh": least_j / kwh,
         "lost_ratio_to_bound": lost_j / least_j if least_j > 0 else None,
+        "lost_at_floors_kwh": at_floors_j / kwh,
+        "lost_ratio_at_floors": lost_j / at_floors_j if at_floors_j > 0 else None,
         "floor_ratio_to_causal": floor_ratio,
     }
 

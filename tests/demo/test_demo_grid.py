@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from policies.causes import CAPPING, STAGED
 from policies.tree import PHASE_CODES
 from powerd.demo.report import print_outcome
-from powerd.demo.summary import Summary, regular_series, summarize
+from powerd.demo.summary import JobRecord, Summary, regular_series, summarize
 from powerd.demo.view import grid_bounds_line, grid_breach_line, grid_rows, print_summary
 from powerd.topology.grid import NO_GRID_SPEC, GridSpec
 from tests.demo.test_demo_summary import make_trace
@@ -316,28 +317,76 @@ def test_the_summary_gives_the_work_lost_to_the_grid_against_its_bound():
     demand = np.column_stack([[0.0, 0.0, 10.0, 10.0], np.zeros(4)])
     site = 10.0 + drawn.sum(axis=1)
     spec = GridSpec(ramp_up_w_per_s=4.0, window_s=1.0)
-    s = summarize(
-        make_trace(
-            np.column_stack([site, site, site]),
-            grid=spec,
-            gpu_fill_energy_j=fill_j.sum(axis=1),
-            gpu_power_w=drawn,
-            gpu_fill_energy_each_j=fill_j,
-            gpu_demand_w=demand,
+    # the GPU's cap, last lowered by a staged phase (a grid rule), held it at what it drew
+    slow = np.column_stack([[1.0, 1.0, 0.8, 0.9], np.ones(4)])
+    caps = np.column_stack([[500.0, 500.0, 6.0, 8.0], np.full(4, 500.0)])
+
+    def run(cause: int):
+        return summarize(
+            make_trace(
+                np.column_stack([site, site, site]),
+                grid=spec,
+                gpu_fill_energy_j=fill_j.sum(axis=1),
+                gpu_power_w=drawn,
+                gpu_fill_energy_each_j=fill_j,
+                gpu_demand_w=demand,
+                gpu_throughput=slow,
+                gpu_cap_w=caps,
+                cycle_t=np.array([0.0]),
+                cycle_capping=np.zeros((1, 3), dtype=bool),
+                cycle_cut=np.ones((1, 2), dtype=bool),
+                cycle_cause=np.array([[cause, cause]], dtype=np.int8),
+            )
         )
-    )
+
+    s = run(STAGED)
     g = json.loads(json.dumps(s.to_dict()))["grid"]  # as --summary-json writes it
     assert g["lost_work_kwh"] == pytest.approx(6.0 / 3.6e6)
     assert g["lost_least_kwh"] == pytest.approx(4.0 / 3.6e6)
     assert g["lost_ratio_to_bound"] == pytest.approx(1.5)
+    # at its floors (10, 12, 20, 20 W under the need and the draw): 10, 12, 16, 20 W rising
+    # 4 W/s, losing 4 J; so 1.5x that too
+    assert g["lost_at_floors_kwh"] == pytest.approx(4.0 / 3.6e6)
+    assert g["lost_ratio_at_floors"] == pytest.approx(1.5)
+    # held by the budgets (capping), not by the grid: no work lost to the grid
+    assert run(CAPPING).grid["lost_work_kwh"] == 0.0
     assert g["floor_ready_kwh"] == pytest.approx(2.0 / 3.6e6)
     assert g["floor_ratio_to_causal"] == pytest.approx(1.0)
     rows = dict((label, value) for label, value, _ in grid_rows(s))
     assert rows["grid cost vs bounds"].startswith("floor 1.00x the causal bound; lost 0.000 kWh")
-    assert "1.50x the least at that energy" in rows["grid cost vs bounds"]
+    assert "1.50x the least at its floors (0.000 kWh)" in rows["grid cost vs bounds"]
+    assert rows["grid cost vs bounds"].endswith("0.000 kWh the least at that energy")
     # burning 6 J, no work need be lost: the ratio is infinite, and the line says why
     g["lost_least_kwh"], g["lost_ratio_to_bound"] = 0.0, None
-    assert grid_bounds_line(g).endswith("where burning as much none need be lost")
+    assert grid_bounds_line(g).endswith("burning as much, none need be lost")
     # no demand recorded: no lost work
     bare = summarize(make_trace(np.column_stack([site, site, site]), grid=spec))
     assert "lost_work_kwh" not in bare.grid
+
+
+def test_compute_that_waited_to_fill_back_up_is_work_lost_to_the_grid():
+    """A job's compute waited from 1 s to 2 s for its GPU to fill back up (software
+    smoothing, after a checkpoint): that second its GPU drew 2 W, all of it fill, where
+    compute would have drawn 10 W (its demand at 2 s, once it computed). 10 J of work were
+    lost to the grid, though no sample of a progress phase ran slow."""
+    drawn = np.column_stack([[0.0, 2.0, 10.0, 10.0], np.zeros(4)])
+    fill_j = np.column_stack([[0.0, 2.0, 2.0, 2.0], np.zeros(4)])
+    demand = np.column_stack([[0.0, 0.0, 10.0, 10.0], np.zeros(4)])
+    site = 10.0 + drawn.sum(axis=1)
+    job = JobRecord("job", "high", 1, 2, [(0.0, "checkpoint"), (2.0, "compute")], 1.0, [(1.0, 2.0)])
+    s = summarize(
+        make_trace(
+            np.column_stack([site, site, site]),
+            grid=GridSpec(ramp_up_w_per_s=4.0, window_s=1.0),
+            gpu_fill_energy_j=fill_j.sum(axis=1),
+            gpu_power_w=drawn,
+            gpu_fill_energy_each_j=fill_j,
+            gpu_demand_w=demand,
+            jobs=[job],
+        )
+    )
+    assert s.grid["lost_work_kwh"] == pytest.approx(10.0 / 3.6e6)
+    # the site needed 10, 20, 20, 20 W (its draw without the fill, 10, 10, 20, 20, and the
+    # 10 W compute waited for); the highest series under that rising 4 W/s: 10, 14, 18, 20,
+    # losing 6 + 2 = 8 J
+    assert s.grid["lost_at_floors_kwh"] == pytest.approx(8.0 / 3.6e6)

@@ -35,6 +35,7 @@ events = st.lists(
         st.tuples(st.just("advance"), st.floats(0.0, 0.7)),
         st.tuples(st.just("state"), st.sampled_from(["waiting", "working"])),
         st.tuples(st.just("state"), st.sampled_from(["stopping", "starting"])),
+        st.tuples(st.just("announce"), st.floats(0.1, 4.0)),  # waiting(expected_s)
     ),
     min_size=1,
     max_size=40,
@@ -105,6 +106,22 @@ def test_no_window_falls_more_than_its_share_and_a_wait_stays_ready(profile, fir
                 assert target >= held_w - up * window_s - EPS_W, (entered, now, target)
 
     for kind, value in script:
+        if kind == "announce":  # a wait whose length the job says: never below the rule's
+            if state == "working":  # wait, so the readiness below holds as it is
+                seen.clear()
+                wait = (clock.monotonic(), worked_w)
+            else:
+                wait = None  # from a wait: one that begins where it is; from a start or a
+            before = fill.targets(NODE)[0]  # stop: a wait that does not raise it at once
+            fill.waiting(expected_s=value)
+            if state != "working":
+                assert (
+                    fill.targets(NODE)[0]
+                    <= max(before, profile["floor_share"] * profile["cap_w"]) + EPS_W
+                )
+            state = "waiting"
+            look()
+            continue
         if kind == "sample":
             fill.take(NODE, request(profile, value))
             sampled_w = value * profile["cap_w"]
@@ -250,4 +267,67 @@ def test_take_refuses_a_node_it_does_not_follow():
     with pytest.raises(ValueError, match="not a node"):
         fill.take("elsewhere", request({**RAMPS, "hysteresis_s": 1.0}, 0.5))
     assert fill.received == 0
+    fill.close()
+
+
+def test_an_announced_wait_is_back_where_compute_resumes_when_it_should_end():
+    """An H100 works at 475 W (70 W/s each way, 1 s hysteresis); its job announces a 3 s
+    wait. Held 1 s, the target falls at 70 W/s until it meets the climb that brings it back
+    to 475 W at 3 s: 440 W at 1.5 s, 405 W at 2 s (the valley), 440 W at 2.5 s, 475 W at
+    3 s, so compute resumes with nothing to fill first. Not announced, it has fallen to
+    335 W by then and must fill back up. A wait that outlasts its announcement holds 475 W
+    through another hysteresis, then falls again."""
+    clock = ManualClock(100.0)
+    fill = FillFollower(
+        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
+    )
+    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
+    fill.take(NODE, request(profile, 475.0 / 700.0))
+    fill.waiting(expected_s=3.0)
+    seen = []
+    for _ in range(6):
+        clock.advance(0.5)
+        seen.append(fill.targets(NODE)[0])
+    assert seen == pytest.approx([475.0, 475.0, 440.0, 405.0, 440.0, 475.0])
+    assert not fill.must_rise_first()
+    clock.advance(1.0)  # it goes on: held through the hysteresis after its end
+    assert fill.targets(NODE)[0] == pytest.approx(475.0)
+    clock.advance(1.0)
+    assert fill.targets(NODE)[0] == pytest.approx(405.0)
+    fill.working()
+    fill.take(NODE, request(profile, 475.0 / 700.0))
+    fill.waiting()  # the same wait, not announced
+    clock.advance(3.0)
+    assert fill.targets(NODE)[0] == pytest.approx(335.0)
+    fill.take(NODE, request(profile, 335.0 / 700.0))  # the agent sees it there
+    assert fill.must_rise_first()
+    # an announcement that says nothing (not finite, not positive) is no announcement
+    for nonsense in (math.nan, math.inf, 0.0, -1.0):
+        fill.working()
+        fill.waiting(expected_s=nonsense)
+        clock.advance(3.0)
+        assert fill.targets(NODE)[0] == pytest.approx(335.0)
+    fill.close()
+
+
+def test_a_wait_announced_after_another_is_back_at_the_later_end():
+    """A 1.5 s collective, then at once a 3 s checkpoint (the job still waits): the target
+    goes on as a wait that begins there, to the checkpoint's end: back at 475 W 4.5 s in,
+    not fallen since 2.5 s as the collective's end would have it."""
+    clock = ManualClock(100.0)
+    fill = FillFollower(
+        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
+    )
+    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
+    fill.take(NODE, request(profile, 475.0 / 700.0))
+    fill.waiting(expected_s=1.5)
+    clock.advance(1.5)
+    fill.waiting(expected_s=3.0)  # a wait from here, to its own end
+    clock.advance(1.0)  # held through the hysteresis
+    assert fill.targets(NODE)[0] == pytest.approx(475.0)
+    clock.advance(1.0)  # the valley: fallen 70 W, 70 W to climb in the last second
+    assert fill.targets(NODE)[0] == pytest.approx(405.0)
+    clock.advance(1.0)
+    assert fill.targets(NODE)[0] == pytest.approx(475.0)
+    assert not fill.must_rise_first()
     fill.close()

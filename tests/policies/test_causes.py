@@ -110,3 +110,20 @@ def test_loss_by_cause_puts_uncharged_loss_last():
     assert len(out) == len(LOST_CAUSES)
     assert out[CAPPING] == pytest.approx(0.15)
     assert out[-1] == pytest.approx(0.2)
+
+
+def test_the_grid_holds_back_its_ramp_and_its_staged_caps_not_the_budgets():
+    """Four GPUs wanting 500 W. A: capped at 400 W by a budget, drawing 400 W: nothing is
+    the grid's. B: its cap staged to 300 W, drawing 300 W: 200 W held, all beyond what it
+    draws. C: capped at 450 W by a budget, its smoothing holding it at 420 W: 30 W (the
+    ramp's), the 50 W under the cap the budget's. D: staged to 300 W, ramping at 250 W:
+    50 W + 200 W."""
+    from policies.causes import CAPPING, STAGED, grid_held_w
+
+    demand = np.full(4, 500.0)
+    capped = np.array([400.0, 300.0, 450.0, 300.0])
+    drawn = np.array([400.0, 300.0, 420.0, 250.0])
+    cause = np.array([CAPPING, STAGED, CAPPING, STAGED], dtype=np.int8)
+    held, beyond = grid_held_w(drawn, demand, capped, cause)
+    assert held.tolist() == [0.0, 200.0, 30.0, 250.0]
+    assert beyond.tolist() == [0.0, 200.0, 0.0, 200.0]
