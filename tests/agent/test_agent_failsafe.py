@@ -26,7 +26,7 @@ from tests.support.agent_harness import (
 from tests.support.brokers import Mosquitto
 from tests.support.keys import VERIFIER
 
-# the failsafe's deadline: run alone (pyproject.toml, markers)
+# the failsafe's deadline: run apart from the other tests (pyproject.toml, markers)
 pytestmark = pytest.mark.realtime
 
 FAILSAFE_AFTER_S = 1.0

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.brokers import Mosquitto
 
-# the loop benchmark's steps in time: run alone (pyproject.toml, markers)
+# the loop benchmark's steps in time: run apart from the other tests (pyproject.toml, markers)
 pytestmark = pytest.mark.realtime
 
 

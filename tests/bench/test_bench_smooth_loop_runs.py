@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.brokers import Mosquitto
 
-# the smoothing loop's pacing: run alone (pyproject.toml, markers)
+# the smoothing loop's pacing: run apart from the other tests (pyproject.toml, markers)
 pytestmark = pytest.mark.realtime
 
 

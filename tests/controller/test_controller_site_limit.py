@@ -40,7 +40,7 @@ from tests.support.controller_harness import (
 )
 from tests.support.paths import REPO
 
-# a site limit reached within the ramp: run alone (pyproject.toml, markers)
+# a site limit reached within the ramp: run apart from the other tests (pyproject.toml, markers)
 pytestmark = pytest.mark.realtime
 
 RAMP_W_PER_S = 1000.0

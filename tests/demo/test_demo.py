@@ -15,7 +15,7 @@ import powerd.demo
 from powerd.cli import main
 from tests.support.demo_process import DemoRun
 
-# the demo's measured site ramps: run alone (pyproject.toml, markers)
+# the demo's measured site ramps: run apart from the other tests (pyproject.toml, markers)
 pytestmark = pytest.mark.realtime
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

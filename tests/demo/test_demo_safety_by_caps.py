@@ -14,7 +14,7 @@ import pytest
 from powerd.cli.demo import command as demo_command
 from tests.support.demo_process import DemoRun
 
-# wall-clock pacing of many processes: run alone (pyproject.toml, markers)
+# wall-clock pacing of many processes: run apart from the other tests (pyproject.toml, markers)
 pytestmark = pytest.mark.realtime
 
 

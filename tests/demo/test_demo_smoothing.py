@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.demo_process import run_demo
 
-# the demo's measured site ramps under smoothing: run alone (pyproject.toml, markers)
+# the demo's measured site ramps under smoothing: run apart from the other tests (pyproject.toml, markers)
 pytestmark = pytest.mark.realtime
 
 RAMP_LIMIT_W_PER_S = 20_000.0  # demo.toml's [site.grid]

@@ -26,7 +26,7 @@ from tests.support.controller_harness import (
 from tests.support.fleet_sites import small_site
 from tests.support.keys import key_files
 
-# the fleet's measured power rates and heartbeats on time: run alone (pyproject.toml, markers)
+# the fleet's measured power rates and heartbeats on time: run apart from the other tests (pyproject.toml, markers)
 pytestmark = pytest.mark.realtime
 
 FAILSAFE_AFTER_S = 1.5  # the simulated agents', as the controller harness's agents

@@ -96,7 +96,7 @@ from tests.support.brokers import Mosquitto, MqttProbe, Received
 from tests.support.controller_harness import run_powerd
 from tests.support.keys import key_files
 
-# reaction times and takeover deadlines of a tree of processes: run alone (pyproject.toml, markers)
+# reaction times and takeover deadlines of a tree of processes: run apart from the other tests (pyproject.toml, markers)
 pytestmark = pytest.mark.realtime
 
 GPUS_PER_ROW = 32

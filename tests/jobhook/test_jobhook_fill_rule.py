@@ -59,6 +59,18 @@ def request(profile: dict[str, float], share: float) -> FillRequest:
     return FillRequest(v=1, node=NODE, ts=0.0, seq=0, gpus=[gpu])
 
 
+def h100_working_at_475_w() -> tuple[ManualClock, FillFollower, dict[str, float]]:
+    """A follower of one H100 (700 W cap, 70 W/s each way, 1 s hysteresis) whose job works
+    at 475 W, on a manual clock."""
+    clock = ManualClock(100.0)
+    fill = FillFollower(
+        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
+    )
+    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
+    fill.take(NODE, request(profile, 475.0 / 700.0))
+    return clock, fill, profile
+
+
 def enter(fill: FillFollower, state: str) -> None:
     {
         "waiting": fill.waiting,
@@ -193,12 +205,7 @@ def test_a_long_wait_fills_back_up_before_compute_resumes():
 
 
 def test_fill_back_up_rises_only_where_it_must_or_after_a_checkpoint():
-    clock = ManualClock(100.0)
-    fill = FillFollower(
-        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
-    )
-    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
-    fill.take(NODE, request(profile, 475.0 / 700.0))
+    clock, fill, profile = h100_working_at_475_w()
     fill.waiting()
     clock.advance(0.5)  # a collective held whole: nothing to fill, the wait goes on
     assert fill.fill_back_up(timeout_s=0.0)
@@ -277,12 +284,7 @@ def test_an_announced_wait_is_back_where_compute_resumes_when_it_should_end():
     3 s, so compute resumes with nothing to fill first. Not announced, it has fallen to
     335 W by then and must fill back up. A wait that outlasts its announcement holds 475 W
     through another hysteresis, then falls again."""
-    clock = ManualClock(100.0)
-    fill = FillFollower(
-        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
-    )
-    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
-    fill.take(NODE, request(profile, 475.0 / 700.0))
+    clock, fill, profile = h100_working_at_475_w()
     fill.waiting(expected_s=3.0)
     seen = []
     for _ in range(6):
@@ -314,12 +316,7 @@ def test_a_wait_announced_after_another_is_back_at_the_later_end():
     """A 1.5 s collective, then at once a 3 s checkpoint (the job still waits): the target
     goes on as a wait that begins there, to the checkpoint's end: back at 475 W 4.5 s in,
     not fallen since 2.5 s as the collective's end would have it."""
-    clock = ManualClock(100.0)
-    fill = FillFollower(
-        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
-    )
-    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
-    fill.take(NODE, request(profile, 475.0 / 700.0))
+    clock, fill, _ = h100_working_at_475_w()
     fill.waiting(expected_s=1.5)
     clock.advance(1.5)
     fill.waiting(expected_s=3.0)  # a wait from here, to its own end

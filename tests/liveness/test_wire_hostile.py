@@ -38,7 +38,7 @@ from tests.support.controller_harness import (
 from tests.support.fleet_sites import small_site
 from tests.support.keys import key_files
 
-# heartbeat gaps and a start's time are measured: run alone (pyproject.toml, markers)
+# heartbeat gaps and a start's time are measured: run apart from the other tests (pyproject.toml, markers)
 pytestmark = pytest.mark.realtime
 
 TOPICS = Topics(CLUSTER)
