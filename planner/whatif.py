@@ -704,66 +704,43 @@ def grid_table(grid: dict[str, object], site_w: float) -> pd.DataFrame:
         ),
         (f"peak-to-peak, worst {window}", symbol, scaled(grid["peak_to_peak_max_w"]), None, None),
     ]
+    rows += [(what, unit, value, None, None) for what, unit, value in _grid_cost_rows(grid)]
+    return pd.DataFrame(rows, columns=["what", "unit", "value", "limit", "s_outside"])
+
+
+_LOST_WORK_ROWS = (  # (what, unit, grid_report's key): policies.grid_frontier's bounds
+    ("energy burnt over the least a causal floor burns", "ratio", "floor_ratio_to_causal"),
+    ("work lost to the grid (demand not served)", "kWh", "lost_work_kwh"),
+    ("least work lost within the ramp limits, burning as much", "kWh", "lost_least_kwh"),
+    ("work lost over the least at that energy", "ratio", "lost_ratio_to_bound"),
+    (
+        "least work lost keeping these floors, rising at the ramp limit",
+        "kWh",
+        "lost_at_floors_kwh",
+    ),
+    ("work lost over the least at these floors", "ratio", "lost_ratio_at_floors"),
+)
+
+
+def _grid_cost_rows(grid: dict[str, object]) -> list[tuple[str, str, object]]:
+    """``grid_table``'s rows of what smoothing costs: the floor energy, the least floors,
+    the work lost and its bounds (what, unit, value), where the report has them."""
+    rows: list[tuple[str, str, object]] = []
     if "floor_energy_kwh" in grid:
         if grid["floor_source"] == "burnt by smoothing":
             floor = "floors and ramp-downs (smoothing, burnt)"
         else:
             floor = f"floor at {grid['floor_fraction']:g} of the recent peak (if held)"
-        rows.append((f"energy holding the {floor}", "kWh", grid["floor_energy_kwh"], None, None))
-        rows.append(
-            (
-                f"energy holding the {floor}",
-                "share of jobs' energy",
-                grid["floor_energy_share_of_jobs"],
-                None,
-                None,
-            )
-        )
+        rows.append((f"energy holding the {floor}", "kWh", grid["floor_energy_kwh"]))
+        share = grid["floor_energy_share_of_jobs"]
+        rows.append((f"energy holding the {floor}", "share of jobs' energy", share))
     for key, what in (
         ("least", "energy the least floor within the ramp limits burns"),
         ("ready", "energy the least floor that cannot know when waits end burns"),
     ):
         if f"floor_{key}_kwh" in grid:  # no floor (that knows so much) meets the limits for less
-            rows.append((what, "kWh", grid[f"floor_{key}_kwh"], None, None))
-            share = grid[f"floor_{key}_share_of_jobs"]
-            rows.append((what, "share of jobs' energy", share, None, None))
-    if "lost_work_kwh" in grid:  # policies.grid_frontier
-        rows += [
-            (
-                "energy burnt over the least a causal floor burns",
-                "ratio",
-                grid["floor_ratio_to_causal"],
-                None,
-                None,
-            ),
-            ("work lost to the grid (demand not served)", "kWh", grid["lost_work_kwh"], None, None),
-            (
-                "least work lost within the ramp limits, burning as much",
-                "kWh",
-                grid["lost_least_kwh"],
-                None,
-                None,
-            ),
-            (
-                "work lost over the least at that energy",
-                "ratio",
-                grid["lost_ratio_to_bound"],
-                None,
-                None,
-            ),
-            (
-                "least work lost keeping these floors, rising at the ramp limit",
-                "kWh",
-                grid["lost_at_floors_kwh"],
-                None,
-                None,
-            ),
-            (
-                "work lost over the least at these floors",
-                "ratio",
-                grid["lost_ratio_at_floors"],
-                None,
-                None,
-            ),
-        ]
-    return pd.DataFrame(rows, columns=["what", "unit", "value", "limit", "s_outside"])
+            rows.append((what, "kWh", grid[f"floor_{key}_kwh"]))
+            rows.append((what, "share of jobs' energy", grid[f"floor_{key}_share_of_jobs"]))
+    if "lost_work_kwh" in grid:
+        rows += [(what, unit, grid[key]) for what, unit, key in _LOST_WORK_ROWS]
+    return rows

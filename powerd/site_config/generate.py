@@ -102,118 +102,150 @@ def generate_site(options: SiteOptions) -> GeneratedSite:
             f"the kept broker certificate does not name {', '.join(sorted(missing))}: remove "
             f"{store.root}/broker.pem and broker.key and run again to issue a new one"
         )
-    ctl_key, ctl_pub = store.key_pair("controller")
-    op_key, op_pub = store.key_pair("operator")
-    coord_keys = store.key_pair("coordinator") if tree else None
-    logins = [*SERVICE_LOGINS, *topology.servers]
-    passwords = store.passwords(logins)
-
+    passwords = store.passwords([*SERVICE_LOGINS, *topology.servers])
     _broker(options, out, ca_pem, broker_pem, broker_key, passwords)
-    url = f"mqtts://{options.broker_hosts[0]}:{options.broker_port}"
+    site = _SiteFiles(
+        options,
+        out,
+        ca_pem,
+        passwords,
+        f"mqtts://{options.broker_hosts[0]}:{options.broker_port}",
+        store.key_pair("controller"),
+        store.key_pair("operator"),
+        store.key_pair("coordinator") if tree else None,
+    )
+    site.nodes(topology)
+    site.controllers()
+    site.coordinator()
+    site.operator_and_jobs()
+    _prometheus(options, out, topology, result)
+    _grafana(options, out, result)
+    write_file(out / "INSTALL.txt", _install(options, topology, site.url))
+    result.kept, result.made = store.kept, store.made
+    return result
 
-    def login(folder: Path, user: str) -> text.BrokerLogin:
-        etc = str(folder) if options.in_place else ETC
-        write_file(folder / "mqtt-password", passwords[user] + "\n", SECRET)
-        write_file(folder / "ca.pem", ca_pem)
-        return text.BrokerLogin(url, user, f"{etc}/mqtt-password", f"{etc}/ca.pem")
 
-    def etc(folder: Path) -> str:
-        return str(folder) if options.in_place else ETC
+@dataclass(frozen=True)
+class _SiteFiles:
+    """What every host's folder is written from: the CA, the logins' passwords, the
+    broker's URL and the signing keys (each a private key and its public key's path)."""
 
-    rows = _row_of(topology)
-    for k, node in enumerate(topology.servers):
-        folder = out / "nodes" / node
-        broker = login(folder, node)
-        write_file(
-            folder / "agent.toml",
-            text.agent_toml(
-                node,
-                options.cluster,
-                float(topology.server_failsafe_cap_w[k]),
-                broker,
-                f"0.0.0.0:{options.agent_metrics_port}",
-                rows[k] if tree else None,
-            ),
-        )
-        shutil.copyfile(ctl_pub, folder / "controller.pub")
-        write_file(
-            folder / "powerd-agent.service",
-            render_agent_unit(options.exec_path, f"{etc(folder)}/agent.toml"),
-        )
+    options: SiteOptions
+    out: Path
+    ca_pem: bytes
+    passwords: dict[str, str]
+    url: str
+    controller_keys: tuple[Path, Path]
+    operator_keys: tuple[Path, Path]
+    coordinator_keys: tuple[Path, Path] | None
 
-    recorder_url, token_file = _recorder(options)
-    for host in options.controllers:
-        folder = out / "controllers" / host
-        broker = login(folder, "powerd-controller")
-        write_file(
-            folder / "controller.toml",
-            text.controller_toml(
-                short_name(host),
-                options.cluster,
-                broker,
-                recorder_url,
-                f"{etc(folder)}/influx-token" if token_file else None,
-                f"0.0.0.0:{options.controller_metrics_port}",
-                tree,
-            ),
-        )
-        write_file(folder / "controller.key", ctl_key.read_bytes(), SECRET)
-        shutil.copyfile(ctl_pub, folder / "controller.pub")
-        shutil.copyfile(op_pub, folder / "operator.pub")
-        if coord_keys is not None:
-            shutil.copyfile(coord_keys[1], folder / "coordinator.pub")
-        shutil.copyfile(options.budgets, folder / "budgets.toml")
-        unit = render_controller_unit(
-            options.exec_path,
-            f"{etc(folder)}/controller.toml",
-            f"{etc(folder)}/budgets.toml",
-            f"{etc(folder)}/controller.key",
-            scoped=tree,
-        )
-        name = "powerd-controller@.service" if tree else "powerd-controller.service"
-        write_file(folder / name, unit)
+    def login(self, folder: Path, user: str) -> text.BrokerLogin:
+        """``user``'s password file and the CA in ``folder``; the login that names them."""
+        write_file(folder / "mqtt-password", self.passwords[user] + "\n", SECRET)
+        write_file(folder / "ca.pem", self.ca_pem)
+        etc = self.etc(folder)
+        return text.BrokerLogin(self.url, user, f"{etc}/mqtt-password", f"{etc}/ca.pem")
 
-    if options.coordinator is not None and coord_keys is not None:
-        folder = out / "coordinator" / options.coordinator
-        broker = login(folder, "powerd-coordinator")
+    def etc(self, folder: Path) -> str:
+        """Where ``folder``'s files are read from on its host."""
+        return str(folder) if self.options.in_place else ETC
+
+    def nodes(self, topology: Topology) -> None:
+        options, tree = self.options, self.coordinator_keys is not None
+        rows = _row_of(topology)
+        for k, node in enumerate(topology.servers):
+            folder = self.out / "nodes" / node
+            broker = self.login(folder, node)
+            write_file(
+                folder / "agent.toml",
+                text.agent_toml(
+                    node,
+                    options.cluster,
+                    float(topology.server_failsafe_cap_w[k]),
+                    broker,
+                    f"0.0.0.0:{options.agent_metrics_port}",
+                    rows[k] if tree else None,
+                ),
+            )
+            shutil.copyfile(self.controller_keys[1], folder / "controller.pub")
+            write_file(
+                folder / "powerd-agent.service",
+                render_agent_unit(options.exec_path, f"{self.etc(folder)}/agent.toml"),
+            )
+
+    def controllers(self) -> None:
+        options, tree = self.options, self.coordinator_keys is not None
+        recorder_url, token_file = _recorder(options)
+        for host in options.controllers:
+            folder = self.out / "controllers" / host
+            etc = self.etc(folder)
+            write_file(
+                folder / "controller.toml",
+                text.controller_toml(
+                    short_name(host),
+                    options.cluster,
+                    self.login(folder, "powerd-controller"),
+                    recorder_url,
+                    f"{etc}/influx-token" if token_file else None,
+                    f"0.0.0.0:{options.controller_metrics_port}",
+                    tree,
+                ),
+            )
+            write_file(folder / "controller.key", self.controller_keys[0].read_bytes(), SECRET)
+            shutil.copyfile(self.controller_keys[1], folder / "controller.pub")
+            shutil.copyfile(self.operator_keys[1], folder / "operator.pub")
+            if self.coordinator_keys is not None:
+                shutil.copyfile(self.coordinator_keys[1], folder / "coordinator.pub")
+            shutil.copyfile(options.budgets, folder / "budgets.toml")
+            unit = render_controller_unit(
+                options.exec_path,
+                f"{etc}/controller.toml",
+                f"{etc}/budgets.toml",
+                f"{etc}/controller.key",
+                scoped=tree,
+            )
+            name = "powerd-controller@.service" if tree else "powerd-controller.service"
+            write_file(folder / name, unit)
+
+    def coordinator(self) -> None:
+        options, keys = self.options, self.coordinator_keys
+        if options.coordinator is None or keys is None:
+            return
+        folder = self.out / "coordinator" / options.coordinator
+        etc = self.etc(folder)
         write_file(
             folder / "coordinator.toml",
             text.coordinator_toml(
                 short_name(options.coordinator),
                 options.cluster,
-                broker,
+                self.login(folder, "powerd-coordinator"),
                 f"0.0.0.0:{options.coordinator_metrics_port}",
             ),
         )
-        write_file(folder / "coordinator.key", coord_keys[0].read_bytes(), SECRET)
-        for pub in (ctl_pub, op_pub):
+        write_file(folder / "coordinator.key", keys[0].read_bytes(), SECRET)
+        for pub in (self.controller_keys[1], self.operator_keys[1]):
             shutil.copyfile(pub, folder / pub.name)
         shutil.copyfile(options.budgets, folder / "budgets.toml")
         write_file(
             folder / "powerd-coordinator.service",
             render_coordinator_unit(
                 options.exec_path,
-                f"{etc(folder)}/coordinator.toml",
-                f"{etc(folder)}/budgets.toml",
-                f"{etc(folder)}/coordinator.key",
+                f"{etc}/coordinator.toml",
+                f"{etc}/budgets.toml",
+                f"{etc}/coordinator.key",
             ),
         )
 
-    folder = out / "operator"
-    login(folder, "powerd-operator")
-    write_file(folder / "operator.key", op_key.read_bytes(), SECRET)
-    shutil.copyfile(ctl_pub, folder / "controller.pub")
-    if coord_keys is not None:
-        shutil.copyfile(coord_keys[1], folder / "coordinator.pub")
-    jobs = out / "jobs"
-    write_file(jobs / "fill-password", passwords["powerd-fill"] + "\n", 0o640)
-    write_file(jobs / "ca.pem", ca_pem)
-
-    _prometheus(options, out, topology, result)
-    _grafana(options, out, result)
-    write_file(out / "INSTALL.txt", _install(options, topology, url))
-    result.kept, result.made = store.kept, store.made
-    return result
+    def operator_and_jobs(self) -> None:
+        folder = self.out / "operator"
+        self.login(folder, "powerd-operator")
+        write_file(folder / "operator.key", self.operator_keys[0].read_bytes(), SECRET)
+        shutil.copyfile(self.controller_keys[1], folder / "controller.pub")
+        if self.coordinator_keys is not None:
+            shutil.copyfile(self.coordinator_keys[1], folder / "coordinator.pub")
+        jobs = self.out / "jobs"
+        write_file(jobs / "fill-password", self.passwords["powerd-fill"] + "\n", 0o640)
+        write_file(jobs / "ca.pem", self.ca_pem)
 
 
 def _ca(options: SiteOptions, store: SecretStore) -> tuple[bytes, bytes]:
