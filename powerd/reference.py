@@ -137,10 +137,12 @@ def config_table(role: str) -> str:
 
 
 def _commands(group: click.Command, path: str) -> Iterator[tuple[str, click.Command]]:
+    """Every command under ``group`` but the hidden ones (not for users: not in --help)."""
     yield path, group
     if isinstance(group, click.Group):
         for name in sorted(group.commands):
-            yield from _commands(group.commands[name], f"{path} {name}")
+            if not group.commands[name].hidden:
+                yield from _commands(group.commands[name], f"{path} {name}")
 
 
 def _one_line(text: str) -> str:
@@ -180,7 +182,10 @@ def cli_reference(program: str, target: str) -> str:
         raise ReferenceError(f"{target} is not a click command")
     lines: list[str] = []
     for path, command in _commands(group, program):
-        lines += _command_section(path, command)
+        section = _command_section(path, command)
+        # a subgroup with no options of its own is left out: its commands' headings name it
+        if command is group or not isinstance(command, click.Group) or len(section) > 3:
+            lines += section
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -17,7 +17,11 @@ _ROOT = click.option(
 )
 
 
-@click.group("reference", short_help="Print the config and CLI reference; check the docs' copies.")
+@click.group(
+    "reference",
+    short_help="Print the config and CLI reference; check the docs' copies.",
+    hidden=True,  # the maintainers' tool (docs/ARCHITECTURE.md), not in --help or REFERENCE.md
+)
 def group() -> None:
     """The reference tables the docs carry, rendered from the code: each role's config keys
     (from powerd/data/ROLE.example.toml) and every command and option of a click program.

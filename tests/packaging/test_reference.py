@@ -89,9 +89,15 @@ def test_every_command_and_option_is_in_the_cli_reference() -> None:
                 assert f"`{param.opts[0]}" in text or f", {param.opts[0]}" in text, param.opts
         if isinstance(command, click.Group):
             for name, sub in command.commands.items():
-                walk(sub, f"{path} {name}")
+                if sub.hidden:  # the maintainers' `powerd reference`: not for users
+                    assert f"#### `{path} {name}" not in text
+                else:
+                    walk(sub, f"{path} {name}")
 
     walk(powerd_main, "powerd")
+    # a subgroup with no options of its own gets no section: its commands' headings name it
+    assert "#### `powerd keys`\n" not in text and "#### `powerd keys generate" in text
+    assert "#### `powerd`\n" in text  # the program itself keeps its (--version)
 
 
 def test_a_block_is_rewritten_between_its_markers_and_nothing_else() -> None:
