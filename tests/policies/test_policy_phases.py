@@ -196,9 +196,10 @@ def test_gpus_after_a_long_wait_keep_their_rise_out_of_the_ramp(
     """A collective longer than the smoothing profile's hysteresis (1 s) has begun to fall,
     and its GPUs come back up on their own as compute resumes: at once by what they fell
     (``down × (wait - 1 s)``, at most a window's rise), or filling back up first under
-    `communication` when they fell further (docs/POWER_SMOOTHING.md, "What is not
-    guaranteed", before). Rule 4 keeps their ramp-up share (50 W/s) out of the ramp from
-    the hysteresis on, and the step's share of it for a window after compute resumed."""
+    `communication` when they fell further (policies/smoothing.py's docstring; the fill-up
+    rule: powerd/jobhook/fill.py). Rule 4 keeps their ramp-up share (50 W/s) out of the
+    ramp from the hysteresis on, and the step's share of it for a window after compute
+    resumed."""
     tree = with_ramp(uncapping_everywhere(uniform_tree(1, 1, 3, 4)), [0], 1000.0)
     state = make_state(tree, 400.0, 400.0)
     state.phase[8:] = phase
