@@ -31,6 +31,16 @@ PRIORITY_CODES = {name: len(PRIORITIES) - 1 - rank for rank, name in enumerate(P
 PHASE_CODES: dict[str, int] = {name: code for code, name in enumerate(PHASES)}
 
 
+def over_limit_by_level(
+    level: np.ndarray, power_w: np.ndarray, limit_w: np.ndarray
+) -> tuple[int, int, int]:
+    """How many sites, rows and racks (``level`` codes) draw more than their limit."""
+    over = np.asarray(power_w) > np.asarray(limit_w)
+    level = np.asarray(level)
+    site, row, rack = (int(np.count_nonzero(over & (level == code))) for code in (SITE, ROW, RACK))
+    return site, row, rack
+
+
 def phase_codes(phases: Iterable[str]) -> np.ndarray:
     """The codes of ``phases``, for ``in_codes``."""
     return np.array([PHASE_CODES[p] for p in phases], dtype=np.int8)

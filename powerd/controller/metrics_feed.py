@@ -4,7 +4,6 @@ at each scrape."""
 
 from __future__ import annotations
 
-from policies.tree import LEVEL_NAMES
 from powerd.controller.core import CycleResult
 from powerd.controller.service import ControllerService
 from powerd.metrics.controller import ControllerCycle, ControllerMetrics, level_index
@@ -47,7 +46,7 @@ class ControllerFeed:
         names = tree.names
         return ControllerCycle(
             nodes_by_mode=views.by_mode(now, service.config.stale_after_s),
-            level=tuple(LEVEL_NAMES[k] for k in tree.level[index].tolist()),
+            level=tree.level[index],
             name=tuple(names[i] for i in index.tolist()) if names else tuple(map(str, index)),
             power_w=result.decision.node_power_w[index],
             limit_w=tree.limit_w[index],

@@ -18,6 +18,7 @@ from typing import Literal
 
 import numpy as np
 
+from policies.tree import over_limit_by_level
 from powerd.mqtt.link import MqttLink
 from powerd.protocol import (
     PROTOCOL_VERSION,
@@ -50,8 +51,7 @@ def node_counts(by_mode: Mapping[str, int]) -> NodeCounts:
 def levels_over(level: np.ndarray, power_w: np.ndarray, limit_w: np.ndarray) -> LevelCounts:
     """Tree nodes (``level``: 0 site, 1 row, 2 rack, 3 server) whose measured power is
     over their limit, by level."""
-    over = np.asarray(power_w) > np.asarray(limit_w)
-    site, row, rack = (int(np.sum(over & (level == code))) for code in range(3))
+    site, row, rack = over_limit_by_level(level, power_w, limit_w)
     return LevelCounts(site=site, row=row, rack=rack)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from policies.tree import LEVEL_NAMES, SERVER
+from policies.tree import LEVEL_NAMES, SERVER, over_limit_by_level
 from powerd.metrics.readings import LeaderReading
 from powerd.vocabulary import STALE
 
@@ -29,7 +29,7 @@ class ControllerCycle:
     site, row and rack levels (``level_index``), in the tree's order."""
 
     nodes_by_mode: Mapping[str, int]  # MODES and STALE
-    level: tuple[str, ...]  # "site", "row" or "rack"
+    level: np.ndarray  # level codes: SITE, ROW or RACK (policies.tree)
     name: tuple[str, ...]
     power_w: np.ndarray
     limit_w: np.ndarray
@@ -146,17 +146,16 @@ def level_families(keys: list[str], values: list[str], cycle: ControllerCycle) -
         ("powerd_controller_level_budget_watts", "The capping threshold in force", cycle.budget_w),
     ):
         family = GaugeMetricFamily(metric, doc, labels=level_keys)
-        for level, name, value in zip(cycle.level, cycle.name, array.tolist(), strict=True):
-            family.add_metric([*values, level, name], value)
+        for code, name, value in zip(cycle.level.tolist(), cycle.name, array.tolist(), strict=True):
+            family.add_metric([*values, LEVEL_NAMES[code], name], value)
         families.append(family)
     over = GaugeMetricFamily(
         "powerd_controller_levels_over_limit",
         "Sites, rows or racks drawing more than their breaker limit",
         labels=[*keys, "level"],
     )
-    over_limit = cycle.power_w > cycle.limit_w
-    levels = np.array(cycle.level)
-    for level in LEVEL_NAMES[:SERVER]:
-        over.add_metric([*values, level], float(np.count_nonzero(over_limit & (levels == level))))
+    counts = over_limit_by_level(cycle.level, cycle.power_w, cycle.limit_w)
+    for level, count in zip(LEVEL_NAMES[:SERVER], counts, strict=True):
+        over.add_metric([*values, level], float(count))
     families.append(over)
     return families

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from policies.tree import RACK, ROW, SITE
 from powerd.agent.config import load_config
 from powerd.cli import main
 from powerd.configfile import ConfigError
@@ -66,7 +67,7 @@ def test_agent_series_from_its_reading():
 def controller_cycle() -> ControllerCycle:
     return ControllerCycle(
         nodes_by_mode={"controlled": 3, "failsafe": 1, "local": 0, "stale": 2},
-        level=("site", "row", "rack", "rack"),
+        level=np.array([SITE, ROW, RACK, RACK]),
         name=("lab", "r1", "k1", "k2"),
         power_w=np.array([9000.0, 9000.0, 6500.0, 2500.0]),
         limit_w=np.array([12500.0, 12500.0, 6200.0, 6200.0]),
