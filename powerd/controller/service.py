@@ -464,11 +464,10 @@ class ControllerService:
             self.core.count_rejected()
             self._log.warning("site-limit", now, "site limit refused: %s", exc)
             return
-        held = self.site_limits.limit
         why = self.site_limits.take(limit, now, self._wall(), live=live)
         self._count_clocks()
         if why is not None:
-            self.state_report.refuse(limit, why, held)
+            self.state_report.refuse(limit, why, self.site_limits.holds(limit))
             if self.leadership.leading:  # the operator's `powerd limit` waits for it
                 self._publish_state(self.control)
             self._log.warning("site-limit-order", now, "site limit ignored: %s", why)

@@ -200,10 +200,9 @@ class CoordinatorService:
                 self.lead.on_heartbeat(payload, live)
             elif kind == "site_limit":
                 limit = operator_limit(self.operators, topic, payload)
-                held = self.site_limits.limit
                 why = self.site_limits.take(limit, now, self._wall(), live=live)
                 if why is not None:
-                    self.state_report.refuse(limit, why, held)
+                    self.state_report.refuse(limit, why, self.site_limits.holds(limit))
                     self._log.warning("site-limit-order", now, "site limit ignored: %s", why)
                 else:
                     log.warning("site limit taken: %s", self.site_limits.limit)

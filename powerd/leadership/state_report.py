@@ -77,10 +77,10 @@ class StateReport:
         self._sent_at = -math.inf
         self._sent_epoch: int | None = None
 
-    def refuse(self, limit: SiteLimit, reason: str, held: SiteLimit | None) -> None:
+    def refuse(self, limit: SiteLimit, reason: str, held: bool) -> None:
         """Remember a trusted limit refused, unless it is the one held coming back (a
-        retained copy redelivered on a reconnect)."""
-        if held is not None and (held.ts, held.seq) == (limit.ts, limit.seq):
+        retained copy redelivered on a reconnect: ``held``, ``SiteLimits.holds``)."""
+        if held:
             return
         self.refused = RefusedLimit(ts=limit.ts, seq=limit.seq, reason=reason[:REASON_MAX_CHARS])
 

@@ -79,6 +79,11 @@ class SiteLimits:
         self.taken += 1
         return None
 
+    def holds(self, message: SiteLimit) -> bool:
+        """Whether ``message`` is the limit held (its retained copy, redelivered)."""
+        last = self.limit
+        return last is not None and (last.ts, last.seq) == (message.ts, message.seq)
+
     def _refusal(
         self, message: SiteLimit, now: float | None, wall: float | None, live: bool
     ) -> str | None:

@@ -53,8 +53,7 @@ class SiteLimitRecord:
         they hold, else None (our own record coming back is not counted as refused).
         ProtocolError when it is not a peer's."""
         record = self.peers.decode(SiteLimit, self.topic, payload)
-        held = limits.limit
-        if held is not None and (held.ts, held.seq) == (record.ts, record.seq):
+        if limits.holds(record):
             return None
         if limits.take(record, now, wall, live=False) is not None:
             return None

@@ -11,6 +11,7 @@ from powerd.cli.leader_states import Seen, verdict
 from powerd.cli.limit_wait import Outcome
 from powerd.leadership.state_report import StateReport, levels_over, node_counts
 from powerd.protocol import LeaderState, ProtocolError, SiteLimit, decode, encode
+from powerd.site_limits.limits import SiteLimits
 from tests.support.keys import SIGNER
 
 STATE = {
@@ -68,11 +69,15 @@ def test_a_refusal_of_the_limit_held_coming_back_is_not_remembered() -> None:
     """A retained copy of the held limit, redelivered on a reconnect, is refused as not
     newer: the state must not then say the operator's confirmed limit was refused."""
     held = SiteLimit(v=1, operator="o", seq=5, ts=10.0, limit_w=1e3, starts_ts=10, expires_ts=20)
+    limits = SiteLimits()
+    assert limits.take(held) is None
     report = StateReport("t", SIGNER, "controller", "ctl-a")
-    report.refuse(held, "not newer", held)
+    assert limits.take(held) is not None  # refused: not newer
+    report.refuse(held, "not newer", limits.holds(held))
     assert report.refused is None
     older = SiteLimit(v=1, operator="o", seq=4, ts=9.0, limit_w=1e3, starts_ts=9, expires_ts=20)
-    report.refuse(older, "not newer", held)
+    assert limits.take(older) is not None
+    report.refuse(older, "not newer", limits.holds(older))
     assert report.refused is not None and report.refused.seq == 4
 
 
