@@ -406,6 +406,19 @@ def _fill_power_w(t: np.ndarray, fill_j: np.ndarray) -> np.ndarray:
     return fill_w
 
 
+def _gpu_drawn_w(trace: RunRecord) -> np.ndarray | None:
+    """(n_samples, n_gpus): what each GPU drew less what smoothing burnt on it (its fill
+    power since the sample before); None without per-GPU samples."""
+    power = trace.gpu_power_w
+    if power is None or len(power) < 2:
+        return None
+    drawn: np.ndarray = np.asarray(power, dtype=float)
+    if trace.gpu_fill_energy_each_j is not None:
+        t = np.asarray(trace.t, dtype=float)
+        drawn = drawn - _fill_power_w(t, np.asarray(trace.gpu_fill_energy_each_j, float))
+    return drawn
+
+
 def _natural_site(trace: RunRecord, site_w: np.ndarray) -> np.ndarray | None:
     """The site's draw at each sample without what smoothing burnt (each sample less the
     fill power since the one before); None when it was off."""
@@ -422,13 +435,10 @@ def _resume_site(trace: RunRecord, natural_site_w: np.ndarray) -> np.ndarray | N
     ``WAITING_PHASES`` phase) to resume at once: ``natural_site_w`` plus each waiting GPU's
     shortfall from its own draw (no fill) at its last sample in a progress phase. On the
     regular steps the grid is measured at; None without per-GPU samples."""
-    power = trace.gpu_power_w
-    if power is None or len(power) < 2:
+    natural = _gpu_drawn_w(trace)
+    if natural is None:
         return None
     t = np.asarray(trace.t, dtype=float)
-    natural = np.asarray(power, dtype=float)
-    if trace.gpu_fill_energy_each_j is not None:
-        natural = natural - _fill_power_w(t, np.asarray(trace.gpu_fill_energy_each_j, float))
     working = _progress_mask(trace.gpu_phase)
     waiting = in_codes(np.asarray(trace.gpu_phase), phase_codes(WAITING_PHASES))
     levels = grid_measure.ResumeLevels(natural.shape[1])
@@ -444,13 +454,10 @@ def _grid_need(trace: RunRecord, drawn_site_w: np.ndarray) -> tuple[np.ndarray, 
     to fill back up (``rise_first_spans``), its compute demand (at its first sample after
     the wait) over what its wait drew meanwhile (the fill is burnt, not work). Budget
     capping stays in: its cost is not the grid's. None without per-GPU demand."""
-    demand, power = trace.gpu_demand_w, trace.gpu_power_w
-    if demand is None or power is None or len(demand) < 2:
+    demand, power = trace.gpu_demand_w, _gpu_drawn_w(trace)
+    if demand is None or power is None:
         return None
     demand, t = np.asarray(demand, float), np.asarray(trace.t, dtype=float)
-    power = np.asarray(power, float)  # what each drew without what smoothing burnt:
-    if trace.gpu_fill_energy_each_j is not None:
-        power = power - _fill_power_w(t, np.asarray(trace.gpu_fill_energy_each_j, float))
     capped = np.minimum(demand, np.asarray(trace.gpu_cap_w, float))
     # no ramp part: software smoothing holds no draw below its cap but to fill back up
     # (the spans below), and a sample's fill is the mean since the one before, so its
