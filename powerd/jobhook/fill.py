@@ -331,13 +331,9 @@ class FillFollower:
         with self._cond:
             now = self._clock()
             ends = None if ends_after_s is None else now + ends_after_s
-            if state == self._state:
-                if state == "waiting" and ends is not None:  # one wait after another (a
-                    for node, gpus in self._gpus.items():  # checkpoint after a collective):
-                        held = self._targets(node, now)  # on from where each GPU is,
-                        for index, g in gpus.items():  # as a wait that begins now
-                            g.held_w = held[index]
-                    self._since, self._ends = now, ends
+            # the same state again is nothing, but a wait announced during a wait (a
+            # checkpoint after a collective): a wait that begins now, from where each GPU is
+            if state == self._state and not (state == "waiting" and ends is not None):
                 return
             worked = self._state == "working" and not self._stale(now)
             for node, gpus in self._gpus.items():  # go on from where each GPU is: no jump up

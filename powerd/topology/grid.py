@@ -219,8 +219,8 @@ def _lost_work(
     ``need_w``): the bound at that energy. ``lost_ratio_to_bound``: the one over the
     other; ``floor_ratio_to_causal``: the floor energy burnt over ``floor_ready_kwh`` (the
     least a floor that cannot know when waits end burns). None where a bound is 0."""
-    need = grid_measure.as_series(need_w, "need_w")
-    gap_w = need - grid_measure.as_series(site_w)
+    need, drawn = grid_measure.as_series(need_w, "need_w"), grid_measure.as_series(site_w)
+    gap_w = need - drawn
     lost_j = float(np.maximum(gap_w, 0.0).sum()) * step_s if held_j is None else held_j
     burnt_j = (
         smoothing_j if smoothing_j is not None else float(np.maximum(-gap_w, 0.0).sum()) * step_s
@@ -231,7 +231,7 @@ def _lost_work(
     # the highest series meeting the limits under max(need, site): floors no higher than
     # these, every rise as fast as the limits allow (what "at its floors" means)
     ceiling = grid_frontier.least_ramp_ceiling(
-        np.maximum(need, grid_measure.as_series(site_w)),
+        np.maximum(need, drawn),
         step_s,
         spec.window_s,
         spec.ramp_up_w_per_s,
