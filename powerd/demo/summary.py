@@ -19,19 +19,16 @@ Definitions
   ``powerplan whatif`` uses; one definition of each metric, docs/BUDGETS.md
   "The grid spec"), which wants one series at a fixed step. The samples are
   put on a regular grid first (:func:`regular_series`: the median sample step
-  to the millisecond, each point holding the last sample taken before it, half
-  a step of slack for the sampler's jitter; regular samples come back
-  unchanged). The ramp is then ``(p[t] - p[t - w]) / (w dt)`` over ``w`` whole
-  steps: the largest rise (and fall) of site power over ``RAMP_WINDOW_S`` (1
-  s), in W/s. This replaced the demo's own ``peak_ramps`` (each sample against
-  the latest one at least 1 s older, over the time actually between them). The
-  two agree on exactly regular samples but not on the sampler's: ten steps are
-  a hair short of 1 s about half the time, so ``peak_ramps`` went back eleven
-  and divided by 1.1 s, understating ramps by up to 10 % (one 40 s run: -65.1
-  kW/s by it, -69.2 kW/s by ``policies.grid`` on the same samples). The shared
-  one is kept: the grid's definition, one definition. Its own error: where the
-  sampler slips (a sample more than half a step late), the points held around
-  the slip are up to a step apart from when they were measured. Beside it, the
+  to the millisecond, each point the samples around it interpolated linearly, as
+  a meter reading at that instant would see a draw that moves between them;
+  regular samples come back unchanged). The ramp is then ``(p[t] - p[t - w]) /
+  (w dt)`` over ``w`` whole steps: the largest rise (and fall) of site power
+  over ``RAMP_WINDOW_S`` (1 s), in W/s. Holding the last sample instead reads a
+  steady 18 kW/s fall as 20 kW/s wherever the sampler slips a step (a 1 s
+  window then spans 1.1 s of samples); interpolation's own error: a step of
+  power between two samples is spread over the time between them (under 0.15
+  s), so a window whose end falls inside that time sees part of it, and those
+  around it all of it. Beside it, the
   largest 1 s rise of the sum of the GPUs' caps, which is what the site's
   ``ramp_w_per_s`` limits (power itself jumps when a job leaves a wait under
   caps set while it waited). With a ``[site.grid]`` (``RunRecord.grid``) the
@@ -266,9 +263,9 @@ def sample_durations(t: np.ndarray) -> np.ndarray:
 
 def regular_series(t: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, float]:
     """``values`` sampled at ``t`` on a regular grid: (series, step), the step the median
-    sample step to the millisecond; the point at ``t[0] + k step`` holds the last sample
-    taken before ``t[0] + (k + 1/2) step`` (the sampler wakes a little late, never early).
-    Regular samples come back as they are; fewer than two give (``values``, 0)."""
+    sample step to the millisecond; the point at ``t[0] + k step`` interpolated linearly
+    between the samples around it (the module docstring says why). Regular samples come
+    back as they are; fewer than two give (``values``, 0)."""
     t = np.asarray(t, dtype=float)
     v = np.asarray(values, dtype=float)
     if len(t) < 2:
@@ -277,10 +274,9 @@ def regular_series(t: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, float
     step = round(median, 3) or median  # to the millisecond: the sampler's lateness is noise
     if not step > 0:
         return v.copy(), 0.0
-    n = math.floor((t[-1] - t[0]) / step + 0.5) + 1
-    at = t[0] + (np.arange(n) + 0.5) * step
-    idx = np.clip(np.searchsorted(t, at, side="left") - 1, 0, len(t) - 1)
-    return v[idx], step
+    n = math.floor((t[-1] - t[0]) / step + 1e-6) + 1
+    at = np.minimum(t[0] + np.arange(n) * step, t[-1])
+    return np.interp(at, t, v), step
 
 
 def _ramp(

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from policies import grid as grid_measure
 from policies.causes import CAPPING, STAGED
 from policies.tree import PHASE_CODES
 from powerd.demo.report import print_outcome
@@ -219,15 +220,28 @@ def _outcome(summary: Summary) -> list[str]:
 def test_jittered_samples_are_put_back_on_their_grid():
     t = np.arange(50) * DT + np.random.default_rng(0).uniform(0.0, 0.02, 50)
     t[0] = 0.0
-    v = np.arange(50.0)
+    v = 3.0 * t  # a draw moving steadily between its samples
     series, step = regular_series(t, v)
     assert step == pytest.approx(DT, abs=0.01)
-    np.testing.assert_array_equal(series, v)
-    # a sample 0.3 s late: the points before it hold the one before
-    t2 = np.array([0.0, 0.1, 0.2, 0.5, 0.6])
-    series, step = regular_series(t2, np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
-    assert step == pytest.approx(0.1)
-    np.testing.assert_array_equal(series, [1, 2, 3, 3, 3, 4, 5])
+    np.testing.assert_allclose(series, 3.0 * step * np.arange(len(series)))
+    # regular samples come back as they are
+    series, _ = regular_series(np.arange(5) * 0.1, np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+    np.testing.assert_allclose(series, [1, 2, 3, 4, 5])
+
+
+def test_a_steady_fall_reads_its_own_rate_where_the_sampler_slips():
+    """18 kW/s down, sampled every 0.1 s but up to 0.04 s late, a tenth of them 0.04 s
+    more: holding the last sample read this as 15.9 to 20.0 kW/s (a 1 s window spanning
+    0.9 to 1.1 s of samples); on the interpolated grid every window reads 18 kW/s."""
+    rng = np.random.default_rng(3)
+    t = 0.1 * np.arange(200) + rng.uniform(0.0, 0.04, 200)
+    t[rng.choice(200, 20)] += 0.04
+    t.sort()
+    site = 200e3 - 18e3 * t
+    series, step = regular_series(t, site)
+    rate = grid_measure.ramp_rates(series, step, 1.0)
+    assert -rate.max() == pytest.approx(18e3, rel=1e-6)
+    assert -rate.min() == pytest.approx(18e3, rel=1e-6)
 
 
 def test_a_trace_too_short_to_measure_says_so():
