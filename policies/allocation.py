@@ -85,13 +85,14 @@ made before its job resumes.
    much) are granted, class by class and max-min fair again, only within each node's limit
    less the caps in force, the GPUs being cut counted at their old caps: the watts a cut
    frees are raised on once it is acknowledged, the next cycle. At the site the raises are
-   also within ``ramp_w_per_s * dt_s`` (less, under grid smoothing, what GPUs rise by on
+   also within ``ramp_w_per_s * ramp_s`` (``ClusterState.ramp_seconds``: ``dt_s``, less
+   what the window's cycles before it had; less, under grid smoothing, what GPUs rise by on
    their own: ``policies.rules.own_rise_w_per_s``) plus the draw the cycle's cuts take
    off (the grid sees the site's draw: a GPU that asks draws a raise at once, while a cut
    of a lender's headroom moves none; a reallocation between racks or rows that moves draw
    moves none at the site; the rows' ramps are left to ``policies.capping``'s bands). While
    the site's caps are within its breaker, a cycle's cuts take off no more draw than
-   ``ramp_w_per_s * dt_s`` less what the cuts still in flight will
+   ``ramp_w_per_s * ramp_s`` less what the cuts still in flight will
    (``ClusterState.pending_cap_w``), spread over the GPUs cut: a limit gliding down, and a
    reallocation too (its cuts go a cycle before the raises they pay for, a dip the grid
    sees); headroom nobody draws goes at once, and under a node drawing over its limit, or
@@ -139,6 +140,7 @@ from policies.tree import (
     Tree,
     in_codes,
     phase_codes,
+    ramp_allowance_w,
 )
 
 # Phases whose GPUs do no work and lend their headroom at once.
@@ -320,7 +322,7 @@ def _make_before_break(
     rise = ctl & (target > cap + step)
     new = cap.copy()
     new[cut] = target[cut]
-    ramp_w = float(tree.ramp_w_per_s[SITE]) * dt_s
+    ramp_w = float(ramp_allowance_w(tree.ramp_w_per_s[SITE], state.ramp_seconds(dt_s)))
     # the breakers' invariant broken (a limit lowered, caps read back higher than counted):
     # its cuts go at once, whatever the grid's ramp; an operator's line and a grant
     # (Tree.root_caps_limit_w) glide

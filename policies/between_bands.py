@@ -41,7 +41,7 @@ may cut a GPU this cycle (``lowest``: its floor; ``cut_fall_w_per_s``).
    they are held) is at most what the donors' predicted power loses, so the
    levelling node's predicted power does not rise; and at most the room of
    every node between them and the levelling node (``cap_target_w``,
-   ``limit_w`` with every GPU at its cap, and ``ramp_w_per_s * dt_s``, which
+   ``limit_w`` with every GPU at its cap, and ``ramp_w_per_s * ramp_s``, which
    rule 4 then has that much less of). A GPU moves at most once a cycle: one
    levelled does not ask in rule 4 that cycle. Why:
    capping water-fills from the top and uncapping hands back in proportion
@@ -69,7 +69,7 @@ from policies.rules import (
 )
 from policies.settings import PolicySettings
 from policies.take import cut
-from policies.tree import HIGH, LOW, SERVER, ClusterState, Tree
+from policies.tree import HIGH, LOW, SERVER, ClusterState, Tree, ramp_allowance_w
 
 # Rules 3b and 3c move watts under a node between its bands only while the power it counts
 # for GPUs it did not hear (silent, offline or implausible: at the caps they may hold) is at
@@ -100,7 +100,7 @@ def move_between_bands(
     pred: np.ndarray,
     lowest: np.ndarray,
     pressed: np.ndarray,
-    dt_s: float,
+    ramp_s: float,
     settings: PolicySettings,
 ) -> BetweenBands:
     """Rules 3b then 3c, in place on ``s.cap``, ``pred`` and ``node_pred``, for the GPUs
@@ -147,7 +147,7 @@ def move_between_bands(
             s.priority,
             s.ctl,
             pressed & ~shifted,
-            dt_s,
+            ramp_s,
             settings,
         )
     return BetweenBands(node_shift, shifted, levelled, level_rise)
@@ -252,7 +252,7 @@ def _level(
     priority: np.ndarray,
     ctl: np.ndarray,
     held: np.ndarray,
-    dt_s: float,
+    ramp_s: float,
     settings: PolicySettings,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rule 3c, in place on ``cap``, ``pred`` and ``node_pred``: bottom-up, under every node
@@ -305,7 +305,7 @@ def _level(
                 [
                     tree.cap_target_w - node_pred,
                     tree.limit_w - cap_sum,
-                    np.asarray(tree.ramp_w_per_s, dtype=float) * dt_s - np.maximum(risen, 0.0),
+                    ramp_allowance_w(tree.ramp_w_per_s, ramp_s) - np.maximum(risen, 0.0),
                 ]
             )
             room = np.nan_to_num(np.maximum(room, 0.0), nan=0.0)

@@ -139,7 +139,16 @@ def decide(
     cuts = _cap_bottom_up(tree, state, s, node_power, capping, pressed, waiting, dt_s, settings)
     pressed &= cuts.levels == 0  # cut this cycle: held by a node over its threshold
     moved = move_between_bands(  # 3b. and 3c.
-        tree, state, s, node_power, cuts.node_pred, cuts.pred, cuts.lowest, pressed, dt_s, settings
+        tree,
+        state,
+        s,
+        node_power,
+        cuts.node_pred,
+        cuts.pred,
+        cuts.lowest,
+        pressed,
+        state.ramp_seconds(dt_s),
+        settings,
     )
     quiet = waiting | moved.shifted | moved.levelled
     uncap(  # 4.
@@ -153,7 +162,7 @@ def decide(
         staged,
         quiet,
         moved.level_rise_w,
-        dt_s,
+        state.ramp_seconds(dt_s),
         settings,
     )
     return _decision(tree, s, node_power, capping, cuts, moved, dt_s, settings)  # 5. and 6.

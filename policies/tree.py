@@ -333,3 +333,20 @@ class ClusterState:
     # by caps; the draw its pending cut will take off counts against the site's fall
     # (policies.allocation rule 4): the agent applies it whenever its ack comes back.
     pending_cap_w: np.ndarray | None = None
+    # Seconds of the ramp limits (``Tree.ramp_w_per_s``) this cycle may hand back: the time
+    # since the last cycle, less what the cycles before it within the ramp's window were
+    # given beyond a window's worth (``powerd.controller.ramp_window``). None: ``dt_s``.
+    ramp_s: float | None = None
+
+    def ramp_seconds(self, dt_s: float) -> float:
+        """The seconds of ramp this cycle hands back under (``ramp_s``, or ``dt_s``)."""
+        return dt_s if self.ramp_s is None else min(dt_s, self.ramp_s)
+
+
+def ramp_allowance_w(ramp_w_per_s: np.ndarray | float, seconds: float) -> np.ndarray:
+    """What ramp limits (W/s) let the sum of caps rise by in ``seconds``: inf where there is
+    no limit, even in no time (NaN, a bad tree, stays NaN)."""
+    ramp = np.asarray(ramp_w_per_s, dtype=float)
+    finite = np.isfinite(ramp)
+    allowed: np.ndarray = np.where(finite, np.where(finite, ramp, 0.0) * seconds, ramp)
+    return allowed

@@ -17,7 +17,7 @@ rule 3c levelled this cycle does not ask.
    its capping target and its limit a turn gets only its share, what its GPUs
    ask over what every GPU that could ask would ask for k cycles, so the first
    turns under a breaker do not take what the later ones' share). Every node grants at most
-   ``min(ramp_w_per_s * dt_s, cap_target_w - predicted)`` in total (0 if it
+   ``min(ramp_w_per_s * ramp_s, cap_target_w - predicted)`` in total (0 if it
    is not below its uncapping threshold; ``ramp_w_per_s`` less
    ``startup_rise_w_per_s`` for every controllable GPU in a staged phase under
    it, which rises on its own under software grid smoothing: a start fills up
@@ -83,7 +83,18 @@ from policies.rules import (
     ratio,
 )
 from policies.settings import PolicySettings
-from policies.tree import HIGH, LOW, RACK, ROW, SERVER, SITE, ClusterState, Tree, in_codes
+from policies.tree import (
+    HIGH,
+    LOW,
+    RACK,
+    ROW,
+    SERVER,
+    SITE,
+    ClusterState,
+    Tree,
+    in_codes,
+    ramp_allowance_w,
+)
 
 
 def may_ask_to_uncap(tree: Tree, state: ClusterState) -> np.ndarray:
@@ -108,7 +119,7 @@ def uncap(
     staged: np.ndarray,
     quiet: np.ndarray,
     level_rise_w: np.ndarray,
-    dt_s: float,
+    ramp_s: float,
     settings: PolicySettings,
 ) -> None:
     """Rule 4, in place on ``s.cap``. ``pressed``: the GPUs held at their caps (rule 3b's
@@ -131,7 +142,7 @@ def uncap(
         cap_room = cap_room * _turn_share(tree, s, i, request, everyone, cycles, settings)
     ramp = np.asarray(tree.ramp_w_per_s, dtype=float)
     ramp = np.maximum(ramp - own_rise_w_per_s(tree, state, s.phase, s.ctl, staged, settings), 0)
-    budget = np.minimum(ramp * dt_s - level_rise_w, cap_room)
+    budget = np.minimum(ramp_allowance_w(ramp, ramp_s) - level_rise_w, cap_room)
     budget = np.where(room & (budget > NEGLIGIBLE_W), budget, 0.0)  # NaN (bad tree): none
     _grant_by_class(tree, s, i, request, budget, pressed)
 

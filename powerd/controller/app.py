@@ -55,6 +55,8 @@ def build_service(
     (``scoped``: BudgetError if the scope or the rows' budgets do not fit the file)."""
     scope = config.parsed_scope()
     settings = config.settings()
+    if topology.grid is not None:
+        settings = dataclasses.replace(settings, ramp_window_s=float(topology.grid.window_s))
     if config.grid_smoothing:  # the share of the whole site's GPUs, before any scope
         settings = dataclasses.replace(settings, smoothing=grid_smoothing(topology))
     leaf = None

@@ -62,6 +62,7 @@ from powerd.controller.node_views import (
     NodeViews,
 )
 from powerd.controller.phase_inference import CAP_BOUND_FRACTION, INFERRED_FROM, PowerHistory
+from powerd.controller.ramp_window import RampWindow
 from powerd.controller.settings import ControllerSettings
 from powerd.protocol import (
     Ack,
@@ -209,6 +210,7 @@ class ControllerCore:
         self.rejected_total = 0
         self.last_dt_s = settings.cycle_s
         self._last_cycle_mono: float | None = None
+        self.ramp_window = RampWindow(settings.ramp_window_s)  # each cycle's seconds of ramp
         self._ingest_health = IngestHealth()  # judged over seconds, not one cycle
 
     @property
@@ -228,6 +230,8 @@ class ControllerCore:
     @settings.setter
     def settings(self, settings: ControllerSettings) -> None:
         self._settings = self.views.settings = self.registry.settings = settings
+        if settings.ramp_window_s != self.ramp_window.window_s:
+            self.ramp_window = RampWindow(settings.ramp_window_s)
         self.history.settings = self.planner.settings = self.grants.settings = settings
 
     # --- inputs ----------------------------------------------------------------
@@ -311,6 +315,7 @@ class ControllerCore:
             self.history.remember(now, heard, self.views)
             self.history.infer(now, self.registry)
         state, live = self.cluster_state(now, counters, heard)
+        state.ramp_s = self.ramp_window.take(now, dt_s)
         self._check_node_clocks(now, live)
         wanting = live.copy()  # the nodes that may take turns, as heard (returning ones too)
         self.planner.track_holdings(now, live, counters)

@@ -15,6 +15,10 @@ from powerd.vocabulary import PRIORITIES
 @dataclass(frozen=True)
 class ControllerSettings:
     cycle_s: float = 1.0
+    # The window the site's ramp is measured over ([site.grid] window_s; 1 s without one):
+    # the raises of the cycles within any such window add up to at most its ramp × window
+    # (powerd.controller.ramp_window).
+    ramp_window_s: float = 1.0
     stale_after_s: float = 5.0
     ack_timeout_s: float = 3.0
     command_ttl_s: float = 30.0

@@ -1,0 +1,61 @@
+"""Each cycle's seconds of the site's ramp: no window of the ramp's length holds the grants
+of more than its own seconds, however the cycles bunch (powerd.controller.ramp_window)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerd.controller.ramp_window import RampWindow
+from tests.controller.test_controller_core import BUDGETS, FAILSAFE_W, make_bench
+
+
+def test_cycles_on_time_hand_back_their_own_seconds() -> None:
+    window = RampWindow(1.0)
+    assert [window.take(0.5 * k, 0.5) for k in range(1, 7)] == [0.5] * 6
+
+
+def test_a_late_cycle_then_an_early_one_share_one_window() -> None:
+    """The demo's start: a cycle 0.64 s late, then two 0.5 and 0.3 s after it. Each by the
+    time since the one before: 1.44 s of ramp within 0.8 s; now at most 1 s."""
+    window = RampWindow(1.0)
+    assert window.take(0.0, 0.5) == 0.5
+    assert window.take(0.64, 0.64) == 0.5  # the one 0.64 s before still counts
+    assert window.take(1.14, 0.5) == 0.5  # 0.0 has left the window
+    assert window.take(1.44, 0.3) == 0.0  # 0.64 and 1.14 have had the window's second
+    assert window.take(1.74, 0.3) == pytest.approx(0.3)  # 0.64 has left it
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.01, 1.5), min_size=1, max_size=40), st.floats(0.2, 3.0))
+def test_no_window_holds_more_than_its_seconds(gaps: list[float], window_s: float) -> None:
+    window = RampWindow(window_s)
+    times = np.cumsum(gaps)
+    given_s = np.array([window.take(float(t), gap) for t, gap in zip(times, gaps, strict=True)])
+    assert np.all(given_s <= np.array(gaps) + 1e-12) and np.all(given_s >= 0)
+    for t in times:  # every window (t - w, t] ending at a cycle
+        inside = (times > t - window_s) & (times <= t)
+        assert given_s[inside].sum() <= window_s + 1e-9
+
+
+def test_a_cycle_right_after_a_full_window_hands_back_nothing_at_the_site() -> None:
+    """Through the core: under a 1 kW/s site ramp, caps held low everywhere, a cycle a
+    second after the last hands back 1 kW; one 0.3 s after a cycle given that second and
+    the one 0.7 s before it nothing; a second after that, 1 kW again."""
+    text = BUDGETS.replace("budget_kw = 18\n", "budget_kw = 18\nramp_kw_per_s = 1\n", 1)
+    b = make_bench(text)
+    b.report_all(300.0, cap_w=FAILSAFE_W)
+    b.apply(b.cycle())
+    raised = []
+    for advance_s in (1.0, 0.3, 1.0):
+        b.core.cap_w[:] = b.core.commanded_cap_w[:] = 200.0  # held low: room everywhere
+        b.clock.advance(advance_s)
+        b.report_all(200.0, cap_w=200.0)
+        result = b.cycle()
+        raised.append(float(np.sum(result.decision.cap_w - 200.0)))
+        b.apply(result)
+    assert raised[0] == pytest.approx(1000.0, rel=0.01)
+    assert raised[1] == pytest.approx(0.0, abs=1.0)
+    assert raised[2] == pytest.approx(1000.0, rel=0.01)
