@@ -316,6 +316,8 @@ class TrainingJob:
             return
         started = self.clock()
         after_checkpoint = self.phase == "checkpoint"
+        if self.fill.fill_back_up(0.0, after_checkpoint):  # nothing to fill, or filled up
+            return
         if not await asyncio.to_thread(self.fill.fill_back_up, RISE_TIMEOUT_S, after_checkpoint):
             log.warning("%s: the fill did not rise in %g s", self.plan.name, RISE_TIMEOUT_S)
         ended = self.clock()

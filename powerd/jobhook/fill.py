@@ -27,34 +27,33 @@ change of state never raises a target at once): starting since ``t_s``, ``min(ca
 max(floor, H + ramp_up × (t - t_s)))``, so that the first step of compute does not jump
 from a starting GPU's draw to its cap; working, its floor; waiting since ``t_w``,
 ``max(floor, H - ramp_down × max(0, t - t_w - hysteresis))``, and, when the job said how
-long it expects to wait (``waiting(expected_s)``, ending at ``T``), at least ``R -
-ramp_up × (T - t)`` with ``R`` where compute will put it (below) but no higher than
-``H``: back there when the wait should end (past ``T``, ``R`` held through the
-hysteresis, then falling); stopping since ``t_e``, ``max(0, H - ramp_down × (t -
-t_e))``: no floor, and no hysteresis, which only guards against a wait ending at once (a
-job that stops will not resume, and only the job knows it). Compute that resumes steps
-each GPU at once from its target up to where compute puts it, ``min(cap, the draw last
-sampled at work)``, or the cap if that draw was held at the cap it had then
-(``resume_levels``): after a wait shorter than two hysteresis windows that is what its
-fall took within the last window, but after a long one (a checkpoint: its draw fell to
-the checkpoint's, and an H100's staged cap cannot go below 200 W) more than the GPU's
-share of one window's rise (``ramp_up × hysteresis``), which no cap can slow.
-``must_rise_first()`` says so, and the job then fills back up first, at the ramp-up rate
-(``starting()`` and ``wait_risen()``, both in ``fill_back_up()``), before it computes;
-after a checkpoint it always does. The
-controller counts a GPU in a staged phase (``startup``, ``checkpoint``) as rising on its
-own at its share (rule 4 of ``policies/capping.py``) until compute is announced, so a job
-that announces its checkpoint until it has filled back up shares the site's ramp with
-the caps handed back elsewhere, and a step at once after it would not; a collective
-longer than the hysteresis is counted the same way while it lasts, and its step for one
-window after. When no request
-has come for ``stale_after_s`` (the agent stopped, switched smoothing off or lost the
-broker), the follower lets the draw fall
-from where it was, after what is left of the hysteresis, at the last rate and
-without the floor, rather than fill for ever on an order nobody repeats. The callback,
-``on_fill(node, {gpu index: watts})``, is called at every sample, at every
-change of state, and every ``refresh_s`` while the job starts, waits or stops
-(the target moves with time, between the agent's samples too).
+long it expects to wait (``waiting(expected_s)``, ending at ``T``), at least ``min(R -
+ramp_up × (T - t), H + ramp_up × (t - t_w))`` with ``R`` where compute will put it
+(below) as it was when the wait began (a cap raised during the wait is no step up at
+once): back there when the wait should end, never rising faster than the ramp-up (past
+``T``, ``R`` held through the hysteresis, then falling); stopping since ``t_e``,
+``max(0, H - ramp_down × (t - t_e))``: no floor, and no hysteresis, which only guards
+against a wait ending at once (a job that stops will not resume, and only the job knows
+it). Compute that resumes steps each GPU at once from its target up to where compute
+puts it, ``min(cap, the draw last sampled at work)``, or the cap if that draw was held
+at the cap it had then (``resume_levels``): after a wait shorter than two hysteresis
+windows that is what its fall took within the last window, but after a long one (a
+checkpoint: its draw fell to the checkpoint's, and an H100's staged cap cannot go below
+200 W) more than the GPU's share of one window's rise (``ramp_up × hysteresis``), which
+no cap can slow. ``must_rise_first()`` says so, and the job then fills back up first, at
+the ramp-up rate (``starting()`` and ``wait_risen()``, both in ``fill_back_up()``),
+before it computes; after a checkpoint it always does. The controller counts a GPU in a
+staged phase (``startup``, ``checkpoint``) as rising on its own at its share (rule 4 of
+``policies/capping.py``) until compute is announced, so a job that announces its
+checkpoint until it has filled back up shares the site's ramp with the caps handed back
+elsewhere, and a step at once after it would not; a collective longer than the
+hysteresis is counted the same way while it lasts, and its step for one window after.
+When no request has come for ``stale_after_s`` (the agent stopped, switched smoothing
+off or lost the broker), the follower lets the draw fall from where it was, after what
+is left of the hysteresis, at the last rate and without the floor, rather than fill for
+ever on an order nobody repeats. The callback, ``on_fill(node, {gpu index: watts})``, is
+called at every sample, at every change of state, and every ``refresh_s`` while the job
+starts, waits or stops (the target moves with time, between the agent's samples too).
 
 Guarantees: it never raises into the training loop after construction (a bad
 message is counted and dropped; a callback that raises is logged); it only
@@ -108,6 +107,7 @@ class _Gpu:
         "hysteresis_s",
         "power_w",
         "rate_w_per_s",
+        "resume_at_start_w",
         "up_w_per_s",
         "worked_cap_w",
         "worked_w",
@@ -115,7 +115,7 @@ class _Gpu:
 
     def __init__(self) -> None:
         self.power_w = self.worked_w = self.held_w = self.floor_w = self.cap_w = 0.0
-        self.worked_cap_w = 0.0
+        self.worked_cap_w = self.resume_at_start_w = 0.0
         self.rate_w_per_s = self.up_w_per_s = self.hysteresis_s = 0.0
 
 
@@ -274,7 +274,19 @@ class FillFollower:
                 for index, g in gpus.items()
             )
 
-        return self._wait_until(risen, timeout_s)
+        def rising_for_s(now: float) -> float:
+            """How long the targets, rising at their rates, take to get there."""
+            return max(
+                (
+                    (_resume_w(g) - RISEN_WITHIN_W - self._targets(n, now)[index]) / g.up_w_per_s
+                    for n, gpus in self._gpus.items()
+                    for index, g in gpus.items()
+                    if g.up_w_per_s > 0
+                ),
+                default=0.0,
+            )
+
+        return self._wait_until(risen, timeout_s, rising_for_s)
 
     def wait_ramped(self, done_w: float, timeout_s: float) -> bool:
         """Wait until every GPU's target is at most ``done_w`` (its draw without the busy
@@ -286,10 +298,15 @@ class FillFollower:
 
         return self._wait_until(ramped, timeout_s)
 
-    def _wait_until(self, done: Callable[[float], bool], timeout_s: float) -> bool:
+    def _wait_until(
+        self,
+        done: Callable[[float], bool],
+        timeout_s: float,
+        due_in_s: Callable[[float], float] | None = None,
+    ) -> bool:
         """Until ``done(now)`` (called holding the lock), or False at the timeout: looked at
         again on every request and change of state, and every 0.1 s (targets move with
-        time, too)."""
+        time, too), or sooner when ``due_in_s(now)`` expects it done sooner."""
         deadline = self._clock() + timeout_s
         with self._cond:
             while True:
@@ -298,7 +315,8 @@ class FillFollower:
                     return True
                 if now >= deadline:
                     return False
-                self._cond.wait(min(deadline - now, 0.1))
+                pause_s = 0.1 if due_in_s is None else min(0.1, max(due_in_s(now), 0.001))
+                self._cond.wait(min(deadline - now, pause_s))
 
     def close(self) -> None:
         with self._cond:
@@ -340,6 +358,7 @@ class FillFollower:
                 held = self._targets(node, now)
                 for index, g in gpus.items():  # leaving work: its last draw sampled at work
                     g.held_w = g.worked_w if worked else held[index]
+                    g.resume_at_start_w = _resume_w(g)
                     if state == "starting":  # a target fallen below the GPU's own draw
                         g.held_w = max(g.held_w, g.power_w)  # rises from the draw
             self._state, self._since, self._ends = state, now, ends
@@ -381,14 +400,16 @@ class FillFollower:
         if state == "waiting":  # it may end at any moment: hold for the hysteresis first
             fallen = FillFollower._fallen(g, g.held_w, since + g.hysteresis_s, now)
             if ends is not None:  # and be back where compute puts it when it should end,
-                # up to where it stood (a cap raised meanwhile is no step up at once); past
-                # that, held there through the hysteresis
-                resume_w = min(_resume_w(g), g.held_w)
+                # as it was when the wait began (a cap raised meanwhile is no step up at
+                # once), never faster than the ramp-up from where it stood; past that, held
+                # there through the hysteresis
+                resume_w = min(_resume_w(g), g.resume_at_start_w)
                 if now <= ends:
                     planned_w = resume_w - g.up_w_per_s * (ends - now)
                 else:
                     planned_w = FillFollower._fallen(g, resume_w, ends + g.hysteresis_s, now)
-                fallen = max(fallen, planned_w)
+                climbed_w = g.held_w + g.up_w_per_s * max(0.0, now - since)
+                fallen = max(fallen, min(planned_w, climbed_w))
             return max(g.floor_w, fallen)
         return FillFollower._fallen(g, g.held_w, since, now)  # stopping: it will not resume
 

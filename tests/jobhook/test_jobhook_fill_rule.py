@@ -312,6 +312,28 @@ def test_an_announced_wait_is_back_where_compute_resumes_when_it_should_end():
     fill.close()
 
 
+def test_an_announced_wait_climbs_to_a_cap_handed_back_just_before_it():
+    """An H100 works held at its 560 W cap; the controller hands it 25 W more as its job's
+    3 s checkpoint begins, so the draw at work never shows it: compute will put it at 585
+    W. The plan brings it there by the checkpoint's end (climbing from 560 W, never faster
+    than 70 W/s), not to the 560 W it stood at, so compute resumes with nothing to fill
+    first; a 0.2 s wait announced from the same place climbs only what 0.2 s allows."""
+    for expected_s, end_w in ((3.0, 585.0), (0.2, 574.0)):
+        clock = ManualClock(100.0)
+        fill = FillFollower(
+            "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
+        )
+        profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
+        fill.take(NODE, request({**profile, "cap_w": 560.0}, 1.0))  # held at its cap
+        fill.take(NODE, request({**profile, "cap_w": 585.0}, 560.0 / 585.0))  # the raise
+        fill.waiting(expected_s=expected_s)
+        assert fill.targets(NODE)[0] == pytest.approx(560.0)  # no step up at once
+        clock.advance(expected_s)
+        assert fill.targets(NODE)[0] == pytest.approx(end_w)
+        assert fill.must_rise_first() is False
+        fill.close()
+
+
 def test_a_wait_announced_after_another_is_back_at_the_later_end():
     """A 1.5 s collective, then at once a 3 s checkpoint (the job still waits): the target
     goes on as a wait that begins there, to the checkpoint's end: back at 475 W 4.5 s in,
