@@ -710,6 +710,11 @@ def grid_table(grid: dict[str, object], site_w: float) -> pd.DataFrame:
 
 _LOST_WORK_ROWS = (  # (what, unit, grid_report's key): policies.grid_frontier's bounds
     ("energy burnt over the least a causal floor burns", "ratio", "floor_ratio_to_causal"),
+    (
+        "seconds that causal floor is outside the oscillation limit (it minds ramps only)",
+        "s",
+        "floor_ready_s_outside_oscillation",
+    ),
     ("work lost to the grid (demand not served)", "kWh", "lost_work_kwh"),
     ("least work lost within the ramp limits, burning as much", "kWh", "lost_least_kwh"),
     ("work lost over the least at that energy", "ratio", "lost_ratio_to_bound"),
@@ -742,5 +747,5 @@ def _grid_cost_rows(grid: dict[str, object]) -> list[tuple[str, str, object]]:
             rows.append((what, "kWh", grid[f"floor_{key}_kwh"]))
             rows.append((what, "share of jobs' energy", grid[f"floor_{key}_share_of_jobs"]))
     if "lost_work_kwh" in grid:
-        rows += [(what, unit, grid[key]) for what, unit, key in _LOST_WORK_ROWS]
+        rows += [(what, unit, grid.get(key)) for what, unit, key in _LOST_WORK_ROWS]
     return rows

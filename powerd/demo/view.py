@@ -430,6 +430,9 @@ def grid_bounds_line(g: dict[str, Any]) -> str:
         return "n/a" if ratio is None else f"{ratio:.2f}x"
 
     floor = f"floor {times(g['floor_ratio_to_causal'])} the causal bound"
+    bound_outside_s = g.get("floor_ready_s_outside_oscillation")
+    if bound_outside_s:
+        floor += f" (a ramps-only bound: outside the oscillation limit {bound_outside_s:.0f} s)"
     lost = f"lost {g['lost_work_kwh']:.3f} kWh of work"
     at_floors = g.get("lost_at_floors_kwh")
     if at_floors is not None:

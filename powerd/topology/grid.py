@@ -125,22 +125,26 @@ def grid_report(
     need_w: np.ndarray | None = None,
     lost_j: float | None = None,
 ) -> dict[str, Any]:
-    """A site's regular power series (one value every ``step_s``) measured as the grid sees
-    it (``policies.grid``), against ``spec`` when there is one: what ``powerplan whatif``
+    """A site's regular power series (one value every ``step_s``) measured as the grid sees it
+    (``policies.grid``), against ``spec`` when there is one: what ``powerplan whatif``
     and ``powerd demo`` report. NaN and inf become None (JSON); ``breaches`` names every
     limit broken ('ramp up 12.3 s', ...), empty without a spec; ``energy_j``: the jobs'
-    energy, what a floor's cost is a share of. ``smoothing_j``: the energy smoothing *burnt*
-    holding floors and ramp-downs (``policies.smoothing``); given, it is reported instead of
-    what holding the spec's floor on this series would burn (``floor_source`` says which).
-    ``demand_w``: what the site would draw with no floor held (default: ``site_w`` when
-    nothing was burnt); under a ramp limit, the least any floor must burn on it to meet the
-    limit is reported (``floor_least_*``, ``policies.grid.least_ramp_floor``). ``resume_w``:
-    what the site would draw were every waiting job to resume at once; given, the least a
-    floor that cannot know when waits end must burn is reported too (``floor_ready_*``,
-    ``policies.grid.least_ready_floor``). ``need_w``: what the site would draw with no grid
-    spec (its jobs' demand, uncapped); given, with a ramp limit, the work lost to the grid
-    and its bound are reported (``_lost_work``); ``lost_j``: the work the grid held back
-    counted GPU by GPU, when known (else the site's shortfall from ``need_w``)."""
+    energy, what a floor's cost is a share of. ``smoothing_j``: the energy smoothing
+    *burnt* holding floors and ramp-downs (``policies.smoothing``); given, it is
+    reported instead of what holding the spec's floor on this series would burn
+    (``floor_source`` says which). ``demand_w``: what the site would draw with no floor
+    held (default: ``site_w`` when nothing was burnt); under a ramp limit, the least any
+    floor must burn on it to meet the limit is reported (``floor_least_*``,
+    ``policies.grid.least_ramp_floor``). ``resume_w``: what the site would draw were
+    every waiting job to resume at once; given, the least a floor that cannot know when
+    waits end must burn is reported too (``floor_ready_*``,
+    ``policies.grid.least_ready_floor``), with the seconds that floor's own series is
+    outside the oscillation limit (``floor_ready_s_outside_oscillation``: the bound
+    minds the ramps alone; where it is outside, it is below what the whole spec allows).
+    ``need_w``: what the site would draw with no grid spec (its jobs' demand, uncapped);
+    given, with a ramp limit, the work lost to the grid and its bound are reported
+    (``_lost_work``); ``lost_j``: the work the grid held back counted GPU by GPU, when
+    known (else the site's shortfall from ``need_w``)."""
     g = spec or GridSpec()
     out: dict[str, Any] = {"spec": NO_GRID_SPEC if spec is None else spec.describe()}
     out["step_s"] = step_s
@@ -279,9 +283,20 @@ def _floor_costs(
                 demand_w, resume_w, step_s, spec.window_s, up, down
             )
             ready_cost = grid_measure.floor_cost(demand_w, ready, step_s, energy_j)
+            # the bound minds the ramps alone: where its own series breaks the oscillation
+            # limit, no schedule within the whole spec can burn as little
+            ready_osc = grid_measure.oscillation_stats(
+                ready,
+                step_s,
+                spec.oscillation_band_hz,
+                spec.oscillation_window_s,
+                spec.oscillation_max_share,
+                spec.oscillation_min_rms_w,
+            )
             out |= {
                 "floor_ready_kwh": ready_cost.energy_kwh,
                 "floor_ready_share_of_jobs": _finite(ready_cost.share_of_reference),
+                "floor_ready_s_outside_oscillation": ready_osc.s_over,
             }
     if smoothing_j is not None:
         share = smoothing_j / energy_j if energy_j else math.nan

@@ -202,7 +202,15 @@ def test_the_grid_table_is_in_the_sites_scale_and_json_keeps_watts():
     assert ramp["value"] == pytest.approx(grid["ramp_up_max_w_per_s"] / 1e3)
     assert ramp["limit"] == pytest.approx(20.0)  # ramp_up_kw_per_s = 20
     assert table.loc["peak-to-peak, worst 60 s", "unit"] == "kW"
-    assert set(table["unit"]) <= {"kW/s", "kW", "share", "kWh", "share of jobs' energy", "ratio"}
+    assert set(table["unit"]) <= {
+        "kW/s",
+        "kW",
+        "share",
+        "kWh",
+        "share of jobs' energy",
+        "ratio",
+        "s",
+    }
     lost = table.loc["work lost to the grid (demand not served)"]
     assert lost["unit"] == "kWh" and lost["value"] == grid["lost_work_kwh"]
     big = grid_table(grid, 150e6).set_index("what").loc["ramp up, max over 1 s"]

@@ -215,3 +215,34 @@ def test_the_report_gives_the_work_lost_to_the_grid_and_its_bound():
     assert plain["floor_ratio_to_causal"] is None
     # no ramp limit, no bound
     assert "lost_work_kwh" not in grid_report(site_w, 1.0, GridSpec(), 100.0, need_w=need_w)
+
+
+def test_the_report_says_where_the_causal_bound_breaks_the_oscillation_limit():
+    """A job waits 1.5 s of every 4.5 s (100 kW computing, 50 kW waiting) for 150 s under
+    the demo's spec (±20 kW/s over 1 s; ≤ 20 % of a 60 s window's variance in 0.1-20 Hz
+    once it passes 2 kW RMS). The least causal floor falls 20 kW in every wait: a 0.22 Hz
+    swing of some 9 kW RMS, outside the oscillation limit in every window, so that bound
+    is one no schedule within the whole spec meets. A site with no waits: 0 s."""
+    from powerd.topology.grid import grid_report
+
+    step_s = 0.1
+    t = np.arange(0.0, 150.0, step_s)
+    waiting = (t % 4.5) >= 3.0
+    demand_w = np.where(waiting, 50e3, 100e3)
+    resume_w = np.full_like(t, 100e3)
+    spec = GridSpec(
+        ramp_up_w_per_s=20e3,
+        ramp_down_w_per_s=20e3,
+        window_s=1.0,
+        oscillation_band_hz=(0.1, 20.0),
+        oscillation_max_share=0.2,
+        oscillation_window_s=60.0,
+        oscillation_min_rms_w=2e3,
+    )
+    held = grid_report(
+        resume_w, step_s, spec, 1e9, smoothing_j=1.0, demand_w=demand_w, resume_w=resume_w
+    )
+    assert held["s_outside_oscillation"] == 0.0  # holding every wait whole: no swing
+    assert held["floor_ready_s_outside_oscillation"] == pytest.approx(150.0, abs=0.1)
+    steady = grid_report(resume_w, step_s, spec, 1e9, demand_w=resume_w, resume_w=resume_w)
+    assert steady["floor_ready_s_outside_oscillation"] == 0.0
