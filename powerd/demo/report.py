@@ -77,8 +77,8 @@ def cap_ramp_breach_line(summary: Summary) -> str | None:
         return None
     return (
         f"the sum of caps rose +{rise / 1e3:.1f} kW/s over 1 s, above the site's "
-        f"{limit / 1e3:g} kW/s ramp limit (each cycle grants the limit times the time since "
-        "the last one, so a 1 s window can hold the grants of more than a second of cycles)"
+        f"{limit / 1e3:g} kW/s ramp limit (a staged job's caps stand a headroom over its draw "
+        "beyond the ramp: compute that begins under them takes it at once)"
     )
 
 
