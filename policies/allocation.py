@@ -348,6 +348,8 @@ def _make_before_break(
             drawn = np.minimum(power[cut], cap[cut])
             freed_w = float(np.sum(drawn - np.minimum(drawn, target[cut])))
             own_w = own_rise_w_per_s(tree, state, s.phase, ctl, r.staged, settings)[SITE] * dt_s
+            # and a staged GPU's headroom, which it draws at once when its compute begins
+            own_w += float(np.sum(np.where(r.staged, r.stage_cap - power, 0.0)))
             allowed_w = max(ramp_w - own_w, 0.0) + freed_w
             # a staged GPU's raise up to its stage cap is in own_w already (its headroom)
             allowed_w += float(np.sum(np.where(r.staged & rise, target - cap, 0.0)))

@@ -93,9 +93,8 @@ def stage_headroom_w(span_w: np.ndarray, dt_s: float, settings: PolicySettings) 
     dt_s``: what the GPU's fill rises by in two cycles (the draw the cap is set on is up to
     a cycle old, and the next cap lands a cycle later). With the headroom alone the cap,
     not the GPU's share of the ramp, paced a start: 25 W a 0.5 s cycle, 50 W/s a GPU
-    against its 70 W/s share in ``powerd demo --smoothing``. It is no step: the job fills
-    up to it before its compute begins (``FillFollower.fill_back_up``), so the controller
-    counts only the fill's own rise (``own_rise_w_per_s``)."""
+    against its 70 W/s share in ``powerd demo --smoothing``. The controller counts the
+    whole headroom as drawn at once (what a staged GPU whose compute begins takes)."""
     head: np.ndarray = settings.stage_headroom_fraction * np.asarray(span_w, dtype=float)
     if settings.startup_rise_w_per_s > 0:
         head = head + 2.0 * settings.startup_rise_w_per_s * dt_s

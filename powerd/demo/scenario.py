@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from policies.rules import STAGED_PHASES, WAITING_PHASES
+from policies.rules import WAITING_PHASES
 from powerd.gpu.simulated import SimulatedGpu
 from powerd.jobhook import FillFollower, PhaseReporter
 from powerd.topology import Topology
@@ -43,13 +43,6 @@ COME_BACK_S = 1.0  # compute a job needs after its checkpoint before it stops, o
 FILL_DONE_MARGIN_W = 10.0  # a GPU filled to within this of its idle power is done
 RAMP_DOWN_TIMEOUT_S = 30.0  # a job gives up filling down the ramp after this
 RISE_TIMEOUT_S = 30.0  # a job gives up filling back up after a long wait after this
-
-# A job's start is announced this long before its GPUs leave idle, as a scheduler's prolog
-# announces it before the job's processes load anything: the controller counts the start's
-# own rise (rule 4 of policies/capping.py) from a cycle before its first step.
-PROLOG_LEAD_S = 1.0
-# phases a job fills back up after, if it must, before it computes: waits and a start
-HELD_PHASES = (*WAITING_PHASES, "startup")
 
 log = logging.getLogger("powerd.demo")
 
@@ -271,15 +264,11 @@ class TrainingJob:
         plan, reporter = self.plan, self.reporter
         try:
             for at, phase in plan.timeline():
-                if phase == "startup":  # as a prolog would: before its processes draw
-                    await asyncio.sleep(max(0.0, self.t0 + at - PROLOG_LEAD_S - self.clock()))
-                    lead_s = max(0.0, self.t0 + at - self.clock())
-                    reporter.startup(nodes=plan.nodes, expected_s=lead_s + plan.startup_s)
                 await asyncio.sleep(max(0.0, self.t0 + at - self.clock()))
-                if self.phase in HELD_PHASES and phase not in (*HELD_PHASES, "shutdown"):
+                if self.phase in WAITING_PHASES and phase not in (*WAITING_PHASES, "shutdown"):
                     await self._rise_first()  # a job that stops does not fill back up
                 if phase == "startup":
-                    pass  # announced a prolog's lead before
+                    reporter.startup(nodes=plan.nodes, expected_s=plan.startup_s)
                 elif phase in WAITING_PHASES:
                     reporter.set_phase(phase, expected_s=self._expected_s(phase))
                 elif phase != "shutdown":
@@ -326,7 +315,7 @@ class TrainingJob:
         if self.fill is None:
             return
         started = self.clock()
-        after_checkpoint = self.phase in STAGED_PHASES
+        after_checkpoint = self.phase == "checkpoint"
         if self.fill.fill_back_up(0.0, after_checkpoint):  # nothing to fill, or filled up
             return
         if not await asyncio.to_thread(self.fill.fill_back_up, RISE_TIMEOUT_S, after_checkpoint):

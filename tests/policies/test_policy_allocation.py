@@ -334,9 +334,9 @@ def test_under_grid_smoothing_raises_leave_the_site_ramp_to_the_starts_rising_on
     smoothed = dataclasses.replace(CAPS, startup_rise_w_per_s=50.0)
     d = decide(tree, state, 1.0, smoothed)
     raised = float(np.sum(d.cap_w[:4] - 600.0))
-    # the ramp less the starts' own rise (50 W/s each); each start's cap stands a headroom
-    # over its draw (50 W and two cycles of its fill, 100 W; policies.rules.stage_headroom_w)
-    # that is no step: its job fills up to it before its compute begins (JOBHOOK.md)
+    # the ramp less the starts' own rise (50 W/s each) and the headroom each holds over its
+    # draw (50 W and two cycles of its fill, 100 W: it draws it at once when its compute
+    # begins; policies.rules.stage_headroom_w)
     h = CAPS.stage_headroom_fraction * 1000.0 + 2 * 50.0
     np.testing.assert_allclose(d.cap_w[4:], 250.0 + h)
-    assert raised == pytest.approx(1000.0 - 4 * 50.0)
+    assert raised == pytest.approx(1000.0 - 4 * 50.0 - 4 * h)
