@@ -92,10 +92,10 @@ made before its job resumes.
    of a lender's headroom moves none; a reallocation between racks or rows that moves draw
    moves none at the site; the rows' ramps are left to ``policies.capping``'s bands). While
    the site's caps are within its breaker, a cycle's cuts take off no more draw than
-   ``ramp_w_per_s * ramp_s`` less what the cuts still in flight will
-   (``ClusterState.pending_cap_w``), spread over the GPUs cut: a limit gliding down, and a
-   reallocation too (its cuts go a cycle before the raises they pay for, a dip the grid
-   sees); headroom nobody draws goes at once, and under a node drawing over its limit, or
+   ``ramp_w_per_s * dt_s`` (the window bounds raises only) less what the cuts still in
+   flight will (``ClusterState.pending_cap_w``), spread over the GPUs cut: a limit gliding
+   down, and a reallocation too (its cuts go a cycle before the raises they pay for, a dip
+   the grid sees); headroom nobody draws goes at once, and under a node drawing over its limit, or
    whose caps are over its breaker (a limit lowered, caps read back higher than counted:
    the guarantee before the grid), every watt. A cut in flight stands (a GPU kept at its
    cap in force is not raised back to it). While the site's caps are over what they may sum
@@ -322,14 +322,17 @@ def _make_before_break(
     rise = ctl & (target > cap + step)
     new = cap.copy()
     new[cut] = target[cut]
+    # raises within the window's seconds of ramp (ClusterState.ramp_seconds); cuts paced
+    # by the time since the last cycle (an early cycle after a full window still cuts)
     ramp_w = float(ramp_allowance_w(tree.ramp_w_per_s[SITE], state.ramp_seconds(dt_s)))
+    fall_w = float(ramp_allowance_w(tree.ramp_w_per_s[SITE], dt_s))
     # the breakers' invariant broken (a limit lowered, caps read back higher than counted):
     # its cuts go at once, whatever the grid's ramp; an operator's line and a grant
     # (Tree.root_caps_limit_w) glide
     breakers = tree.gpu_room_w + r.allowance_w
     broken = tree.node_sum(cap) > breakers + 1e-9
     within_breaker = not broken[SITE]
-    if within_breaker and np.isfinite(ramp_w):  # the site's draw falls no faster than its
+    if within_breaker and np.isfinite(fall_w):  # the site's draw falls no faster than its
         # ramp (a limit gliding down, a reallocation: a cut made before the raise it pays
         # for is a dip the grid sees), save under a node drawing above its limit or whose
         # caps are over its breaker; headroom nobody draws goes at once
@@ -338,7 +341,7 @@ def _make_before_break(
         fall = np.where(paced, np.maximum(drawn - target, 0.0), 0.0)
         total_w = float(fall.sum())
         landing_w = float(np.sum(np.where(ctl & ~r.passed, np.minimum(power, cap) - drawn, 0.0)))
-        budget_w = max(ramp_w - landing_w, 0.0)
+        budget_w = max(fall_w - landing_w, 0.0)
         if total_w > budget_w:
             new = np.where(fall > 0, np.maximum(target, drawn - fall * (budget_w / total_w)), new)
     if rise.any():

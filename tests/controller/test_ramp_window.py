@@ -3,13 +3,19 @@ of more than its own seconds, however the cycles bunch (powerd.controller.ramp_w
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies import decide
+from policies.tree import PHASE_CODES
 from powerd.controller.ramp_window import RampWindow
 from tests.controller.test_controller_core import BUDGETS, FAILSAFE_W, make_bench
+from tests.policies.test_policy_allocation import CAPS, one_rack
+from tests.support.policy_trees import make_state
 
 
 def test_cycles_on_time_hand_back_their_own_seconds() -> None:
@@ -59,3 +65,19 @@ def test_a_cycle_right_after_a_full_window_hands_back_nothing_at_the_site() -> N
     assert raised[0] == pytest.approx(1000.0, rel=0.01)
     assert raised[1] == pytest.approx(0.0, abs=1.0)
     assert raised[2] == pytest.approx(1000.0, rel=0.01)
+
+
+def test_a_cycle_with_no_seconds_of_ramp_left_raises_nothing_but_still_cuts() -> None:
+    """The window bounds raises only. Four GPUs at 500 W caps under a 100 W/s site ramp: a
+    cycle whose window is spent raises none; a root limit lowered under the caps (an
+    operator's line) is still cut towards at the ramp over the time since the last cycle,
+    100 W in 1 s, as with seconds to spare."""
+    tree = one_rack(4 * 1200.0)
+    ramp = np.full(tree.n_nodes, np.inf)
+    ramp[0] = 100.0
+    tree = dataclasses.replace(tree, ramp_w_per_s=ramp)
+    state = make_state(tree, power_w=500.0, cap_w=500.0, phase=PHASE_CODES["compute"])
+    state.ramp_s = 0.0
+    assert decide(tree, state, 1.0, CAPS).cap_w.sum() == pytest.approx(2000.0)
+    lowered = dataclasses.replace(tree, root_caps_limit_w=1800.0)
+    assert decide(lowered, state, 1.0, CAPS).cap_w.sum() == pytest.approx(2000.0 - 100.0)
