@@ -405,8 +405,11 @@ def site_limit_result(
     period = s.period_s
     rate = np.diff(power_w) / period  # W/s, ending at t[1:]
     before = power_w[(t >= sent_s - 5.0) & (t < sent_s)]
-    if not before.size:  # a fleet slow to start (a loaded machine): its first round, if it
-        # came before the controller's first cycle under the limit could have moved a cap
+    if not before.size:  # a fleet slowed down (a loaded machine): its last round before the
+        # limit, however old, else its first after it if that came within a period (before
+        # any cycle under the limit could have moved a cap)
+        before = power_w[t < sent_s][-1:]
+    if not before.size:
         before = power_w[(t >= sent_s) & (t < sent_s + period)][:1]
     before_w = float(before.mean()) if before.size else float("nan")
     ramp_down = math.inf if grid is None else float(grid.ramp_down_w_per_s)
