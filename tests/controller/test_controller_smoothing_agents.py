@@ -35,6 +35,8 @@ def gb200_budgets() -> str:
     return text
 
 
+@pytest.mark.realtime  # nothing resent: every ack within ack_timeout_s, which the
+# parallel stage's load broke once
 async def test_agents_hold_the_controllers_profile_and_keep_it_when_they_stop(mosquitto):
     topology = parse_budgets(gb200_budgets(), source="<gb200 budgets>")
     profile = grid_smoothing(topology)

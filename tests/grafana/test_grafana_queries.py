@@ -37,6 +37,11 @@ from tests.support.paths import REPO
 from tests.support.servers import running
 from tests.support.tsdb import InfluxDB1
 
+# realtime: the site ramp panel's test compares the controller's per-cycle ramp (its
+# monotonic cycle lengths) with the points' wall-clock times; under the parallel stage's
+# load they drift apart (one run: 13.5 against 10.1 kW/s)
+pytestmark = pytest.mark.realtime
+
 ROOT = REPO
 BUDGETS = ROOT / "powerd" / "data" / "budgets" / "demo.toml"
 DB = "powerd"

@@ -88,6 +88,8 @@ async def test_broker_not_running_then_started(tmp_path, reporters):
         broker.stop()
 
 
+@pytest.mark.realtime  # acks counted across a broker restart, a wall-clock sanity bound:
+# under the parallel stage's load one run counted 9 of 12 acks (flush had returned)
 async def test_broker_stopped_mid_run_then_restarted(mosquitto, reporters):
     reporter = make(reporters, mosquitto.url, queue_size=8)
     async with MqttProbe(mosquitto.port, [TOPIC]) as probe:
