@@ -44,15 +44,14 @@ def test_the_jobs_fill_their_waits_and_the_site_falls_slowly(smoothing_run):
     assert "smoothing burnt" in result.stdout
     # a checkpoint outlasts two 1 s windows: each job fills back up before it computes
     # (FillFollower.fill_back_up), but it announced how long it would last, so its GPUs
-    # were climbing back already (FillFollower.waiting(expected_s)): compute waited a
-    # fraction of the 3 s checkpoint, where it waited for the whole climb (one run: 4.9 s
-    # for one job, 7.3 s for both), and the summary says what it took
+    # were back where compute resumes, a cap handed back as it began included, by its end
+    # (FillFollower.waiting(expected_s)): compute waited 0-0.02 s a job on a quiet machine
+    # (before: 0.4-0.55 s; without the announced end, the whole climb: 4.9 s for one job),
+    # and under the realtime stage's load once 0.86 s; the summary says what it took
     waited = {name: job["rise_first_s"] for name, job in s["jobs"].items()}
-    assert all(0 < w < 3.0 for w in waited.values()), waited
-    assert sum(waited.values()) < 3.0, waited
+    assert all(0 <= w < 1.5 for w in waited.values()), waited
     spans = [span for job in s["jobs"].values() for span in job["rise_first_spans"]]
     assert sum(b - a for a, b in spans) == pytest.approx(sum(waited.values()), abs=0.05)
-    assert "compute waited" in result.stdout  # the table wraps what follows
-    # and that wait is work lost to the grid, against its bounds
-    assert g["lost_work_kwh"] > 0 and g["lost_at_floors_kwh"] >= 0
+    # what the grid held back, against its bounds (0-0.0014 kWh quiet; 0.014-0.022 before)
+    assert 0 <= g["lost_work_kwh"] < 0.05 and g["lost_at_floors_kwh"] >= 0
     assert g["floor_ratio_to_causal"] > 0
