@@ -230,15 +230,8 @@ def test_the_report_says_where_the_causal_bound_breaks_the_oscillation_limit():
     waiting = (t % 4.5) >= 3.0
     demand_w = np.where(waiting, 50e3, 100e3)
     resume_w = np.full_like(t, 100e3)
-    spec = GridSpec(
-        ramp_up_w_per_s=20e3,
-        ramp_down_w_per_s=20e3,
-        window_s=1.0,
-        oscillation_band_hz=(0.1, 20.0),
-        oscillation_max_share=0.2,
-        oscillation_window_s=60.0,
-        oscillation_min_rms_w=2e3,
-    )
+    spec = load_budgets(Path(str(resources.files("powerd.data") / "budgets/demo.toml"))).grid
+    assert spec is not None and spec.ramp_up_w_per_s == 20e3 and spec.oscillation_min_rms_w == 2e3
     held = grid_report(
         resume_w, step_s, spec, 1e9, smoothing_j=1.0, demand_w=demand_w, resume_w=resume_w
     )
