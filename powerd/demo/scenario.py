@@ -318,7 +318,9 @@ class TrainingJob:
         after_checkpoint = self.phase == "checkpoint"
         if self.fill.fill_back_up(0.0, after_checkpoint):  # nothing to fill, or filled up
             return
-        if not await asyncio.to_thread(self.fill.fill_back_up, RISE_TIMEOUT_S, after_checkpoint):
+        # it has started filling up (starting()): wait for it, not for fill_back_up again,
+        # which a job already starting would take as nothing to fill
+        if not await asyncio.to_thread(self.fill.wait_risen, RISE_TIMEOUT_S):
             log.warning("%s: the fill did not rise in %g s", self.plan.name, RISE_TIMEOUT_S)
         ended = self.clock()
         self.rise_first_s += ended - started
