@@ -265,26 +265,26 @@ class FillFollower:
         (``resume_levels``); False on timeout. True at once when no
         request came, and as soon as the requests go stale (nothing is smoothed)."""
 
+        def short_w(now: float) -> list[tuple[float, float]]:
+            """Each GPU's (W its target is short of where compute will put it, less the
+            RISEN_WITHIN_W allowed; its ramp-up W/s), each node's targets taken once."""
+            out = []
+            for n, gpus in self._gpus.items():
+                targets = self._targets(n, now)
+                out += [
+                    (_resume_w(g) - RISEN_WITHIN_W - targets[i], g.up_w_per_s)
+                    for i, g in gpus.items()
+                ]
+            return out
+
         def risen(now: float) -> bool:
             if self._last_request_s is None or self._stale(now):
                 return True
-            return all(
-                self._targets(n, now)[index] >= _resume_w(g) - RISEN_WITHIN_W
-                for n, gpus in self._gpus.items()
-                for index, g in gpus.items()
-            )
+            return all(gap_w <= 0 for gap_w, _ in short_w(now))
 
         def rising_for_s(now: float) -> float:
             """How long the targets, rising at their rates, take to get there."""
-            return max(
-                (
-                    (_resume_w(g) - RISEN_WITHIN_W - self._targets(n, now)[index]) / g.up_w_per_s
-                    for n, gpus in self._gpus.items()
-                    for index, g in gpus.items()
-                    if g.up_w_per_s > 0
-                ),
-                default=0.0,
-            )
+            return max((gap_w / up for gap_w, up in short_w(now) if up > 0), default=0.0)
 
         return self._wait_until(risen, timeout_s, rising_for_s)
 
