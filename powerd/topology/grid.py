@@ -81,6 +81,18 @@ class GridSpec:
         """Whether grid smoothing has anything to hold a GPU to: a ramp limit or a floor."""
         return self.limits_ramp or bool(self.floor_fraction)
 
+    def oscillation(self, power_w: np.ndarray, step_s: float) -> grid_measure.OscillationStats:
+        """``policies.grid.oscillation_stats`` of a series against this spec's band, window
+        and limits."""
+        return grid_measure.oscillation_stats(
+            power_w,
+            step_s,
+            self.oscillation_band_hz,
+            self.oscillation_window_s,
+            self.oscillation_max_share,
+            self.oscillation_min_rms_w,
+        )
+
     def describe(self) -> str:
         """One line: 'ramp +20 kW/s, -20 kW/s over 1 s; ≤ 20 % of variance in 0.1-20 Hz
         per 60 s; floor 80 % of the last 60 s's peak'."""
@@ -154,14 +166,7 @@ def grid_report(
     up = spec.ramp_up_w_per_s if spec is not None else math.inf
     down = spec.ramp_down_w_per_s if spec is not None else math.inf
     ramp = grid_measure.ramp_stats(site_w, step_s, g.window_s, up, down)
-    osc = grid_measure.oscillation_stats(
-        site_w,
-        step_s,
-        g.oscillation_band_hz,
-        g.oscillation_window_s,
-        g.oscillation_max_share,
-        g.oscillation_min_rms_w,
-    )
+    osc = g.oscillation(site_w, step_s)
     out |= {
         "measured": True,
         "ramp_window_s": ramp.window_s,
@@ -285,14 +290,7 @@ def _floor_costs(
             ready_cost = grid_measure.floor_cost(demand_w, ready, step_s, energy_j)
             # the bound minds the ramps alone: where its own series breaks the oscillation
             # limit, no schedule within the whole spec can burn as little
-            ready_osc = grid_measure.oscillation_stats(
-                ready,
-                step_s,
-                spec.oscillation_band_hz,
-                spec.oscillation_window_s,
-                spec.oscillation_max_share,
-                spec.oscillation_min_rms_w,
-            )
+            ready_osc = spec.oscillation(ready, step_s)
             out |= {
                 "floor_ready_kwh": ready_cost.energy_kwh,
                 "floor_ready_share_of_jobs": _finite(ready_cost.share_of_reference),
