@@ -192,7 +192,9 @@ class AgentCore:
     def on_heartbeat(self, payload: bytes, live: bool = True) -> None:
         """A controller heartbeat, delivered ``live`` or retained (on subscribe): a signed
         leader's refreshes liveness if live, current and fresh (rule 3a,
-        ``powerd.agent.following``)."""
+        ``powerd.agent.following``). Deadlines are checked first: a heartbeat read after
+        the agent itself stalled (suspended, starved) past them does not cover the gap."""
+        self.tick()
         now_mono, now_wall = self._monotonic(), self._wall()
         try:
             beat = self._open(Heartbeat, self._heartbeat_topic, payload)

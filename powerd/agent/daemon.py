@@ -269,6 +269,10 @@ class AgentDaemon:
             if not isinstance(payload, bytes | bytearray):
                 payload = b"" if payload is None else str(payload).encode()
             try:
+                # deadlines first, and failsafe said before the message: after a stall the
+                # backlog's heartbeats must not hide that this node was out of control
+                self.core.tick()
+                await self._publish_status_if_changed()
                 topic = message.topic.value
                 if topic == command_topic:
                     await self._on_command(client, bytes(payload))

@@ -388,6 +388,18 @@ def test_heartbeat_returning_makes_it_controlled_again(clock: ManualClock, node:
     assert core.counters.failsafe_entries == 2
 
 
+def test_a_heartbeat_read_after_a_stall_does_not_cover_it(clock: ManualClock, node: Node) -> None:
+    """The agent itself stalled past its deadline (suspended, starved), no tick ran, and the
+    first thing it reads is the backlog's heartbeat: failsafe first, then controlled."""
+    core, gpus = node
+    controlled_with_command(clock, core)
+    clock.advance(AFTER_S + 1)  # no tick: the process was stopped
+    core.on_heartbeat(heartbeat(clock))
+    assert core.counters.failsafe_entries == 1
+    assert settings_of(gpus) == FAILSAFE_STATE  # its caps came down on their own
+    assert core.mode == "controlled"  # and it follows the live leader again
+
+
 def test_failsafe_with_a_lost_gpu_still_protects_the_others(clock: ManualClock, node: Node) -> None:
     core, gpus = node
     controlled_with_command(clock, core)

@@ -10,7 +10,7 @@ import signal
 
 from powerd.protocol import Telemetry, decode
 from powerd.topology import parse_budgets
-from tests.agent.test_agent_process import NODE, start_agent
+from tests.agent.test_agent_process import NODE, start_agent, state_is
 from tests.support.agent_harness import TOPICS, probe
 from tests.support.controller_harness import (
     WAIT_S,
@@ -73,10 +73,9 @@ async def test_a_frozen_agent_is_counted_at_its_caps_then_falls_to_failsafe_alon
             frozen = ctl.cycles[frozen_from:]
             resume_mark = p.mark()
             agent.send_signal(signal.SIGCONT)
-            # on its own: failsafe first (its leader was silent to it for > 2 s) ...
-            await p.expect(
-                TOPICS.telemetry(NODE), lambda m: mode_of(m) == "failsafe", after=resume_mark
-            )
+            # on its own: failsafe first (its leader was silent to it for > 2 s), said on its
+            # status whether its sample loop or the backlog's first heartbeat runs first ...
+            await p.expect(TOPICS.status(NODE), state_is("failsafe"), after=resume_mark)
             # ... then the live leader again, and a fresh command applied
             back = await p.expect(
                 TOPICS.telemetry(NODE), lambda m: mode_of(m) == "controlled", after=resume_mark
