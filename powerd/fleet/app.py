@@ -24,9 +24,11 @@ def fleet_argv(
     budgets: Path, broker_url: str, cluster: str, report_json: Path, **options: object
 ) -> list[str]:
     """``python -m powerd fleet`` arguments (after the interpreter) for a scale test:
-    ``options`` are the command's long options (``period_s=0.5`` is ``--period-s 0.5``)."""
+    ``options`` are the command's long options (``period_s=0.5`` is ``--period-s 0.5``);
+    ``log_level`` is warning unless given (info adds the line saying the fleet runs)."""
+    log_level = str(options.pop("log_level", "warning"))
     argv = ["-m", "powerd", "fleet", "--budgets", str(budgets), "--broker", broker_url]
-    argv += ["--cluster", cluster, "--report-json", str(report_json), "--log-level", "warning"]
+    argv += ["--cluster", cluster, "--report-json", str(report_json), "--log-level", log_level]
     for name, value in options.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     return argv
