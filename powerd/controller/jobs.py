@@ -22,6 +22,7 @@ from policies.rules import WAITING_PHASES
 from policies.tree import PHASE_CODES, PRIORITY_CODES
 from powerd.controller.counters import CycleCounters, Reject
 from powerd.controller.job_limits import AnnouncementGate
+from powerd.controller.phase_log import PhaseLog
 from powerd.controller.settings import ControllerSettings
 from powerd.hostlist import MAX_HOSTS, SiteNames
 from powerd.protocol import PhaseEvent, ProtocolError, decode
@@ -86,6 +87,7 @@ class JobRegistry:
         self._monotonic = monotonic
         self._log = log_once
         self._reject = reject
+        self.phase_log = PhaseLog(log)  # each phase at DEBUG, a summary at INFO
         self.jobs: dict[str, Job] = {}
         self._owner_jobs: collections.Counter[str | None] = collections.Counter()
         self.gate = AnnouncementGate(settings.jobs)
@@ -122,6 +124,7 @@ class JobRegistry:
         except ProtocolError as exc:
             self._reject(job_name, exc, key=f"owner-{owner}")  # owners are few, names not
             return None
+        is_new = job is None
         if job is None:
             if named is None or not named:
                 self._ignore_jobless(job_name, owner, event, named is None)
@@ -137,12 +140,8 @@ class JobRegistry:
         if event.phase in WAITING_PHASES:
             job.announces_waits = True
         job.inferred_phase = None  # an announcement overrides an inference until the next cycle
-        log.info(
-            "job %s: %s (%d nodes, %s priority)",
-            job_name,
-            event.phase,
-            len(job.nodes),
-            job.priority,
+        self.phase_log.announced(
+            now, job_name, event.phase, len(job.nodes), job.priority, new=is_new
         )
         if event.phase == "shutdown" or not job.nodes:
             self._forget_job(job)
@@ -264,6 +263,7 @@ class JobRegistry:
 
     def expire(self, now: float, counters: CycleCounters) -> None:
         """Forget the jobs that have announced nothing for ``JobLimits.expiry_s``."""
+        self.phase_log.flush(now)
         expiry_s = self.settings.jobs.expiry_s
         for job in [j for j in self.jobs.values() if now - j.since_mono > expiry_s]:
             log.warning("job %s: nothing announced for %.0f s: forgotten", job.name, expiry_s)

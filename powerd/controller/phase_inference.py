@@ -6,8 +6,6 @@ the phase of each quiet job (``policies.infer_phases``) from its GPUs' history.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
 from policies import Tree, infer_phases
@@ -16,8 +14,6 @@ from powerd.controller.jobs import JobRegistry
 from powerd.controller.node_views import NodeViews
 from powerd.controller.settings import ControllerSettings
 from powerd.vocabulary import PHASES
-
-log = logging.getLogger("powerd.controller")
 
 CAP_BOUND_FRACTION = 0.9  # a capped GPU drawing this share of its cap is held by it
 # Announced phases under which a job that never announces its waits has them inferred.
@@ -83,7 +79,5 @@ class PowerHistory:
             if inferred == "compute":
                 inferred = None
             if inferred != job.inferred_phase:
-                log.info(
-                    "job %s: %s inferred from power", job.name, inferred or f"back to {job.phase}"
-                )
+                registry.phase_log.inferred(now, job.name, inferred or f"back to {job.phase}")
             job.inferred_phase = inferred
