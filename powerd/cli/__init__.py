@@ -20,6 +20,7 @@ from powerd.cli.dashboards import command as dashboards_command
 from powerd.cli.demo import command as demo_command
 from powerd.cli.fleet import command as fleet_command
 from powerd.cli.gpus import command as gpus_command
+from powerd.cli.job import group as job_group
 from powerd.cli.keys import group as keys_group
 from powerd.cli.limit import group as limit_group
 from powerd.cli.reference import group as reference_group
@@ -64,5 +65,6 @@ main.add_command(limit_group)
 main.add_command(status_command)
 main.add_command(reference_group)
 main.add_command(site_group)
+main.add_command(job_group)
 
 __all__ = ["main"]
