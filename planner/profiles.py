@@ -40,6 +40,7 @@ import difflib
 import io
 import json
 import math
+import shlex
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -51,6 +52,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from planner import formats
 from planner.errors import ProfileError, read_input_text
 from planner.profile_table import COLUMNS, FLOAT_COLUMNS, REQUIRED
 from powerd.protocol import PHASES
@@ -109,20 +111,33 @@ def read_profiles(
     *,
     columns: Mapping[str, str] | None = None,
     workload: str | None = None,
+    input_format: formats.InputFormat | str | None = None,
+    node: str | None = None,
 ) -> pd.DataFrame:
     """Read and check profile files, one table for all of them.
 
     ``columns`` maps normalised names to the files' names (``{"power_w":
     "gpu_power", "time_s": "timestamp"}``); ``workload`` names the workload of
     rows that have none (a file without the column, line-protocol points
-    without a ``job`` tag). Raises ProfileError (see the module) on bad input.
+    without a ``job`` tag). ``input_format`` reads every file with a tool's preset
+    (:mod:`planner.formats`: ``nvidia-smi``, ``dcgm``, ``zeus``), ``node`` names the node
+    of its samples; both default to the command's ``--input-format`` and ``--node``
+    (:func:`planner.formats.reading`), else a file a preset detects is read with it.
+    Raises ProfileError (see the module) on bad input.
     """
     mapping = _check_mapping(columns)
     if not sources:
         raise ValueError("no profile files given")
+    chosen, chosen_node = formats.chosen()
+    if isinstance(input_format, str):
+        input_format = formats.parse_format(input_format)
+    input_format, node = input_format or chosen, node or chosen_node
     frames = []
     for item in sources:
         path = Path(item)
+        if (preset := formats.preset_for(path, input_format)) is not None:
+            frames.append(_read_preset(path, preset, mapping, workload, node))
+            continue
         raw, origin, header_line = _read_file(path)
         frames.append(_normalise(raw, origin, mapping, workload, header_line, ordered=True))
     return _combine(frames)
@@ -319,13 +334,28 @@ def _check_mapping(columns: Mapping[str, str] | None) -> dict[str, str]:
     return mapping
 
 
+def _read_preset(
+    path: Path,
+    preset: formats.InputFormat,
+    mapping: Mapping[str, str],
+    workload: str | None,
+    node: str | None,
+) -> pd.DataFrame:
+    """A tool's file through its preset: the preset's column for each name, unless mapped."""
+    parsed = formats.read(path, preset, formats.Names(node, workload))
+    origin = _Origin(str(path), parsed.lines)
+    columns = {**parsed.columns, **mapping}
+    return _normalise(parsed.frame, origin, columns, None, parsed.header_line, ordered=True)
+
+
 def _read_file(path: Path) -> tuple[pd.DataFrame, _Origin, int | None]:
     """The file's rows as they are, where each came from, and the header's line (CSV)."""
     suffix = path.suffix.lower()
     if suffix not in CSV_SUFFIXES + PARQUET_SUFFIXES + LP_SUFFIXES:
         raise ProfileError(
             path,
-            f"unknown file type {suffix or '(none)'!r}: give .csv, .parquet/.pq or .lp/.line",
+            f"unknown file type {suffix or '(none)'!r}: give .csv, .parquet/.pq or .lp/.line,"
+            f" or a tool's output with --input-format {formats.METAVAR}",
         )
     if suffix in PARQUET_SUFFIXES:
         try:
@@ -493,7 +523,7 @@ def _resolve(
         problems.append(f"mapped column(s) not there: {', '.join(wrong_maps)}")
     if missing:
         problems.append(f"missing column(s) {', '.join(missing)}")
-    hints = [f"{n}={h}" for n in missing if (h := _hint(n, found, resolved.values()))]
+    hints = [shlex.quote(f"{n}={h}") for n, h in _hints(missing, found, resolved.values())]
     suggestion = " --column ".join(["", *hints]).strip() if hints else "--column NAME=COLUMN"
     if "workload" in missing:
         suggestion += " (or --workload NAME for a file of one workload)"
@@ -505,15 +535,22 @@ def _resolve(
     raise ProfileError(origin.source, message, line)
 
 
-def _hint(name: str, found: Sequence[str], used: Any) -> str | None:
-    taken = set(used)
-    free = [str(c) for c in found if c not in taken]
-    for word in _HINTS.get(name, ()):
-        for column in free:
-            if word in column.lower():
-                return column
-    close = difflib.get_close_matches(name, free, n=1, cutoff=0.6)
-    return close[0] if close else None
+def _hints(missing: Sequence[str], found: Sequence[str], used: Any) -> list[tuple[str, str]]:
+    """A column for each missing name, each column once: by its words for every name
+    first (gpu=index), then by spelling (difflib) for the names left."""
+    free = [str(c) for c in found if c not in set(used)]
+    hinted: dict[str, str] = {}
+    for name in missing:
+        words = _HINTS.get(name, ())
+        column = next((c for w in words for c in free if w in c.lower()), None)
+        if column is not None:
+            hinted[name] = column
+            free.remove(column)
+    for name in missing:
+        if name not in hinted and (close := difflib.get_close_matches(name, free, 1, 0.6)):
+            hinted[name] = close[0]
+            free.remove(close[0])
+    return [(name, hinted[name]) for name in missing if name in hinted]
 
 
 def _label(name: str, column: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,62 @@ OVERHEAD_W_NEEDED = (
     "it decides the best cap, and no one number fits every site (docs/PLANNER.md, "
     "powerplan caps): measure or budget it, e.g. 360 from Meta's GB200 figures"
 )
+
+
+INPUT_FORMAT_METAVAR = "nvidia-smi[:FIELDS]|dcgm|zeus[:GPUS]"
+INPUT_FORMAT_HELP = (
+    "Read the profile files as the tool wrote them: nvidia-smi (--query-gpu=timestamp,index,"
+    "power.draw,... --format=csv; nvidia-smi:FIELDS, the fields as queried, for noheader), "
+    "dcgm (dcgm-exporter scrapes, each after a '# scrape at UNIX_S' line, or samples with "
+    "timestamps), zeus (Zeus's PowerMonitor CSV, GPUs 0, 1, ... or zeus:GPUS; or `python -m "
+    "zeus.monitor power` output). Workload: --workload, else the file's stem; local times "
+    "without a zone are read as UTC. Without it, an nvidia-smi header, a DCGM scrape and "
+    "Zeus's monitor output are recognised."
+)
+NODE_HELP = (
+    "Node name of the samples a tool's file holds (see --input-format) [default: the "
+    "file's stem; dcgm: its Hostname label]."
+)
+
+
+def _input_format(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """``--input-format``'s text as a planner.formats.InputFormat (None when not given)."""
+    if value is None:
+        return None
+    from planner.formats import parse_format
+
+    try:
+        return parse_format(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+def profile_format_options() -> Decorator:
+    """``--input-format`` and ``--node``: every profile file the command reads is read with
+    them (planner.formats.reading), so each command's own code need not pass them on."""
+
+    def apply(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def run(
+            *args: Any, input_format: Any = None, node: str | None = None, **kwargs: Any
+        ) -> Any:
+            from planner.formats import reading
+
+            with reading(input_format, node):
+                return function(*args, **kwargs)
+
+        return compose(
+            click.option(
+                "--input-format",
+                metavar=INPUT_FORMAT_METAVAR,
+                callback=_input_format,
+                default=None,
+                help=INPUT_FORMAT_HELP,
+            ),
+            click.option("--node", metavar="NAME", default=None, help=NODE_HELP),
+        )(run)
+
+    return apply
 
 
 def compose(*decorators: Decorator) -> Decorator:
@@ -73,8 +130,8 @@ def budgets_then_profiles(first: str) -> tuple[Decorator, Decorator]:
 
 
 def placed_inputs(first: str) -> Decorator:
-    """FIRST (a budgets file) PROFILES... --mix, --step-s, --seed, --column, --workload:
-    what ``planner.commands.size.load_inputs`` reads."""
+    """FIRST (a budgets file) PROFILES... --mix, --step-s, --seed, --column, --workload,
+    --input-format, --node: what ``planner.commands.size.load_inputs`` reads."""
     return compose(
         *budgets_then_profiles(first),
         click.option(
@@ -108,6 +165,7 @@ def placed_inputs(first: str) -> Decorator:
         click.option(
             "--workload", default=None, help="Workload name for profile rows that have none."
         ),
+        profile_format_options(),
     )
 
 

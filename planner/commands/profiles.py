@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from planner.commands.options import profile_format_options
 from planner.errors import ProfileError
 from planner.output import column_mapping, emit, format_option, write_whole
 from planner.profiles import read_influx, read_profiles, summarise
@@ -84,6 +85,7 @@ Examples:
     help="Read normalised column NAME from the input's COLUMN (e.g. power_w=gpu_power).",
 )
 @click.option("--workload", help="Workload name for rows that have none.")
+@profile_format_options()
 @click.option("--influx", "influx_url", metavar="URL", help="InfluxDB base URL to query.")
 @click.option("--query", help="InfluxQL or Flux query (with --influx).")
 @click.option("--database", help="InfluxQL database (InfluxDB 1.x; a DBRP-mapped bucket in 2.x).")
