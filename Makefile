@@ -82,7 +82,7 @@ $(VENV)/.installed: pyproject.toml
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[all,test]'
+	$(BIN)/pip install -q -e '.[all,torch,test]'
 	touch $@
 
 clean:

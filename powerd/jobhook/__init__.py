@@ -48,6 +48,7 @@ from powerd.hostlist import expand_hostlist
 from powerd.jobhook.env import ENV_BROKER, ENV_CLUSTER, ENV_JOB, ENV_NODES, ENV_PRIORITY
 from powerd.jobhook.fill import FillFollower
 from powerd.jobhook.reporter import PhaseBlock, PhaseReporter, ReporterStats, _open_reporters
+from powerd.jobhook.torch_ddp import DdpPhases, attach_ddp  # imports torch only when called
 from powerd.vocabulary import PRIORITIES
 
 # The package's modules, one job each:
@@ -56,6 +57,7 @@ from powerd.vocabulary import PRIORITIES
 #   env.py        configuration from the environment (POWERD_*, Slurm, torchrun)
 #   hostlist.py   Slurm-style host lists (r01-n[03-05])
 #   fill.py       FillFollower: the agent's software-smoothing fill targets, to the job
+#   torch_ddp.py  attach_ddp: a PyTorch DDP job's phases from a communication hook
 
 __all__ = [
     "ENV_BROKER",
@@ -64,10 +66,12 @@ __all__ = [
     "ENV_NODES",
     "ENV_PRIORITY",
     "PRIORITIES",
+    "DdpPhases",
     "FillFollower",
     "PhaseBlock",
     "PhaseReporter",
     "ReporterStats",
+    "attach_ddp",
     "expand_hostlist",
     "get_reporter",
     "phase",
