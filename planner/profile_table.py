@@ -13,6 +13,8 @@ gpu            int64     GPU index on the node
 workload       string    job or workload name (the unit of correlation)
 power_w        float64   GPU power, W (finite, >= 0)
 cap_w          float64   power cap in force, W; NaN where unknown
+cap_max_w      float64   the GPU's highest power cap, W; NaN where unknown
+                         (with cap_w it tells a capped sample: planner.censored)
 clock_mhz      float64   SM clock (or its lock), MHz; NaN where unknown
 phase          string    protocol phase (compute, communication, ...); <NA> unknown
 throughput     float64   work per second (samples/s, tokens/s); NaN where unknown
@@ -25,7 +27,14 @@ with NaN / <NA> when absent.
 from __future__ import annotations
 
 REQUIRED: tuple[str, ...] = ("time_s", "node", "gpu", "workload", "power_w")
-OPTIONAL: tuple[str, ...] = ("cap_w", "clock_mhz", "phase", "throughput")
+OPTIONAL: tuple[str, ...] = ("cap_w", "cap_max_w", "clock_mhz", "phase", "throughput")
 COLUMNS: tuple[str, ...] = REQUIRED + OPTIONAL
-FLOAT_COLUMNS: tuple[str, ...] = ("time_s", "power_w", "cap_w", "clock_mhz", "throughput")
+FLOAT_COLUMNS: tuple[str, ...] = (
+    "time_s",
+    "power_w",
+    "cap_w",
+    "cap_max_w",
+    "clock_mhz",
+    "throughput",
+)
 STRING_COLUMNS: tuple[str, ...] = ("node", "workload", "phase")

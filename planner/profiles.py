@@ -12,8 +12,8 @@ Readers (each returns the table of :mod:`planner.profile_table`, sorted by
   ``import``.
 
 Column names: a normalised name (``time_s``, ``node``, ``gpu``, ``workload``,
-``power_w``, ``cap_w``, ``clock_mhz``, ``phase``, ``throughput``) is taken from
-the column of the same name, else from the ``columns`` mapping
+``power_w``, ``cap_w``, ``cap_max_w``, ``clock_mhz``, ``phase``, ``throughput``) is taken
+from the column of the same name, else from the ``columns`` mapping
 (``{"power_w": "gpu_power"}``), else from powerd's own names (:data:`ALIASES`:
 ``time``, ``job``, ``sm_clock_mhz``). Time is Unix seconds (or seconds from
 any origin) or ISO-8601 text (UTC when it has no offset).
@@ -676,7 +676,7 @@ def _normalise(
         raise origin.error(f"{label['power_w']} is {power[row]:g}: power cannot be negative", row)
     out["power_w"] = power
 
-    for name in ("cap_w", "clock_mhz", "throughput"):
+    for name in ("cap_w", "cap_max_w", "clock_mhz", "throughput"):
         if name not in cols:
             out[name] = np.full(len(raw), np.nan)
             continue

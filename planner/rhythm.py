@@ -146,6 +146,7 @@ def rhythm_profile(rhythm: Rhythm, workload: str, gpus: int = 8, node: str = "n0
             "workload": workload,
             "power_w": np.tile(power, gpus),
             "cap_w": np.nan,
+            "cap_max_w": np.nan,
             "clock_mhz": np.nan,
             "phase": np.tile(np.array(phase, dtype=object), gpus),
             "throughput": np.nan,

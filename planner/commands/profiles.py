@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from planner.censored import DEFAULT_MODE, MODE_HELP, MODES, CensoredError, resolve
 from planner.commands.options import profile_format_options
 from planner.errors import ProfileError
 from planner.output import column_mapping, emit, format_option, write_whole
@@ -39,7 +40,7 @@ Inputs (any mix; one table results):
 
 \b
 Columns: time_s (Unix seconds or ISO-8601; no offset = UTC), node, gpu (index),
-workload, power_w (W), and if present cap_w, clock_mhz, phase, throughput.
+workload, power_w (W), and if present cap_w, cap_max_w, clock_mhz, phase, throughput.
 powerd's own names are understood (time, job, sm_clock_mhz); map any other
 with --column NAME=COLUMN (repeat it); --workload NAME names the workload of
 rows without one.
@@ -64,6 +65,10 @@ Summary, one row per workload:
                      in one step_s: synchronised swings the grid sees
   max_swing_w_per_s  the largest move of the total, W per second
   share_<phase>      share of the samples (with a known phase) in each phase
+  capped_share       share of the samples capped below the GPU's maximum
+  censored_share     share held at the cap (draw within 10% of it): their
+                     draw only bounds demand, so every figure above is of the
+                     estimated demand (--capped-demand; a warning says so)
 
 \b
 Examples:
@@ -100,6 +105,13 @@ Examples:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also write the normalised table (.parquet, .pq or .csv).",
 )
+@click.option(
+    "--capped-demand",
+    type=click.Choice(MODES),
+    default=DEFAULT_MODE,
+    show_default=True,
+    help=MODE_HELP,
+)
 @format_option()
 def command(
     files: tuple[Path, ...],
@@ -111,6 +123,7 @@ def command(
     org: str | None,
     token_file: Path | None,
     normalised_out: Path | None,
+    capped_demand: str,
     fmt: str,
 ) -> None:
     columns = column_mapping(column_pairs)
@@ -143,8 +156,17 @@ def command(
         raise click.ClickException(str(exc)) from None
     table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
     table = table.sort_values(["workload", "node", "gpu", "time_s"], ignore_index=True)
-    summary = summarise(table)
-    if normalised_out is not None:
-        write_table(table, normalised_out)
     sources = [str(f) for f in files] + ([influx_url] if influx_url else [])
-    emit({"profiles": summary}, fmt, extra={"sources": sources, "samples": len(table)})
+    try:
+        resolved = resolve(table, capped_demand)
+    except CensoredError as exc:
+        raise click.ClickException(f"{', '.join(sources)}: {exc}") from None
+    for warning in resolved.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    summary = summarise(resolved.table).merge(
+        resolved.shares[["workload", "capped_share", "censored_share"]], on="workload"
+    )
+    if normalised_out is not None:
+        write_table(table, normalised_out)  # as read: the draw, not the estimate
+    extra = {"sources": sources, "samples": len(table), "capped_demand": capped_demand}
+    emit({"profiles": summary}, fmt, extra=extra)

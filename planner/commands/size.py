@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 import pandas as pd
 
+from planner.censored import DEFAULT_MODE, MODE_HELP, MODES
 from planner.commands.options import demand_options, placed_inputs
 from planner.output import column_mapping, emit, format_option, write_whole
 from planner.sizing import REACTION_S
@@ -49,7 +50,10 @@ Method (docs/PLANNER.md):
   when at least 10 distinct samples lie above it, else a generalised Pareto
   tail over the top 5 %; never above all GPUs at their maximum cap;
 - the failsafe cap per GPU model is the largest at which every node, servers
-  to the site, stays within its limit with all its GPUs at that cap.
+  to the site, stays within its limit with all its GPUs at that cap;
+- a sample held at a cap below its GPU's maximum says only demand >= draw:
+  by default its demand is estimated from the uncensored samples of its
+  workload and phase, else taken as the GPU's highest cap (--capped-demand).
 
 \b
 A tree of controllers (one leaf controller per row, a site coordinator): a
@@ -93,8 +97,9 @@ class Inputs:
     mix: Mix
     placement: Placement
     traces: dict[str, WorkloadTrace]
-    profiles: pd.DataFrame  # the normalised rows of the mix's workloads
+    profiles: pd.DataFrame  # the mix's workloads' rows, demand as capped_demand made it
     warnings: list[str]  # the budgets file's (powerd.topology.checks.budget_warnings)
+    capped: pd.DataFrame | None = None  # per workload, its capped samples (planner.censored)
 
 
 def load_inputs(
@@ -104,12 +109,16 @@ def load_inputs(
     step_s: float,
     columns: dict[str, str],
     workload: str | None,
+    capped_demand: str = "as-is",
 ) -> Inputs:
     """Topology, mix, profiles -> placed jobs and their traces; a clear error for bad input.
 
     What is out of proportion in the budgets file (a limit far above what its GPUs can
     draw, a budget below their lowest caps) is printed on stderr as ``warning: ...`` for
-    every command that loads one here, and kept in ``Inputs.warnings``."""
+    every command that loads one here, and kept in ``Inputs.warnings``; so are the
+    workloads with samples held at a cap (``planner.censored``), whose demand is what
+    ``capped_demand`` makes of them (a mode of ``planner.censored.MODES``)."""
+    from planner.censored import CensoredError, resolve
     from planner.errors import ProfileError
     from planner.mix import check_workloads, load_mix, place
     from planner.profiles import read_profiles
@@ -126,10 +135,14 @@ def load_inputs(
         check_workloads(mix, table["workload"].unique(), "the profiles " + _names(profiles))
         placement = place(top, mix)
         wanted = table[table["workload"].isin(mix.workloads)]
-        traces = traces_from_profiles(wanted, step_s)
+        resolved = resolve(wanted, capped_demand)
+        echo_warnings([f"profiles {_names(profiles)}: {w}" for w in resolved.warnings])
+        traces = traces_from_profiles(resolved.table, step_s)
+    except CensoredError as exc:
+        raise click.ClickException(f"profiles {_names(profiles)}: {exc}") from None
     except (BudgetError, ProfileError) as exc:
         raise click.ClickException(str(exc)) from None
-    return Inputs(top, mix, placement, traces, wanted, warnings)
+    return Inputs(top, mix, placement, traces, resolved.table, warnings, resolved.shares)
 
 
 def echo_warnings(warnings: list[str]) -> None:
@@ -389,6 +402,13 @@ def _write_agent_failsafe(output: Path, caps_w: dict[str, float]) -> list[Path]:
     help="Write the file even where a node's demand at --quantile is above its limit"
     " (a warning on stderr instead of an error).",
 )
+@click.option(
+    "--capped-demand",
+    type=click.Choice(MODES),
+    default=DEFAULT_MODE,
+    show_default=True,
+    help=MODE_HELP,
+)
 @format_option()
 def command(
     topology: Path,
@@ -411,6 +431,7 @@ def command(
     oversubscribe: str,
     reaction_s: float,
     allow_over_limit: bool,
+    capped_demand: str,
     fmt: str,
 ) -> None:
     from planner.sizing import SizingSettings
@@ -420,7 +441,7 @@ def command(
     levels = _levels(oversubscribe)
     terms = _load_terms(terms_path, node_w, network_fraction, cooling_fraction, summer_rise)
     inputs = load_inputs(
-        topology, profiles, mix_path, step_s, column_mapping(column_pairs), workload
+        topology, profiles, mix_path, step_s, column_mapping(column_pairs), workload, capped_demand
     )
     settings = SizingSettings(
         quantile=quantile,
@@ -444,6 +465,8 @@ def command(
         "tree_of_controllers": tree_doc["note"],
         "over_limit": over["name"].tolist(),
         "guarantee": _guarantee_note(sized, settings),
+        "capped_demand": capped_demand,
+        "capped_samples": [] if inputs.capped is None else inputs.capped.to_dict("records"),
     }
     if fmt == "json":
         extra["tree"] = {k: v for k, v in tree_doc.items() if k != "note"}

@@ -52,6 +52,13 @@ if TYPE_CHECKING:
 )
 @record_option("Also record the controller's telemetry, as `powerd controller --record` does.")
 @click.option(
+    "--record-demand",
+    "demand_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write what each GPU would draw uncapped, every 0.1 s, as a profile CSV for "
+    "powerplan: the truth beside a capped --record (docs/PLANNER.md, 'Capped samples').",
+)
+@click.option(
     "--smoothing",
     is_flag=True,
     help="Grid smoothing: the controller asks every GPU for its share of the budgets file's "
@@ -87,6 +94,7 @@ def command(
     budgets_path: Path | None,
     live: bool | None,
     record: str | None,
+    demand_path: Path | None,
     smoothing: bool,
     compute_s: float | None,
     comm_s: float | None,
@@ -157,6 +165,11 @@ def command(
     if summary_json is not None:
         write_summary_json(summary_json, run, options, plot)
     print_outcome(console, run, plot, record)
+    if demand_path is not None:
+        from powerd.demo.demand_profile import write_demand_profile
+
+        rows = write_demand_profile(run.topology, run.trace, demand_path)
+        console.print(f"demand: {rows:,} samples written to {demand_path}")
     if run.summary.limit_violated:
         sys.exit(run.summary.exit_code)
 

@@ -39,6 +39,7 @@ DTYPES = {
     "workload": "string",
     "power_w": "float64",
     "cap_w": "float64",
+    "cap_max_w": "float64",
     "clock_mhz": "float64",
     "phase": "string",
     "throughput": "float64",
@@ -155,6 +156,7 @@ def test_influxql_recorded_response(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen["database"] == "powerd" and seen["token"] == "t"
     expected = read_profiles([LP], workload="idle")
     expected = expected[expected["workload"] == "resnet"].reset_index(drop=True)
+    expected["cap_max_w"] = np.nan  # the recorded query's columns: no cap_max_w
     pd.testing.assert_frame_equal(table, expected)
 
 
@@ -220,7 +222,7 @@ def test_influxql_against_a_real_server(influxd: str) -> None:
 
 def _table(rows: list[tuple]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=["time_s", "node", "gpu", "workload", "power_w", "phase"])
-    for name in ("cap_w", "clock_mhz", "throughput"):
+    for name in ("cap_w", "cap_max_w", "clock_mhz", "throughput"):
         frame[name] = np.nan
     return frame[list(COLUMNS)].astype(DTYPES)
 
