@@ -16,6 +16,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "recorder": ("influxdb_client",),
     "planner": ("pandas", "scipy", "pyarrow", "matplotlib", "rich"),
     "demo": ("amqtt", "rich", "matplotlib"),
+    "torch": ("torch",),  # powerd.jobhook.attach_ddp, in the training job's environment
 }
 
 

@@ -130,6 +130,7 @@ def command(
     seed: int,
     column_pairs: tuple[str, ...],
     workload: str | None,
+    capped_demand: str,
     fmt: str,
 ) -> None:
     from planner.commands.progress import step_progress
@@ -143,7 +144,13 @@ def command(
     if outdir is not None and not outdir.parent.is_dir():
         raise click.BadParameter(f"{outdir.parent}: no such directory", param_hint="--output")
     inputs = load_inputs(
-        budgets, profiles, mix_path, step_s, column_mapping(column_pairs), workload
+        budgets,
+        profiles,
+        mix_path,
+        step_s,
+        column_mapping(column_pairs),
+        workload,
+        capped_demand,
     )
     speed = power_law_speed(speed_exponent)
     if sweep_paths:

@@ -115,6 +115,7 @@ def command(
     seed: int,
     column_pairs: tuple[str, ...],
     workload: str | None,
+    capped_demand: str,
     fmt: str,
 ) -> None:
     from planner.commands.size import load_inputs
@@ -136,7 +137,13 @@ def command(
     if storage_kw_per_rack is not None and not storage_kj:
         raise click.UsageError("--storage-kw-per-rack needs --storage-kj-per-rack")
     inputs = load_inputs(
-        budgets, profiles, mix_path, step_s, column_mapping(column_pairs), workload
+        budgets,
+        profiles,
+        mix_path,
+        step_s,
+        column_mapping(column_pairs),
+        workload,
+        capped_demand,
     )
     sizings = [NO_STORAGE]
     sizings += [StorageSizing(kj, storage_kw_per_rack or 0.0) for kj in storage_kj if kj > 0]

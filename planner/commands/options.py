@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from planner.censored import DEFAULT_MODE, MODE_HELP, MODES
 from powerd.click_types import Fraction, Quantity
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -131,7 +132,8 @@ def budgets_then_profiles(first: str) -> tuple[Decorator, Decorator]:
 
 def placed_inputs(first: str) -> Decorator:
     """FIRST (a budgets file) PROFILES... --mix, --step-s, --seed, --column, --workload,
-    --input-format, --node: what ``planner.commands.size.load_inputs`` reads."""
+    --capped-demand, --input-format, --node: what ``planner.commands.size.load_inputs``
+    reads."""
     return compose(
         *budgets_then_profiles(first),
         click.option(
@@ -164,6 +166,13 @@ def placed_inputs(first: str) -> Decorator:
         ),
         click.option(
             "--workload", default=None, help="Workload name for profile rows that have none."
+        ),
+        click.option(
+            "--capped-demand",
+            type=click.Choice(MODES),
+            default=DEFAULT_MODE,
+            show_default=True,
+            help=MODE_HELP,
         ),
         profile_format_options(),
     )

@@ -93,6 +93,7 @@ def command(
     seed: int,
     column_pairs: tuple[str, ...],
     workload: str | None,
+    capped_demand: str,
 ) -> None:
     from planner.commands.caps import ZEUS_WORKLOAD_COLS
     from planner.commands.size import echo_warnings, load_inputs
@@ -111,7 +112,13 @@ def command(
     if sweep_paths and overhead_w is None:
         raise click.UsageError(f"--sweep needs --overhead-w: {OVERHEAD_W_NEEDED}")
     inputs = load_inputs(
-        budgets, profiles, mix_path, step_s, column_mapping(column_pairs), workload
+        budgets,
+        profiles,
+        mix_path,
+        step_s,
+        column_mapping(column_pairs),
+        workload,
+        capped_demand,
     )
     sweep = None
     if sweep_paths:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import click
 import pandas as pd
 
-from planner.censored import DEFAULT_MODE, MODE_HELP, MODES
 from planner.commands.options import demand_options, placed_inputs
 from planner.output import column_mapping, emit, format_option, write_whole
 from planner.sizing import REACTION_S
@@ -401,13 +400,6 @@ def _write_agent_failsafe(output: Path, caps_w: dict[str, float]) -> list[Path]:
     is_flag=True,
     help="Write the file even where a node's demand at --quantile is above its limit"
     " (a warning on stderr instead of an error).",
-)
-@click.option(
-    "--capped-demand",
-    type=click.Choice(MODES),
-    default=DEFAULT_MODE,
-    show_default=True,
-    help=MODE_HELP,
 )
 @format_option()
 def command(

@@ -174,6 +174,7 @@ def command(
     sweep_workload_cols: str,
     column_pairs: tuple[str, ...],
     workload: str | None,
+    capped_demand: str,
     fmt: str,
 ) -> None:
 
@@ -189,7 +190,13 @@ def command(
     if sizing is not None and smoothing:
         raise click.UsageError(STORAGE_NOT_WITH_SMOOTHING)
     inputs = load_inputs(
-        budgets, profiles, mix_path, step_s, column_mapping(column_pairs), workload
+        budgets,
+        profiles,
+        mix_path,
+        step_s,
+        column_mapping(column_pairs),
+        workload,
+        capped_demand,
     )
     if sizing is not None:
         try:

@@ -24,7 +24,16 @@ import venv
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-EXTRA_MODULES = ("pandas", "scipy", "pyarrow", "matplotlib", "amqtt", "rich", "influxdb_client")
+EXTRA_MODULES = (
+    "pandas",
+    "scipy",
+    "pyarrow",
+    "matplotlib",
+    "amqtt",
+    "rich",
+    "influxdb_client",
+    "torch",
+)
 CHECK = f"""
 import importlib, json, sys
 for module in {EXTRA_MODULES!r}:
