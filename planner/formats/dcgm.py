@@ -16,10 +16,12 @@ hold many scrapes; each sample's time is, in this order:
 Read: power from ``DCGM_FI_DEV_POWER_USAGE`` (W), else ``DCGM_FI_DEV_POWER_USAGE_INSTANT``,
 else the change of ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ) over the time between a
 GPU's samples (its first sample then has none); the cap from
-``DCGM_FI_DEV_ENFORCED_POWER_LIMIT``, else ``DCGM_FI_DEV_POWER_MGMT_LIMIT``; the SM clock
-from ``DCGM_FI_DEV_SM_CLOCK``; the GPU from the ``gpu`` label, the node from ``Hostname``.
-A scrape in which a GPU has no power sample gives no row for it; samples of a MIG
-instance (a ``GPU_I_ID``) are left out: power is the whole GPU's.
+``DCGM_FI_DEV_ENFORCED_POWER_LIMIT``, else ``DCGM_FI_DEV_POWER_MGMT_LIMIT``; the GPU's
+maximum cap from ``DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX`` (not in the default counters: add it
+to tell capped samples); the SM clock from ``DCGM_FI_DEV_SM_CLOCK``; the GPU from the
+``gpu`` label, the node from ``Hostname``. A scrape in which a GPU has no power sample
+gives no row for it; samples of a MIG instance (a ``GPU_I_ID``) are left out: power is
+the whole GPU's.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ POWER = ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_POWER_USAGE_INSTANT")
 ENERGY_MJ = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 CAP = ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_POWER_MGMT_LIMIT")
 CLOCK = "DCGM_FI_DEV_SM_CLOCK"
+CAP_MAX = "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX"  # tells a capped sample (planner.censored)
 SCRAPE_AT = re.compile(r"^#\s*scrape at\s+(\S+)\s*$")
 COLLECT = (
     'while sleep 1; do echo "# scrape at $(date +%s.%N)"; curl -s NODE:9400/metrics; done'
@@ -93,6 +96,8 @@ def read(path: Path, text: str, names: Names) -> Parsed:
         columns["cap_w"] = cap
     if CLOCK in metrics:
         columns["clock_mhz"] = CLOCK
+    if CAP_MAX in metrics:
+        columns["cap_max_w"] = CAP_MAX
     hostname = "Hostname" in frame.columns and bool(frame["Hostname"].notna().all())
     if hostname and names.node is None:
         columns["node"] = "Hostname"

@@ -11,8 +11,9 @@ written with ``noheader`` is read with its fields given (``nvidia-smi:FIELDS``).
 Read: time from ``timestamp`` (local time, read as UTC: a workload's nodes must share a
 zone), GPU from ``index``, power from ``power.draw``, else ``power.draw.instant``, else
 ``power.draw.average``; the cap from ``enforced.power.limit``, else ``power.limit``; the SM
-clock from ``clocks.sm`` (``clocks.current.sm``). A sample whose power is ``[N/A]`` (or
-another bracketed word) is left out; a GPU with no power at all is an error.
+clock from ``clocks.sm`` (``clocks.current.sm``); the GPU's maximum cap from
+``power.max_limit``, which tells a capped sample (``planner.censored``). A sample whose
+power is ``[N/A]`` (or another bracketed word) is left out; a GPU with no power at all is an error.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "power_w": ("power.draw", "power.draw.instant", "power.draw.average"),
     "cap_w": ("enforced.power.limit", "power.limit"),
     "clock_mhz": ("clocks.sm", "clocks.current.sm"),
+    "cap_max_w": ("power.max_limit",),  # tells a capped sample (planner.censored)
 }
 #: the unit a value of these fields carries without ``nounits``
 UNITS = {"W": ("power.",), "MHz": ("clocks.",)}
@@ -91,7 +93,7 @@ def read(path: Path, text: str, names: Names, fields: tuple[str, ...] = ()) -> P
     frame = pd.DataFrame(rows, columns=[f for f, _ in header], dtype=object)
     line_numbers = np.asarray(lines)
     numeric = {f for f, unit in header if unit} | {
-        columns[n] for n in ("power_w", "cap_w", "clock_mhz") if n in columns
+        columns[n] for n in ("power_w", "cap_w", "clock_mhz", "cap_max_w") if n in columns
     }
     power_text = frame[columns["power_w"]].copy()
     for field in numeric:

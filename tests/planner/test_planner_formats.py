@@ -149,6 +149,20 @@ def test_why_a_value_with_its_unit_is_a_number(tmp_path: Path):
     assert table["clock_mhz"].tolist() == [1980.0, 1980.0]
 
 
+def test_nvidia_smi_max_limit_tells_the_capped_samples(tmp_path: Path):
+    header = "timestamp, index, power.draw [W], power.limit [W], power.max_limit [W]"
+    rows = [
+        "2024/05/14 10:00:00.012, 0, 498.00 W, 500.00 W, 700.00 W",  # held at a 500 W cap
+        "2024/05/14 10:00:00.012, 1, 620.00 W, 700.00 W, 700.00 W",
+    ]
+    path = write(tmp_path, "n1.csv", "\n".join([header, *rows, ""]))
+    table = read_profiles([path], workload="llm")
+    assert table["cap_max_w"].tolist() == [700.0, 700.0]
+    result = CliRunner().invoke(powerplan, ["profiles", str(path), "--workload", "llm"])
+    assert result.exit_code == 0, result.output
+    assert "50% held at the cap" in result.output
+
+
 def test_why_the_node_comes_from_node_else_the_file_stem():
     assert set(read_profiles([SMI])["node"]) == {"gpu-node07"}
     assert run(SMI, "--node", "rack3-n7")["profiles"][0]["nodes"] == 1
@@ -256,12 +270,14 @@ def test_power_from_the_energy_counter_and_the_enforced_limit_first(tmp_path: Pa
         f"# scrape at {T0 + k * 2}\n{energy}{{{LABELS}}} {1_000_000 + k * 800_000}\n"
         f"DCGM_FI_DEV_POWER_MGMT_LIMIT{{{LABELS}}} 700\n"
         f"DCGM_FI_DEV_ENFORCED_POWER_LIMIT{{{LABELS}}} 650\n"
+        f"DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX{{{LABELS}}} 700\n"
         for k in range(3)
     )
     table = read_profiles([write(tmp_path, "n.prom", text)], node="n1")
     assert table["power_w"].tolist() == [400.0, 400.0]  # 800 J in 2 s; the first has none
     assert table["time_s"].tolist() == [T0 + 2, T0 + 4]
     assert set(table["cap_w"]) == {650.0} and set(table["node"]) == {"n1"}
+    assert set(table["cap_max_w"]) == {700.0}  # capped 50 W below the GPU's maximum
 
 
 def test_a_mig_instance_and_other_metrics_are_left_out(tmp_path: Path):
