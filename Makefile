@@ -59,6 +59,8 @@ bench: venv
 	$(BIN)/python -m bench.bench_grid --json bench/results/grid.json
 	$(BIN)/python -m bench.bench_clock_policy --clock-mhz 1100 --clock-mhz 1811 --json bench/results/clock_policy.json
 	$(BIN)/python -m bench.fuzz --payloads 100000 --seed 1 --json bench/results/fuzz.json
+	$(BIN)/python -m bench.bench_ingest --json bench/results/ingest.json
+	$(BIN)/python -m bench.bench_ddp_hook --json bench/results/ddp_hook.json
 
 deps:
 	@missing=""; \

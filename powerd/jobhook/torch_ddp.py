@@ -14,9 +14,10 @@ all-reduce has completed. Buckets handed over earlier overlap the backward's com
 the GPUs are busy then, so that is ``compute``. The rule (``CommIntervals``):
 
 * ``compute`` at the first backward (training has begun; ``startup`` came at attach);
-* ``communication`` once an exposed all-reduce has lasted ``min_comm_s`` (1 s): a
-  straggling rank, a slow or congested network, a stalled collective; shorter ones are
-  never announced (the controller acts on sections of a second or more);
+* ``communication`` once an exposed all-reduce has lasted ``min_comm_s`` (1 s; a thread
+  looks every quarter of it, so up to 1.25 s): a straggling rank, a slow or congested
+  network, a stalled collective; shorter ones are never announced (the controller acts on
+  sections of a second or more);
 * ``compute`` when that all-reduce completes;
 * ``compute`` again at the end of a backward when nothing was announced for
   ``keepalive_s`` (60 s), so the controller's ``announced_live_s`` (120 s) never lapses.
@@ -58,6 +59,7 @@ DEFAULT_MIN_COMM_S = 1.0
 # two announcements per min_comm_s at most: 4 a second, under JobLimits' 5 a second per job
 MIN_COMM_FLOOR_S = 0.5
 DEFAULT_KEEPALIVE_S = 60.0  # half the controller's announced_live_s
+WATCH_SHARE = 0.25  # the watcher thread looks every this share of min_comm_s
 
 
 class CommIntervals:
@@ -99,9 +101,8 @@ class CommIntervals:
             self._pending += 1
 
     def exposed(self, at_s: float) -> None:
-        with self._cond:
+        with self._cond:  # no wake-up: the watcher looks every WATCH_SHARE of min_comm_s
             self._exposed_since_s = at_s
-            self._cond.notify_all()
 
     def done(self, at_s: float) -> None:
         with self._cond:
@@ -114,7 +115,6 @@ class CommIntervals:
                 self._announce("compute", at_s)
             elif at_s - self._last_announced_s >= self.keepalive_s:
                 self._announce("compute", at_s)
-            self._cond.notify_all()
 
     def check(self, now_s: float) -> float | None:
         with self._cond:
@@ -140,9 +140,14 @@ class CommIntervals:
             self._thread.join(timeout=1.0)
 
     def _watch(self) -> None:
+        """Polls: woken on every backward, this thread took the GIL from training twice
+        a step (bench/RESULTS.md, the DDP hook); so ``communication`` comes between
+        ``min_comm_s`` and (1 + WATCH_SHARE) x ``min_comm_s`` after the all-reduce began."""
+        poll_s = WATCH_SHARE * self.min_comm_s
         with self._cond:
             while not self._closed:
-                self._cond.wait(self.check(self.clock()))
+                left_s = self.check(self.clock())
+                self._cond.wait(poll_s if left_s is None else min(left_s, poll_s))
 
     def _announce(self, phase: str, at_s: float) -> None:
         if self._closed:  # a callback after close(): shutdown is (being) announced

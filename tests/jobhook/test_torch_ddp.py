@@ -57,6 +57,9 @@ def train() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    # without it one rank may tear gloo down while the other still talks to it: seen here
+    # as SIGABRT at exit ("terminate called without an active exception") with plain DDP
+    dist.barrier()
     dist.destroy_process_group()
 
 
