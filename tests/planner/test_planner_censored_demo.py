@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from planner.cli import main
 from planner.profiles import read_profiles
-from tests.support.demo_process import DemoRun, run_demo
+from tests.support.demo_process import run_demo
 from tests.support.paths import REPO
 
 TOPOLOGY = REPO / "powerd/data/budgets/tree-3rows.toml"  # 96 H100
@@ -54,11 +54,21 @@ def by_workload(doc: Any) -> dict[str, dict[str, float]]:
     return {row["workload"]: row for row in doc["profiles"]}
 
 
+@pytest.fixture(scope="module")
+def demo_with_demand(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("demand")
+    result = run_demo(
+        where, "--record", str(where / "telemetry.lp"), "--record-demand", str(where / "demand.csv")
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "samples written to" in result.stdout
+    return where
+
+
 def test_a_recorded_demo_is_planned_from_estimated_demand_with_a_warning(
-    shortest_demo: DemoRun, tmp_path: Path
+    demo_with_demand: Path, tmp_path: Path
 ) -> None:
-    assert shortest_demo.result.returncode == 0, shortest_demo.result.stdout
-    recorded = shortest_demo.recorded
+    recorded = demo_with_demand / "telemetry.lp"
     plain = draws_only(recorded, tmp_path / "draws.csv")
 
     doc, said = powerplan("profiles", str(recorded), "--workload", "idle")
@@ -76,17 +86,6 @@ def test_a_recorded_demo_is_planned_from_estimated_demand_with_a_warning(
     assert {row["workload"] for row in sized["capped_samples"] if row["censored"]} == set(JOBS)
     drawn_w, _, _ = site_demand_w(tmp_path, plain)
     assert sized_w > drawn_w * 1.05  # not the capped draw: the estimate lies above it
-
-
-@pytest.fixture(scope="module")
-def demo_with_demand(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    where = tmp_path_factory.mktemp("demand")
-    result = run_demo(
-        where, "--record", str(where / "telemetry.lp"), "--record-demand", str(where / "demand.csv")
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "samples written to" in result.stdout
-    return where
 
 
 def test_the_estimate_does_not_understate_the_simulators_demand(
