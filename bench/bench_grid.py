@@ -135,7 +135,7 @@ def storage_runs(args: argparse.Namespace, profile: Path, mix: Path, duration_s:
     from planner.whatif import WhatifSettings, replay
     from planner.whatif_storage import StorageSizing, storage_report
 
-    inputs = load_inputs(args.topology, (profile,), mix, args.step_s, {}, None)
+    inputs = load_inputs(args.topology, (profile,), mix, args.step_s, (), None)
     settings = WhatifSettings(duration_s=duration_s, synchronised=True)
     start = time.perf_counter()
     result = replay(inputs.top, inputs.placement, inputs.traces, settings)

@@ -137,21 +137,12 @@ def command(
     from planner.commands.size import load_inputs
     from planner.evaluate import evaluate
     from planner.evaluate_site import EvaluateError, EvaluateSettings
-    from planner.output import column_mapping
     from planner.sizing import SizingError
     from planner.whatif import power_law_speed
 
     if outdir is not None and not outdir.parent.is_dir():
         raise click.BadParameter(f"{outdir.parent}: no such directory", param_hint="--output")
-    inputs = load_inputs(
-        budgets,
-        profiles,
-        mix_path,
-        step_s,
-        column_mapping(column_pairs),
-        workload,
-        capped_demand,
-    )
+    inputs = load_inputs(budgets, profiles, mix_path, step_s, column_pairs, workload, capped_demand)
     speed = power_law_speed(speed_exponent)
     if sweep_paths:
         speed = _sweep_speed(sweep_paths)

@@ -126,7 +126,6 @@ def command(
         site_frontiers,
         units_of,
     )
-    from planner.output import column_mapping
     from planner.whatif import WhatifSettings, replay
     from planner.whatif_storage import StorageSizing, check_storage, ramp_spec
 
@@ -136,15 +135,7 @@ def command(
         )
     if storage_kw_per_rack is not None and not storage_kj:
         raise click.UsageError("--storage-kw-per-rack needs --storage-kj-per-rack")
-    inputs = load_inputs(
-        budgets,
-        profiles,
-        mix_path,
-        step_s,
-        column_mapping(column_pairs),
-        workload,
-        capped_demand,
-    )
+    inputs = load_inputs(budgets, profiles, mix_path, step_s, column_pairs, workload, capped_demand)
     sizings = [NO_STORAGE]
     sizings += [StorageSizing(kj, storage_kw_per_rack or 0.0) for kj in storage_kj if kj > 0]
     try:

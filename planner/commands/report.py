@@ -16,7 +16,6 @@ from planner.commands.options import (
     placed_inputs,
     speed_options,
 )
-from planner.output import column_mapping
 from powerd.click_types import Quantity
 
 HELP = """Write a report on a budgets file: demand against budgets, capping, cap curves.
@@ -111,15 +110,7 @@ def command(
         raise click.BadParameter(f"{outdir}: not a directory", param_hint="--output")
     if sweep_paths and overhead_w is None:
         raise click.UsageError(f"--sweep needs --overhead-w: {OVERHEAD_W_NEEDED}")
-    inputs = load_inputs(
-        budgets,
-        profiles,
-        mix_path,
-        step_s,
-        column_mapping(column_pairs),
-        workload,
-        capped_demand,
-    )
+    inputs = load_inputs(budgets, profiles, mix_path, step_s, column_pairs, workload, capped_demand)
     sweep = None
     if sweep_paths:
         try:

@@ -106,17 +106,18 @@ def load_inputs(
     profiles: tuple[Path, ...],
     mix_path: Path,
     step_s: float,
-    columns: dict[str, str],
+    column_pairs: tuple[str, ...],
     workload: str | None,
     capped_demand: str = "as-is",
 ) -> Inputs:
     """Topology, mix, profiles -> placed jobs and their traces; a clear error for bad input.
+    ``column_pairs``: the ``--column NAME=COLUMN`` options.
 
-    What is out of proportion in the budgets file (a limit far above what its GPUs can
-    draw, a budget below their lowest caps) is printed on stderr as ``warning: ...`` for
-    every command that loads one here, and kept in ``Inputs.warnings``; so are the
-    workloads with samples held at a cap (``planner.censored``), whose demand is what
-    ``capped_demand`` makes of them (a mode of ``planner.censored.MODES``)."""
+        What is out of proportion in the budgets file (a limit far above what its GPUs can
+        draw, a budget below their lowest caps) is printed on stderr as ``warning: ...`` for
+        every command that loads one here, and kept in ``Inputs.warnings``; so are the
+        workloads with samples held at a cap (``planner.censored``), whose demand is what
+        ``capped_demand`` makes of them (a mode of ``planner.censored.MODES``)."""
     from planner.censored import CensoredError, resolve
     from planner.errors import ProfileError
     from planner.mix import check_workloads, load_mix, place
@@ -130,7 +131,9 @@ def load_inputs(
         warnings = budget_warnings(top)
         echo_warnings(warnings)
         mix = load_mix(mix_path)
-        table = read_profiles(list(profiles), columns=columns or None, workload=workload)
+        table = read_profiles(
+            list(profiles), columns=column_mapping(column_pairs) or None, workload=workload
+        )
         check_workloads(mix, table["workload"].unique(), "the profiles " + _names(profiles))
         placement = place(top, mix)
         wanted = table[table["workload"].isin(mix.workloads)]
@@ -433,7 +436,7 @@ def command(
     levels = _levels(oversubscribe)
     terms = _load_terms(terms_path, node_w, network_fraction, cooling_fraction, summer_rise)
     inputs = load_inputs(
-        topology, profiles, mix_path, step_s, column_mapping(column_pairs), workload, capped_demand
+        topology, profiles, mix_path, step_s, column_pairs, workload, capped_demand
     )
     settings = SizingSettings(
         quantile=quantile,

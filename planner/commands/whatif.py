@@ -179,7 +179,6 @@ def command(
 ) -> None:
 
     from planner.commands.size import load_inputs
-    from planner.output import column_mapping
     from planner.whatif import WhatifSettings, replay
     from planner.whatif_storage import check_storage, storage_report
     from policies.settings import PolicySettings
@@ -189,15 +188,7 @@ def command(
     )
     if sizing is not None and smoothing:
         raise click.UsageError(STORAGE_NOT_WITH_SMOOTHING)
-    inputs = load_inputs(
-        budgets,
-        profiles,
-        mix_path,
-        step_s,
-        column_mapping(column_pairs),
-        workload,
-        capped_demand,
-    )
+    inputs = load_inputs(budgets, profiles, mix_path, step_s, column_pairs, workload, capped_demand)
     if sizing is not None:
         try:
             check_storage(inputs.top, sizing)
