@@ -265,58 +265,49 @@ class FillFollower:
         (``resume_levels``); False on timeout. True at once when no
         request came, and as soon as the requests go stale (nothing is smoothed)."""
 
-        def short_w(now: float) -> list[tuple[float, float]]:
-            """Each GPU's (W its target is short of where compute will put it, less the
-            RISEN_WITHIN_W allowed; its ramp-up W/s), each node's targets taken once."""
-            out = []
+        def rising_for_s(now: float) -> float:
+            """How long the targets, rising at their rates, take to reach where compute
+            will put them (less the RISEN_WITHIN_W allowed): 0 once every one has, inf
+            while one short of it does not rise; each node's targets taken once."""
+            if self._last_request_s is None or self._stale(now):
+                return 0.0
+            left_s = [0.0]
             for n, gpus in self._gpus.items():
                 targets = self._targets(n, now)
-                out += [
-                    (_resume_w(g) - RISEN_WITHIN_W - targets[i], g.up_w_per_s)
-                    for i, g in gpus.items()
-                ]
-            return out
+                for i, g in gpus.items():
+                    gap_w = _resume_w(g) - RISEN_WITHIN_W - targets[i]
+                    if gap_w > 0:
+                        left_s.append(gap_w / g.up_w_per_s if g.up_w_per_s > 0 else math.inf)
+            return max(left_s)
 
-        def risen(now: float) -> bool:
-            if self._last_request_s is None or self._stale(now):
-                return True
-            return all(gap_w <= 0 for gap_w, _ in short_w(now))
-
-        def rising_for_s(now: float) -> float:
-            """How long the targets, rising at their rates, take to get there."""
-            return max((gap_w / up for gap_w, up in short_w(now) if up > 0), default=0.0)
-
-        return self._wait_until(risen, timeout_s, rising_for_s)
+        return self._wait_until(rising_for_s, timeout_s)
 
     def wait_ramped(self, done_w: float, timeout_s: float) -> bool:
         """Wait until every GPU's target is at most ``done_w`` (its draw without the busy
         work: its idle power, say); False on timeout. True at once when no request came
         at all (no software smoothing on these nodes)."""
 
-        def ramped(now: float) -> bool:
-            return all(w <= done_w for n in self.nodes for w in self._targets(n, now).values())
+        def ramped_in_s(now: float) -> float:
+            ramped = all(w <= done_w for n in self.nodes for w in self._targets(n, now).values())
+            return 0.0 if ramped else math.inf
 
-        return self._wait_until(ramped, timeout_s)
+        return self._wait_until(ramped_in_s, timeout_s)
 
-    def _wait_until(
-        self,
-        done: Callable[[float], bool],
-        timeout_s: float,
-        due_in_s: Callable[[float], float] | None = None,
-    ) -> bool:
-        """Until ``done(now)`` (called holding the lock), or False at the timeout: looked at
-        again on every request and change of state, and every 0.1 s (targets move with
-        time, too), or sooner when ``due_in_s(now)`` expects it done sooner."""
+    def _wait_until(self, left_s: Callable[[float], float], timeout_s: float) -> bool:
+        """Until ``left_s(now)`` (called holding the lock: the seconds it expects to take,
+        inf if it cannot tell) is 0, or False at the timeout: looked at again on every
+        request and change of state, every 0.1 s (targets move with time, too), and when
+        it should be done, if sooner."""
         deadline = self._clock() + timeout_s
         with self._cond:
             while True:
                 now = self._clock()
-                if done(now):
+                left = left_s(now)
+                if left <= 0:
                     return True
                 if now >= deadline:
                     return False
-                pause_s = 0.1 if due_in_s is None else min(0.1, max(due_in_s(now), 0.001))
-                self._cond.wait(min(deadline - now, pause_s))
+                self._cond.wait(min(deadline - now, 0.1, max(left, 0.001)))
 
     def close(self) -> None:
         with self._cond:
