@@ -138,6 +138,7 @@ def decide(
     pressed = ~staged & ~waiting & held_at_cap(s.ctl, s.power, s.cap, s.cap_max, span, settings)
     cuts = _cap_bottom_up(tree, state, s, node_power, capping, pressed, waiting, dt_s, settings)
     pressed &= cuts.levels == 0  # cut this cycle: held by a node over its threshold
+    ramp_s = state.ramp_seconds(dt_s)  # 3c's levelling and 4's raises share these seconds
     moved = move_between_bands(  # 3b. and 3c.
         tree,
         state,
@@ -147,7 +148,7 @@ def decide(
         cuts.pred,
         cuts.lowest,
         pressed,
-        state.ramp_seconds(dt_s),
+        ramp_s,
         settings,
     )
     quiet = waiting | moved.shifted | moved.levelled
@@ -162,7 +163,7 @@ def decide(
         staged,
         quiet,
         moved.level_rise_w,
-        state.ramp_seconds(dt_s),
+        ramp_s,
         settings,
     )
     return _decision(tree, s, node_power, capping, cuts, moved, dt_s, settings)  # 5. and 6.
