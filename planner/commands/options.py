@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from planner import formats
 from planner.censored import DEFAULT_MODE, MODE_HELP, MODES
 from powerd.click_types import Fraction, Quantity
 
@@ -25,7 +26,6 @@ OVERHEAD_W_NEEDED = (
 )
 
 
-INPUT_FORMAT_METAVAR = "nvidia-smi[:FIELDS]|dcgm|zeus[:GPUS]"
 INPUT_FORMAT_HELP = (
     "Read the profile files as the tool wrote them: nvidia-smi (--query-gpu=timestamp,index,"
     "power.draw,... --format=csv; nvidia-smi:FIELDS, the fields as queried, for noheader), "
@@ -45,10 +45,8 @@ def _input_format(ctx: click.Context, param: click.Parameter, value: str | None)
     """``--input-format``'s text as a planner.formats.InputFormat (None when not given)."""
     if value is None:
         return None
-    from planner.formats import parse_format
-
     try:
-        return parse_format(value)
+        return formats.parse_format(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx, param) from None
 
@@ -62,15 +60,13 @@ def profile_format_options() -> Decorator:
         def run(
             *args: Any, input_format: Any = None, node: str | None = None, **kwargs: Any
         ) -> Any:
-            from planner.formats import reading
-
-            with reading(input_format, node):
+            with formats.reading(input_format, node):
                 return function(*args, **kwargs)
 
         return compose(
             click.option(
                 "--input-format",
-                metavar=INPUT_FORMAT_METAVAR,
+                metavar=formats.METAVAR,
                 callback=_input_format,
                 default=None,
                 help=INPUT_FORMAT_HELP,
@@ -167,14 +163,20 @@ def placed_inputs(first: str) -> Decorator:
         click.option(
             "--workload", default=None, help="Workload name for profile rows that have none."
         ),
-        click.option(
-            "--capped-demand",
-            type=click.Choice(MODES),
-            default=DEFAULT_MODE,
-            show_default=True,
-            help=MODE_HELP,
-        ),
+        capped_demand_option(),
         profile_format_options(),
+    )
+
+
+def capped_demand_option() -> Decorator:
+    """``--capped-demand``: what a command makes of samples held at a cap
+    (planner.censored)."""
+    return click.option(
+        "--capped-demand",
+        type=click.Choice(MODES),
+        default=DEFAULT_MODE,
+        show_default=True,
+        help=MODE_HELP,
     )
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from planner.censored import DEFAULT_MODE, MODE_HELP, MODES, CensoredError, resolve
-from planner.commands.options import profile_format_options
+from planner.censored import CensoredError, resolve
+from planner.commands.options import capped_demand_option, profile_format_options
 from planner.errors import ProfileError
 from planner.output import column_mapping, emit, format_option, write_whole
 from planner.profiles import read_influx, read_profiles, summarise
@@ -105,13 +105,7 @@ Examples:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also write the normalised table (.parquet, .pq or .csv).",
 )
-@click.option(
-    "--capped-demand",
-    type=click.Choice(MODES),
-    default=DEFAULT_MODE,
-    show_default=True,
-    help=MODE_HELP,
-)
+@capped_demand_option()
 @format_option()
 def command(
     files: tuple[Path, ...],
