@@ -18,6 +18,10 @@ from planner.profiles import read_profiles
 from tests.support.demo_process import run_demo
 from tests.support.paths import REPO
 
+# The demo runs in real time: how far the drawn p99 falls under the truth depends on its
+# pacing (under the parallel stage's load 627 W drawn against a 631 W truth).
+pytestmark = pytest.mark.realtime
+
 TOPOLOGY = REPO / "powerd/data/budgets/tree-3rows.toml"  # 96 H100
 MIX = '[[jobs]]\nworkload = "llm-high"\nshare = 0.5\n[[jobs]]\nworkload = "llm-low"\nshare = 0.5\n'
 JOBS = ("llm-high", "llm-low")
@@ -72,8 +76,15 @@ def test_a_recorded_demo_is_planned_from_estimated_demand_with_a_warning(
     plain = draws_only(recorded, tmp_path / "draws.csv")
 
     doc, said = powerplan("profiles", str(recorded), "--workload", "idle")
+    table = read_profiles([recorded], workload="idle")
     for job in JOBS:
-        assert f"warning: {job}: 100% of its" in said, said  # the demo's caps are tight
+        # the share the recording holds, counted here: the demo's caps are tight, but how
+        # many samples a high job spends handed back to its maximum depends on the pacing
+        # (100 % in most runs, 94 % in one)
+        rows = table[table["workload"] == job]
+        capped = float((rows["cap_w"] < rows["cap_max_w"] - 1.0).mean())
+        assert capped > 0.5
+        assert f"warning: {job}: {capped:.0%} of its {len(rows):,} samples capped" in said, said
         assert "held at the cap" in said and "their demand estimated" in said
     drawn, _ = powerplan("profiles", str(plain))
     estimated = by_workload(doc)
