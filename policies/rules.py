@@ -34,6 +34,7 @@ Terms: ``span = cap_max - cap_min``, a GPU's range.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +63,7 @@ WAITING_CODES = phase_codes(WAITING_PHASES)
 COMM_CODE = PHASE_CODES["communication"]
 IDLE_CODE = PHASE_CODES["idle"]
 _COMPUTE_CODE = PHASE_CODES["compute"]
+_MOST_W_PER_S = float(np.finfo(float).max)  # finite, so that inf - it is still inf
 # Needs below this are rounding, not overload (a site sums ~1e8 W: ~1e-8 W of float noise).
 NEGLIGIBLE_W = 1e-7
 
@@ -205,12 +207,48 @@ def own_rise_w_per_s(
     """(n_nodes,) W/s the GPUs under each node rise by on their own under grid smoothing,
     each at ``startup_rise_w_per_s``: a ``staged`` start filling up, and a GPU rising back
     after a wait (``rising_after_wait``, its share); what the caps handed back must leave
-    of a node's ramp. Zeros without grid smoothing."""
+    of a node's ramp; and a GPU that may start a job (``may_start_rise_w_per_s``). Zeros
+    without grid smoothing."""
     if not settings.startup_rise_w_per_s > 0:
         return np.zeros(tree.n_nodes)
     rising = np.maximum(staged, rising_after_wait(state, phase, controllable, settings))
-    own: np.ndarray = settings.startup_rise_w_per_s * tree.node_sum(rising)
-    return own
+    own: np.ndarray = settings.startup_rise_w_per_s * rising
+    own += may_start_rise_w_per_s(tree, state, phase, controllable, settings)
+    return tree.node_sum(own)
+
+
+def may_start_rise_w_per_s(
+    tree: Tree,
+    state: ClusterState,
+    phase: np.ndarray,
+    controllable: np.ndarray,
+    settings: PolicySettings,
+) -> np.ndarray:
+    """(n_gpus,) W/s a controllable GPU that may start a job at any moment is counted as
+    rising by on its own: one ``stage_headroom_fraction`` of its range per window
+    (``wait_rise_after_s``, the smoothing profile's hysteresis: the spec's window). A job's
+    first step from idle (loading, before any cap is staged) is its own, not the caps':
+    ``powerd demo --smoothing`` broke the ramp by it, 28 W a GPU, 3.6 kW for a job, on top of
+    a window of caps handed back. Such a GPU is ``idle`` (announced, or jobless in a replay),
+    or has no announced phase and draws under its ``cap_min`` (jobless, as a controller
+    sees it: idle draws are under every model's least cap). Zeros without a window."""
+    window_s = settings.wait_rise_after_s
+    if not (math.isfinite(window_s) and window_s > 0):
+        return np.zeros(len(phase))
+    power = np.nan_to_num(np.asarray(state.power_w, dtype=float), nan=np.inf)
+    unannounced = (
+        np.ones(len(phase), dtype=bool)
+        if state.phase_s is None
+        else ~np.isfinite(np.asarray(state.phase_s, dtype=float))
+    )
+    idle = (phase == IDLE_CODE) | (
+        unannounced & (phase == _COMPUTE_CODE) & (power < tree.cap_min_w)
+    )
+    span = np.asarray(tree.cap_max_w, dtype=float) - np.asarray(tree.cap_min_w, dtype=float)
+    with np.errstate(over="ignore"):  # a window of a few ulps: the most a float holds
+        per_s = np.minimum(settings.stage_headroom_fraction * span / window_s, _MOST_W_PER_S)
+    rise: np.ndarray = np.where(controllable & idle, per_s, 0.0)
+    return rise
 
 
 def under_a_passed_limit(tree: Tree, node_power: np.ndarray) -> np.ndarray:

@@ -33,6 +33,7 @@ import numpy as np
 from policies import ClusterState, Decision, PolicySettings, Tree
 from policies.allocation import caps_at_draw_w
 from policies.smoothing import with_cut_fall
+from policies.tree import SITE
 from policies.turns import CAP_TOLERANCE_W, Turns, decide_in_turn
 from powerd.controller.clock_grants import ClockGrants, ClockPolicies
 from powerd.controller.commands import (
@@ -315,7 +316,9 @@ class ControllerCore:
             self.history.remember(now, heard, self.views)
             self.history.infer(now, self.registry)
         state, live = self.cluster_state(now, counters, heard)
-        state.ramp_s = self.ramp_window.take(now, dt_s)
+        state.ramp_s = self.ramp_window.take(
+            now, dt_s, float(np.sum(state.power_w)), float(self.tree.ramp_w_per_s[SITE])
+        )
         self._check_node_clocks(now, live)
         wanting = live.copy()  # the nodes that may take turns, as heard (returning ones too)
         self.planner.track_holdings(now, live, counters)

@@ -81,3 +81,46 @@ def test_a_cycle_with_no_seconds_of_ramp_left_raises_nothing_but_still_cuts() ->
     assert decide(tree, state, 1.0, CAPS).cap_w.sum() == pytest.approx(2000.0)
     lowered = dataclasses.replace(tree, root_caps_limit_w=1800.0)
     assert decide(lowered, state, 1.0, CAPS).cap_w.sum() == pytest.approx(2000.0 - 100.0)
+
+
+def test_a_draw_that_rose_on_its_own_leaves_the_cycle_only_what_the_window_has_left() -> None:
+    """Under an 18 kW/s ramp: a staged start's compute took its 11.7 kW headroom at once
+    between two cycles on time (`powerd demo --smoothing`: those caps and the next cycle's
+    9 kW moved the site 20.2 kW within a second). The cycle after it may hand back 18 - 11.7
+    = 6.3 kW, 0.35 s of ramp, not its 0.5 s; one that sees 18 kW risen in its window,
+    nothing; a window later, the draw steady, all its seconds again. Without the draw, or without a ramp, the grants alone count."""
+    window = RampWindow(1.0)
+    assert window.take(0.0, 0.5, 106_900.0, 18_000.0) == 0.5
+    assert window.take(0.5, 0.5, 118_600.0, 18_000.0) == pytest.approx(0.35)
+    # a cycle bunched 0.25 s later sees the window's 18 kW risen: nothing
+    assert window.take(0.75, 0.25, 124_900.0, 18_000.0) == 0.0
+    assert window.take(1.75, 1.0, 124_900.0, 18_000.0) == 1.0  # steady for a window
+    plain = RampWindow(1.0)
+    assert plain.take(0.0, 0.5, 100_000.0) == plain.take(0.5, 0.5, 120_000.0) == 0.5
+    assert RampWindow(1.0).take(0.5, 0.5, None, 18_000.0) == 0.5
+
+
+def test_a_draw_that_fell_leaves_the_whole_window() -> None:
+    """Only a rise counts: a site falling (a wait, a stop) gets its seconds as before."""
+    window = RampWindow(1.0)
+    assert [window.take(0.5 * k, 0.5, 200_000.0 - 5_000.0 * k, 18_000.0) for k in range(4)] == [
+        0.5
+    ] * 4
+
+
+def test_the_core_counts_the_draw_it_sees_against_the_ramp_in_force() -> None:
+    """Through the core, under a 1 kW/s site ramp over a 2 s window, cycles 1 s apart: one
+    that sees the GPUs' draw 1.5 kW above the last cycle's may hand back what that leaves
+    of the window, 2 - 1.5 = 0.5 s, not the 1 s the grants alone leave it."""
+    text = BUDGETS.replace("budget_kw = 18\n", "budget_kw = 18\nramp_kw_per_s = 1\n", 1)
+    b = make_bench(text)
+    b.core.ramp_window = RampWindow(2.0)
+    assert float(b.core.tree.ramp_w_per_s[0]) == 1000.0
+    b.report_all(100.0, cap_w=FAILSAFE_W)
+    b.apply(b.cycle())
+    n = len(b.core.cap_w)
+    b.clock.advance(1.0)
+    b.report_all(100.0 + 1500.0 / n, cap_w=FAILSAFE_W)
+    state = b.cycle().state
+    assert state is not None
+    assert state.ramp_s == pytest.approx(0.5)

@@ -340,3 +340,33 @@ def test_under_grid_smoothing_raises_leave_the_site_ramp_to_the_starts_rising_on
     h = CAPS.stage_headroom_fraction * 1000.0 + 2 * 50.0
     np.testing.assert_allclose(d.cap_w[4:], 250.0 + h)
     assert raised == pytest.approx(1000.0 - 4 * 50.0 - 4 * h)
+
+
+def test_under_grid_smoothing_raises_leave_the_site_ramp_to_a_start_on_idle_gpus():
+    """A job's first step from idle (loading, before any cap is staged) is its own: `powerd
+    demo --smoothing` broke the ramp by it, 3.6 kW of a job starting on top of a window of
+    caps handed back. Each GPU that may start (idle, announced or jobless; or with no phase
+    announced, drawing under its least cap) keeps one stage headroom per window (the
+    profile's hysteresis, 1 s) out of the raises; one whose job announced compute, or that
+    draws like a job's GPU, none; without grid smoothing, none."""
+    tree = one_rack(8 * 1200.0, gpus=8)
+    ramp = np.full(tree.n_nodes, np.inf)
+    ramp[0] = 1000.0  # W/s at the site
+    tree = dataclasses.replace(tree, ramp_w_per_s=ramp)
+    # 4 GPUs computing at their 600 W caps ask; 2 idle (one announced, one jobless), one
+    # unannounced drawing like a job's GPU, one announced computing at a low draw
+    cap = np.array([600.0] * 4 + [500.0] * 4)
+    power = np.array([600.0] * 4 + [70.0, 70.0, 450.0, 150.0])
+    state = make_state(tree, power, cap)
+    state.phase = np.array([COMPUTE] * 4 + [IDLE, COMPUTE, COMPUTE, COMPUTE], dtype=np.int8)
+    state.phase_s = np.array([3.0] * 4 + [3.0, np.nan, np.nan, 3.0])
+    smoothed = dataclasses.replace(CAPS, startup_rise_w_per_s=50.0, wait_rise_after_s=1.0)
+    no_window = dataclasses.replace(smoothed, wait_rise_after_s=float("inf"))
+
+    def raised(policy: PolicySettings) -> float:
+        return float(np.sum(np.maximum(decide(tree, state, 1.0, policy).cap_w - cap, 0.0)))
+
+    h = CAPS.stage_headroom_fraction * 1000.0  # 50 W of a 200-1200 W range, per 1 s window
+    assert raised(no_window) == pytest.approx(raised(CAPS))  # no hysteresis: none kept
+    assert raised(no_window) > 2 * h
+    assert raised(smoothed) == pytest.approx(raised(no_window) - 2 * h)
