@@ -454,10 +454,41 @@ class ResumeLevels:
     def step(self, natural_w: np.ndarray, working: np.ndarray, waiting: np.ndarray) -> float:
         """How far below their resume levels the waiting GPUs draw, in all (W); then the
         working GPUs' levels move to what they draw."""
-        gap = self.resume_w[waiting] - natural_w[waiting]
-        total = float(gap[gap > 0].sum())
+        return float(self.gaps(natural_w, working, waiting).sum())
+
+    def gaps(self, natural_w: np.ndarray, working: np.ndarray, waiting: np.ndarray) -> np.ndarray:
+        """``step``, GPU by GPU: how far below its resume level each waiting GPU draws (0
+        for the others)."""
+        with np.errstate(invalid="ignore"):  # -inf: nothing to resume to
+            gap = np.where(waiting, self.resume_w - natural_w, 0.0)
+        gap = np.where(gap > 0, gap, 0.0)
         np.copyto(self.resume_w, natural_w, where=working)
-        return total
+        return gap
+
+
+def least_ready_floor_j_by_shares(
+    parts: list[tuple[np.ndarray, np.ndarray, float]],
+    dt_s: float,
+    window_s: float,
+    up_w_per_s: float = math.inf,
+    down_w_per_s: float = math.inf,
+) -> float:
+    """The least energy (J) floors burn when each part of a site (a job's GPUs: its draw,
+    its ``resume_w`` as in ``least_ready_floor``, and its ``share`` of the site's GPUs) meets
+    its own share of the ramp limits, as fixed per-GPU shares (``policies.smoothing.
+    gpu_ramps``) make it: ``least_ready_floor`` of each part at ``share × limit``. It is at
+    least ``least_ready_floor``'s of the whole: one job that waits may not use the
+    allowance the others leave; the difference is what moving the allowance between jobs
+    as they wait could save."""
+    total_j = 0.0
+    for demand_w, resume_w, share in parts:
+        if not 0 < share <= 1:
+            raise ValueError(f"a part's share of the site's GPUs is in (0, 1], not {share}")
+        floor = least_ready_floor(
+            demand_w, resume_w, dt_s, window_s, share * up_w_per_s, share * down_w_per_s
+        )
+        total_j += float(np.maximum(floor - as_series(demand_w), 0.0).sum()) * dt_s
+    return total_j
 
 
 @dataclass(frozen=True)

@@ -340,6 +340,7 @@ def summarize(trace: RunRecord) -> Summary:
     jobs, throughput, lost_by_cause = _jobs(trace, dt)
     natural = _natural_site(trace, site)  # None: nothing burnt
     need = _grid_need(trace, site if natural is None else natural)
+    gaps = _resume_gaps(trace)
     ramp_limit = float(trace.site_ramp_limit_w_per_s)
     return Summary(
         duration_s=float(trace.duration_s),
@@ -362,7 +363,8 @@ def summarize(trace: RunRecord) -> Summary:
             gpu_j,
             smoothing_j=_fill_j(trace),
             demand_w=None if natural is None else regular_series(trace.t, natural)[0],
-            resume_w=_resume_site(trace, site if natural is None else natural),
+            resume_w=_resume_site(trace, site if natural is None else natural, gaps),
+            job_parts=_job_parts(trace, gaps),
             need_w=None if need is None else need[0],
             lost_j=None if need is None else need[1],
         ),
@@ -426,20 +428,57 @@ def _natural_site(trace: RunRecord, site_w: np.ndarray) -> np.ndarray | None:
     return drawn_w
 
 
-def _resume_site(trace: RunRecord, natural_site_w: np.ndarray) -> np.ndarray | None:
-    """What the site would draw at each sample, with no fill, were every GPU waiting (in a
-    ``WAITING_PHASES`` phase) to resume at once: ``natural_site_w`` plus each waiting GPU's
-    shortfall from its own draw (no fill) at its last sample in a progress phase. On the
-    regular steps the grid is measured at; None without per-GPU samples."""
+def _resume_gaps(trace: RunRecord) -> tuple[np.ndarray, np.ndarray] | None:
+    """(n_samples, n_gpus) each GPU's draw with no fill, and how far below what it would
+    draw were it to resume at once it stands while it waits (in a ``WAITING_PHASES``
+    phase): short of its own draw (no fill) at its last sample in a progress phase. None
+    without per-GPU samples."""
     natural = _gpu_drawn_w(trace)
     if natural is None:
         return None
-    t = np.asarray(trace.t, dtype=float)
     working = _progress_mask(trace.gpu_phase)
     waiting = in_codes(np.asarray(trace.gpu_phase), phase_codes(WAITING_PHASES))
     levels = grid_measure.ResumeLevels(natural.shape[1])
-    shortfall = [levels.step(natural[k], working[k], waiting[k]) for k in range(len(t))]
-    return regular_series(t, natural_site_w + np.array(shortfall))[0]
+    gaps = np.array([levels.gaps(natural[k], working[k], waiting[k]) for k in range(len(natural))])
+    return natural, gaps
+
+
+def _resume_site(
+    trace: RunRecord, natural_site_w: np.ndarray, gaps: tuple[np.ndarray, np.ndarray] | None
+) -> np.ndarray | None:
+    """What the site would draw at each sample, with no fill, were every waiting GPU to
+    resume at once: ``natural_site_w`` plus every GPU's gap (``_resume_gaps``). On the
+    regular steps the grid is measured at; None without per-GPU samples."""
+    if gaps is None:
+        return None
+    t = np.asarray(trace.t, dtype=float)
+    return regular_series(t, natural_site_w + gaps[1].sum(axis=1))[0]
+
+
+def _job_parts(
+    trace: RunRecord, gaps: tuple[np.ndarray, np.ndarray] | None
+) -> list[tuple[np.ndarray, np.ndarray, float]] | None:
+    """Per job: its GPUs' draw with no fill, what they would draw were they to resume at
+    once, on the regular steps, and its share of the site's GPUs (``grid_report``'s
+    ``job_parts``). None without per-GPU samples."""
+    if gaps is None or not len(trace.jobs):
+        return None
+    natural, gap = gaps
+    t = np.asarray(trace.t, dtype=float)
+    job = np.asarray(trace.gpu_job)
+    parts = []
+    for j in range(len(trace.jobs)):
+        mine = job == j
+        if mine.any():
+            drawn = natural[:, mine].sum(axis=1)
+            parts.append(
+                (
+                    regular_series(t, drawn)[0],
+                    regular_series(t, drawn + gap[:, mine].sum(axis=1))[0],
+                    float(mine.sum()) / len(job),
+                )
+            )
+    return parts
 
 
 def _grid_need(trace: RunRecord, drawn_site_w: np.ndarray) -> tuple[np.ndarray, float] | None:

@@ -423,8 +423,9 @@ def print_summary(console: Console, summary: Summary, plot_path: str | None) -> 
 
 
 def grid_bounds_line(g: dict[str, Any]) -> str:
-    """'floor 2.18x the causal bound; lost 0.041 kWh of work, 1.37x the least at its floors
-    (0.030 kWh), 0.000 kWh the least at that energy': ``grid_report``'s lost-work part."""
+    """'floor 2.18x the causal bound, 1.20x the least with each job's fixed share; lost
+    0.041 kWh of work, 1.37x the least at its floors (0.030 kWh), 0.000 kWh the least at
+    that energy': ``grid_report``'s lost-work part."""
 
     def times(ratio: float | None) -> str:
         return "n/a" if ratio is None else f"{ratio:.2f}x"
@@ -433,6 +434,8 @@ def grid_bounds_line(g: dict[str, Any]) -> str:
     bound_outside_s = g.get("floor_ready_s_outside_oscillation")
     if bound_outside_s:
         floor += f" (a ramps-only bound: outside the oscillation limit {bound_outside_s:.0f} s)"
+    if g.get("floor_ratio_to_shared") is not None:
+        floor += f", {times(g['floor_ratio_to_shared'])} the least with each job's fixed share"
     lost = f"lost {g['lost_work_kwh']:.3f} kWh of work"
     at_floors = g.get("lost_at_floors_kwh")
     if at_floors is not None:

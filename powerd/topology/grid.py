@@ -136,6 +136,7 @@ def grid_report(
     resume_w: np.ndarray | None = None,
     need_w: np.ndarray | None = None,
     lost_j: float | None = None,
+    job_parts: list[tuple[np.ndarray, np.ndarray, float]] | None = None,
 ) -> dict[str, Any]:
     """A site's regular power series (one value every ``step_s``) measured as the grid sees it
     (``policies.grid``), against ``spec`` when there is one: what ``powerplan whatif``
@@ -156,7 +157,11 @@ def grid_report(
     ``need_w``: what the site would draw with no grid spec (its jobs' demand, uncapped);
     given, with a ramp limit, the work lost to the grid and its bound are reported
     (``_lost_work``); ``lost_j``: the work the grid held back counted GPU by GPU, when
-    known (else the site's shortfall from ``need_w``)."""
+    known (else the site's shortfall from ``need_w``). ``job_parts``: per job, its draw
+    with no floor, its resume levels and its share of the site's GPUs; given, with
+    ``resume_w``, the least floors burn when each job keeps a fixed share of the ramps
+    (``floor_shared_kwh``, ``policies.grid.least_ready_floor_j_by_shares``: the bound for
+    powerd's per-GPU shares) and what was burnt over it (``floor_ratio_to_shared``)."""
     g = spec or GridSpec()
     out: dict[str, Any] = {"spec": NO_GRID_SPEC if spec is None else spec.describe()}
     out["step_s"] = step_s
@@ -206,6 +211,14 @@ def grid_report(
         if seconds > 0
     ]
     out |= _floor_costs(site_w, step_s, spec, energy_j, smoothing_j, demand_w, resume_w)
+    if job_parts and resume_w is not None and spec.limits_ramp:
+        shared_j = grid_measure.least_ready_floor_j_by_shares(
+            job_parts, step_s, spec.window_s, spec.ramp_up_w_per_s, spec.ramp_down_w_per_s
+        )
+        out["floor_shared_kwh"] = shared_j / grid_measure.J_PER_KWH
+        out["floor_ratio_to_shared"] = (
+            smoothing_j / shared_j if smoothing_j is not None and shared_j > 0 else None
+        )
     if need_w is not None and spec.limits_ramp:
         ready_kwh = out.get("floor_ready_kwh")
         out |= _lost_work(site_w, step_s, spec, need_w, smoothing_j, ready_kwh, lost_j)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from policies import decide
 from policies.tree import PHASE_CODES
 from powerd.controller.ramp_window import RampWindow
-from tests.controller.test_controller_core import BUDGETS, FAILSAFE_W, make_bench
+from tests.controller.test_controller_core import BUDGETS, CAP_MAX_W, FAILSAFE_W, NODES, make_bench
 from tests.policies.test_policy_allocation import CAPS, one_rack
 from tests.support.policy_trees import make_state
 
@@ -124,3 +124,21 @@ def test_the_core_counts_the_draw_it_sees_against_the_ramp_in_force() -> None:
     state = b.cycle().state
     assert state is not None
     assert state.ramp_s == pytest.approx(0.5)
+
+
+def test_a_node_falling_silent_is_no_rise_of_the_draw() -> None:
+    """A silent node counts at the caps it may hold (625 W a GPU after the first cycle, 300 W
+    drawn when last heard: 650 W more for its two GPUs), but what the window sees is the
+    draw last reported: under a 0.5 kW/s ramp over 2 s the cycle after it falls silent
+    keeps its 1 s (the stand-ins counted as drawn would leave it 0.7 s)."""
+    text = BUDGETS.replace("budget_kw = 18\n", "budget_kw = 18\nramp_kw_per_s = 0.5\n", 1)
+    b = make_bench(text, stale_after_s=0.5, agent_failsafe_after_s=10.0)
+    b.core.ramp_window = RampWindow(2.0)
+    b.report_all(300.0, cap_w=CAP_MAX_W)
+    b.apply(b.cycle())
+    b.clock.advance(1.0)  # k1-n1 silent 1 s: counted at its caps
+    for node in NODES[1:]:
+        b.report(node, 300.0, cap_w=CAP_MAX_W)
+    result = b.cycle()
+    assert result.counters.stale_nodes == 1
+    assert result.state is not None and result.state.ramp_s == pytest.approx(1.0)

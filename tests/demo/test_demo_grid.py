@@ -367,7 +367,11 @@ def test_the_summary_gives_the_work_lost_to_the_grid_against_its_bound():
     assert g["floor_ready_kwh"] == pytest.approx(2.0 / 3.6e6)
     assert g["floor_ratio_to_causal"] == pytest.approx(1.0)
     rows = dict((label, value) for label, value, _ in grid_rows(s))
-    assert rows["grid cost vs bounds"].startswith("floor 1.00x the causal bound; lost 0.000 kWh")
+    # one job on every GPU: its fixed share is the whole site's, the same bound
+    assert g["floor_shared_kwh"] == pytest.approx(g["floor_ready_kwh"])
+    assert rows["grid cost vs bounds"].startswith(
+        "floor 1.00x the causal bound, 1.00x the least with each job's fixed share; lost 0.000 kWh"
+    )
     assert "1.50x the least at its floors (0.000 kWh)" in rows["grid cost vs bounds"]
     assert rows["grid cost vs bounds"].endswith("0.000 kWh the least at that energy")
     # burning 6 J, no work need be lost: the ratio is infinite, and the line says why

@@ -55,3 +55,6 @@ def test_the_jobs_fill_their_waits_and_the_site_falls_slowly(smoothing_run):
     # what the grid held back, against its bounds (0-0.0014 kWh quiet; 0.014-0.022 before)
     assert 0 <= g["lost_work_kwh"] < 0.05 and g["lost_at_floors_kwh"] >= 0
     assert g["floor_ratio_to_causal"] > 0
+    # each job's fixed share of the ramps: a bound at least the causal one, often above it
+    assert g["floor_shared_kwh"] >= g["floor_ready_kwh"] * (1 - 1e-9)
+    assert 0 < g["floor_ratio_to_shared"] <= g["floor_ratio_to_causal"] * (1 + 1e-9)

@@ -263,6 +263,32 @@ def test_resume_levels_are_each_gpus_last_working_draw():
     assert levels.step(np.array([40.0, 250.0, 50.0]), [no, yes, no], [yes, no, yes]) == 60.0
     assert levels.step(np.array([120.0, 90.0, 50.0]), [no, no, no], [yes, yes, yes]) == 160.0
 
+    # GPU by GPU, the same gaps (0 where a GPU does not wait or stands above its level)
+    again = grid.ResumeLevels(3)
+    again.step(np.array([100.0, 200.0, 30.0]), [yes, yes, no], [no, no, no])
+    gaps = again.gaps(np.array([40.0, 250.0, 50.0]), [no, yes, no], [yes, no, yes])
+    np.testing.assert_array_equal(gaps, [60.0, 0.0, 0.0])
+
+
+def test_the_least_floor_with_each_jobs_fixed_share_by_hand():
+    """Two jobs of half the site's GPUs each at 1 s steps, ramps 40 W/s over 1 s. A draws
+    100 W, waits two steps at 0 W, and resumes; B draws 100 W throughout. The whole site
+    may stand 40 W under where A resumes: 200, 200, 160, 160, 200 W, 120 J. With each job
+    keeping its half of the ramp (20 W/s), A stands 20 W under: 80 W twice, 160 J."""
+    a = np.array([100.0, 100.0, 0.0, 0.0, 100.0])
+    b = np.full(5, 100.0)
+    a_resume = np.full(5, 100.0)
+    whole = grid.least_ready_floor(a + b, a_resume + b, 1.0, 1.0, 40.0, 40.0)
+    np.testing.assert_array_equal(whole, [200.0, 200.0, 160.0, 160.0, 200.0])
+    parts = [(a, a_resume, 0.5), (b, b, 0.5)]
+    assert grid.least_ready_floor_j_by_shares(parts, 1.0, 1.0, 40.0, 40.0) == pytest.approx(160.0)
+    # one job with all the GPUs: the whole site's bound
+    assert grid.least_ready_floor_j_by_shares(
+        [(a + b, a_resume + b, 1.0)], 1.0, 1.0, 40.0, 40.0
+    ) == pytest.approx(120.0)
+    with pytest.raises(ValueError, match="share"):
+        grid.least_ready_floor_j_by_shares([(a, a, 0.0)], 1.0, 1.0, 40.0, 40.0)
+
 
 @many
 @given(powers, steps, windows, limits, limits, st.data())

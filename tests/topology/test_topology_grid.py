@@ -209,6 +209,23 @@ def test_the_report_gives_the_work_lost_to_the_grid_and_its_bound():
     assert report["lost_ratio_to_bound"] == pytest.approx(1.5)
     assert report["floor_ready_kwh"] == pytest.approx(6.0 / 3.6e6)
     assert report["floor_ratio_to_causal"] == pytest.approx(1 / 3)
+    # given each job's part (here one job, all the GPUs), the bound for fixed shares
+    # is the causal bound itself
+    parts = [(need_w, need_w, 1.0)]
+    shared = grid_report(
+        site_w,
+        1.0,
+        spec,
+        100.0,
+        smoothing_j=2.0,
+        demand_w=need_w,
+        resume_w=need_w,
+        need_w=need_w,
+        job_parts=parts,
+    )
+    assert shared["floor_shared_kwh"] == pytest.approx(6.0 / 3.6e6)
+    assert shared["floor_ratio_to_shared"] == pytest.approx(1 / 3)
+    assert "floor_shared_kwh" not in report
     # nothing said burnt: what the site drew above the demand (2 J here) is
     plain = grid_report(site_w, 1.0, spec, 100.0, need_w=need_w)
     assert plain["lost_least_kwh"] == pytest.approx(4.0 / 3.6e6)
