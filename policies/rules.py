@@ -227,11 +227,11 @@ def may_start_rise_w_per_s(
     """(n_gpus,) W/s a controllable GPU that may start a job at any moment is counted as
     rising by on its own: one ``stage_headroom_fraction`` of its range per window
     (``wait_rise_after_s``, the smoothing profile's hysteresis: the spec's window). A job's
-    first step from idle (loading, before any cap is staged) is its own, not the caps':
-    ``powerd demo --smoothing`` broke the ramp by it, 28 W a GPU, 3.6 kW for a job, on top of
-    a window of caps handed back. Such a GPU is ``idle`` (announced, or jobless in a replay),
-    or has no announced phase and draws under its ``cap_min`` (jobless, as a controller
-    sees it: idle draws are under every model's least cap). Zeros without a window."""
+    first step from idle (loading, before any cap is staged) is its own, not the caps', and
+    lands on whatever the window's raises were. Such a GPU is ``idle`` (announced, or
+    jobless in a replay), or has no announced phase and draws under its ``cap_min``
+    (jobless, as a controller sees it: idle draws are under every model's least cap).
+    Zeros without a window."""
     window_s = settings.wait_rise_after_s
     if not (math.isfinite(window_s) and window_s > 0):
         return np.zeros(len(phase))
