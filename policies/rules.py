@@ -63,7 +63,6 @@ WAITING_CODES = phase_codes(WAITING_PHASES)
 COMM_CODE = PHASE_CODES["communication"]
 IDLE_CODE = PHASE_CODES["idle"]
 _COMPUTE_CODE = PHASE_CODES["compute"]
-_MOST_W_PER_S = float(np.finfo(float).max)  # finite, so that inf - it is still inf
 # Needs below this are rounding, not overload (a site sums ~1e8 W: ~1e-8 W of float noise).
 NEGLIGIBLE_W = 1e-7
 
@@ -245,8 +244,8 @@ def may_start_rise_w_per_s(
         unannounced & (phase == _COMPUTE_CODE) & (power < tree.cap_min_w)
     )
     span = np.asarray(tree.cap_max_w, dtype=float) - np.asarray(tree.cap_min_w, dtype=float)
-    with np.errstate(over="ignore"):  # a window of a few ulps: the most a float holds
-        per_s = np.minimum(settings.stage_headroom_fraction * span / window_s, _MOST_W_PER_S)
+    with np.errstate(over="ignore"):  # a window of a few ulps: inf, every raise kept
+        per_s = settings.stage_headroom_fraction * span / window_s
     rise: np.ndarray = np.where(controllable & idle, per_s, 0.0)
     return rise
 

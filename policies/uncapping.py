@@ -141,7 +141,9 @@ def uncap(
     if cycles is not None:  # a turn takes its share of the room, the others' turns come
         cap_room = cap_room * _turn_share(tree, s, i, request, everyone, cycles, settings)
     ramp = np.asarray(tree.ramp_w_per_s, dtype=float)
-    ramp = np.maximum(ramp - own_rise_w_per_s(tree, state, s.phase, s.ctl, staged, settings), 0)
+    own = own_rise_w_per_s(tree, state, s.phase, s.ctl, staged, settings)
+    with np.errstate(invalid="ignore"):  # no limit stays none, whatever rises on its own
+        ramp = np.where(np.isinf(ramp), ramp, np.maximum(ramp - own, 0))
     budget = np.minimum(ramp_allowance_w(ramp, ramp_s) - level_rise_w, cap_room)
     budget = np.where(room & (budget > NEGLIGIBLE_W), budget, 0.0)  # NaN (bad tree): none
     _grant_by_class(tree, s, i, request, budget, pressed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from policies import (
     HIGH,
     LOW,
     NORMAL,
+    PHASE_CODES,
     RACK,
     ROW,
     SERVER,
@@ -20,6 +22,7 @@ from policies import (
     decide,
 )
 from tests.support.policy_trees import (
+    COMPUTE,
     make_state,
     uncapping_everywhere,
     uniform_tree,
@@ -114,6 +117,22 @@ def test_below_uncap_threshold_caps_come_back_gradually():
     d = decide(tree, state, 1.0, settings)
     # each gains 20 % of its gap to 1200 W; the uncapped one stays
     np.testing.assert_allclose(d.cap_w, [800.0, 1040.0, 1200.0, 400.0])
+
+
+def test_no_ramp_limit_stays_none_whatever_rises_on_its_own():
+    """Under grid smoothing with a window of a few ulps, idle GPUs' reserve is infinite
+    (``policies.rules.may_start_rise_w_per_s``); where no ramp limits the site, the caps
+    come back as without one, and nothing computes inf - inf (CI: a RuntimeWarning)."""
+    tree = uncapping_everywhere(one_server())
+    state = make_state(tree, [500.0, 500.0, 70.0, 70.0], [700.0, 1000.0, 1200.0, 1200.0])
+    state.phase = np.array([COMPUTE] * 2 + [PHASE_CODES["idle"]] * 2, dtype=np.int8)
+    plain = PolicySettings(safety_by_caps=False, uncap_step_fraction=0.2, uncap_min_step_w=0.0)
+    tiny = dataclasses.replace(plain, startup_rise_w_per_s=50.0, wait_rise_after_s=5e-324)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        smoothed = decide(tree, state, 1.0, tiny)
+    np.testing.assert_allclose(smoothed.cap_w, decide(tree, state, 1.0, plain).cap_w)
+    assert smoothed.cap_w[0] > 700.0
 
 
 def test_uncapping_min_step_closes_small_gaps():
