@@ -229,8 +229,9 @@ def may_start_rise_w_per_s(
     first step from idle (loading, before any cap is staged) is its own, not the caps', and
     lands on whatever the window's raises were. Such a GPU is ``idle`` (announced, or
     jobless in a replay), or has no announced phase and draws under its ``cap_min``
-    (jobless, as a controller sees it: idle draws are under every model's least cap).
-    Zeros without a window."""
+    (jobless, as a controller sees it: idle draws are under every model's least cap), and
+    whose draw no hardware of its own ramps (``ClusterState.ramps_in_hardware``). Zeros
+    without a window."""
     window_s = settings.wait_rise_after_s
     if not (math.isfinite(window_s) and window_s > 0):
         return np.zeros(len(phase))
@@ -246,6 +247,8 @@ def may_start_rise_w_per_s(
     span = np.asarray(tree.cap_max_w, dtype=float) - np.asarray(tree.cap_min_w, dtype=float)
     with np.errstate(over="ignore"):  # a window of a few ulps: inf, every raise kept
         per_s = settings.stage_headroom_fraction * span / window_s
+    if state.ramps_in_hardware is not None:
+        idle &= ~np.asarray(state.ramps_in_hardware, dtype=bool)
     rise: np.ndarray = np.where(controllable & idle, per_s, 0.0)
     return rise
 

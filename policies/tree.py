@@ -337,6 +337,10 @@ class ClusterState:
     # since the last cycle, less what the cycles before it within the ramp's window were
     # given beyond a window's worth (``powerd.controller.ramp_window``). None: ``dt_s``.
     ramp_s: float | None = None
+    # Per GPU, whether its own power smoothing hardware ramps every rise of its draw (on, and
+    # not carried out in software by its jobs): a job starting on it is no step at once
+    # (``policies.rules.may_start_rise_w_per_s``). None: no GPU known to.
+    ramps_in_hardware: np.ndarray | None = None
 
     def ramp_seconds(self, dt_s: float) -> float:
         """The seconds of ramp this cycle hands back under (``ramp_s``, or ``dt_s``)."""

@@ -53,7 +53,7 @@ from powerd.line_protocol import (
     parse_line,
     to_ns,
 )
-from powerd.protocol import PhaseEvent, Telemetry
+from powerd.protocol import SOFTWARE_MECHANISM, PhaseEvent, Telemetry
 from powerd.vocabulary import LEVELS, MODES, PHASES, PRIORITIES
 
 __all__ = [
@@ -439,7 +439,7 @@ def _fast_gpu_line(
         on, floor = smoothing.enabled, smoothing.floor_percent
         if not (on.__class__ is bool and floor.__class__ is float and floor - floor == 0.0):
             return None
-        software = int(smoothing.mechanism == "software")
+        software = int(smoothing.mechanism == SOFTWARE_MECHANISM)
         smoothing_part = (
             f",smoothing_enabled={int(on)}i,smoothing_software={software}i,"
             f"smoothing_floor_pct={floor!r}"
@@ -526,7 +526,9 @@ def telemetry_lines(
             capped=g.cap_w < g.cap_max_w,
             seq=telemetry.seq,
             smoothing_enabled=None if smoothing is None else smoothing.enabled,
-            smoothing_software=None if smoothing is None else smoothing.mechanism == "software",
+            smoothing_software=(
+                None if smoothing is None else smoothing.mechanism == SOFTWARE_MECHANISM
+            ),
             smoothing_floor_pct=None if smoothing is None else smoothing.floor_percent,
         )
         if line is not None:

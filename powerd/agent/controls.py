@@ -18,7 +18,14 @@ from msgspec import UNSET
 from powerd.agent.rules import smoothing_to_write
 from powerd.gpu import Gpu, GpuError, GpuNotSupportedError
 from powerd.gpu.base import POWER_LIMIT_RESOLUTION_W, SmoothingProfile
-from powerd.protocol import AckError, GpuAck, GpuCommand, GpuSmoothing, GpuSmoothingState
+from powerd.protocol import (
+    SOFTWARE_MECHANISM,
+    AckError,
+    GpuAck,
+    GpuCommand,
+    GpuSmoothing,
+    GpuSmoothingState,
+)
 
 log = logging.getLogger("powerd.agent")
 
@@ -74,7 +81,7 @@ def smoothing_state(profile: SmoothingProfile, software: bool = False) -> GpuSmo
         enabled=profile.enabled,
         preset=profile.preset,
         floor_percent=profile.floor_percent,
-        mechanism="software" if software else None,
+        mechanism=SOFTWARE_MECHANISM if software else None,
     )
 
 

@@ -520,6 +520,7 @@ class ControllerCore:
             wait_before_s=jobs.wait_before_s[on_server],
             phase_expected_s=jobs.expected_s[on_server],
             heard=gpu_live,
+            ramps_in_hardware=views.ramps_in_hardware.copy(),
             uncap_cycles=uncap_cycles,
             pending_cap_w=pending,
         )

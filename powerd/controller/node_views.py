@@ -22,7 +22,14 @@ from policies import Tree
 from powerd.controller.counters import CycleCounters, Reject
 from powerd.controller.inbox import Waiting
 from powerd.controller.settings import ControllerSettings
-from powerd.protocol import GpuSmoothingState, ProtocolError, Status, Telemetry, decode
+from powerd.protocol import (
+    SOFTWARE_MECHANISM,
+    GpuSmoothingState,
+    ProtocolError,
+    Status,
+    Telemetry,
+    decode,
+)
 from powerd.ratelimit import LogOncePer
 from powerd.vocabulary import MODES, STALE
 
@@ -109,6 +116,8 @@ class NodeViews:
         # the smoothing state each GPU's telemetry last carried (telemetry carries it when it
         # changes and every SMOOTHING_STATE_EVERY_SAMPLES samples): for the records
         self.smoothing_last: list[GpuSmoothingState | None] = [None] * n_gpus
+        # and whether it says the GPU's own hardware smooths (ClusterState.ramps_in_hardware)
+        self.ramps_in_hardware = np.zeros(n_gpus, dtype=bool)
         # agent clock (ts) of each node's newest decoded telemetry and of its last ack of ours
         self.sample_ts = np.full(n_servers, -math.inf)
         self.acked_ts = np.full(n_servers, -math.inf)
@@ -127,6 +136,7 @@ class NodeViews:
         """
         names, slices, last_seq = self.tree.server_names, self.tree.server_gpus, self._last_seq
         acked_ts, smoothing_last = self.acked_ts, self.smoothing_last
+        in_hardware = self.ramps_in_hardware
         gpu_ids: list[int] = []
         held_ids: list[int] = []
         power: list[float] = []
@@ -179,6 +189,9 @@ class NodeViews:
                     # change and every SMOOTHING_STATE_EVERY_SAMPLES samples: waiting for a
                     # current one could take many); only a current one says it lost ours.
                     smoothing_last[start + g.index] = g.smoothing
+                    in_hardware[start + g.index] = g.smoothing.enabled and (
+                        g.smoothing.mechanism != SOFTWARE_MECHANISM
+                    )
                     smoothing_ids.append(start + g.index)
                     smoothing_held.append(
                         not current

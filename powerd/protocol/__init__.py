@@ -39,6 +39,7 @@ from powerd.protocol.constraints import (
 )
 from powerd.protocol.messages import (
     NODE_LIST_MAX_BYTES,
+    SOFTWARE_MECHANISM,
     Ack,
     AckError,
     ClassWatts,
@@ -103,6 +104,7 @@ __all__ = [
     "SMOOTHING_MAX_RAMP_W_PER_S",
     "SMOOTHING_PRESET_MAX",
     "SMOOTHING_STATE_EVERY_SAMPLES",
+    "SOFTWARE_MECHANISM",
     "TOPIC_ROOT",
     "Ack",
     "AckError",

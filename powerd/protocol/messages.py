@@ -46,6 +46,10 @@ from powerd.vocabulary import (
 # --- hardware power smoothing: optional parts of telemetry, command and ack ----------
 
 
+# GpuSmoothingState.mechanism of smoothing the GPU's jobs carry out (told by the agent)
+SOFTWARE_MECHANISM = "software"
+
+
 class GpuSmoothingState(Payload):
     """Telemetry's compact view of the smoothing in force: the switch, the active preset
     and its power floor (percent of the enforced cap). The ramps are in the ack."""

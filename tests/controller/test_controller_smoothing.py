@@ -13,6 +13,7 @@ from policies.rules import rising_after_wait
 from powerd.controller.core import ControllerCore, ControllerSettings
 from powerd.controller.smoothing import GRID_PRESET, grid_smoothing
 from powerd.protocol import (
+    SOFTWARE_MECHANISM,
     Ack,
     Command,
     GpuAck,
@@ -358,3 +359,24 @@ def test_under_grid_smoothing_caps_over_a_budget_are_cut_at_the_ramp_down_share(
     assert policy.cut_fall_w_per_s == profile.ramp_down_w_per_s
     plain = smoothing_bench(smoothing=None)
     assert plain.core.cycle_policy(plain.core.settings.cycle_s).cut_fall_w_per_s == float("inf")
+
+
+def test_the_policy_learns_which_gpus_their_own_hardware_ramps() -> None:
+    """A GPU whose telemetry says its smoothing is on and carried out by the GPU ramps its
+    draw itself (a job's start on it is no step); one smoothed in software by its jobs, or
+    with smoothing off, or never said, does not."""
+    bench = smoothing_bench()
+    profile = bench.core.settings.smoothing
+    assert profile is not None
+    on = held(profile)
+    report(bench, NODES[0], on)
+    report(bench, NODES[1], msgspec.structs.replace(on, mechanism=SOFTWARE_MECHANISM))
+    report(bench, NODES[2], OFF)
+    report(bench, NODES[3], None)
+    state = bench.cycle(0.5).state
+    assert state is not None and state.ramps_in_hardware is not None
+    assert state.ramps_in_hardware.tolist() == [True] * 2 + [False] * (SITE_GPUS - 2)
+    report(bench, NODES[0], OFF)  # switched off: no longer
+    state = bench.cycle(0.5).state
+    assert state is not None and state.ramps_in_hardware is not None
+    assert not state.ramps_in_hardware.any()

@@ -347,8 +347,9 @@ def test_under_grid_smoothing_raises_leave_the_site_ramp_to_a_start_on_idle_gpus
     demo --smoothing` broke the ramp by it, 3.6 kW of a job starting on top of a window of
     caps handed back. Each GPU that may start (idle, announced or jobless; or with no phase
     announced, drawing under its least cap) keeps one stage headroom per window (the
-    profile's hysteresis, 1 s) out of the raises; one whose job announced compute, or that
-    draws like a job's GPU, none; without grid smoothing, none."""
+    profile's hysteresis, 1 s) out of the raises; one whose job announced compute, that
+    draws like a job's GPU or whose smoothing hardware ramps it, none; without grid
+    smoothing, none."""
     tree = one_rack(8 * 1200.0, gpus=8)
     ramp = np.full(tree.n_nodes, np.inf)
     ramp[0] = 1000.0  # W/s at the site
@@ -370,3 +371,6 @@ def test_under_grid_smoothing_raises_leave_the_site_ramp_to_a_start_on_idle_gpus
     assert raised(no_window) == pytest.approx(raised(CAPS))  # no hysteresis: none kept
     assert raised(no_window) > 2 * h
     assert raised(smoothed) == pytest.approx(raised(no_window) - 2 * h)
+    # a GPU whose own smoothing hardware ramps its draw starts with no step: none kept for it
+    state.ramps_in_hardware = np.array([False] * 4 + [True, False, False, False])
+    assert raised(smoothed) == pytest.approx(raised(no_window) - h)
