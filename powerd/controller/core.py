@@ -316,10 +316,12 @@ class ControllerCore:
             self.history.remember(now, heard, self.views)
             self.history.infer(now, self.registry)
         state, live = self.cluster_state(now, counters, heard)
-        # the draw last reported, not the stand-ins a silent GPU counts as: a node heard late
-        # is no rise
+        # the draw last reported, not the stand-ins a silent GPU counts as (a node heard late
+        # is no rise), of the GPUs no smoothing hardware of their own ramps (theirs rises at
+        # its share whatever the caps)
+        drawn_w = float(np.sum(self.power_w, where=~self.views.ramps_in_hardware))
         state.ramp_s = self.ramp_window.take(
-            now, dt_s, float(np.sum(self.power_w)), float(self.tree.ramp_w_per_s[SITE])
+            now, dt_s, drawn_w, float(self.tree.ramp_w_per_s[SITE])
         )
         self._check_node_clocks(now, live)
         wanting = live.copy()  # the nodes that may take turns, as heard (returning ones too)

@@ -142,3 +142,21 @@ def test_a_node_falling_silent_is_no_rise_of_the_draw() -> None:
     result = b.cycle()
     assert result.counters.stale_nodes == 1
     assert result.state is not None and result.state.ramp_s == pytest.approx(1.0)
+
+
+def test_a_rise_of_gpus_their_own_hardware_ramps_is_not_counted() -> None:
+    """GPUs whose own smoothing hardware ramps their draw rise at their share whatever the
+    caps: the window counts the others' draw. The core's test above with every GPU's
+    smoothing on in hardware: its 1.5 kW rise leaves the cycle its whole second."""
+    text = BUDGETS.replace("budget_kw = 18\n", "budget_kw = 18\nramp_kw_per_s = 1\n", 1)
+    b = make_bench(text)
+    b.core.ramp_window = RampWindow(2.0)
+    b.core.views.ramps_in_hardware[:] = True  # as telemetry's smoothing states would set it
+    b.report_all(100.0, cap_w=FAILSAFE_W)
+    b.apply(b.cycle())
+    n = len(b.core.cap_w)
+    b.clock.advance(1.0)
+    b.report_all(100.0 + 1500.0 / n, cap_w=FAILSAFE_W)
+    state = b.cycle().state
+    assert state is not None
+    assert state.ramp_s == pytest.approx(1.0)
