@@ -15,7 +15,9 @@ Grants are not the only rises: a staged start's compute takes its headroom at on
 job's first step from idle is its own, a resumption steps up by what its wait let fall.
 So a cycle also gets no more than what the *draw it sees* has left of the window: ``window
 - (drawn now - the least drawn at a cycle within the window) / ramp``, given the draw and
-the ramp (W/s). Where the draw rose on its own, the raises wait for it.
+the ramp (W/s). Where the draw rose on its own, the raises wait for it. (The controller
+gives it the draw of the GPUs that no smoothing hardware of their own ramps: the others
+rise at their share whatever the caps.)
 """
 
 from __future__ import annotations
