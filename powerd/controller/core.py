@@ -316,12 +316,8 @@ class ControllerCore:
             self.history.remember(now, heard, self.views)
             self.history.infer(now, self.registry)
         state, live = self.cluster_state(now, counters, heard)
-        # the draw last reported, not the stand-ins a silent GPU counts as (a node heard late
-        # is no rise), of the GPUs no smoothing hardware of their own ramps (theirs rises at
-        # its share whatever the caps)
-        drawn_w = float(np.sum(self.power_w, where=~self.views.ramps_in_hardware))
         state.ramp_s = self.ramp_window.take(
-            now, dt_s, drawn_w, float(self.tree.ramp_w_per_s[SITE])
+            now, dt_s, self._drawn_for_the_window(), float(self.tree.ramp_w_per_s[SITE])
         )
         self._check_node_clocks(now, live)
         wanting = live.copy()  # the nodes that may take turns, as heard (returning ones too)
@@ -385,6 +381,18 @@ class ControllerCore:
                 self.tree.server_names[clocks.worst],
                 clocks.skew_s,
             )
+
+    def _drawn_for_the_window(self) -> float | None:
+        """Under grid smoothing, the draw the ramp window counts (``RampWindow.take``): the
+        GPUs' last reports, not the stand-ins a silent GPU counts as (a node heard late is no
+        rise), of the GPUs no smoothing hardware of their own ramps (theirs rises at its share
+        whatever the caps). None without: the rises it is for (a staged start's headroom, a
+        job's first step) are grid smoothing's, and the draw, reported a sample late, would
+        count a raise of the window before as this one's."""
+        smoothing = self.settings.smoothing
+        if smoothing is None or not smoothing.enabled:
+            return None
+        return float(np.sum(self.power_w, where=~self.views.ramps_in_hardware))
 
     def cycle_policy(self, dt_s: float) -> PolicySettings:
         """The policy a cycle ``dt_s`` after the last decides under: the configured one;

@@ -16,8 +16,8 @@ job's first step from idle is its own, a resumption steps up by what its wait le
 So a cycle also gets no more than what the *draw it sees* has left of the window: ``window
 - (drawn now - the least drawn at a cycle within the window) / ramp``, given the draw and
 the ramp (W/s). Where the draw rose on its own, the raises wait for it. (The controller
-gives it the draw of the GPUs that no smoothing hardware of their own ramps: the others
-rise at their share whatever the caps.)
+gives it the draw under grid smoothing only, of the GPUs that no smoothing hardware of
+their own ramps: ``ControllerCore._drawn_for_the_window``.)
 """
 
 from __future__ import annotations

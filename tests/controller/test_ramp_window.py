@@ -13,9 +13,20 @@ from hypothesis import strategies as st
 from policies import decide
 from policies.tree import PHASE_CODES
 from powerd.controller.ramp_window import RampWindow
+from powerd.protocol import GpuSmoothing
 from tests.controller.test_controller_core import BUDGETS, CAP_MAX_W, FAILSAFE_W, NODES, make_bench
 from tests.policies.test_policy_allocation import CAPS, one_rack
 from tests.support.policy_trees import make_state
+
+# any profile switches grid smoothing on in the core (the window then counts the draw)
+SMOOTHING = GpuSmoothing(
+    preset=0,
+    enabled=True,
+    floor_percent=0.0,
+    ramp_up_w_per_s=100.0,
+    ramp_down_w_per_s=100.0,
+    ramp_down_hysteresis_ms=1000.0,
+)
 
 
 def test_cycles_on_time_hand_back_their_own_seconds() -> None:
@@ -109,11 +120,12 @@ def test_a_draw_that_fell_leaves_the_whole_window() -> None:
 
 
 def test_the_core_counts_the_draw_it_sees_against_the_ramp_in_force() -> None:
-    """Through the core, under a 1 kW/s site ramp over a 2 s window, cycles 1 s apart: one
-    that sees the GPUs' draw 1.5 kW above the last cycle's may hand back what that leaves
-    of the window, 2 - 1.5 = 0.5 s, not the 1 s the grants alone leave it."""
+    """Through the core under grid smoothing, a 1 kW/s site ramp over a 2 s window, cycles
+    1 s apart: one that sees the GPUs' draw 1.5 kW above the last cycle's may hand back what
+    that leaves of the window, 2 - 1.5 = 0.5 s, not the 1 s the grants alone leave it;
+    without grid smoothing the grants alone count."""
     text = BUDGETS.replace("budget_kw = 18\n", "budget_kw = 18\nramp_kw_per_s = 1\n", 1)
-    b = make_bench(text)
+    b = make_bench(text, smoothing=SMOOTHING)
     b.core.ramp_window = RampWindow(2.0)
     assert float(b.core.tree.ramp_w_per_s[0]) == 1000.0
     b.report_all(100.0, cap_w=FAILSAFE_W)
@@ -124,6 +136,14 @@ def test_the_core_counts_the_draw_it_sees_against_the_ramp_in_force() -> None:
     state = b.cycle().state
     assert state is not None
     assert state.ramp_s == pytest.approx(0.5)
+    plain = make_bench(text)
+    plain.core.ramp_window = RampWindow(2.0)
+    plain.report_all(100.0, cap_w=FAILSAFE_W)
+    plain.apply(plain.cycle())
+    plain.clock.advance(1.0)
+    plain.report_all(100.0 + 1500.0 / n, cap_w=FAILSAFE_W)
+    state = plain.cycle().state
+    assert state is not None and state.ramp_s == pytest.approx(1.0)
 
 
 def test_a_node_falling_silent_is_no_rise_of_the_draw() -> None:
@@ -132,7 +152,7 @@ def test_a_node_falling_silent_is_no_rise_of_the_draw() -> None:
     draw last reported: under a 0.5 kW/s ramp over 2 s the cycle after it falls silent
     keeps its 1 s (the stand-ins counted as drawn would leave it 0.7 s)."""
     text = BUDGETS.replace("budget_kw = 18\n", "budget_kw = 18\nramp_kw_per_s = 0.5\n", 1)
-    b = make_bench(text, stale_after_s=0.5, agent_failsafe_after_s=10.0)
+    b = make_bench(text, stale_after_s=0.5, agent_failsafe_after_s=10.0, smoothing=SMOOTHING)
     b.core.ramp_window = RampWindow(2.0)
     b.report_all(300.0, cap_w=CAP_MAX_W)
     b.apply(b.cycle())
@@ -149,7 +169,7 @@ def test_a_rise_of_gpus_their_own_hardware_ramps_is_not_counted() -> None:
     caps: the window counts the others' draw. The core's test above with every GPU's
     smoothing on in hardware: its 1.5 kW rise leaves the cycle its whole second."""
     text = BUDGETS.replace("budget_kw = 18\n", "budget_kw = 18\nramp_kw_per_s = 1\n", 1)
-    b = make_bench(text)
+    b = make_bench(text, smoothing=SMOOTHING)
     b.core.ramp_window = RampWindow(2.0)
     b.core.views.ramps_in_hardware[:] = True  # as telemetry's smoothing states would set it
     b.report_all(100.0, cap_w=FAILSAFE_W)
