@@ -119,31 +119,32 @@ def test_a_draw_that_fell_leaves_the_whole_window() -> None:
     ] * 4
 
 
-def test_the_core_counts_the_draw_it_sees_against_the_ramp_in_force() -> None:
-    """Through the core under grid smoothing, a 1 kW/s site ramp over a 2 s window, cycles
-    1 s apart: one that sees the GPUs' draw 1.5 kW above the last cycle's may hand back what
-    that leaves of the window, 2 - 1.5 = 0.5 s, not the 1 s the grants alone leave it;
-    without grid smoothing the grants alone count."""
+def ramp_s_after_a_rise(
+    rise_w: float, smoothing: GpuSmoothing | None, in_hardware: bool = False
+) -> float:
+    """Through the core, under a 1 kW/s site ramp over a 2 s window: the seconds of ramp the
+    cycle 1 s after the first may hand back when the GPUs' draw rose by ``rise_w`` between
+    them. ``in_hardware``: every GPU's smoothing is on in hardware, as telemetry sets it."""
     text = BUDGETS.replace("budget_kw = 18\n", "budget_kw = 18\nramp_kw_per_s = 1\n", 1)
-    b = make_bench(text, smoothing=SMOOTHING)
+    b = make_bench(text, smoothing=smoothing)
     b.core.ramp_window = RampWindow(2.0)
     assert float(b.core.tree.ramp_w_per_s[0]) == 1000.0
+    b.core.views.ramps_in_hardware[:] = in_hardware
     b.report_all(100.0, cap_w=FAILSAFE_W)
     b.apply(b.cycle())
-    n = len(b.core.cap_w)
     b.clock.advance(1.0)
-    b.report_all(100.0 + 1500.0 / n, cap_w=FAILSAFE_W)
+    b.report_all(100.0 + rise_w / len(b.core.cap_w), cap_w=FAILSAFE_W)
     state = b.cycle().state
-    assert state is not None
-    assert state.ramp_s == pytest.approx(0.5)
-    plain = make_bench(text)
-    plain.core.ramp_window = RampWindow(2.0)
-    plain.report_all(100.0, cap_w=FAILSAFE_W)
-    plain.apply(plain.cycle())
-    plain.clock.advance(1.0)
-    plain.report_all(100.0 + 1500.0 / n, cap_w=FAILSAFE_W)
-    state = plain.cycle().state
-    assert state is not None and state.ramp_s == pytest.approx(1.0)
+    assert state is not None and state.ramp_s is not None
+    return state.ramp_s
+
+
+def test_the_core_counts_the_draw_it_sees_against_the_ramp_in_force() -> None:
+    """Under grid smoothing, cycles 1 s apart: one that sees the GPUs' draw 1.5 kW above the
+    last cycle's may hand back what that leaves of the 2 s window, 2 - 1.5 = 0.5 s, not the
+    1 s the grants alone leave it; without grid smoothing the grants alone count."""
+    assert ramp_s_after_a_rise(1500.0, SMOOTHING) == pytest.approx(0.5)
+    assert ramp_s_after_a_rise(1500.0, None) == pytest.approx(1.0)
 
 
 def test_a_node_falling_silent_is_no_rise_of_the_draw() -> None:
@@ -166,17 +167,6 @@ def test_a_node_falling_silent_is_no_rise_of_the_draw() -> None:
 
 def test_a_rise_of_gpus_their_own_hardware_ramps_is_not_counted() -> None:
     """GPUs whose own smoothing hardware ramps their draw rise at their share whatever the
-    caps: the window counts the others' draw. The core's test above with every GPU's
-    smoothing on in hardware: its 1.5 kW rise leaves the cycle its whole second."""
-    text = BUDGETS.replace("budget_kw = 18\n", "budget_kw = 18\nramp_kw_per_s = 1\n", 1)
-    b = make_bench(text, smoothing=SMOOTHING)
-    b.core.ramp_window = RampWindow(2.0)
-    b.core.views.ramps_in_hardware[:] = True  # as telemetry's smoothing states would set it
-    b.report_all(100.0, cap_w=FAILSAFE_W)
-    b.apply(b.cycle())
-    n = len(b.core.cap_w)
-    b.clock.advance(1.0)
-    b.report_all(100.0 + 1500.0 / n, cap_w=FAILSAFE_W)
-    state = b.cycle().state
-    assert state is not None
-    assert state.ramp_s == pytest.approx(1.0)
+    caps: the window counts the others' draw, so the same 1.5 kW rise leaves the cycle its
+    whole second."""
+    assert ramp_s_after_a_rise(1500.0, SMOOTHING, in_hardware=True) == pytest.approx(1.0)
