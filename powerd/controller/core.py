@@ -68,6 +68,7 @@ from powerd.controller.settings import ControllerSettings
 from powerd.protocol import (
     Ack,
     Command,
+    GpuSmoothing,
     GpuSmoothingState,
     PhaseEvent,
     ProtocolError,
@@ -389,10 +390,14 @@ class ControllerCore:
         whatever the caps). None without: the rises it is for (a staged start's headroom, a
         job's first step) are grid smoothing's, and the draw, reported a sample late, would
         count a raise of the window before as this one's."""
-        smoothing = self.settings.smoothing
-        if smoothing is None or not smoothing.enabled:
+        if self._grid_smoothing() is None:
             return None
         return float(np.sum(self.power_w, where=~self.views.ramps_in_hardware))
+
+    def _grid_smoothing(self) -> GpuSmoothing | None:
+        """The profile the GPUs are asked for when grid smoothing is on; None when off."""
+        smoothing = self.settings.smoothing
+        return smoothing if smoothing is not None and smoothing.enabled else None
 
     def cycle_policy(self, dt_s: float) -> PolicySettings:
         """The policy a cycle ``dt_s`` after the last decides under: the configured one;
@@ -402,8 +407,8 @@ class ControllerCore:
         faster than the GPUs' share of its ramp-down; an early cycle hands back no more
         watts per second."""
         policy = self.settings.policy
-        smoothing = self.settings.smoothing
-        if smoothing is not None and smoothing.enabled:
+        smoothing = self._grid_smoothing()
+        if smoothing is not None:
             rise = max(policy.startup_rise_w_per_s, smoothing.ramp_up_w_per_s)
             after_s = min(policy.wait_rise_after_s, smoothing.ramp_down_hysteresis_ms / 1000)
             policy = dataclasses.replace(
