@@ -47,17 +47,21 @@ class RampWindow:
         hand back; counted against the window's from now on. ``drawn_w``: the site's draw
         as this cycle sees it (None: grants alone count); ``ramp_w_per_s``: the ramp the
         seconds are of (inf: the draw is not counted)."""
-        given = self._given
-        while given and given[0][0] <= now_s - self.window_s:
-            given.popleft()
+        given, since_s = self._given, now_s - self.window_s
+        _drop_up_to(given, since_s)
         seconds = max(0.0, min(dt_s, self.window_s - sum(s for _, s in given)))
         if drawn_w is not None and math.isfinite(drawn_w):
             drawn = self._drawn
-            while drawn and drawn[0][0] <= now_s - self.window_s:
-                drawn.popleft()
+            _drop_up_to(drawn, since_s)
             drawn.append((now_s, drawn_w))
             if math.isfinite(ramp_w_per_s) and ramp_w_per_s > 0:
                 risen_w = drawn_w - min(w for _, w in drawn)
                 seconds = max(0.0, min(seconds, self.window_s - risen_w / ramp_w_per_s))
         given.append((now_s, seconds))
         return seconds
+
+
+def _drop_up_to(entries: deque[tuple[float, float]], since_s: float) -> None:
+    """Drop the (when, value) entries from ``since_s`` back: out of the window."""
+    while entries and entries[0][0] <= since_s:
+        entries.popleft()
