@@ -241,15 +241,15 @@ def may_start_rise_w_per_s(
         if state.phase_s is None
         else ~np.isfinite(np.asarray(state.phase_s, dtype=float))
     )
-    idle = (phase == IDLE_CODE) | (
-        unannounced & (phase == _COMPUTE_CODE) & (power < tree.cap_min_w)
+    may_start = controllable & (
+        (phase == IDLE_CODE) | (unannounced & (phase == _COMPUTE_CODE) & (power < tree.cap_min_w))
     )
+    if state.ramps_in_hardware is not None:
+        may_start &= ~np.asarray(state.ramps_in_hardware, dtype=bool)
     span = np.asarray(tree.cap_max_w, dtype=float) - np.asarray(tree.cap_min_w, dtype=float)
     with np.errstate(over="ignore"):  # a window of a few ulps: inf, every raise kept
         per_s = settings.stage_headroom_fraction * span / window_s
-    if state.ramps_in_hardware is not None:
-        idle &= ~np.asarray(state.ramps_in_hardware, dtype=bool)
-    rise: np.ndarray = np.where(controllable & idle, per_s, 0.0)
+    rise: np.ndarray = np.where(may_start, per_s, 0.0)
     return rise
 
 
