@@ -170,28 +170,40 @@ def rising_after_wait(
 ) -> np.ndarray:
     """(n_gpus,) the share of ``startup_rise_w_per_s`` that rule 4 counts each controllable
     GPU as rising by on its own after a wait, 0 to 1. With ``h = wait_rise_after_s`` (the
-    smoothing profile's hysteresis): in ``communication`` longer than ``h``, 1 (its draw has
-    been falling since ``h``, at the ramp-down share, and comes back up as compute resumes:
-    by a step of what it fell, or, fallen by more than a window's rise, filling back up
-    first at the ramp-up share); in ``compute`` for up to ``h`` after a wait of ``w > h``,
-    ``min(1, down × (w - h) / (up × h))`` (that step spread over the window after it; with
-    the full share before it, every window holding the step holds a reserve at least as
-    large). ``down`` is ``cut_fall_w_per_s`` where finite (grid smoothing sets it to the
-    ramp-down share), else ``up``. A GPU whose times are unknown (None, NaN): 0."""
+    smoothing profile's hysteresis) and ``a`` when a waiting GPU's draw starts falling:
+    ``h`` where hardware of its own ramps it (``ClusterState.ramps_in_hardware``; unknown
+    reads as such), at once (``a = 0``) where software does (``powerd.jobhook.fill``: ready
+    for a step of one window's share, no more). In ``communication``, ``min(1, down ×
+    (t - a) / (up × h))`` after ``t`` in it (what it fell by comes back up as a step when
+    compute resumes), 1 from ``h`` on (fallen further, it fills back up first at the
+    ramp-up share); in ``compute`` for up to ``h`` after a wait of ``w > a``, ``min(1, down
+    × (w - a) / (up × h))`` (that step spread over the window after it; with the full share
+    before it, every window holding the step holds a reserve at least as large). ``down``
+    is ``cut_fall_w_per_s`` where finite (grid smoothing sets it to the ramp-down share),
+    else ``up``. A GPU whose times are unknown (None, NaN): 0."""
     after_s = settings.wait_rise_after_s
     share = np.zeros(len(phase))
     if state.phase_s is None or not np.isfinite(after_s):
         return share
+    falls_after_s = np.full(len(phase), after_s)
+    if state.ramps_in_hardware is not None:
+        falls_after_s[~np.asarray(state.ramps_in_hardware, dtype=bool)] = 0.0
+    up, down = settings.startup_rise_w_per_s, settings.cut_fall_w_per_s
+    rates = down / up if np.isfinite(down) and up > 0 else 1.0
+
+    def step_share(fell_s: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # tiny h: whole
+            fell = np.where(fell_s > 0, rates * fell_s / after_s, 0.0)
+        return np.where(np.isnan(fell), 1.0, np.minimum(1.0, fell))
+
     phase_s = np.asarray(state.phase_s, dtype=float)
-    share[(phase == COMM_CODE) & (phase_s > after_s)] = 1.0
+    comm = phase == COMM_CODE
+    share[comm] = step_share(phase_s - falls_after_s)[comm]
+    share[comm & (phase_s > after_s)] = 1.0
     if state.wait_before_s is not None and after_s > 0:
         wait_s = np.asarray(state.wait_before_s, dtype=float)
-        resumed = (phase == _COMPUTE_CODE) & (phase_s <= after_s) & (wait_s > after_s)
-        up, down = settings.startup_rise_w_per_s, settings.cut_fall_w_per_s
-        rates = down / up if np.isfinite(down) and up > 0 else 1.0
-        with np.errstate(over="ignore", invalid="ignore"):  # a tiny after_s: a whole share
-            step_share = np.minimum(1.0, rates * (wait_s - after_s) / after_s)
-        share = np.where(resumed, step_share, share)
+        resumed = (phase == _COMPUTE_CODE) & (phase_s <= after_s) & (wait_s > falls_after_s)
+        share = np.where(resumed, step_share(wait_s - falls_after_s), share)
     return np.where(controllable, share, 0.0)
 
 

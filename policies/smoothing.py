@@ -18,7 +18,11 @@ back within the window when the wait lasts under two windows and the rates
 are equal (the rise a resumption makes is not the GPU's to slow). After a
 longer wait a job smoothed in software fills its GPUs back up at ``r_up``
 before it resumes, and a checkpoint's GPUs are counted as rising on their
-own (rule 4 of ``policies/capping.py``); hardware ramps the rise itself.
+own (rule 4 of ``policies/capping.py``); hardware ramps the rise itself. This
+model (``ramp_toward``, the replays) is the hardware's: in software the job's
+fill falls at once, no lower than ``r_up × window`` under where compute
+resumes for as long as the hysteresis would have held it there
+(``powerd.jobhook.fill``), a step the controller counts from the wait's start.
 
 ``margin`` (default 0.9) keeps a tenth of the limit for what the model leaves
 out: the noise of the draw, the hosts' own swings, and a cap cut, which bites

@@ -14,12 +14,13 @@ GPU's draw ``power_w`` as sampled, the profile's ``ramp_down_w_per_s`` and
 hysteresis, and ``floor_w`` (``floor_percent`` of the enforced cap, never above
 it). The job does the rest, because only the job knows when it stops working
 (a draw held up by its own busy work looks the same to the agent as a draw of
-real work): when it enters a wait at time ``t_w`` it holds the draw it last
-worked at, ``P``, and lets it fall only after the hysteresis and no faster
-than the rate, ``max(floor, P - ramp_down × max(0, t - t_w - hysteresis))``;
-working again, it needs no filling above the floor. At its end it does the
-same without the floor, until the target reaches its idle draw
-(``powerd.jobhook.FillFollower``). While it starts, its busy work raises the
+real work): when it enters a wait it lets the draw it last worked at fall no
+faster than the rate, at once, but no lower than one window's rise under where
+compute resumes for as long as a fall held through the hysteresis would stay
+there, and never below the floor; working again, it needs no filling above the
+floor. At its end it falls at the rate without the floor, until the target
+reaches its idle draw (``powerd.jobhook.FillFollower``). While it starts, its
+busy work raises the
 draw from where it was, no faster than ``ramp_up_w_per_s``, up to the cap, so
 that its first step of compute does not jump from a starting GPU's draw to the
 cap; after that the controller raises the caps within the site ramp

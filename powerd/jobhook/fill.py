@@ -26,7 +26,11 @@ draw last sampled while it worked, when it leaves work; its target then, otherwi
 change of state never raises a target at once): starting since ``t_s``, ``min(cap,
 max(floor, H + ramp_up × (t - t_s)))``, so that the first step of compute does not jump
 from a starting GPU's draw to its cap; working, its floor; waiting since ``t_w``,
-``max(floor, H - ramp_down × max(0, t - t_w - hysteresis))``, and, when the job said how
+``max(floor, H - ramp_down × (t - t_w), min(H - ramp_down × max(0, t - t_w - hysteresis),
+Q))`` with ``Q = min(H, R - ramp_up × hysteresis)``: it falls at once, but stays ready for
+compute to step it up by no more than its share of one window's rise (the causal floor of
+``policies.grid.least_ready_floor``) for as long as a fall held through the hysteresis
+would; and, when the job said how
 long it expects to wait (``waiting(expected_s)``, ending at ``T``), at least ``min(R -
 ramp_up × (T - t), H + ramp_up × (t - t_w))`` with ``R`` where compute will put it
 (below) as it was when the wait began (a cap raised during the wait is no step up at
@@ -201,8 +205,9 @@ class FillFollower:
         self._enter("starting")
 
     def waiting(self, expected_s: float | None = None) -> None:
-        """The job waits (a collective, a checkpoint): hold each GPU's draw, let it fall
-        only after the hysteresis and no faster than the rate. ``expected_s``: how long the
+        """The job waits (a collective, a checkpoint): let each GPU's draw fall at once, no
+        faster than the rate, and no lower than ready to resume within one window's share
+        for the hysteresis and on (module docstring). ``expected_s``: how long the
         job expects the wait to last, if it knows (what it announces): each GPU's target
         then also climbs at the ramp-up rate to be back where compute puts it when the wait
         is expected to end, so compute resumes with no step and nothing to fill first."""
@@ -239,7 +244,8 @@ class FillFollower:
                 targets = self._targets(node, now)
                 for index, g in gpus.items():  # from where it stands: its target or its draw
                     stands_w = max(targets[index], g.power_w)
-                    if _resume_w(g) - stands_w > g.up_w_per_s * g.hysteresis_s:
+                    step_w = g.up_w_per_s * g.hysteresis_s + RISEN_WITHIN_W
+                    if _resume_w(g) - stands_w > step_w:
                         return True
             return False
 
@@ -388,13 +394,19 @@ class FillFollower:
             return g.floor_w
         if state == "starting":
             return min(g.cap_w, max(g.floor_w, g.held_w + g.up_w_per_s * max(0.0, now - since)))
-        if state == "waiting":  # it may end at any moment: hold for the hysteresis first
-            fallen = FillFollower._fallen(g, g.held_w, since + g.hysteresis_s, now)
-            if ends is not None:  # and be back where compute puts it when it should end,
-                # as it was when the wait began (a cap raised meanwhile is no step up at
-                # once), never faster than the ramp-up from where it stood; past that, held
-                # there through the hysteresis
-                resume_w = min(_resume_w(g), g.resume_at_start_w)
+        if state == "waiting":
+            # it may end at any moment: it falls at once, but no lower than ready (compute
+            # resumed steps it up by one window's share at most) for as long as a fall held
+            # through the hysteresis would have stayed so
+            resume_w = min(_resume_w(g), g.resume_at_start_w)  # a cap raised meanwhile: no
+            ready_w = min(g.held_w, resume_w - g.up_w_per_s * g.hysteresis_s)  # step at once
+            fallen = max(
+                FillFollower._fallen(g, g.held_w, since, now),
+                min(FillFollower._fallen(g, g.held_w, since + g.hysteresis_s, now), ready_w),
+            )
+            if ends is not None:  # and back where compute puts it when it should end,
+                # never climbing faster than the ramp-up from where it stood; past that,
+                # held there through the hysteresis
                 if now <= ends:
                     planned_w = resume_w - g.up_w_per_s * (ends - now)
                 else:

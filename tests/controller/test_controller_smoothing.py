@@ -4,6 +4,8 @@ restarts, new epochs and reloads are handled; the number of commands stays bound
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import numpy as np
 import pytest
@@ -317,11 +319,18 @@ def test_under_grid_smoothing_a_long_wait_keeps_its_rise_out_of_the_ramp() -> No
     np.testing.assert_allclose(wait_before_s[gpus], 1.5)
     policy = bench.core.cycle_policy(bench.core.settings.cycle_s)
     every_gpu = np.ones(len(state.phase), dtype=bool)  # (none reported: none controllable)
-    # the step back: 0.5 s of falling at 45 W/s (a 0.5 kW/s ramp down) over one window's
-    # rise at 90 W/s (1 kW/s up): a quarter of the share, for a window after the resume
+    # the step back of a GPU smoothed in software (none says otherwise): falling at once,
+    # 1.5 s at 45 W/s (a 0.5 kW/s ramp down) over one window's rise at 90 W/s (1 kW/s
+    # up): three quarters of the share, for a window after the resume
+    assert state.ramps_in_hardware is not None and not state.ramps_in_hardware.any()
     share = rising_after_wait(state, state.phase, every_gpu, policy)
-    np.testing.assert_allclose(share[gpus], 0.25)
+    np.testing.assert_allclose(share[gpus], 0.75)
     assert not share[2:].any()
+    # in hardware the fall waits out the 1 s hysteresis: 0.5 s of it, a quarter
+    hardware = dataclasses.replace(state, ramps_in_hardware=np.ones(len(state.phase), bool))
+    np.testing.assert_allclose(
+        rising_after_wait(hardware, state.phase, every_gpu, policy)[gpus], 0.25
+    )
     bench.phase("llm", "checkpoint")
     bench.clock.advance(4.0)
     bench.phase("llm", "compute")

@@ -69,7 +69,9 @@ def follower(mosquitto) -> Iterator[tuple[FillFollower, Calls, ManualClock]]:
     made.close()
 
 
-async def test_working_holds_the_floor_waiting_holds_the_draw_then_falls(mosquitto, follower):
+async def test_working_holds_the_floor_waiting_falls_at_once_no_faster_than_the_rate(
+    mosquitto, follower
+):
     fill, calls, clock = follower
     async with MqttProbe(mosquitto.port, []) as agent:
         await agent.publish(TOPIC, request(1, 600.0), qos=0)
@@ -80,10 +82,10 @@ async def test_working_holds_the_floor_waiting_holds_the_draw_then_falls(mosquit
         await agent.publish(TOPIC, request(2, 600.0), qos=0)
         calls.received(fill, 2)
         assert fill.targets(NODE) == {0: 600.0, 1: 601.0}
-        clock.advance(1.0)  # the hysteresis: still held
-        assert fill.targets(NODE) == {0: 600.0, 1: 601.0}
-        clock.advance(2.0)  # then 50 W/s
-        assert fill.targets(NODE) == {0: 500.0, 1: 501.0}
+        clock.advance(1.0)  # it falls at once, at 50 W/s: compute resumed steps it up by
+        assert fill.targets(NODE) == {0: 550.0, 1: 551.0}  # no more than a window's 80 W
+        clock.advance(2.0)  # ready (80 W under) until 1 s + 80/50 s, then as one held through
+        assert fill.targets(NODE) == {0: 500.0, 1: 501.0}  # the hysteresis: 50 W/s from 1 s
         clock.advance(100.0)  # never below the floor while the job runs
         assert fill.targets(NODE) == {0: 100.0, 1: 100.0}
         fill.working()
@@ -215,7 +217,7 @@ async def test_a_change_of_state_goes_on_from_where_the_gpu_is(mosquitto, follow
         await agent.publish(TOPIC, request(1, 600.0), qos=0)
         calls.received(fill, 1)
         fill.waiting()  # a final checkpoint
-        clock.advance(1.0 + 4.0)  # held, then 4 s at 50 W/s
+        clock.advance(1.0 + 4.0)  # past its readiness: 4 s at 50 W/s after the hysteresis
         assert fill.targets(NODE) == {0: 400.0, 1: 401.0}
         fill.stopping()  # it ends there: from 400 W down, not from the 600 W it worked at
         assert fill.targets(NODE) == {0: 400.0, 1: 401.0}
@@ -229,9 +231,9 @@ async def test_a_change_of_state_goes_on_from_where_the_gpu_is(mosquitto, follow
         assert fill.targets(NODE) == {0: 360.0, 1: 361.0}
         fill.waiting()  # a wait while it starts: hold where it had risen to, not its idle draw
         assert fill.targets(NODE) == {0: 360.0, 1: 361.0}
-        clock.advance(1.0 + 1.0)
-        assert fill.targets(NODE) == {0: 310.0, 1: 311.0}
+        clock.advance(2.0)  # 2 s at 50 W/s, at once: it resumes to its idle draw, no step
+        assert fill.targets(NODE) == {0: 260.0, 1: 261.0}
         fill.starting()  # and on from there, not from the idle draw
-        assert fill.targets(NODE) == {0: 310.0, 1: 311.0}
+        assert fill.targets(NODE) == {0: 260.0, 1: 261.0}
         clock.advance(1.0)
-        assert fill.targets(NODE) == {0: 390.0, 1: 391.0}
+        assert fill.targets(NODE) == {0: 340.0, 1: 341.0}

@@ -1,8 +1,7 @@
 """FillFollower's rule as a property: whatever the job tells it and whenever, the targets it
 hands out never fall more than one window's share in any window while the job does no work,
-never leave ``[0, cap]``, a change of state never raises one at once, and a wait holds the
-draw through the hysteresis and then stays ready to resume within one window's rise for as
-long as the rule promises (docs/JOBHOOK.md). No broker: requests go in through ``take``, the decoded form of
+never leave ``[0, cap]``, a change of state never raises one at once, and a wait falls at
+once but stays ready to resume within one window's rise for as long as the rule promises (docs/JOBHOOK.md). No broker: requests go in through ``take``, the decoded form of
 every message (the network side is tested against Mosquitto in test_jobhook_fill.py)."""
 
 from __future__ import annotations
@@ -109,12 +108,10 @@ def test_no_window_falls_more_than_its_share_and_a_wait_stays_ready(profile, fir
         seen.append((now, target))
         if wait is not None and state == "waiting":
             entered, held_w = wait
-            # held through the hysteresis, then ready to climb back within one window's rise
-            # until the fall has taken that much
-            ready_until = entered + window_s + (up * window_s / down if down > 0 else math.inf)
-            if now <= entered + window_s:
-                assert target >= held_w - EPS_W, (entered, now, target)
-            elif now <= ready_until:
+            # it falls at once, but stays ready to climb back within one window's rise
+            # through the hysteresis, and on until the fall has taken that much
+            fall_s = up * window_s / down if down > 0 else math.inf
+            if now <= entered + max(window_s, fall_s):
                 assert target >= held_w - up * window_s - EPS_W, (entered, now, target)
 
     for kind, value in script:
@@ -169,8 +166,8 @@ def test_a_long_wait_fills_back_up_before_compute_resumes():
     """An H100 works at 475 W; its job checkpoints for 30 s, the controller stages its cap
     down to the 200 W minimum and it draws 98 W. Compute resumed at once would step it up
     102 W, more than its 70 W share of a window's rise (70 W/s over 1 s): the job must fill
-    back up first, from the 98 W it draws, at 70 W/s. After a 1.5 s collective, held
-    through the 1 s hysteresis and fallen 35 W since, it may resume at once."""
+    back up first, from the 98 W it draws, at 70 W/s. After a 1.5 s collective, fallen at
+    once by its 70 W share and held there, it may resume at once."""
     clock = ManualClock(100.0)
     fill = FillFollower(
         "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
@@ -182,7 +179,7 @@ def test_a_long_wait_fills_back_up_before_compute_resumes():
     assert not fill.must_rise_first()  # working
     fill.waiting()
     clock.advance(1.5)
-    assert fill.targets(NODE)[0] == pytest.approx(475.0 - 35.0)
+    assert fill.targets(NODE)[0] == pytest.approx(475.0 - 70.0)
     assert not fill.must_rise_first()
     fill.working()
     fill.take(NODE, request(profile, 475.0 / 700.0))
@@ -207,10 +204,10 @@ def test_a_long_wait_fills_back_up_before_compute_resumes():
 def test_fill_back_up_rises_only_where_it_must_or_after_a_checkpoint():
     clock, fill, profile = h100_working_at_475_w()
     fill.waiting()
-    clock.advance(0.5)  # a collective held whole: nothing to fill, the wait goes on
+    clock.advance(0.5)  # fallen 35 W, within its share: nothing to fill, the wait goes on
     assert fill.fill_back_up(timeout_s=0.0)
-    assert fill.targets(NODE)[0] == pytest.approx(475.0)
-    clock.advance(1.0)  # fallen 35 W, but after a checkpoint it fills back up all the same
+    assert fill.targets(NODE)[0] == pytest.approx(440.0)
+    clock.advance(1.0)  # fallen 70 W, but after a checkpoint it fills back up all the same
     fill.take(NODE, request(profile, 440.0 / 700.0))  # the agent's sample: where it stands
     assert not fill.fill_back_up(timeout_s=0.0, after_checkpoint=True)  # rising, not risen
     clock.advance(0.5)
@@ -221,8 +218,8 @@ def test_fill_back_up_rises_only_where_it_must_or_after_a_checkpoint():
 
 def test_a_cap_raised_during_a_wait_counts_where_the_gpu_worked_held_at_its_cap():
     """An H100 works held at its 474 W cap; the controller hands it 51 W more just as its
-    job's collective begins, so the draw at work never shows it. Held 1 s and fallen 34 W
-    by the end of a 1.5 s wait, compute would put it at its new 525 W cap: 85 W up at once,
+    job's collective begins, so the draw at work never shows it. Sampled at 440 W by the
+    end of a 1.5 s wait, compute would put it at its new 525 W cap: 85 W up at once,
     more than its 70 W share, so it fills back up first. One that worked at 400 W under
     the same cap wanted no more: it resumes at 400 W, fallen 34 W, within its share."""
     clock = ManualClock(100.0)
@@ -279,10 +276,11 @@ def test_take_refuses_a_node_it_does_not_follow():
 
 def test_an_announced_wait_is_back_where_compute_resumes_when_it_should_end():
     """An H100 works at 475 W (70 W/s each way, 1 s hysteresis); its job announces a 3 s
-    wait. Held 1 s, the target falls at 70 W/s until it meets the climb that brings it back
-    to 475 W at 3 s: 440 W at 1.5 s, 405 W at 2 s (the valley), 440 W at 2.5 s, 475 W at
-    3 s, so compute resumes with nothing to fill first. Not announced, it has fallen to
-    335 W by then and must fill back up. A wait that outlasts its announcement holds 475 W
+    wait. The target falls at once at 70 W/s to its share of a window's rise under 475 W,
+    stays there, and meets the climb that brings it back to 475 W at 3 s: 440 W at 0.5 s,
+    405 W from 1 to 2 s (the valley), 440 W at 2.5 s, 475 W at 3 s, so compute resumes with
+    nothing to fill first. Not announced, it has fallen to 335 W by then (from 2 s on, as
+    one held through the hysteresis) and must fill back up. A wait that outlasts its announcement holds 475 W
     through another hysteresis, then falls again."""
     clock, fill, profile = h100_working_at_475_w()
     fill.waiting(expected_s=3.0)
@@ -290,7 +288,7 @@ def test_an_announced_wait_is_back_where_compute_resumes_when_it_should_end():
     for _ in range(6):
         clock.advance(0.5)
         seen.append(fill.targets(NODE)[0])
-    assert seen == pytest.approx([475.0, 475.0, 440.0, 405.0, 440.0, 475.0])
+    assert seen == pytest.approx([440.0, 405.0, 405.0, 405.0, 440.0, 475.0])
     assert not fill.must_rise_first()
     clock.advance(1.0)  # it goes on: held through the hysteresis after its end
     assert fill.targets(NODE)[0] == pytest.approx(475.0)
@@ -306,6 +304,7 @@ def test_an_announced_wait_is_back_where_compute_resumes_when_it_should_end():
     # an announcement that says nothing (not finite, not positive) is no announcement
     for nonsense in (math.nan, math.inf, 0.0, -1.0):
         fill.working()
+        fill.take(NODE, request(profile, 475.0 / 700.0))  # the agent's sample: not stale
         fill.waiting(expected_s=nonsense)
         clock.advance(3.0)
         assert fill.targets(NODE)[0] == pytest.approx(335.0)
@@ -342,8 +341,8 @@ def test_a_wait_announced_after_another_is_back_at_the_later_end():
     fill.waiting(expected_s=1.5)
     clock.advance(1.5)
     fill.waiting(expected_s=3.0)  # a wait from here, to its own end
-    clock.advance(1.0)  # held through the hysteresis
-    assert fill.targets(NODE)[0] == pytest.approx(475.0)
+    clock.advance(1.0)  # fallen at once to its share of a window's rise under it
+    assert fill.targets(NODE)[0] == pytest.approx(405.0)
     clock.advance(1.0)  # the valley: fallen 70 W, 70 W to climb in the last second
     assert fill.targets(NODE)[0] == pytest.approx(405.0)
     clock.advance(1.0)

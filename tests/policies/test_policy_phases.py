@@ -176,22 +176,54 @@ def test_gpus_in_a_checkpoint_keep_their_rise_out_of_the_ramp_too(phase, reserve
     assert handed_back_w == pytest.approx(1000.0 - (4 * 50.0 if reserved else 0.0))
 
 
+HARDWARE, SOFTWARE = True, False  # what ramps a waiting GPU's draw down (ramps_in_hardware)
+
+
 @pytest.mark.parametrize(
-    ("phase", "phase_s", "wait_before_s", "down_w_per_s", "reserved_w"),
+    ("phase", "phase_s", "wait_before_s", "down_w_per_s", "reserved_w", "in_hardware"),
     [
-        (COMM, 0.5, 0.0, INF, 0.0),  # within the hysteresis: held whole, nothing to rise back
-        (COMM, 1.5, 0.0, INF, 50.0),  # past it: falling, rises back as compute resumes
-        (COMM, 3.0, 0.0, INF, 50.0),  # far down: fills back up under `communication` first
-        (COMPUTE, 0.4, 1.5, INF, 25.0),  # 0.4 s after a 1.5 s wait: a half-window step
-        (COMPUTE, 0.4, 1.5, 100.0, 50.0),  # ... falling twice as fast: a whole window's
-        (COMPUTE, 0.4, 3.0, INF, 50.0),  # after a long wait: at most a window's, filled first
-        (COMPUTE, 1.2, 1.5, INF, 0.0),  # a window on: done
-        (COMPUTE, 0.4, 0.8, INF, 0.0),  # after a wait held whole: no step
-        (COMM, np.nan, 0.0, INF, 0.0),  # not known (an inferred phase): not counted
+        (
+            COMM,
+            0.5,
+            0.0,
+            INF,
+            0.0,
+            HARDWARE,
+        ),  # within the hysteresis: held whole, nothing to rise back
+        (COMM, 1.5, 0.0, INF, 50.0, HARDWARE),  # past it: falling, rises back as compute resumes
+        (
+            COMM,
+            3.0,
+            0.0,
+            INF,
+            50.0,
+            HARDWARE,
+        ),  # far down: fills back up under `communication` first
+        (COMPUTE, 0.4, 1.5, INF, 25.0, HARDWARE),  # 0.4 s after a 1.5 s wait: a half-window step
+        (COMPUTE, 0.4, 1.5, 100.0, 50.0, HARDWARE),  # ... falling twice as fast: a whole window's
+        (
+            COMPUTE,
+            0.4,
+            3.0,
+            INF,
+            50.0,
+            HARDWARE,
+        ),  # after a long wait: at most a window's, filled first
+        (COMPUTE, 1.2, 1.5, INF, 0.0, HARDWARE),  # a window on: done
+        (COMPUTE, 0.4, 0.8, INF, 0.0, HARDWARE),  # after a wait held whole: no step
+        (COMM, np.nan, 0.0, INF, 0.0, HARDWARE),  # not known (an inferred phase): not counted
+        # smoothed in software, a GPU falls at once (powerd/jobhook/fill.py), ready for a
+        # step of its window's share: counted from the wait's start
+        (COMM, 0.5, 0.0, INF, 25.0, SOFTWARE),  # half a window's fall so far
+        (COMM, 1.5, 0.0, INF, 50.0, SOFTWARE),
+        (COMPUTE, 0.4, 0.8, INF, 40.0, SOFTWARE),  # after a short wait: what it fell
+        (COMPUTE, 0.4, 0.8, 25.0, 20.0, SOFTWARE),  # ... falling at half the rise
+        (COMPUTE, 1.2, 0.8, INF, 0.0, SOFTWARE),  # a window on: done
+        (COMM, 0.5, 0.0, INF, 0.0, None),  # a replay's GPUs: the hysteresis, as modelled
     ],
 )
 def test_gpus_after_a_long_wait_keep_their_rise_out_of_the_ramp(
-    phase, phase_s, wait_before_s, down_w_per_s, reserved_w
+    phase, phase_s, wait_before_s, down_w_per_s, reserved_w, in_hardware
 ):
     """A collective longer than the smoothing profile's hysteresis (1 s) has begun to fall,
     and its GPUs come back up on their own as compute resumes: at once by what they fell
@@ -199,7 +231,7 @@ def test_gpus_after_a_long_wait_keep_their_rise_out_of_the_ramp(
     `communication` when they fell further (policies/smoothing.py's docstring; the fill-up
     rule: powerd/jobhook/fill.py). Rule 4 keeps their ramp-up share (50 W/s) out of the
     ramp from the hysteresis on, and the step's share of it for a window after compute
-    resumed."""
+    resumed. A GPU smoothed in software falls at once: counted from the wait's start."""
     tree = with_ramp(uncapping_everywhere(uniform_tree(1, 1, 3, 4)), [0], 1000.0)
     state = make_state(tree, 400.0, 400.0)
     state.phase[8:] = phase
@@ -207,6 +239,8 @@ def test_gpus_after_a_long_wait_keep_their_rise_out_of_the_ramp(
     state.phase_s[8:] = phase_s
     state.wait_before_s = np.zeros(12)
     state.wait_before_s[8:] = wait_before_s
+    if in_hardware is not None:
+        state.ramps_in_hardware = np.full(12, in_hardware)
     settings = PolicySettings(
         safety_by_caps=False,
         uncap_step_fraction=1.0,
