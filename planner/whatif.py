@@ -69,10 +69,10 @@ from policies import (
 from policies.causes import (
     LOST_CAUSES,
     NOT_HELD,
-    cap_causes,
+    carry_causes,
     grid_held_w,
     held_causes,
-    initial_causes,
+    initial_carried,
     job_causes,
     lost_column,
     lost_index,
@@ -366,7 +366,7 @@ class _Steps:
         self.floor_w = tree.cap_min_w.copy()
         self.controllable = np.ones(tree.n_gpus, dtype=bool)
         self.cap_w = tree.failsafe_cap_w.copy()  # agents start at their failsafe caps
-        self.causes = initial_causes(tree.n_gpus)  # why each GPU's cap is where it is
+        self.carried = initial_carried(tree.n_gpus)  # why each GPU's cap is where it is
         self.resume_levels = ResumeLevels(tree.n_gpus)
 
     def step(self, t: int, tallies: _Tallies) -> None:
@@ -417,7 +417,7 @@ class _Steps:
         tallies.site_need_w[t] = tallies.site_natural_w[t] + above_natural_w
         tallies.grid_held_j += held_w * self.step_s
         if not self.static_caps:
-            self.causes = cap_causes(self.causes, self.cap_w, decision, phase)
+            self.carried = carry_causes(self.carried, self.cap_w, decision, phase)
             self.cap_w = decision.cap_w
 
     def _tally_jobs(
@@ -436,9 +436,8 @@ class _Steps:
         job_gpus, job_acc = self.placement.job_gpus, tallies.job_acc
         speed_gpu, job_speed = self.source.speeds(power_w, demand_w, self.speed)
         job_acc["speed"] += job_speed
-        gpu_cause = held_causes(
-            power_w[busy_idx], demand_w[busy_idx], natural_w[busy_idx], self.causes[busy_idx]
-        )
+        cause = self.carried.cause[busy_idx]
+        gpu_cause = held_causes(power_w[busy_idx], demand_w[busy_idx], natural_w[busy_idx], cause)
         held = gpu_cause != NOT_HELD
         job_acc["held"] += np.maximum.reduceat(held, job_start)
         job_acc["gpus_held"] += np.add.reduceat(held, job_start) / job_gpus
@@ -454,7 +453,11 @@ class _Steps:
         job_acc["comm"] += in_comm
         job_acc["comm_power_w"] += np.where(in_comm, job_power_w, 0.0)
         held_w, beyond_w = grid_held_w(
-            power_w[busy_idx], demand_w[busy_idx], natural_w[busy_idx], self.causes[busy_idx]
+            power_w[busy_idx],
+            demand_w[busy_idx],
+            natural_w[busy_idx],
+            cause,
+            self.carried.staged_from_w[busy_idx],
         )
         return float(held_w.sum()), float(beyond_w.sum())
 

@@ -11,7 +11,9 @@ is then charged to one cause, so that the causes add up to the loss:
 - otherwise its cap is below its demand, and the cause is *the rule that last
   lowered that cap* (``cap_causes``), carried while the cap climbs back,
   since what keeps the cap low afterwards is the uncapping ramp that rule
-  made necessary:
+  made necessary; but a stage cut under a budget's cap gives the GPU back to
+  that budget once its cap is back where the cut found it (``carry_causes``):
+  the stage holds only what it took (``grid_held_w``):
   - ``capping``: a node above its capping threshold cut it (rule 3 of
     ``policies.capping``), or a node between its bands levelled it with the
     other GPUs of its class held at their caps (rule 3c): the budget, shared;
@@ -36,6 +38,8 @@ The controller, which knows no demand, charges the same causes to what it sees
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from policies.rules import STAGED_CODES, held_at_cap
@@ -52,6 +56,9 @@ CAUSES = (
 )
 CAPPING, PRIORITY_SHIFT, STAGED, FAILSAFE, CLOCK_LOCK, GRID_RAMP = range(len(CAUSES))
 NOT_HELD = -1
+# the causes a budget lowers a cap by: a stage cut under one gives the GPU back to it
+BUDGET_CAUSES = (CAPPING, PRIORITY_SHIFT)
+_BUDGET_CODES = np.array(BUDGET_CAUSES, dtype=np.int8)
 # the causes that hold work back for the site's ramp limits (staged rises, the GPUs' own
 # ramp under smoothing): the work lost to a grid spec; the others are the budgets'
 GRID_CAUSES = (STAGED, GRID_RAMP)
@@ -89,6 +96,43 @@ def cap_causes(
     if len(decision.cut_levels):
         out[lowered & (decision.cut_levels != 0)] = CAPPING
     return out
+
+
+@dataclass(frozen=True)
+class CarriedCauses:
+    """Per GPU: the rule that last lowered its cap (``cause``, as ``cap_causes`` carries
+    it); for one a staged phase cut under a budget's cap (``BUDGET_CAUSES``), the cap the
+    cut found (``staged_from_w``, ``inf`` otherwise) and that budget's cause
+    (``before``)."""
+
+    cause: np.ndarray
+    staged_from_w: np.ndarray
+    before: np.ndarray
+
+
+def initial_carried(n_gpus: int) -> CarriedCauses:
+    """Every GPU at its failsafe start, no stage cut under a budget."""
+    cause = initial_causes(n_gpus)
+    return CarriedCauses(cause, np.full(n_gpus, np.inf), cause.copy())
+
+
+def carry_causes(
+    carried: CarriedCauses, old_cap_w: np.ndarray, decision: Decision, phase: np.ndarray
+) -> CarriedCauses:
+    """``carried`` after a cycle: ``cap_causes``, but a GPU a staged phase cut under a
+    budget's cap goes back to that budget's cause once its cap climbs back to where the
+    cut found it (a cut from any other cause, a failsafe start's, is carried as before:
+    what keeps its cap low is the climb that cut made necessary)."""
+    old = np.asarray(old_cap_w, dtype=float)
+    cap = np.asarray(decision.cap_w, dtype=float)
+    cause = cap_causes(carried.cause, old, decision, phase)
+    staged = cause == STAGED
+    newly = staged & (carried.cause != STAGED) & in_codes(carried.cause, _BUDGET_CODES)
+    from_w = np.where(newly, old, np.where(staged, carried.staged_from_w, np.inf))
+    before = np.where(newly, carried.cause, carried.before).astype(np.int8)
+    back = staged & (cap >= from_w - _LOWERED_W)
+    cause = np.where(back, before, cause).astype(np.int8)
+    return CarriedCauses(cause, np.where(back, np.inf, from_w), before)
 
 
 # The level whose budget held a GPU by ``capping``: a level of the tree, or, at its root,
@@ -253,14 +297,21 @@ def largest_causes(by_cause: dict[str, float], least: float = 0.0005) -> list[tu
 
 
 def grid_held_w(
-    drawn_w: np.ndarray, demand_w: np.ndarray, capped_w: np.ndarray, cap_cause: np.ndarray
+    drawn_w: np.ndarray,
+    demand_w: np.ndarray,
+    capped_w: np.ndarray,
+    cap_cause: np.ndarray,
+    staged_from_w: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """What the grid's rules (``GRID_CAUSES``) hold back of each GPU's demand, W, any
     shape: ``(held, beyond)``. Held: a draw below what its cap allows (``capped_w``: the
     smoothing's ramp) plus, where a staged phase last lowered its cap (``cap_cause``), its
-    demand above that cap; a cap the budgets lowered is theirs, not the grid's. ``beyond``:
-    the staged part alone, the demand a capped draw does not show."""
+    demand above that cap, up to the budget's cap the stage cut found
+    (``staged_from_w``, ``CarriedCauses``; none known: all of it); a cap the budgets
+    lowered is theirs, not the grid's. ``beyond``: the staged part alone, the demand a
+    capped draw does not show."""
     ramp_w = np.maximum(capped_w - drawn_w, 0.0)
-    beyond: np.ndarray = np.where(cap_cause == STAGED, np.maximum(demand_w - capped_w, 0.0), 0.0)
+    wanted_w = demand_w if staged_from_w is None else np.minimum(demand_w, staged_from_w)
+    beyond: np.ndarray = np.where(cap_cause == STAGED, np.maximum(wanted_w - capped_w, 0.0), 0.0)
     held: np.ndarray = ramp_w + beyond
     return held, beyond

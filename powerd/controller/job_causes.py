@@ -26,10 +26,10 @@ from policies.causes import (
     NOT_HELD,
     SITE_LIMIT,
     binding_levels,
-    cap_causes,
     cap_levels,
+    carry_causes,
     held_back_w,
-    initial_causes,
+    initial_carried,
     initial_levels,
     seen_causes,
 )
@@ -77,7 +77,12 @@ class JobCauses:
 
     def __init__(self, n_gpus: int) -> None:
         self.held: list[JobHeld] = []
-        self.causes, self.levels = initial_causes(n_gpus), initial_levels(n_gpus)
+        self.carried, self.levels = initial_carried(n_gpus), initial_levels(n_gpus)
+
+    @property
+    def causes(self) -> np.ndarray:
+        """Per GPU, the rule that last lowered its cap (``policies.causes.carry_causes``)."""
+        return self.carried.cause
 
     def step(
         self,
@@ -96,14 +101,16 @@ class JobCauses:
         the index of its job in them (-1: none); ``locked``: per GPU, an SM clock lock in
         force; ``root``: ``root_level``."""
         if len(self.causes) != tree.n_gpus:  # a reloaded budgets file: start afresh
-            self.causes, self.levels = initial_causes(tree.n_gpus), initial_levels(tree.n_gpus)
+            self.carried, self.levels = initial_carried(tree.n_gpus), initial_levels(tree.n_gpus)
         cause = seen_causes(tree, state, self.causes, settings, locked)
         level = np.where(cause == CAPPING, self.levels, NO_LEVEL)
         self.held = _by_job(tree, state, cause, level, jobs)
-        new_causes = cap_causes(self.causes, state.cap_w, decision, state.phase)
+        carried = carry_causes(self.carried, state.cap_w, decision, state.phase)
         bound = binding_levels(tree, decision, root)
-        self.levels = cap_levels(self.levels, self.causes, new_causes, state.cap_w, decision, bound)
-        self.causes = new_causes
+        self.levels = cap_levels(
+            self.levels, self.causes, carried.cause, state.cap_w, decision, bound
+        )
+        self.carried = carried
         return self.held
 
 

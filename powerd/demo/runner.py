@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from policies import PolicySettings
-from policies.causes import cap_causes, initial_causes
+from policies.causes import carry_causes, initial_carried
 from policies.tree import PHASE_CODES, ROW, SITE
 from powerd.agent.config import AgentConfig, FailsafeConfig
 from powerd.agent.daemon import AgentDaemon
@@ -292,7 +292,8 @@ class _Cycles:
         self.capping: list[np.ndarray] = []
         self.cut: list[np.ndarray] = []
         self.cause: list[np.ndarray] = []  # per GPU, the rule that last lowered its cap
-        self.causes = initial_causes(n_gpus)
+        self.staged_from: list[np.ndarray] = []  # ... and the budget's cap a stage cut found
+        self.carried = initial_carried(n_gpus)
         self.sent = self.acked = self.resent = self.missing = self.superseded = 0
         self.pending_at_end = 0  # sent in the last cycles, not acknowledged when it stopped
         self.n_nodes, self.n_gpus = n_nodes, n_gpus
@@ -305,8 +306,9 @@ class _Cycles:
         self.cut.append(cut != 0 if len(cut) else np.zeros(self.n_gpus, dtype=bool))
         state = result.state
         if state is not None and len(d.cap_w) == self.n_gpus:
-            self.causes = cap_causes(self.causes, state.cap_w, d, np.asarray(state.phase))
-        self.cause.append(self.causes)
+            self.carried = carry_causes(self.carried, state.cap_w, d, np.asarray(state.phase))
+        self.cause.append(self.carried.cause)
+        self.staged_from.append(self.carried.staged_from_w)
         self.sent += c.commands_sent
         self.acked += c.acks_received
         self.resent += c.resends
@@ -667,6 +669,7 @@ def _trace(
         cycle_capping=stack(cycles.capping, n_nodes, bool),
         cycle_cut=stack(cycles.cut, n_gpus, bool),
         cycle_cause=stack(cycles.cause, n_gpus, np.int8),
+        cycle_staged_from_w=stack(cycles.staged_from, n_gpus),
         commands_sent=cycles.sent,
         acks_received=cycles.acked,
         resends=cycles.resent,

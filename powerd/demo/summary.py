@@ -176,6 +176,9 @@ class RunRecord:
     # (n_cycles, n_gpus) int8: after each cycle, the rule that last lowered each GPU's cap
     # (policies.causes); None: not recorded (every GPU then counts as at its failsafe cap)
     cycle_cause: np.ndarray | None = None
+    # (n_cycles, n_gpus): the budget's cap a stage cut found (policies.causes.CarriedCauses;
+    # inf: none); None: not recorded (a stage holds all the demand above its cap)
+    cycle_staged_from_w: np.ndarray | None = None
     # exact per-phase totals over the recording (None: not kept; no energy by phase)
     phase_account: PhaseAccount | None = None
 
@@ -497,7 +500,9 @@ def _grid_need(trace: RunRecord, drawn_site_w: np.ndarray) -> tuple[np.ndarray, 
     # no ramp part: software smoothing holds no draw below its cap but to fill back up
     # (the spans below), and a sample's fill is the mean since the one before, so its
     # draw less its fill is noise around its cap at every change of phase
-    _, held = grid_held_w(capped, demand, capped, sample_cap_causes(trace))
+    _, held = grid_held_w(
+        capped, demand, capped, sample_cap_causes(trace), _sample_staged_from_w(trace)
+    )
     for j, job in enumerate(trace.jobs):
         gpus = np.flatnonzero(trace.gpu_job == j)
         for start_s, end_s in job.rise_first_spans:
@@ -516,16 +521,29 @@ def _progress_mask(phase: np.ndarray) -> np.ndarray:
     return in_codes(np.asarray(phase), phase_codes(PROGRESS_PHASES))
 
 
+def _as_of_cycles(trace: RunRecord, per_cycle: np.ndarray | None, before: Any) -> np.ndarray:
+    """(n_samples, n_gpus): ``per_cycle`` (n_cycles, n_gpus) as of the newest controller
+    cycle at or before each sample; ``before`` before the first (and with none)."""
+    out = np.full(np.shape(trace.gpu_throughput), before)
+    if per_cycle is not None and len(per_cycle):
+        newest = np.searchsorted(trace.cycle_t, trace.t, side="right") - 1
+        seen = newest >= 0
+        out[seen] = per_cycle[newest[seen]]
+    return out
+
+
 def sample_cap_causes(trace: RunRecord) -> np.ndarray:
     """(n_samples, n_gpus): the rule that last lowered each GPU's cap as of the newest
     controller cycle at or before each sample (``FAILSAFE`` before the first)."""
-    n_samples, n_gpus = np.shape(trace.gpu_throughput)
-    cap_cause = np.full((n_samples, n_gpus), FAILSAFE, dtype=np.int8)
-    if trace.cycle_cause is not None and len(trace.cycle_cause):
-        newest = np.searchsorted(trace.cycle_t, trace.t, side="right") - 1
-        seen = newest >= 0
-        cap_cause[seen] = trace.cycle_cause[newest[seen]]
-    return cap_cause
+    return _as_of_cycles(trace, trace.cycle_cause, np.int8(FAILSAFE))
+
+
+def _sample_staged_from_w(trace: RunRecord) -> np.ndarray | None:
+    """(n_samples, n_gpus): the budget's cap a stage cut found, as of the newest controller
+    cycle at or before each sample (inf: none); None when not recorded."""
+    if trace.cycle_staged_from_w is None:
+        return None
+    return _as_of_cycles(trace, np.asarray(trace.cycle_staged_from_w, float), np.inf)
 
 
 def sample_causes(trace: RunRecord) -> np.ndarray:

@@ -335,7 +335,8 @@ def test_the_summary_gives_the_work_lost_to_the_grid_against_its_bound():
     slow = np.column_stack([[1.0, 1.0, 0.8, 0.9], np.ones(4)])
     caps = np.column_stack([[500.0, 500.0, 6.0, 8.0], np.full(4, 500.0)])
 
-    def run(cause: int):
+    def run(cause: int, staged_from_w: float | None = None):
+        from_w = None if staged_from_w is None else np.array([[staged_from_w, np.inf]])
         return summarize(
             make_trace(
                 np.column_stack([site, site, site]),
@@ -350,6 +351,7 @@ def test_the_summary_gives_the_work_lost_to_the_grid_against_its_bound():
                 cycle_capping=np.zeros((1, 3), dtype=bool),
                 cycle_cut=np.ones((1, 2), dtype=bool),
                 cycle_cause=np.array([[cause, cause]], dtype=np.int8),
+                cycle_staged_from_w=from_w,
             )
         )
 
@@ -364,6 +366,9 @@ def test_the_summary_gives_the_work_lost_to_the_grid_against_its_bound():
     assert g["lost_ratio_at_floors"] == pytest.approx(1.5)
     # held by the budgets (capping), not by the grid: no work lost to the grid
     assert run(CAPPING).grid["lost_work_kwh"] == 0.0
+    # staged under a budget's 7 W cap: the stage holds only up to it (1 J at 2 s), the rest
+    # is the budget's
+    assert run(STAGED, staged_from_w=7.0).grid["lost_work_kwh"] == pytest.approx(1.0 / 3.6e6)
     assert g["floor_ready_kwh"] == pytest.approx(2.0 / 3.6e6)
     assert g["floor_ratio_to_causal"] == pytest.approx(1.0)
     rows = dict((label, value) for label, value, _ in grid_rows(s))

@@ -127,3 +127,43 @@ def test_the_grid_holds_back_its_ramp_and_its_staged_caps_not_the_budgets():
     held, beyond = grid_held_w(drawn, demand, capped, cause)
     assert held.tolist() == [0.0, 200.0, 30.0, 250.0]
     assert beyond.tolist() == [0.0, 200.0, 0.0, 200.0]
+
+
+def test_a_stage_cut_under_a_budget_holds_only_what_it_took():
+    """The demo's checkpoint under a row budget: a GPU capped at 530 W by the budget (its
+    compute wants 631 W) is staged to 518 W as compute resumes, then handed back 525 W, 532 W
+    and 539 W. The stage holds 530 - cap of it while the cap climbs back (the 101 W above 530 W
+    stay the budget's), and none once the cap is back at 530 W: the GPU is the budget's
+    again. A GPU staged from its failsafe start (a job's start) carries the stage as
+    before, all the way up."""
+    from policies.causes import carry_causes, grid_held_w, initial_carried
+
+    carried = initial_carried(2)
+    carried = dataclasses.replace(carried, cause=np.array([CAPPING, FAILSAFE], np.int8))
+    compute = np.full(2, COMPUTE, np.int8)
+    staged = np.full(2, STARTUP, np.int8)  # a staged phase, as the controller saw it
+    carried = carry_causes(
+        carried, np.array([530.0, 500.0]), decision([518, 200], [0, 0], [0, 0]), staged
+    )
+    assert list(carried.cause) == [STAGED, STAGED]
+    assert carried.staged_from_w.tolist() == [530.0, np.inf]
+    demand = np.full(2, 631.0)
+    for cap_w, held_w in ((518.0, 12.0), (525.0, 5.0)):
+        capped = np.array([cap_w, cap_w])
+        _, beyond = grid_held_w(capped, demand, capped, carried.cause, carried.staged_from_w)
+        assert beyond.tolist() == [held_w, 631.0 - cap_w]
+        old = capped
+        carried = carry_causes(
+            carried, old, decision([cap_w + 7, cap_w + 7], [0, 0], [0, 0]), compute
+        )
+    carried = carry_causes(
+        carried, np.full(2, 532.0), decision([539, 539], [0, 0], [0, 0]), compute
+    )
+    assert list(carried.cause) == [CAPPING, STAGED]  # back at the budget's cap: the budget's
+    assert carried.staged_from_w[0] == np.inf
+    capped = np.full(2, 539.0)
+    _, beyond = grid_held_w(capped, demand, capped, carried.cause, carried.staged_from_w)
+    assert beyond.tolist() == [0.0, 92.0]
+    # staged again later, from the budget's cap: a new cut, found where the cap stands
+    carried = carry_causes(carried, np.full(2, 539.0), decision([500, 539], [0, 0], [0, 0]), staged)
+    assert list(carried.cause) == [STAGED, STAGED] and carried.staged_from_w[0] == 539.0

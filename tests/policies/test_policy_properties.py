@@ -19,6 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from policies import HIGH, LOW, NORMAL, SERVER, ClusterState, PolicySettings, decide
+from policies.fill import TOLERANCE_W as FILL_TOLERANCE_W
 from policies.rules import STAGED_PHASES, WAITING_PHASES
 from policies.tree import PHASE_CODES
 from tests.support.policy_trees import random_tree_and_state
@@ -302,6 +303,21 @@ def test_capping_matches_a_plain_node_by_node_reference(seed):
         uncap_between_bands=False,
     ),
 )
+@example(
+    seed=117524,
+    policy=PolicySettings(
+        safety_by_caps=True,
+        uncap_step_fraction=1.0,
+        startup_cap_fraction=0.0,
+        comm_clock_lock=False,
+        uncap_min_step_w=0.0,
+        stage_headroom_fraction=0.0,
+        priority_shift=False,
+        uncap_between_bands=False,
+        startup_rise_w_per_s=79.0,
+        level_within_class=False,
+    ),
+)
 def test_the_order_gpus_are_numbered_in_does_not_matter(seed, policy):
     tree, state, dt_s = draw(seed)
     perm = np.random.default_rng(seed).permutation(tree.n_gpus)
@@ -320,10 +336,14 @@ def test_the_order_gpus_are_numbered_in_does_not_matter(seed, policy):
     )
     d = decide(tree, state, dt_s, policy)
     s = decide(shuffled_tree, shuffled_state, dt_s, policy)
-    np.testing.assert_allclose(s.cap_w, d.cap_w[perm], rtol=0, atol=1e-6)
+    # the same up to the water-filling search's tolerance (policies.fill): summed in another
+    # order, its sums round apart, and it may stop elsewhere within that (seed 117524: 0.6 mW)
+    np.testing.assert_allclose(s.cap_w, d.cap_w[perm], rtol=0, atol=FILL_TOLERANCE_W)
     np.testing.assert_array_equal(s.max_sm_clock_mhz, d.max_sm_clock_mhz[perm])
     np.testing.assert_array_equal(s.node_capping, d.node_capping)
-    np.testing.assert_allclose(s.node_predicted_w, d.node_predicted_w, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        s.node_predicted_w, d.node_predicted_w, rtol=0, atol=FILL_TOLERANCE_W
+    )
 
 
 @many
