@@ -280,8 +280,8 @@ def test_an_announced_wait_is_back_where_compute_resumes_when_it_should_end():
     stays there, and meets the climb that brings it back to 475 W at 3 s: 440 W at 0.5 s,
     405 W from 1 to 2 s (the valley), 440 W at 2.5 s, 475 W at 3 s, so compute resumes with
     nothing to fill first. Not announced, it has fallen to 335 W by then (from 2 s on, as
-    one held through the hysteresis) and must fill back up. A wait that outlasts its announcement holds 475 W
-    through another hysteresis, then falls again."""
+    one held through the hysteresis) and must fill back up. A wait that outlasts its
+    announcement holds 475 W through another hysteresis, then falls again."""
     clock, fill, profile = h100_working_at_475_w()
     fill.waiting(expected_s=3.0)
     seen = []

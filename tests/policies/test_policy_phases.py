@@ -162,7 +162,7 @@ def test_gpus_in_a_checkpoint_keep_their_rise_out_of_the_ramp_too(phase, reserve
     ramp-up share before compute resumes (FillFollower.must_rise_first): an H100 staged at
     its 200 W minimum, drawing 98 W, would otherwise step up 102 W at once, and the caps
     handed back elsewhere in the same second passed 19.4 of a 20 kW/s limit in the demo.
-    A collective is held whole by the hysteresis and takes nothing."""
+    A collective is held whole by the hysteresis (the replays' model) and takes nothing."""
     tree = with_ramp(uncapping_everywhere(uniform_tree(1, 1, 3, 4)), [0], 1000.0)
     state = make_state(tree, 400.0, 400.0)
     state.phase[8:] = phase
