@@ -13,8 +13,8 @@ tells it when it waits and works, because only the job knows:
     follower = FillFollower(broker, ["node7"], on_fill=fill_gpus, cluster="prod")
     follower.start()
     follower.starting()      # loading the model: raise the draw slowly to the cap
-    follower.waiting(2.0)    # a collective, a checkpoint (2 s expected, if known): hold
-                             # the draw, let it fall slowly, be back when it should end
+    follower.waiting(2.0)    # a collective, a checkpoint (2 s expected, if known): let
+                             # the draw fall slowly, ready to resume, back when it should end
     follower.fill_back_up(timeout_s=60.0, after_checkpoint=checkpointed)  # if it fell far
     follower.working()       # compute again: nothing to fill above the floor
     follower.stopping()      # the last step is done: fall slowly at once, no floor
