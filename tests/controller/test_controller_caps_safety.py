@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from policies import PolicySettings
 from powerd.protocol import Command, decode
 from powerd.topology import parse_budgets
 from tests.support.controller_harness import (
@@ -59,9 +60,12 @@ async def test_caps_in_force_fit_every_limit_through_a_reallocation_and_a_kill(
             tmp_path / "ctl.log",
         )
         try:
-            # the idle node lends: the computing one runs above its failsafe cap
+            # the idle node lends (once idle for lend_after_s, after the controller is up):
+            # the computing one runs above its failsafe cap
             await agents.wait_for(
-                lambda: min(agents.caps([BORROWER])) > 650.0, what="the borrower raised"
+                lambda: min(agents.caps([BORROWER])) > 650.0,
+                timeout_s=WAIT_S + PolicySettings().lend_after_s,
+                what="the borrower raised",
             )
             lent = agents.caps([LENDER])
             # the work moves: the borrower idles, the lender computes; killed as soon as
