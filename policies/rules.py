@@ -202,7 +202,7 @@ def rising_after_wait(
     share[comm & (phase_s > after_s)] = 1.0
     if state.wait_before_s is not None and after_s > 0:
         wait_s = np.asarray(state.wait_before_s, dtype=float)
-        resumed = (phase == _COMPUTE_CODE) & (phase_s <= after_s) & (wait_s > falls_after_s)
+        resumed = (phase == _COMPUTE_CODE) & (phase_s <= after_s)  # no fall, no step: 0
         share = np.where(resumed, step_share(wait_s - falls_after_s), share)
     return np.where(controllable, share, 0.0)
 

@@ -339,7 +339,10 @@ class ClusterState:
     ramp_s: float | None = None
     # Per GPU, whether its own power smoothing hardware ramps every rise of its draw (on, and
     # not carried out in software by its jobs): a job starting on it is no step at once
-    # (``policies.rules.may_start_rise_w_per_s``). None: no GPU known to.
+    # (``policies.rules.may_start_rise_w_per_s``), and a wait on it falls only after its
+    # hysteresis (``rising_after_wait``; a software-smoothed GPU's falls at once). None: not
+    # known (the controller always knows): a start counts as a step, a wait as held through
+    # its hysteresis, as the replays model it.
     ramps_in_hardware: np.ndarray | None = None
 
     def ramp_seconds(self, dt_s: float) -> float:
