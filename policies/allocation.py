@@ -87,7 +87,9 @@ made before its job resumes.
    frees are raised on once it is acknowledged, the next cycle. At the site the raises are
    also within ``ramp_w_per_s * ramp_s`` (``ClusterState.ramp_seconds``: ``dt_s``, less
    what the window's cycles before it had; less, under grid smoothing, what GPUs rise by on
-   their own: ``policies.rules.own_rise_w_per_s``) plus the draw the cycle's cuts take
+   their own: ``policies.rules.own_rise_w_per_s``, and the headroom a start draws at once
+   when its compute begins, whose raise to its stage cap is its own, not room for another
+   GPU's) plus the draw the cycle's cuts take
    off (the grid sees the site's draw: a GPU that asks draws a raise at once, while a cut
    of a lender's headroom moves none; a reallocation between racks or rows that moves draw
    moves none at the site; the rows' ramps are left to ``policies.capping``'s bands). While
@@ -115,6 +117,7 @@ phase costs is the cycle a returned loan waits for its cut (rule 4).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -346,22 +349,29 @@ def _make_before_break(
             new = np.where(fall > 0, np.maximum(target, drawn - fall * (budget_w / total_w)), new)
     if rise.any():
         raise_room = room.copy()
-        sum_in_force = tree.node_sum(cap)
+        # (GPUs that rise, what the site's ramp lets them take: inf without a ramp limit)
+        groups: list[tuple[np.ndarray, float]] = [(rise, math.inf)]
         if np.isfinite(ramp_w):  # the draw the cuts take off pays for raises beyond it
             drawn = np.minimum(power[cut], cap[cut])
             freed_w = float(np.sum(drawn - np.minimum(drawn, target[cut])))
             own_w = own_rise_w_per_s(tree, state, s.phase, ctl, r.staged, settings)[SITE] * dt_s
             # and a staged GPU's headroom, which it draws at once when its compute begins
             own_w += float(np.sum(np.where(r.staged, r.stage_cap - power, 0.0)))
+            # a staged GPU's raise up to its stage cap is in own_w already (its headroom):
+            # its own, not room for another GPU's raise (that GPU would draw it at once,
+            # uncounted, and the headroom counted would go ungranted)
+            staged_rise = rise & r.staged
+            staged_w = float(np.sum(np.where(staged_rise, target - cap, 0.0)))
             allowed_w = max(ramp_w - own_w, 0.0) + freed_w
-            # a staged GPU's raise up to its stage cap is in own_w already (its headroom)
-            allowed_w += float(np.sum(np.where(r.staged & rise, target - cap, 0.0)))
-            raise_room[SITE] = min(raise_room[SITE], sum_in_force[SITE] + allowed_w)
+            groups = [(staged_rise, staged_w), (rise & ~r.staged, allowed_w)]
         y = cap.copy()
-        for prio in range(HIGH, LOW - 1, -1):
-            mine = rise & (s.priority == prio)
-            if mine.any():
-                y = fill(tree, s.cap_min, r.slope, y, np.where(mine, target, y), raise_room)
+        for group, ramp_room_w in groups:
+            if math.isfinite(ramp_room_w):
+                raise_room[SITE] = min(room[SITE], tree.node_sum(y)[SITE] + ramp_room_w)
+            for prio in range(HIGH, LOW - 1, -1):
+                mine = group & (s.priority == prio)
+                if mine.any():
+                    y = fill(tree, s.cap_min, r.slope, y, np.where(mine, target, y), raise_room)
         granted = rise & (y > cap + 1e-9)
         new[granted] = y[granted]
     if state.pending_cap_w is not None:  # a cut in flight stands: kept, it is not undone

@@ -374,3 +374,25 @@ def test_under_grid_smoothing_raises_leave_the_site_ramp_to_a_start_on_idle_gpus
     # a GPU whose own smoothing hardware ramps its draw starts with no step: none kept for it
     state.ramps_in_hardware = np.array([False] * 4 + [True, False, False, False])
     assert raised(smoothed) == pytest.approx(raised(no_window) - h)
+
+
+def test_under_grid_smoothing_a_starts_headroom_is_its_own_not_a_raise_for_a_higher_class():
+    """A staged GPU's raise to its stage cap is counted in the ramp already, as headroom it
+    draws at once when its compute begins; a HIGH GPU computing held at its cap must not
+    take it: it would draw it at once, uncounted, while the headroom counted went
+    ungranted (``powerd demo --smoothing``: a high-priority job's 128 GPUs drew 8 kW of a
+    low-priority start's headroom the moment the start's caps were due)."""
+    tree = one_rack(8 * 1200.0, gpus=8)
+    ramp = np.full(tree.n_nodes, np.inf)
+    ramp[0] = 400.0  # W/s at the site: less than the starts rise by and hold over their draw
+    tree = dataclasses.replace(tree, ramp_w_per_s=ramp)
+    cap = np.array([600.0] * 4 + [260.0] * 4)
+    power = np.array([600.0] * 4 + [250.0] * 4)
+    state = make_state(tree, power, cap)
+    state.phase = np.array([COMPUTE] * 4 + [STARTUP] * 4, dtype=np.int8)
+    state.priority = np.array([HIGH] * 4 + [LOW] * 4, dtype=np.int8)
+    smoothed = dataclasses.replace(CAPS, startup_rise_w_per_s=50.0)
+    d = decide(tree, state, 1.0, smoothed)
+    h = CAPS.stage_headroom_fraction * 1000.0 + 2 * 50.0  # over its draw, as above
+    np.testing.assert_allclose(d.cap_w[4:], 250.0 + h)  # the starts get their stage caps
+    np.testing.assert_allclose(d.cap_w[:4], 600.0)  # and the ramp has nothing left to raise
