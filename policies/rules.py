@@ -90,15 +90,18 @@ def staged_gpus(s: Sanitised) -> np.ndarray:
 def stage_headroom_w(span_w: np.ndarray, dt_s: float, settings: PolicySettings) -> np.ndarray:
     """How far above its draw a staged GPU's cap stands (rule 2 of ``policies.capping``,
     rule 3 of ``policies.allocation``): ``stage_headroom_fraction * span``, plus, under
-    software grid smoothing (``startup_rise_w_per_s`` > 0), ``2 * startup_rise_w_per_s *
-    dt_s``: what the GPU's fill rises by in two cycles (the draw the cap is set on is up to
-    a cycle old, and the next cap lands a cycle later). With the headroom alone the cap,
-    not the GPU's share of the ramp, paced a start: 25 W a 0.5 s cycle, 50 W/s a GPU
+    software grid smoothing (``startup_rise_w_per_s`` > 0), ``startup_rise_w_per_s *
+    stage_fill_s`` (``2 * dt_s`` where that is 0): what the GPU's fill rises by in two
+    cycles (the draw the cap is set on is up to a cycle old, and the next cap lands a cycle
+    later; an early cycle changes neither, so the controller gives its period). With the
+    headroom alone the cap, not the GPU's share of the ramp, paced a start: 25 W a 0.5 s
+    cycle, 50 W/s a GPU
     against its 70 W/s share in ``powerd demo --smoothing``. The controller counts the
     whole headroom as drawn at once (what a staged GPU whose compute begins takes)."""
     head: np.ndarray = settings.stage_headroom_fraction * np.asarray(span_w, dtype=float)
     if settings.startup_rise_w_per_s > 0:
-        head = head + 2.0 * settings.startup_rise_w_per_s * dt_s
+        fill_s = settings.stage_fill_s if settings.stage_fill_s > 0 else 2.0 * dt_s
+        head = head + settings.startup_rise_w_per_s * fill_s
     return head
 
 

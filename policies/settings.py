@@ -67,6 +67,12 @@ class PolicySettings:
     # caps handed back elsewhere share one ramp. controller.grid_smoothing sets it to the
     # share. (Named for the start, which it first covered; the name stays for the configs.)
     startup_rise_w_per_s: float = 0.0
+    # Seconds of that rise a staged GPU's cap stands above its draw, on top of its headroom
+    # (policies.rules.stage_headroom_w: the draw the cap is set on is up to a cycle old, and
+    # the next cap lands a cycle later). 0: twice the time since the last cycle.
+    # controller.grid_smoothing sets it to two cycle periods: an early cycle 0.09 s after
+    # the last cut a checkpoint's cap 33 W under its fill, and compute resumed capped.
+    stage_fill_s: float = 0.0
     # Under software grid smoothing a GPU whose wait lasts longer than this (the profile's
     # ramp-down hysteresis) begins to fall, and rises back on its own when compute resumes:
     # by up to one window's share at once, or, fallen further, filling back up first
@@ -114,6 +120,8 @@ class PolicySettings:
             raise ValueError(f"cut_fall_w_per_s must be > 0, not {self.cut_fall_w_per_s}")
         if not (np.isfinite(self.startup_rise_w_per_s) and self.startup_rise_w_per_s >= 0.0):
             raise ValueError(f"startup_rise_w_per_s must be >= 0, not {self.startup_rise_w_per_s}")
+        if not (np.isfinite(self.stage_fill_s) and self.stage_fill_s >= 0.0):
+            raise ValueError(f"stage_fill_s must be >= 0, not {self.stage_fill_s}")
         if not self.wait_rise_after_s >= 0.0:  # inf allowed: never; NaN refused
             raise ValueError(f"wait_rise_after_s must be >= 0, not {self.wait_rise_after_s}")
         if not (np.isfinite(self.uncap_min_step_w) and self.uncap_min_step_w >= 0.0):

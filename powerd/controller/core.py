@@ -411,8 +411,9 @@ class ControllerCore:
         if smoothing is not None:
             rise = max(policy.startup_rise_w_per_s, smoothing.ramp_up_w_per_s)
             after_s = min(policy.wait_rise_after_s, smoothing.ramp_down_hysteresis_ms / 1000)
+            fill_s = max(policy.stage_fill_s, 2.0 * self.settings.cycle_s)
             policy = dataclasses.replace(
-                policy, startup_rise_w_per_s=rise, wait_rise_after_s=after_s
+                policy, startup_rise_w_per_s=rise, wait_rise_after_s=after_s, stage_fill_s=fill_s
             )
             policy = with_cut_fall(policy, smoothing.ramp_down_w_per_s)
         if dt_s < self.settings.cycle_s:

@@ -285,6 +285,20 @@ def test_under_grid_smoothing_starting_gpus_take_their_share_out_of_the_uncappin
     assert plain.core.cycle_policy(plain.core.settings.cycle_s).startup_rise_w_per_s == 0.0
 
 
+def test_under_grid_smoothing_an_early_cycle_keeps_a_starts_headroom() -> None:
+    """A staged GPU's cap stands two cycles of its fill's rise over its draw: the draw is a
+    cycle old and the next cap lands a cycle later, whenever this cycle came. An early one
+    (a threshold crossed, 0.09 s after the last in `powerd demo --smoothing`) took the
+    seconds since the last cycle for its period and cut a checkpoint's cap 33 W under its
+    fill, and compute resumed capped."""
+    bench = smoothing_bench()
+    cycle_s = bench.core.settings.cycle_s
+    for dt_s in (cycle_s, 0.1 * cycle_s):
+        assert bench.core.cycle_policy(dt_s).stage_fill_s == pytest.approx(2.0 * cycle_s)
+    plain = smoothing_bench(smoothing=None)
+    assert plain.core.cycle_policy(0.1 * cycle_s).stage_fill_s == 0.0
+
+
 def state_after(bench: Bench, advance_s: float) -> tuple[ClusterState, np.ndarray, np.ndarray]:
     """What the policy was given in a cycle ``advance_s`` on, and its phase times."""
     state = bench.cycle(advance_s).state

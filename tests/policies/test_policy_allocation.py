@@ -316,6 +316,10 @@ def test_under_grid_smoothing_a_start_holds_caps_a_headroom_and_two_cycles_of_fi
     # by in two 1 s cycles at 50 W/s (with the headroom alone the cap paced the start,
     # below its share of the ramp: policies.rules.stage_headroom_w)
     np.testing.assert_allclose(d.cap_w, 400.0 + h + 2 * 50.0)
+    # a cycle 0.1 s after the last: two of its seconds, unless told the period's
+    np.testing.assert_allclose(decide(tree, state, 0.1, smoothed).cap_w, 400.0 + h + 0.2 * 50.0)
+    told = dataclasses.replace(smoothed, stage_fill_s=2.0)
+    np.testing.assert_allclose(decide(tree, state, 0.1, told).cap_w, 400.0 + h + 2 * 50.0)
     # without grid smoothing a start keeps its cap: nothing asks for its watts
     np.testing.assert_allclose(decide(tree, state, 1.0, CAPS).cap_w, 960.0)
 
