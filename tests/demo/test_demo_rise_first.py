@@ -7,6 +7,8 @@ import asyncio
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from powerd.demo.scenario import TrainingJob
 from powerd.jobhook import FillFollower
 from powerd.protocol import FillRequest, GpuFill
@@ -51,3 +53,22 @@ def test_compute_waits_for_the_fill_after_a_wait_it_fell_through():
     assert fill.targets(NODE)[0] >= 475.0 - 1.0
     assert 0.1 < job.rise_first_s < 5.0 and len(job.rise_first_spans) == 1
     fill.close()
+
+
+def test_a_wait_told_late_ends_when_it_was_due_to():
+    """The job tells its follower how long a wait has left from when it was due: told 50 ms
+    late (a loaded machine), the follower's plan still ends when compute is due to resume,
+    not 50 ms after it (then the plan, 3.5 W short at 70 W/s, made compute fill back up
+    first). A phase with no expected length stays unannounced; one already over, too."""
+    now = [100.05]
+    job = SimpleNamespace(
+        clock=lambda: now[0],
+        t0=90.0,
+        plan=SimpleNamespace(comm_s=1.5, checkpoint_s=3.0),
+    )
+    job._expected_s = lambda phase: TrainingJob._expected_s(job, phase)
+    assert TrainingJob._left_s(job, 10.0, "communication") == pytest.approx(1.45)
+    assert TrainingJob._left_s(job, 10.0, "checkpoint") == pytest.approx(2.95)
+    assert TrainingJob._left_s(job, 10.0, "compute") is None
+    now[0] = 112.0
+    assert TrainingJob._left_s(job, 10.0, "communication") == 0.0
