@@ -404,8 +404,9 @@ class ControllerCore:
         under grid smoothing, starting GPUs rise on their own at their share of the grid's
         ramp-up (software smoothing fills a start up at it), so it is taken out of the ramp
         the caps are handed back under, and caps are cut, where no limit is passed, no
-        faster than the GPUs' share of its ramp-down; an early cycle hands back no more
-        watts per second."""
+        faster than the GPUs' share of its ramp-down, and a staged GPU's cap stands two
+        cycle periods of its rise over its draw (an early cycle lands no sooner); an early
+        cycle hands back no more watts per second."""
         policy = self.settings.policy
         smoothing = self._grid_smoothing()
         if smoothing is not None:
