@@ -88,8 +88,8 @@ made before its job resumes.
    also within ``ramp_w_per_s * ramp_s`` (``ClusterState.ramp_seconds``: ``dt_s``, less
    what the window's cycles before it had; less, under grid smoothing, what GPUs rise by on
    their own: ``policies.rules.own_rise_w_per_s``, and the headroom a start draws at once
-   when its compute begins, whose raise to its stage cap is its own, not room for another
-   GPU's) plus the draw the cycle's cuts take
+   when its compute begins, whose raise to its stage cap is its own, granted first and not
+   room for another GPU's) plus the draw the cycle's cuts take
    off (the grid sees the site's draw: a GPU that asks draws a raise at once, while a cut
    of a lender's headroom moves none; a reallocation between racks or rows that moves draw
    moves none at the site; the rows' ramps are left to ``policies.capping``'s bands). While
