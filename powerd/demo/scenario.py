@@ -310,7 +310,7 @@ class TrainingJob:
         elif phase == "startup":
             self.fill.starting()  # rise slowly to the cap before the first step
         elif phase in WAITING_PHASES:
-            self.fill.waiting(expected_s)
+            self.fill.waiting(expected_s, checkpoint=phase == "checkpoint")
         else:
             self.fill.working()
 

@@ -33,8 +33,10 @@ compute to step it up by no more than its share of one window's rise (the causal
 would; and, when the job said how
 long it expects to wait (``waiting(expected_s)``, ending at ``T``), at least ``min(R -
 ramp_up × (T - t), H + ramp_up × (t - t_w))`` with ``R`` where compute will put it
-(below) as it was when the wait began (a cap raised during the wait is no step up at
-once): back there when the wait should end, never rising faster than the ramp-up (past
+(below), a cap handed back during a collective included (counted by the controller as
+drawn when it came), in a ``checkpoint`` as it was when the wait began (its staged cap
+climbs with the fill): back there when the wait should end, never rising faster than the
+ramp-up save by such a cap (past
 ``T``, ``R`` held through the hysteresis, then falling); stopping since ``t_e``,
 ``max(0, H - ramp_down × (t - t_e))``: no floor, and no hysteresis, which only guards
 against a wait ending at once (a job that stops will not resume, and only the job knows
@@ -46,7 +48,9 @@ checkpoint: its draw fell to the checkpoint's, and an H100's staged cap cannot g
 200 W) more than the GPU's share of one window's rise (``ramp_up × hysteresis``), which
 no cap can slow. ``must_rise_first()`` says so, and the job then fills back up first, at
 the ramp-up rate (``starting()`` and ``wait_risen()``, both in ``fill_back_up()``),
-before it computes; after a checkpoint it always does. The controller counts a GPU in a
+before it computes; after a checkpoint it always does, up to where compute would have
+put it as the checkpoint began (the staged cap climbs with the fill, a headroom over it,
+counted by the controller as drawn when compute begins). The controller counts a GPU in a
 staged phase (``startup``, ``checkpoint``) as rising on its own at its share (rule 4 of
 ``policies/capping.py``) until compute is announced, so a job that announces its
 checkpoint until it has filled back up shares the site's ramp with the caps handed back
@@ -112,6 +116,7 @@ class _Gpu:
         "power_w",
         "rate_w_per_s",
         "resume_at_start_w",
+        "resume_at_wait_w",
         "up_w_per_s",
         "worked_cap_w",
         "worked_w",
@@ -120,6 +125,7 @@ class _Gpu:
     def __init__(self) -> None:
         self.power_w = self.worked_w = self.held_w = self.floor_w = self.cap_w = 0.0
         self.worked_cap_w = self.resume_at_start_w = 0.0
+        self.resume_at_wait_w = math.inf  # no wait yet: nothing to hold a refill under
         self.rate_w_per_s = self.up_w_per_s = self.hysteresis_s = 0.0
 
 
@@ -169,6 +175,8 @@ class FillFollower:
         self._state = "working"  # working, starting, waiting, stopping
         self._since = clock()  # when the job entered its state
         self._ends: float | None = None  # when a wait is expected to end, if announced
+        self._refills_checkpoint = False  # starting: filling back up after a checkpoint
+        self._checkpoint = False  # waiting: the wait is a checkpoint
         self.received = 0
         self.rejected = 0
         self._logs = LogOncePer(log, 60.0)
@@ -204,17 +212,19 @@ class FillFollower:
         faster than the ramp-up rate, up to its cap."""
         self._enter("starting")
 
-    def waiting(self, expected_s: float | None = None) -> None:
+    def waiting(self, expected_s: float | None = None, *, checkpoint: bool = False) -> None:
         """The job waits (a collective, a checkpoint): let each GPU's draw fall at once, no
         faster than the rate, and no lower than ready to resume within one window's share
         for the hysteresis and on (module docstring). ``expected_s``: how long the
         job expects the wait to last, if it knows (what it announces): each GPU's target
         then also climbs at the ramp-up rate to be back where compute puts it when the wait
-        is expected to end, so compute resumes with no step and nothing to fill first."""
+        is expected to end, so compute resumes with no step and nothing to fill first;
+        a cap handed back during a collective included, but not during a ``checkpoint``,
+        whose staged cap climbs with the fill (``fill_back_up``)."""
         ends = None
         if expected_s is not None and math.isfinite(expected_s) and expected_s > 0:
             ends = expected_s
-        self._enter("waiting", ends)
+        self._enter("waiting", ends, checkpoint=checkpoint)
 
     def working(self) -> None:
         """The job works again: nothing to fill above the floor."""
@@ -256,7 +266,7 @@ class FillFollower:
         announced until this returns (module docstring)."""
         if not (after_checkpoint or self.must_rise_first()):
             return True
-        self.starting()
+        self._enter("starting", refills_checkpoint=after_checkpoint)
         return self.wait_risen(timeout_s)
 
     def resume_levels(self, node: str) -> dict[int, float]:
@@ -264,7 +274,18 @@ class FillFollower:
         draw last sampled at work if lower and not held at the cap it had then (what
         ``wait_risen`` waits for)."""
         with self._cond:
-            return {index: _resume_w(g) for index, g in self._gpus[node].items()}
+            return {index: self._refill_w(g) for index, g in self._gpus[node].items()}
+
+    def _refill_w(self, g: _Gpu) -> float:
+        """Where ``wait_risen`` fills a GPU back up to: where compute puts it; after a
+        checkpoint, no higher than that was as the checkpoint began. A staged phase's cap
+        stands a headroom over the fill and climbs with it, counted by the controller as
+        drawn when compute begins: a GPU held at its cap before the checkpoint chased it,
+        filling for the whole headroom (95 W, 1.4 s at 70 W/s) while compute waited, and
+        compute then stepped up to the new one all the same."""
+        if self._refills_checkpoint:
+            return min(_resume_w(g), g.resume_at_wait_w)
+        return _resume_w(g)
 
     def wait_risen(self, timeout_s: float) -> bool:
         """Wait until every GPU's target has reached where compute will put it
@@ -281,7 +302,7 @@ class FillFollower:
             for n, gpus in self._gpus.items():
                 targets = self._targets(n, now)
                 for i, g in gpus.items():
-                    gap_w = _resume_w(g) - RISEN_WITHIN_W - targets[i]
+                    gap_w = self._refill_w(g) - RISEN_WITHIN_W - targets[i]
                     if gap_w > 0:
                         left_s.append(gap_w / g.up_w_per_s if g.up_w_per_s > 0 else math.inf)
             return max(left_s)
@@ -342,7 +363,13 @@ class FillFollower:
             for node, targets in calls:
                 self._call(node, targets)
 
-    def _enter(self, state: str, ends_after_s: float | None = None) -> None:
+    def _enter(
+        self,
+        state: str,
+        ends_after_s: float | None = None,
+        refills_checkpoint: bool = False,
+        checkpoint: bool = False,
+    ) -> None:
         with self._cond:
             now = self._clock()
             ends = None if ends_after_s is None else now + ends_after_s
@@ -356,9 +383,13 @@ class FillFollower:
                 for index, g in gpus.items():  # leaving work: its last draw sampled at work
                     g.held_w = g.worked_w if worked else held[index]
                     g.resume_at_start_w = _resume_w(g)
+                    if state == "waiting":
+                        g.resume_at_wait_w = g.resume_at_start_w
                     if state == "starting":  # a target fallen below the GPU's own draw
                         g.held_w = max(g.held_w, g.power_w)  # rises from the draw
             self._state, self._since, self._ends = state, now, ends
+            self._refills_checkpoint = refills_checkpoint
+            self._checkpoint = checkpoint
             self._cond.notify_all()
             calls = [(n, self._targets(n, now)) for n in self.nodes if self._gpus[n]]
         for node, targets in calls:
@@ -371,7 +402,7 @@ class FillFollower:
         out = {}
         for index, g in self._gpus[node].items():
             if stale_at is None:
-                out[index] = self._level(g, state, since, now, ends)
+                out[index] = self._level(g, state, since, now, ends, self._checkpoint)
                 continue
             # nobody repeats the order: fall from where it was, no floor, at the last rate
             if state == "working":
@@ -379,7 +410,7 @@ class FillFollower:
             elif state == "starting":
                 top, pause_s = self._level(g, state, since, stale_at), g.hysteresis_s
             elif state == "waiting":  # what is left of its hysteresis, if any
-                top = self._level(g, state, since, stale_at, ends)
+                top = self._level(g, state, since, stale_at, ends, self._checkpoint)
                 pause_s = max(0.0, since + g.hysteresis_s - stale_at)
             else:  # stopping: already falling
                 top, pause_s = self._level(g, state, since, stale_at), 0.0
@@ -387,9 +418,16 @@ class FillFollower:
         return out
 
     @staticmethod
-    def _level(g: _Gpu, state: str, since: float, now: float, ends: float | None = None) -> float:
+    def _level(
+        g: _Gpu,
+        state: str,
+        since: float,
+        now: float,
+        ends: float | None = None,
+        checkpoint: bool = False,
+    ) -> float:
         """The target in ``state``, entered at ``since`` holding ``g.held_w``; ``ends``:
-        when a wait is expected to end (None: unknown)."""
+        when a wait is expected to end (None: unknown); ``checkpoint``: the wait is one."""
         if state == "working":
             return g.floor_w
         if state == "starting":
@@ -407,10 +445,14 @@ class FillFollower:
             if ends is not None:  # and back where compute puts it when it should end,
                 # never climbing faster than the ramp-up from where it stood; past that,
                 # held there through the hysteresis
+                # a cap handed back during a collective was counted as drawn when it came
+                # (rule 4), and compute resumed takes it: the plan goes there; a checkpoint's
+                # staged cap climbs a headroom over the fill, the plan would chase it
+                end_w = resume_w if checkpoint else _resume_w(g)
                 if now <= ends:
-                    planned_w = resume_w - g.up_w_per_s * (ends - now)
+                    planned_w = end_w - g.up_w_per_s * (ends - now)
                 else:
-                    planned_w = FillFollower._fallen(g, resume_w, ends + g.hysteresis_s, now)
+                    planned_w = FillFollower._fallen(g, end_w, ends + g.hysteresis_s, now)
                 climbed_w = g.held_w + g.up_w_per_s * max(0.0, now - since)
                 fallen = max(fallen, min(planned_w, climbed_w))
             return max(g.floor_w, fallen)

@@ -349,3 +349,29 @@ def test_a_wait_announced_after_another_is_back_at_the_later_end():
     assert fill.targets(NODE)[0] == pytest.approx(475.0)
     assert not fill.must_rise_first()
     fill.close()
+
+
+def test_after_a_checkpoint_it_fills_back_up_to_where_compute_was_then_not_its_stage_cap():
+    """An H100 works held at its 560 W cap; its job waits 3 s, announced, and the cap is
+    640 W at the end. In a checkpoint that is the controller's staged cap, climbing with
+    the fill a headroom over it (counted as drawn when compute begins): the plan ends at
+    560 W, where compute would have put it as the checkpoint began, and filling back up
+    after it stops there. Chasing the staged cap filled for its whole headroom while
+    compute waited (1.4 s at 70 W/s in `powerd demo`), and compute stepped up to the new
+    one all the same. In a collective it is a cap handed back, counted as drawn when it
+    came (rule 4), which compute resumed takes: the plan goes there (at once, landing as
+    it ends), and compute waits for nothing (it waited 1.5 s in a demo)."""
+    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
+    for checkpoint, end_w in ((True, 560.0), (False, 640.0)):
+        clock = ManualClock(100.0)
+        fill = FillFollower(
+            "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
+        )
+        fill.take(NODE, request({**profile, "cap_w": 560.0}, 1.0))  # held at its cap
+        fill.waiting(expected_s=3.0, checkpoint=checkpoint)
+        clock.advance(3.0)
+        assert fill.targets(NODE)[0] == pytest.approx(560.0)  # the plan is back, as begun
+        fill.take(NODE, request({**profile, "cap_w": 640.0}, 560.0 / 640.0))  # the raise
+        assert fill.targets(NODE)[0] == pytest.approx(end_w)
+        assert fill.fill_back_up(0.0, after_checkpoint=checkpoint)  # nothing to fill
+        fill.close()
