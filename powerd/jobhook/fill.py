@@ -387,6 +387,10 @@ class FillFollower:
                         g.resume_at_wait_w = g.resume_at_start_w
                     if state == "starting":  # a target fallen below the GPU's own draw
                         g.held_w = max(g.held_w, g.power_w)  # rises from the draw
+                    if state == "working" and not worked:  # until a sample at work comes,
+                        # it stands where work found it, not at an earlier work's draw (a
+                        # stop 20 ms into work fell at once from its fill to that draw)
+                        g.worked_w, g.worked_cap_w = max(held[index], g.power_w), g.cap_w
             self._state, self._since, self._ends = state, now, ends
             self._refills_checkpoint = refills_checkpoint
             self._checkpoint = checkpoint

@@ -157,6 +157,8 @@ def test_no_window_falls_more_than_its_share_and_a_wait_stays_ready(profile, fir
                 look()
                 continue
             enter(fill, value)
+            if value == "working":  # until a sample at work, it stands where work found it
+                worked_w = max(before, sampled_w)
             state = value
         look()
     fill.close()
@@ -375,3 +377,28 @@ def test_after_a_checkpoint_it_fills_back_up_to_where_compute_was_then_not_its_s
         assert fill.targets(NODE)[0] == pytest.approx(end_w)
         assert fill.fill_back_up(0.0, after_checkpoint=checkpoint)  # nothing to fill
         fill.close()
+
+
+def test_a_stop_before_any_sample_at_work_falls_from_where_work_found_it():
+    """An H100 worked at 300 W, then waited and filled back up to 475 W; compute resumes
+    and the job stops 20 ms later, before the agent's next sample. The stop falls from 475
+    W at 70 W/s, not from the 300 W its earlier work was sampled at (a fall of 175 W at
+    once, which broke the ramp-down in `powerd demo` when waits were not announced)."""
+    clock = ManualClock(100.0)
+    fill = FillFollower(
+        "mqtt://127.0.0.1:1", [NODE], lambda node, targets: None, clock=clock.monotonic
+    )
+    profile = {**RAMPS, "up_w_per_s": 70.0, "down_w_per_s": 70.0, "hysteresis_s": 1.0}
+    fill.take(NODE, request(profile, 300.0 / 700.0))  # at work
+    fill.waiting()
+    fill.take(NODE, request(profile, 100.0 / 700.0))
+    fill.starting()  # fills back up from its 300 W target, at 70 W/s
+    clock.advance(175.0 / 70.0)
+    assert fill.targets(NODE)[0] == pytest.approx(475.0)
+    fill.working()
+    clock.advance(0.02)
+    fill.stopping()
+    assert fill.targets(NODE)[0] == pytest.approx(475.0)
+    clock.advance(1.0)
+    assert fill.targets(NODE)[0] == pytest.approx(405.0)
+    fill.close()
