@@ -22,7 +22,8 @@ tells it when it waits and works, because only the job knows:
     follower.close()
 
 The target of a GPU, with ``H`` where the GPU stood when the job entered its state (the
-draw last sampled while it worked, when it leaves work; its target then, otherwise: so a
+draw last sampled while it worked, or where work found it before any sample, when it
+leaves work; its target then, otherwise: so a
 change of state never raises a target at once): starting since ``t_s``, ``min(cap,
 max(floor, H + ramp_up × (t - t_s)))``, so that the first step of compute does not jump
 from a starting GPU's draw to its cap; working, its floor; waiting since ``t_w``,
