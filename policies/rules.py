@@ -95,9 +95,9 @@ def stage_headroom_w(span_w: np.ndarray, dt_s: float, settings: PolicySettings) 
     cycles (the draw the cap is set on is up to a cycle old, and the next cap lands a cycle
     later; an early cycle changes neither, so the controller gives its period). With the
     headroom alone the cap, not the GPU's share of the ramp, paced a start: 25 W a 0.5 s
-    cycle, 50 W/s a GPU
-    against its 70 W/s share in ``powerd demo --smoothing``. The controller counts the
-    whole headroom as drawn at once (what a staged GPU whose compute begins takes)."""
+    cycle, 50 W/s a GPU against its 70 W/s share in ``powerd demo --smoothing``. The
+    controller counts the whole headroom as drawn at once (what a staged GPU whose compute
+    begins takes)."""
     head: np.ndarray = settings.stage_headroom_fraction * np.asarray(span_w, dtype=float)
     if settings.startup_rise_w_per_s > 0:
         fill_s = settings.stage_fill_s if settings.stage_fill_s > 0 else 2.0 * dt_s

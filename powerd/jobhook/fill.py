@@ -22,47 +22,45 @@ tells it when it waits and works, because only the job knows:
     follower.close()
 
 The target of a GPU, with ``H`` where the GPU stood when the job entered its state (the
-draw last sampled while it worked, or where work found it before any sample, when it
-leaves work; its target then, otherwise: so a
-change of state never raises a target at once): starting since ``t_s``, ``min(cap,
-max(floor, H + ramp_up × (t - t_s)))``, so that the first step of compute does not jump
-from a starting GPU's draw to its cap; working, its floor; waiting since ``t_w``,
-``max(floor, H - ramp_down × (t - t_w), min(H - ramp_down × max(0, t - t_w - hysteresis),
-Q))`` with ``Q = min(H, R - ramp_up × hysteresis)``: it falls at once, but stays ready for
-compute to step it up by no more than its share of one window's rise (the causal floor of
-``policies.grid.least_ready_floor``) for as long as a fall held through the hysteresis
-would; and, when the job said how
-long it expects to wait (``waiting(expected_s)``, ending at ``T``), at least ``min(R -
-ramp_up × (T - t), H + ramp_up × (t - t_w))`` with ``R`` where compute will put it
-(below), a cap handed back during a collective included (counted by the controller as
-drawn when it came), in a ``checkpoint`` as it was when the wait began (its staged cap
-climbs with the fill): back there when the wait should end, never rising faster than the
-ramp-up save by such a cap (past
-``T``, ``R`` held through the hysteresis, then falling); stopping since ``t_e``,
+draw last sampled while it worked, or where work found it before any sample, when it leaves
+work; its target then, otherwise: so a change of state never raises a target at once):
+starting since ``t_s``, ``min(cap, max(floor, H + ramp_up × (t - t_s)))``, so that the
+first step of compute does not jump from a starting GPU's draw to its cap; working, its
+floor; waiting since ``t_w``, ``max(floor, H - ramp_down × (t - t_w), min(H - ramp_down ×
+max(0, t - t_w - hysteresis), Q))`` with ``Q = min(H, R - ramp_up × hysteresis)``: it falls
+at once, but stays ready for compute to step it up by no more than its share of one
+window's rise (the causal floor of ``policies.grid.least_ready_floor``) for as long as a
+fall held through the hysteresis would; and, when the job said how long it expects to wait
+(``waiting(expected_s)``, ending at ``T``), at least ``min(R - ramp_up × (T - t), H +
+ramp_up × (t - t_w))`` with ``R`` where compute will put it (below), a cap handed back
+during a collective included (counted by the controller as drawn when it came), in a
+``checkpoint`` as it was when the wait began (its staged cap climbs with the fill): back
+there when the wait should end, never rising faster than the ramp-up save by such a cap
+(past ``T``, ``R`` held through the hysteresis, then falling); stopping since ``t_e``,
 ``max(0, H - ramp_down × (t - t_e))``: no floor, and no hysteresis, which only guards
 against a wait ending at once (a job that stops will not resume, and only the job knows
-it). Compute that resumes steps each GPU at once from its target up to where compute
-puts it, ``min(cap, the draw last sampled at work)``, or the cap if that draw was held
-at the cap it had then (``resume_levels``): after a wait shorter than two hysteresis
-windows that is what its fall took within the last window, but after a long one (a
-checkpoint: its draw fell to the checkpoint's, and an H100's staged cap cannot go below
-200 W) more than the GPU's share of one window's rise (``ramp_up × hysteresis``), which
-no cap can slow. ``must_rise_first()`` says so, and the job then fills back up first, at
-the ramp-up rate (``starting()`` and ``wait_risen()``, both in ``fill_back_up()``),
-before it computes; after a checkpoint it always does, up to where compute would have
-put it as the checkpoint began (the staged cap climbs with the fill, a headroom over it,
-counted by the controller as drawn when compute begins). The controller counts a GPU in a
-staged phase (``startup``, ``checkpoint``) as rising on its own at its share (rule 4 of
-``policies/capping.py``) until compute is announced, so a job that announces its
-checkpoint until it has filled back up shares the site's ramp with the caps handed back
-elsewhere, and a step at once after it would not; a collective longer than the
-hysteresis is counted the same way while it lasts, and its step for one window after.
-When no request has come for ``stale_after_s`` (the agent stopped, switched smoothing
-off or lost the broker), the follower lets the draw fall from where it was, after what
-is left of the hysteresis, at the last rate and without the floor, rather than fill for
-ever on an order nobody repeats. The callback, ``on_fill(node, {gpu index: watts})``, is
-called at every sample, at every change of state, and every ``refresh_s`` while the job
-starts, waits or stops (the target moves with time, between the agent's samples too).
+it). Compute that resumes steps each GPU at once from its target up to where compute puts
+it, ``min(cap, the draw last sampled at work)``, or the cap if that draw was held at the
+cap it had then (``resume_levels``): after a wait shorter than two hysteresis windows that
+is what its fall took within the last window, but after a long one (a checkpoint: its draw
+fell to the checkpoint's, and an H100's staged cap cannot go below 200 W) more than the
+GPU's share of one window's rise (``ramp_up × hysteresis``), which no cap can slow.
+``must_rise_first()`` says so, and the job then fills back up first, at the ramp-up rate
+(``starting()`` and ``wait_risen()``, both in ``fill_back_up()``), before it computes;
+after a checkpoint it always does, up to where compute would have put it as the checkpoint
+began (the staged cap climbs with the fill, a headroom over it, counted by the controller
+as drawn when compute begins). The controller counts a GPU in a staged phase (``startup``,
+``checkpoint``) as rising on its own at its share (rule 4 of ``policies/capping.py``) until
+compute is announced, so a job that announces its checkpoint until it has filled back up
+shares the site's ramp with the caps handed back elsewhere, and a step at once after it
+would not; a collective longer than the hysteresis is counted the same way while it lasts,
+and its step for one window after. When no request has come for ``stale_after_s`` (the
+agent stopped, switched smoothing off or lost the broker), the follower lets the draw fall
+from where it was, after what is left of the hysteresis, at the last rate and without the
+floor, rather than fill for ever on an order nobody repeats. The callback, ``on_fill(node,
+{gpu index: watts})``, is called at every sample, at every change of state, and every
+``refresh_s`` while the job starts, waits or stops (the target moves with time, between the
+agent's samples too).
 
 Guarantees: it never raises into the training loop after construction (a bad
 message is counted and dropped; a callback that raises is logged); it only
@@ -176,8 +174,7 @@ class FillFollower:
         self._state = "working"  # working, starting, waiting, stopping
         self._since = clock()  # when the job entered its state
         self._ends: float | None = None  # when a wait is expected to end, if announced
-        self._refills_checkpoint = False  # starting: filling back up after a checkpoint
-        self._checkpoint = False  # waiting: the wait is a checkpoint
+        self._checkpoint = False  # the wait is a checkpoint, or the refill follows one
         self.received = 0
         self.rejected = 0
         self._logs = LogOncePer(log, 60.0)
@@ -267,7 +264,7 @@ class FillFollower:
         announced until this returns (module docstring)."""
         if not (after_checkpoint or self.must_rise_first()):
             return True
-        self._enter("starting", refills_checkpoint=after_checkpoint)
+        self._enter("starting", checkpoint=after_checkpoint)
         return self.wait_risen(timeout_s)
 
     def resume_levels(self, node: str) -> dict[int, float]:
@@ -284,7 +281,7 @@ class FillFollower:
         drawn when compute begins: a GPU held at its cap before the checkpoint chased it,
         filling for the whole headroom (95 W, 1.4 s at 70 W/s) while compute waited, and
         compute then stepped up to the new one all the same."""
-        if self._refills_checkpoint:
+        if self._state == "starting" and self._checkpoint:
             return min(_resume_w(g), g.resume_at_wait_w)
         return _resume_w(g)
 
@@ -365,11 +362,7 @@ class FillFollower:
                 self._call(node, targets)
 
     def _enter(
-        self,
-        state: str,
-        ends_after_s: float | None = None,
-        refills_checkpoint: bool = False,
-        checkpoint: bool = False,
+        self, state: str, ends_after_s: float | None = None, checkpoint: bool = False
     ) -> None:
         with self._cond:
             now = self._clock()
@@ -393,7 +386,6 @@ class FillFollower:
                         # stop 20 ms into work fell at once from its fill to that draw)
                         g.worked_w, g.worked_cap_w = max(held[index], g.power_w), g.cap_w
             self._state, self._since, self._ends = state, now, ends
-            self._refills_checkpoint = refills_checkpoint
             self._checkpoint = checkpoint
             self._cond.notify_all()
             calls = [(n, self._targets(n, now)) for n in self.nodes if self._gpus[n]]
